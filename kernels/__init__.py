@@ -1,0 +1,1 @@
+"""Micro-kernel generator, kernel registry and the five-loop GEMM driver."""

@@ -1,0 +1,142 @@
+"""Template for the code bound to one micro-kernel: macro-kernel, edge tiles, five-loop drivers.
+
+``tilegemm.kernels.registry`` writes one module per (dtype, MR, NR, ISA) from this
+file, with the configuration block below filled in, so that MR and NR are
+compile-time constants and Numba can cache each module's machine code in its own
+file.  Read it as the GEMM algorithm; it is also importable as is (float32 6x64).
+
+Loops, outermost first (BLIS names):
+    jc  over n in steps of NC   -- a KC x NC panel of B is packed once per (jc, pc)
+    pc  over k in steps of KC   -- beta on the first pc only, the epilogue on the last
+    ic  over m in steps of MC   -- an MC x KC block of A is packed (parallel loop)
+    jr  over nc in steps of NR  -- the B micro-panel stays in L1 across ...
+    ir  over mc in steps of MR  -- ... every A micro-panel: one micro-kernel call
+"""
+import numba
+import numpy as np
+
+from tilegemm.config import JIT, PJIT
+from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
+                                        make_microkernel)
+from tilegemm.packing.pack import pack_a, pack_b, pack_b_panel
+
+# --- configuration ---
+DTYPE = np.float32
+MR = 6
+NR = 64
+LANES = 16
+# --- end configuration ---
+
+ukernel = make_microkernel(DTYPE, MR, NR, LANES)
+
+
+@numba.njit(**JIT)
+def edge_tile(mr, nr, kc, apack, a_off, bpack, b_off, c, c_off, ldc, alpha, beta,
+              bias, row0, col0, epi, tile):
+    """A partial ``mr x nr`` tile: the full kernel writes a scratch tile, then a scalar epilogue.
+
+    Assumes ``tile`` holds MR*NR elements; reads C only when ``beta != 0``.
+    """
+    ukernel(kc, apack, a_off, bpack, b_off, tile, 0, NR, 1.0, 0.0, tile, 0, 0)
+    for i in range(mr):
+        for j in range(nr):
+            x = alpha * tile[i * NR + j]
+            if beta != 0:
+                x += beta * c[c_off + i * ldc + j]
+            if epi & EPI_BIAS_ROW:
+                x += bias[row0 + i]
+            if epi & EPI_BIAS_COL:
+                x += bias[col0 + j]
+            if epi & (EPI_RELU | EPI_RELU6) and x < 0:
+                x = 0
+            if epi & EPI_RELU6 and x > 6:
+                x = 6
+            c[c_off + i * ldc + j] = x
+
+
+@numba.njit(**JIT)
+def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
+                 bias, row0, col0, epi, tile):
+    """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
+
+    ``bpack[b_base:]`` is this call's first B micro-panel; ``row0``/``col0`` are the
+    global row and column of C's tile origin (they index the bias).
+    """
+    for jr in range(0, nc, NR):
+        nr = min(NR, nc - jr)
+        for ir in range(0, mc, MR):
+            mr = min(MR, mc - ir)
+            c_tile = c_off + ir * ldc + jr
+            if mr == MR and nr == NR:
+                bias_off = 0
+                if epi & EPI_BIAS_ROW:
+                    bias_off = row0 + ir
+                elif epi & EPI_BIAS_COL:
+                    bias_off = col0 + jr
+                ukernel(kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
+                        alpha, beta, bias, bias_off, epi)
+            else:
+                edge_tile(mr, nr, kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
+                          alpha, beta, bias, row0 + ir, col0 + jr, epi, tile)
+
+
+@numba.njit(**JIT)
+def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
+                c, c_off, ldc, bias, epi, KC, MC, NC, apack, bpack, tile):
+    """``C = alpha*A@B + beta*C`` (+ epilogue) on one thread.
+
+    A, B, C are flat views with element offsets and strides; C's columns are
+    contiguous (``ldc`` is its row stride).  Buffers: ``apack`` >= MC*KC rounded to
+    MR panels, ``bpack`` >= KC*NC rounded to NR panels, ``tile`` = MR*NR.
+    """
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
+        for pc in range(0, max(k, 1), KC):
+            kc = min(KC, k - pc)
+            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, NR, bpack)
+            beta_pc = beta if pc == 0 else DTYPE(1)
+            epi_pc = epi if pc + KC >= k else 0
+            for ic in range(0, m, MC):
+                mc = min(MC, m - ic)
+                pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, MR, apack)
+                macro_kernel(mc, nc, kc, apack, bpack, 0, c, c_off + ic * ldc + jc, ldc,
+                             alpha, beta_pc, bias, ic, jc, epi_pc, tile)
+
+
+@numba.njit(**PJIT)
+def gemm_parallel(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
+                  c, c_off, ldc, bias, epi, KC, MC, NC, apacks, bpack, tiles, jsplit):
+    """:func:`gemm_serial` with the ic loop (and B packing) spread over ``len(apacks)`` threads.
+
+    Each thread owns ``apacks[t]`` and ``tiles[t]``.  A task is one MC block of rows
+    times one of ``jsplit`` column slices of the NC panel, so that problems with few
+    row blocks still occupy every thread.
+    """
+    nthreads = apacks.shape[0]
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        panels = (nc + NR - 1) // NR
+        per_split = (panels + jsplit - 1) // jsplit
+        for pc in range(0, max(k, 1), KC):
+            kc = min(KC, k - pc)
+            b_src = b_off + pc * b_rs + jc * b_cs
+            for t in numba.prange(nthreads):
+                for q in range(t, panels, nthreads):
+                    jr = q * NR
+                    pack_b_panel(b, b_src + jr * b_cs, b_rs, b_cs, min(NR, nc - jr), kc, NR,
+                                 bpack, jr * kc)
+            beta_pc = beta if pc == 0 else DTYPE(1)
+            epi_pc = epi if pc + KC >= k else 0
+            tasks = ((m + MC - 1) // MC) * jsplit
+            for t in numba.prange(nthreads):
+                for task in range(t, tasks, nthreads):
+                    ic = (task // jsplit) * MC
+                    mc = min(MC, m - ic)
+                    j0 = (task % jsplit) * per_split * NR
+                    j1 = min(nc, j0 + per_split * NR)
+                    if j0 < j1:
+                        pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, MR, apacks[t])
+                        macro_kernel(mc, j1 - j0, kc, apacks[t], bpack, j0 * kc, c,
+                                     c_off + ic * ldc + jc + j0, ldc, alpha, beta_pc, bias,
+                                     ic, jc + j0, epi_pc, tiles[t])

@@ -1,0 +1,182 @@
+"""Public GEMM entry points with numpy (``matmul``) and BLAS (``gemm``) semantics.
+
+Everything is validated here in plain Python; the jitted engine below assumes
+2-D arrays of one float dtype with consistent shapes.
+"""
+import numbers
+
+import numpy as np
+
+from tilegemm.kernels.driver import gemm_into
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _as_float_array(x, name, func):
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
+                        "float64 only (cast with .astype(np.float32) or np.float64)")
+    return x
+
+
+def _result_dtype(a, b):
+    return np.result_type(a.dtype, b.dtype)
+
+
+def _check_out(out, shape, dtype, func):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{func}: out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{func}: out has shape {out.shape}, expected {tuple(shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{func}: out has dtype {out.dtype}, expected {dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{func}: out is read-only")
+
+
+def _overlaps(out, *inputs):
+    return any(np.may_share_memory(out, x) for x in inputs)
+
+
+def matmul(a, b, /, out=None):
+    """Matrix product with the semantics of :func:`numpy.matmul`.
+
+    Parameters
+    ----------
+    a, b : array_like of float32 or float64
+        1-D operands are promoted to a row (``a``) or a column (``b``) and the
+        added axis is removed from the result.  Leading (batch) dimensions broadcast.
+        float32 with float64 computes in float64.
+    out : ndarray, optional
+        Destination with exactly the result's shape and dtype.  It may overlap the
+        inputs; the product is then formed in a temporary first.
+
+    Returns
+    -------
+    ndarray
+        The product (``out`` when given).  Inputs are never modified.
+
+    Raises
+    ------
+    TypeError
+        For dtypes other than float32/float64, or an ``out`` of the wrong type or dtype.
+    ValueError
+        For 0-d operands, mismatched inner dimensions, batch shapes that do not
+        broadcast, or an ``out`` of the wrong shape or read-only.
+    """
+    a = _as_float_array(a, "a", "matmul")
+    b = _as_float_array(b, "b", "matmul")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
+    dtype = _result_dtype(a, b)
+    a2 = a[np.newaxis, :] if a.ndim == 1 else a
+    b2 = b[:, np.newaxis] if b.ndim == 1 else b
+    m, k = a2.shape[-2:]
+    k2, n = b2.shape[-2:]
+    if k != k2:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
+                         f"{k} (last dim of a) != {k2} (dim -2 of b)")
+    try:
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"matmul: batch dimensions of shapes {a.shape} and {b.shape} "
+                         "do not broadcast") from None
+    shape = batch + (m, n)
+    squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
+    out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
+    if out is not None:
+        _check_out(out, out_shape, dtype, "matmul")
+    a2 = a2.astype(dtype, copy=False)
+    b2 = b2.astype(dtype, copy=False)
+
+    target = out
+    if out is None or _overlaps(out, a, b):
+        target = np.empty(out_shape, dtype)
+    result = target.reshape(shape)  # a view: only length-1 axes were dropped
+    _batched(a2, b2, result, batch)
+    if out is not None and target is not out:
+        out[...] = target
+        target = out
+    if target.ndim == 0 and out is None:
+        return target[()]
+    return target
+
+
+def _batched(a, b, c, batch):
+    """C[i] = A[i] @ B[i] over broadcast batch indices."""
+    if not batch:
+        gemm_into(a, b, c)
+        return
+    m, k = a.shape[-2:]
+    if b.ndim == 2 and c.flags.c_contiguous:
+        # One B for every batch: the batch folds into the rows of a single GEMM.
+        a_full = np.broadcast_to(a, batch + (m, k))
+        gemm_into(a_full.reshape(-1, k), b, c.reshape(-1, c.shape[-1]))
+        return
+    a_full = np.broadcast_to(a, batch + a.shape[-2:])
+    b_full = np.broadcast_to(b, batch + b.shape[-2:])
+    for idx in np.ndindex(*batch):
+        gemm_into(a_full[idx], b_full[idx], c[idx])
+
+
+def _check_scalar(x, name):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"gemm: {name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
+    """BLAS GEMM: ``C = alpha * op(A) @ op(B) + beta * C``.
+
+    Parameters
+    ----------
+    a, b : ndarray, 2-D, float32 or float64
+        ``op(X)`` is ``X.T`` when ``trans_x`` is true.  Any strides.
+    c : ndarray, optional
+        2-D, shape ``(m, n)``, dtype equal to the result dtype (float64 if either
+        input is float64), writeable.  Updated in place and returned.  When ``c``
+        is omitted a new array is returned and ``beta`` is ignored.
+    alpha, beta : float
+        ``beta == 0`` never reads ``c``, so NaN or garbage in ``c`` is overwritten.
+    trans_a, trans_b : bool
+
+    Returns
+    -------
+    ndarray
+        ``c``, or a new array.
+
+    Raises
+    ------
+    TypeError
+        Non-float inputs, non-real alpha/beta, ``c`` of the wrong dtype.
+    ValueError
+        Non-2-D operands, mismatched shapes, read-only ``c``.
+    """
+    a = _as_float_array(a, "a", "gemm")
+    b = _as_float_array(b, "b", "gemm")
+    alpha = _check_scalar(alpha, "alpha")
+    beta = _check_scalar(beta, "beta")
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"gemm: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    if op_a.shape[1] != op_b.shape[0]:
+        raise ValueError(f"gemm: op(a) has shape {op_a.shape} and op(b) has shape {op_b.shape}; "
+                         f"inner dimensions {op_a.shape[1]} and {op_b.shape[0]} differ")
+    dtype = _result_dtype(a, b)
+    shape = (op_a.shape[0], op_b.shape[1])
+    if c is None:
+        c = np.empty(shape, dtype)
+        beta = 0.0
+    else:
+        _check_out(c, shape, dtype, "gemm")
+    op_a = op_a.astype(dtype, copy=False)
+    op_b = op_b.astype(dtype, copy=False)
+    if _overlaps(c, a, b):
+        tmp = np.array(c, order="C") if beta != 0 else np.empty(shape, dtype)
+        gemm_into(op_a, op_b, tmp, alpha, beta)
+        c[...] = tmp
+        return c
+    return gemm_into(op_a, op_b, c, alpha, beta)

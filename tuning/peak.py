@@ -1,0 +1,123 @@
+"""Theoretical peak: nominal from the spec sheet, measured with an FMA-throughput loop.
+
+The measured loop is built with the same llvmlite machinery as the micro-kernels:
+``chains`` independent vector accumulators, each updated by ``llvm.fma`` in a
+counted loop with no memory traffic, so it runs at the FMA ports' throughput.
+"""
+import functools
+import threading
+import time
+
+import llvmlite.ir as ir
+import numba
+import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from tilegemm.config import JIT, PJIT
+from tilegemm.kernels.generator import _fma, _splat
+from tilegemm.tuning.machine import detect
+
+_CHAINS = 24  # enough independent FMAs to cover latency x ports on any current core
+
+
+def _make_fma_loop(nb_float, lanes):
+    @intrinsic
+    def fma_loop(typingctx, iters, x):
+        sig = nb_float(types.intp, nb_float)
+
+        def codegen(context, builder, sig, args):
+            iters, x = args
+            vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+            xv = _splat(builder, x, vec)
+            acc = [cgutils.alloca_once_value(builder, xv) for _ in range(_CHAINS)]
+            with cgutils.for_range(builder, iters):
+                for slot in acc:
+                    builder.store(_fma(builder, builder.load(slot), xv, xv), slot)
+            total = builder.load(acc[0])
+            for slot in acc[1:]:
+                total = builder.fadd(total, builder.load(slot))
+            return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+        return sig, codegen
+
+    return fma_loop
+
+
+def lanes_for(dtype):
+    """Elements of ``dtype`` in one vector register of the detected ISA."""
+    return detect().vector_bits // (8 * np.dtype(dtype).itemsize)
+
+
+@functools.lru_cache(maxsize=None)
+def _fma_kernels(dtype):
+    nb_float = numba.from_dtype(np.dtype(dtype))
+    fma_loop = _make_fma_loop(nb_float, lanes_for(dtype))
+
+    @numba.njit(**JIT)
+    def serial(iters, x):
+        return fma_loop(iters, x)
+
+    @numba.njit(**PJIT)
+    def parallel(iters, x, out):
+        for t in numba.prange(out.size):
+            out[t] = fma_loop(iters, x)
+
+    return serial, parallel
+
+
+def nominal_peak_gflops(dtype=np.float32, threads=1):
+    """Spec-sheet peak: threads x clock x FMA units x lanes x 2 flops."""
+    m = detect()
+    return threads * m.clock_hz * m.fma_units * lanes_for(dtype) * 2 / 1e9
+
+
+_measured = {}
+_measured_lock = threading.Lock()
+
+
+def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
+    """FMA throughput measured on this machine, cached for the process.
+
+    Parameters
+    ----------
+    dtype : numpy dtype, float32 or float64
+    threads : int
+        Threads running the loop at once (each on its own core when possible).
+    seconds : float
+        Approximate length of each timed run; the best of five is kept
+        (the clock ramps and neighbours come and go, so the best is the peak).
+
+    Returns
+    -------
+    float
+        GFLOPS.
+    """
+    key = (np.dtype(dtype).name, int(threads))
+    with _measured_lock:
+        if key in _measured:
+            return _measured[key]
+        serial, parallel = _fma_kernels(np.dtype(dtype).type)
+        x = np.dtype(dtype).type(1e-8)
+        flops_per_iter = _CHAINS * lanes_for(dtype) * 2
+        out = np.empty(threads, dtype)
+        saved = numba.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            def run(iters):
+                t0 = time.perf_counter()
+                if threads == 1:
+                    serial(iters, x)
+                else:
+                    parallel(iters, x, out)
+                return time.perf_counter() - t0
+            run(1000)
+            iters = 100_000
+            while run(iters) < seconds / 4:
+                iters *= 2
+            best = min(run(iters) for _ in range(5))
+        finally:
+            numba.set_num_threads(saved)
+        _measured[key] = threads * iters * flops_per_iter / best / 1e9
+        return _measured[key]
