@@ -1,0 +1,284 @@
+"""The GEMM drivers and the public matmul/gemm against float64 numpy references."""
+import threading
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tilegemm
+from tilegemm.kernels.driver import gemm_into
+from tilegemm.tuning.blocking import blocking
+
+from conftest import assert_close, error_bound
+
+DTYPES = [np.float32, np.float64]
+PRIMES = [1, 2, 3, 5, 7, 13, 31, 61, 67, 97, 131, 173, 257, 331]
+
+
+def layout(x, kind):
+    """The same values as ``x`` in another memory layout (a view where possible)."""
+    if kind == "C":
+        return np.ascontiguousarray(x)
+    if kind == "F":
+        return np.asfortranarray(x)
+    if kind == "T":          # a transposed view of a C array
+        return np.ascontiguousarray(x.T).T
+    if kind == "neg":        # negative strides on both axes
+        return np.ascontiguousarray(x[::-1, ::-1])[::-1, ::-1]
+    if kind == "gap":        # every other column of a wider array
+        wide = np.zeros((x.shape[0], 2 * x.shape[1] + 1), x.dtype)
+        wide[:, 1::2] = x
+        return wide[:, 1::2]
+    raise ValueError(kind)
+
+
+def ref_gemm(a, b, c0=None, alpha=1.0, beta=0.0):
+    out = alpha * (a.astype(np.float64) @ b.astype(np.float64))
+    if c0 is not None and beta != 0:
+        out += beta * c0.astype(np.float64)
+    return out
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(request.param, numba.config.NUMBA_NUM_THREADS))
+    yield request.param
+    numba.set_num_threads(saved)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.sampled_from(PRIMES), n=st.sampled_from(PRIMES), k=st.sampled_from(PRIMES + [0, 400, 600]),
+       dtype=st.sampled_from(DTYPES),
+       la=st.sampled_from(["C", "F", "T", "neg", "gap"]), lb=st.sampled_from(["C", "F", "T", "neg", "gap"]),
+       lc=st.sampled_from(["C", "F", "gap"]),
+       alpha=st.sampled_from([1.0, -0.5, 2.0]), beta=st.sampled_from([0.0, 1.0, 0.5]))
+def test_gemm_into_matches_numpy(threads, m, n, k, dtype, la, lb, lc, alpha, beta):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = layout(rng.standard_normal((m, k)).astype(dtype), la)
+    b = layout(rng.standard_normal((k, n)).astype(dtype), lb)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    c = layout(c0.copy(), lc)
+    if beta == 0:
+        c[...] = np.nan  # beta == 0 must not read C
+    a_before, b_before = a.copy(), b.copy()
+    gemm_into(a, b, c, alpha, beta)
+    assert_close(c, ref_gemm(a, b, c0, alpha, beta),
+                 2 * abs(alpha) * error_bound(a, b, k, dtype, extra=c0 if beta else None),
+                 f"m={m} n={n} k={k} {np.dtype(dtype).name} layouts a={la} b={lb} c={lc} "
+                 f"alpha={alpha} beta={beta} threads={threads}")
+    assert np.array_equal(a, a_before) and np.array_equal(b, b_before), "inputs were modified"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_k_spanning_several_kc_blocks(threads, dtype, rng):
+    KC = blocking(dtype).kc
+    for k in (KC - 1, KC, KC + 1, 3 * KC + 7):
+        a = rng.standard_normal((37, k)).astype(dtype)
+        b = rng.standard_normal((k, 131)).astype(dtype)
+        c0 = rng.standard_normal((37, 131)).astype(dtype)
+        c = c0.copy()
+        gemm_into(a, b, c, 1.0, 0.5)
+        assert_close(c, ref_gemm(a, b, c0, 1.0, 0.5), 2 * error_bound(a, b, k, dtype, extra=c0),
+                     f"k={k} KC={KC}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_strides(dtype, rng):
+    row = rng.standard_normal(50).astype(dtype)
+    a = np.broadcast_to(row, (40, 50))              # every row the same, row stride 0
+    b = np.broadcast_to(rng.standard_normal((50, 1)).astype(dtype), (50, 70))  # column stride 0
+    got = tilegemm.matmul(a, b)
+    assert_close(got, ref_gemm(a, b), 2 * error_bound(a, b, 50, dtype), "zero strides")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 300, 500), (300, 1, 500), (1, 1, 777), (1, 2048, 64),
+                                   (2048, 1, 64), (1, 5, 0)])
+def test_vector_shapes(dtype, shape, rng):
+    m, n, k = shape
+    for la, lb in (("C", "C"), ("F", "T")):
+        a = layout(rng.standard_normal((m, k)).astype(dtype), la)
+        b = layout(rng.standard_normal((k, n)).astype(dtype), lb)
+        c0 = rng.standard_normal((m, n)).astype(dtype)
+        c = c0.copy()
+        gemm_into(a, b, c, 2.0, 0.5)
+        assert_close(c, ref_gemm(a, b, c0, 2.0, 0.5), 4 * error_bound(a, b, k, dtype, extra=c0),
+                     f"shape={shape} layouts={la},{lb}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_projection(dtype):
+    """A large product checked in O(n^2): C t against alpha A (B t) + beta C0 t."""
+    rng = np.random.default_rng(7)
+    m, n, k = 1537, 1283, 1031
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    c = c0.copy()
+    tilegemm.gemm(a, b, c, alpha=0.75, beta=-1.25)
+    t = rng.standard_normal((n, 3))
+    lhs = c.astype(np.float64) @ t
+    rhs = 0.75 * (a.astype(np.float64) @ (b.astype(np.float64) @ t)) - 1.25 * (c0.astype(np.float64) @ t)
+    scale = (np.abs(a).astype(np.float64) @ (np.abs(b).astype(np.float64) @ np.abs(t))
+             + np.abs(c0).astype(np.float64) @ np.abs(t))
+    assert_close(lhs, rhs, 8 * k * np.finfo(dtype).eps * scale, f"projection {m}x{n}x{k}")
+
+
+# ---------------------------------------------------------------- matmul semantics
+
+@pytest.mark.parametrize("sa,sb", [
+    ((5,), (5,)), ((5,), (5, 3)), ((4, 5), (5,)), ((2, 4, 5), (5, 3)), ((4, 5), (3, 5, 2)),
+    ((2, 1, 4, 5), (3, 5, 6)), ((0, 4, 5), (5, 3)), ((4, 0), (0, 3)), ((3, 4, 5), (3, 5, 2)),
+])
+@pytest.mark.parametrize("da,db", [(np.float32, np.float32), (np.float64, np.float64),
+                                   (np.float32, np.float64)])
+def test_matmul_numpy_semantics(sa, sb, da, db, rng):
+    a = rng.standard_normal(sa).astype(da)
+    b = rng.standard_normal(sb).astype(db)
+    expected = np.matmul(a, b)
+    got = tilegemm.matmul(a, b)
+    assert type(got) is type(expected)
+    assert np.shape(got) == np.shape(expected) and np.result_type(got) == np.result_type(expected)
+    eps = np.finfo(np.result_type(da, db)).eps
+    k = sa[-1]
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
+    assert np.all(np.abs(np.asarray(got, np.float64) - expected) <= 4 * max(k, 1) * eps * scale + 1e-30)
+
+
+def test_matmul_out_and_overlap(rng):
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    expected = a.astype(np.float64) @ b
+    out = np.empty((64, 64), np.float32)
+    assert tilegemm.matmul(a, b, out=out) is out
+    assert_close(out, expected, error_bound(a, b, 64, np.float32) * 2, "out=")
+    a2 = a.copy()
+    res = tilegemm.matmul(a2, b, out=a2)       # out is the left operand itself
+    assert res is a2
+    assert_close(a2, expected, error_bound(a, b, 64, np.float32) * 2, "out aliases a")
+    b2 = b.copy()
+    tilegemm.matmul(a, b2, out=b2[:, :])       # a view of the right operand
+    assert_close(b2, expected, error_bound(a, b, 64, np.float32) * 2, "out aliases b")
+
+
+def test_gemm_blas_semantics(rng):
+    a = rng.standard_normal((30, 20))
+    b = rng.standard_normal((40, 30))
+    c0 = rng.standard_normal((20, 40))
+    c = c0.copy()
+    res = tilegemm.gemm(a, b, c, alpha=-2.0, beta=0.25, trans_a=True, trans_b=True)
+    assert res is c
+    assert_close(c, -2.0 * (a.T @ b.T) + 0.25 * c0, 1e-12 * 30 * 4 + 1e-12, "gemm trans")
+    new = tilegemm.gemm(a.T, b.T)
+    assert_close(new, a.T @ b.T, 1e-12 * 30 * 4, "gemm new c")
+    c[...] = np.nan
+    tilegemm.gemm(a, b, c, beta=0.0, trans_a=True, trans_b=True)
+    assert not np.isnan(c).any(), "beta=0 let NaN from C through"
+    # C overlapping an input
+    sq = rng.standard_normal((16, 16))
+    expected = sq @ sq + sq
+    tilegemm.gemm(sq, sq, sq, beta=1.0)
+    assert_close(sq, expected, 1e-12 * 16 * 8, "gemm with c aliasing a and b")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_inf_propagate_like_numpy(dtype, rng):
+    for m, n, k in ((7, 5, 3), (70, 130, 200), (1, 40, 9), (40, 1, 9)):
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        a[0, 0] = np.nan
+        a[-1, -1] = np.inf
+        b[0, -1] = -np.inf
+        b[k // 2, 0] = 0.0
+        expected = np.matmul(a, b)
+        got = tilegemm.matmul(a, b)
+        assert np.array_equal(np.isnan(got), np.isnan(expected)), (m, n, k)
+        assert np.array_equal(np.isposinf(got), np.isposinf(expected)), (m, n, k)
+        assert np.array_equal(np.isneginf(got), np.isneginf(expected)), (m, n, k)
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("bad", [np.arange(6).reshape(2, 3), np.ones((2, 3), np.complex128),
+                                 np.ones((2, 3), np.float16), np.ones((2, 3), bool)])
+def test_unsupported_dtypes_raise_type_error(bad):
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.matmul(bad, np.ones((3, 2)))
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.gemm(np.ones((2, 3)), bad.T)
+
+
+def test_shape_errors_name_both_shapes():
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 5\)"):
+        tilegemm.matmul(np.ones((2, 3)), np.ones((4, 5)))
+    with pytest.raises(ValueError, match="broadcast"):
+        tilegemm.matmul(np.ones((2, 2, 3)), np.ones((3, 3, 4)))
+    with pytest.raises(ValueError, match="1-D"):
+        tilegemm.matmul(np.float64(3.0), np.ones(3))
+    with pytest.raises(ValueError, match="2-D"):
+        tilegemm.gemm(np.ones(3), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="inner"):
+        tilegemm.gemm(np.ones((2, 3)), np.ones((2, 3)))
+
+
+def test_bad_out_and_scalars():
+    a, b = np.ones((4, 5)), np.ones((5, 6))
+    with pytest.raises(ValueError, match="shape"):
+        tilegemm.matmul(a, b, out=np.empty((6, 4)))
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.matmul(a, b, out=np.empty((4, 6), np.float32))
+    ro = np.empty((4, 6))
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        tilegemm.matmul(a, b, out=ro)
+    with pytest.raises(TypeError, match="ndarray"):
+        tilegemm.matmul(a, b, out=[[0.0] * 6] * 4)
+    with pytest.raises(TypeError, match="alpha"):
+        tilegemm.gemm(a, b, alpha="2")
+    with pytest.raises(TypeError, match="beta"):
+        tilegemm.gemm(a, b, np.zeros((4, 6)), beta=1j)
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.gemm(a, b, np.zeros((4, 6), np.float32))
+
+
+def test_read_only_inputs_are_fine(rng):
+    a = rng.standard_normal((50, 60))
+    b = rng.standard_normal((60, 70))
+    a.flags.writeable = False
+    b.flags.writeable = False
+    assert_close(tilegemm.matmul(a, b), a @ b, 1e-12 * 60 * 4, "read-only inputs")
+
+
+# ---------------------------------------------------------------- concurrency
+
+def test_concurrent_calls_from_python_threads():
+    """Several Python threads calling at once: parallel and serial paths, all correct, no abort."""
+    rng = np.random.default_rng(3)
+    problems = []
+    for i in range(8):
+        n = (300, 33, 1, 257)[i % 4]
+        dtype = DTYPES[i % 2]
+        a = rng.standard_normal((n, 211)).astype(dtype)
+        b = rng.standard_normal((211, 190)).astype(dtype)
+        problems.append((a, b, a.astype(np.float64) @ b))
+    errors = []
+
+    def worker(a, b, expected):
+        try:
+            for _ in range(5):
+                got = tilegemm.matmul(a, b)
+                bound = 4 * 211 * np.finfo(a.dtype).eps * (np.abs(a) @ np.abs(b)).astype(np.float64)
+                if not np.all(np.abs(got - expected) <= bound):
+                    errors.append(f"wrong result for {a.shape} {a.dtype}")
+        except Exception as exc:  # reported below: a thread's exception would otherwise vanish
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=p) for p in problems]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

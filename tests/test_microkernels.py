@@ -1,0 +1,134 @@
+"""Micro-kernel tester, run over every registered kernel.
+
+Each case drives exactly one tile through the kernel's macro-kernel (``mc <= MR``,
+``nc <= NR``), so full tiles exercise the vector-IR kernel and partial ones the
+scratch-tile path: every m <= MR x n <= NR subtile, k of 0, 1, just below / at /
+above the vector width and KC, strided C, beta in {0, 1, 0.5} with NaN in C when
+beta is 0, and the fused bias/activation epilogue.
+"""
+import numpy as np
+import pytest
+
+from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+from tilegemm.kernels.registry import get_kernel, registered_kernels
+from tilegemm.packing import aligned_empty
+from tilegemm.tuning.blocking import blocking
+
+from conftest import assert_close, error_bound
+
+KERNELS = registered_kernels()
+IDS = [f"{dt.name}-{mr}x{nr}-{isa}" for dt, mr, nr, isa in KERNELS]
+
+
+def run_tile(kern, mr, nr, k, beta, rng, ldc_pad=3, epi=0, a_scale=1.0):
+    """Pack random A (mr x k), B (k x nr), run one tile into a strided C, return (got, A, B, C0, bias)."""
+    dt = kern.dtype
+    MR, NR = kern.mr, kern.nr
+    A = (rng.standard_normal((mr, k)) * a_scale).astype(dt)
+    B = rng.standard_normal((k, nr)).astype(dt)
+    apack = aligned_empty(MR * max(k, 1), dt)
+    bpack = aligned_empty(NR * max(k, 1), dt)
+    apack[:] = 0
+    bpack[:] = 0
+    apack[:MR * k].reshape(k, MR)[:, :mr] = A.T
+    bpack[:NR * k].reshape(k, NR)[:, :nr] = B
+    ldc = NR + ldc_pad
+    c_off = 5
+    cflat = np.full(c_off + MR * ldc + 7, 7.0, dt)
+    C = cflat[c_off:c_off + mr * ldc].reshape(mr, ldc)[:, :nr]
+    if beta == 0:
+        C[...] = np.nan  # must be overwritten, never read
+    else:
+        C[...] = rng.standard_normal((mr, nr))
+    C0 = C.copy()
+    bias = rng.standard_normal(max(MR, NR) + 3).astype(dt)
+    tile = aligned_empty(MR * NR, dt)
+    kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, cflat, c_off, ldc, dt.type(1.5),
+                             dt.type(beta), bias, 0, 0, epi, tile)
+    # Nothing outside the tile was touched.
+    untouched = np.ones(cflat.shape, bool)
+    for i in range(mr):
+        untouched[c_off + i * ldc:c_off + i * ldc + nr] = False
+    assert np.all(cflat[untouched] == 7.0), "the kernel wrote outside its tile"
+    return C.copy(), A, B, C0, bias
+
+
+def reference(A, B, C0, beta, alpha=1.5):
+    ref = alpha * (A.astype(np.float64) @ B.astype(np.float64))
+    if beta != 0:
+        ref += beta * C0.astype(np.float64)
+    return ref
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=IDS)
+def test_every_subtile(spec, rng):
+    dt, MR, NR, isa = spec
+    kern = get_kernel(dt, MR, NR, isa)
+    k = 9
+    for mr in range(1, MR + 1):
+        for nr in range(1, NR + 1):
+            beta = (0.0, 1.0, 0.5)[(mr + nr) % 3]
+            got, A, B, C0, _ = run_tile(kern, mr, nr, k, beta, rng)
+            assert_close(got, reference(A, B, C0, beta),
+                         1.5 * error_bound(A, B, k, dt, extra=C0 if beta else None),
+                         f"{kern.name} m={mr} n={nr} k={k} beta={beta}")
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=IDS)
+def test_k_values_and_beta(spec, rng):
+    dt, MR, NR, isa = spec
+    kern = get_kernel(dt, MR, NR, isa)
+    KC = blocking(dt, mr=MR, nr=NR).kc
+    lanes = kern.lanes
+    ks = sorted({0, 1, 2, 3, lanes - 1, lanes, lanes + 1, KC - 1, KC, KC + 1, 2 * KC + 5})
+    for k in ks:
+        for beta in (0.0, 1.0, 0.5):
+            for mr, nr in ((MR, NR), (MR - 1, NR - 1), (1, NR), (MR, 1)):
+                got, A, B, C0, _ = run_tile(kern, max(mr, 1), max(nr, 1), k, beta, rng)
+                assert_close(got, reference(A, B, C0, beta),
+                             1.5 * error_bound(A, B, k, dt, extra=C0 if beta else None),
+                             f"{kern.name} m={mr} n={nr} k={k} beta={beta}")
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=IDS)
+@pytest.mark.parametrize("epi", [EPI_BIAS_ROW, EPI_BIAS_COL, EPI_RELU, EPI_RELU6,
+                                 EPI_BIAS_ROW | EPI_RELU, EPI_BIAS_COL | EPI_RELU6])
+def test_fused_epilogue(spec, epi, rng):
+    dt, MR, NR, isa = spec
+    kern = get_kernel(dt, MR, NR, isa)
+    for mr, nr, beta in ((MR, NR, 0.0), (MR, NR, 1.0), (MR - 1, NR - 3, 0.5)):
+        got, A, B, C0, bias = run_tile(kern, mr, nr, 33, beta, rng, epi=epi, a_scale=2.0)
+        ref = reference(A, B, C0, beta)
+        if epi & EPI_BIAS_ROW:
+            ref += bias[:mr, None]
+        if epi & EPI_BIAS_COL:
+            ref += bias[None, :nr]
+        if epi & (EPI_RELU | EPI_RELU6):
+            ref = np.maximum(ref, 0)
+        if epi & EPI_RELU6:
+            ref = np.minimum(ref, 6)
+        c_part = np.abs(C0) if beta else 0.0
+        bound = 1.5 * error_bound(A, B, 33, dt, extra=c_part + np.abs(bias).max())
+        assert_close(got, ref, bound, f"{kern.name} epi={epi} m={mr} n={nr} beta={beta}")
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=IDS)
+def test_nan_and_inf_propagate_through_epilogue(spec, rng):
+    dt, MR, NR, isa = spec
+    kern = get_kernel(dt, MR, NR, isa)
+    for mr, nr in ((MR, NR), (MR - 1, 2)):
+        dtype = kern.dtype
+        k = 4
+        apack = np.zeros(MR * k, dtype)
+        bpack = np.zeros(NR * k, dtype)
+        apack.reshape(k, MR)[0, 0] = np.nan      # row 0 becomes NaN
+        apack.reshape(k, MR)[1, 1] = np.inf      # row 1 becomes +Inf where B > 0
+        bpack.reshape(k, NR)[:, :] = 1.0
+        c = np.zeros(MR * NR, dtype)
+        tile = np.zeros(MR * NR, dtype)
+        bias = np.zeros(max(MR, NR), dtype)
+        kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, c, 0, nr, dtype.type(1), dtype.type(0),
+                                 bias, 0, 0, EPI_RELU6, tile)
+        out = c[:mr * nr].reshape(mr, nr)
+        assert np.isnan(out[0]).all(), f"{kern.name}: relu6 dropped NaN"
+        assert (out[1] == 6).all(), f"{kern.name}: relu6(+Inf) should clamp to 6"

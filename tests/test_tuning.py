@@ -1,0 +1,80 @@
+"""Machine detection, block sizes and peak."""
+import numpy as np
+import pytest
+
+from tilegemm.tuning.blocking import blocking, register_tiles
+from tilegemm.tuning.machine import ISA_SHAPE, detect
+from tilegemm.tuning.peak import measured_peak_gflops, nominal_peak_gflops
+
+
+def test_detect_reports_per_core_caches():
+    m = detect()
+    assert m.isa in ISA_SHAPE
+    assert m.cores >= 1
+    assert 8 * 1024 <= m.l1d_bytes <= 1 << 20, "L1d should be per core"
+    assert m.l2_bytes > m.l1d_bytes
+    assert (m.vector_bits, m.vector_registers) == ISA_SHAPE[m.isa]
+
+
+@pytest.mark.parametrize("registers,lanes", [(32, 16), (32, 8), (16, 8), (16, 4)])
+def test_register_tiles_fit_the_register_file(registers, lanes):
+    tiles = register_tiles(registers, lanes)
+    assert tiles
+    for mr, nr in tiles:
+        assert nr % lanes == 0
+        assert mr * nr // lanes + nr // lanes + 1 <= registers
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blocking_follows_the_formulas(dtype):
+    m = detect()
+    b = blocking(dtype)
+    size = np.dtype(dtype).itemsize
+    assert b.lanes * size * 8 == m.vector_bits
+    assert b.nr % b.lanes == 0 and b.mc % b.mr == 0 and b.nc % b.nr == 0
+    # KC: an A and a B micro-panel fill L1d (rounded down to a multiple of 8).
+    assert b.kc <= m.l1d_bytes // ((b.mr + b.nr) * size) < b.kc + 8
+    assert b.nc * b.kc * size <= m.l2_bytes - m.l1d_bytes
+    assert set(b.source.values()) == {"derived"}
+
+
+def test_blocking_overrides(monkeypatch):
+    b = blocking(np.float32, kc=100, mc=50, nc=1000)
+    assert b.kc == 100 and b.mc % b.mr == 0 and b.nc % b.nr == 0
+    assert b.source["kc"] == "keyword"
+    monkeypatch.setenv("TILEGEMM_KC", "77")
+    assert blocking(np.float32).kc == 77
+    assert blocking(np.float32).source["kc"] == "environment"
+    with pytest.raises(ValueError, match="KC"):
+        blocking(np.float32, kc=0)
+    with pytest.raises(ValueError, match="multiple"):
+        blocking(np.float32, nr=17)
+    with pytest.raises(TypeError):
+        blocking(np.int32)
+
+
+def test_overridden_blocking_is_used_and_correct(monkeypatch):
+    """Odd block sizes through the whole driver still give the right product."""
+    from tilegemm.kernels import driver
+    import tilegemm
+    monkeypatch.setenv("TILEGEMM_KC", "7")
+    monkeypatch.setenv("TILEGEMM_MC", "12")
+    monkeypatch.setenv("TILEGEMM_NC", "128")
+    driver.reset_plans()
+    try:
+        rng = np.random.default_rng(1)
+        a = rng.standard_normal((100, 59))
+        b = rng.standard_normal((59, 300))
+        assert np.allclose(tilegemm.matmul(a, b), a @ b, rtol=1e-12, atol=1e-12)
+    finally:
+        monkeypatch.undo()
+        driver.reset_plans()
+
+
+def test_peaks_are_positive_and_plausible():
+    nominal = nominal_peak_gflops(np.float32)
+    measured = measured_peak_gflops(np.float32, seconds=0.05)
+    assert nominal > 0 and measured > 0
+    # A turbo clock can beat the nominal one, but not by 3x.
+    assert measured < 3 * nominal
+    assert measured_peak_gflops(np.float64, seconds=0.05) < measured * 1.2
