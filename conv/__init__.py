@@ -1,0 +1,10 @@
+"""Convolution on the GEMM engine: implicit im2col, Winograd F(2x2, 3x3) and direct.
+
+:func:`conv2d` is the front door (torch.nn.functional.conv2d semantics),
+:func:`conv_plan` shows what ``algorithm="auto"`` chooses and why, and
+:func:`fold_batchnorm` folds an inference BatchNorm into the weights.
+"""
+from tilegemm.conv.api import conv2d, fold_batchnorm
+from tilegemm.conv.plan import ConvPlan, conv_plan
+
+__all__ = ["conv2d", "fold_batchnorm", "conv_plan", "ConvPlan"]

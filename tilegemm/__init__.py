@@ -4,6 +4,7 @@ Public API: :func:`matmul` (numpy semantics) and :func:`gemm` (BLAS semantics).
 Machine facts, block sizes and peak live in :mod:`tilegemm.tuning`.
 """
 from tilegemm.api import gemm, matmul
+from tilegemm.conv import conv2d, conv_plan, fold_batchnorm
 
-__all__ = ["gemm", "matmul"]
+__all__ = ["gemm", "matmul", "conv2d", "conv_plan", "fold_batchnorm"]
 __version__ = "0.1.0"

@@ -1,0 +1,181 @@
+"""The public convolution entry points: :func:`conv2d` and :func:`fold_batchnorm`.
+
+Everything is validated here in plain Python; the algorithms below receive
+C-contiguous arrays of one float dtype and a :class:`~tilegemm.conv.params.ConvParams`.
+"""
+import numbers
+
+import numpy as np
+
+from tilegemm.conv import direct, im2col, winograd
+from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
+from tilegemm.conv.plan import choose
+from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
+
+
+def _float_array(x, name, func):
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{func}: {name} is not array-like ({e})") from None
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
+                        "float64 only (cast with .astype(np.float32) or np.float64)")
+    return x
+
+
+def _check_choice(value, choices, name, func):
+    if not (value is None or isinstance(value, str)) or value not in choices:
+        raise ValueError(f"{func}: unknown {name} {value!r}; expected one of "
+                         + ", ".join(repr(c) for c in choices))
+
+
+def _trivial(x, bias, out, p, act):
+    """Convolutions with nothing to sum (no input channels): bias then activation."""
+    out[...] = 0
+    if bias is not None:
+        shape = (1, -1, 1, 1) if p.layout == "NCHW" else (1, 1, 1, -1)
+        out += bias.reshape(shape)
+    if act & (EPI_RELU | EPI_RELU6):
+        out[out < 0] = 0
+    if act & EPI_RELU6:
+        out[out > 6] = 6
+    return out
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+           activation=None, algorithm="auto", layout="NCHW"):
+    """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
+
+    Parameters
+    ----------
+    input : array_like, float32 or float64
+        ``(N, C, H, W)``, or ``(N, H, W, C)`` with ``layout="NHWC"``.
+    weight : array_like, shape (K, C/groups, kh, kw)
+        The same for both layouts.
+    bias : array_like, shape (K,), optional
+    stride, dilation : int or (int, int)
+        Positive.
+    padding : int, (int, int), "valid" or "same"
+        Zero padding on each side; "same" (stride 1 only) may pad one more
+        row/column at the bottom/right, as torch does.
+    groups : int
+        Divides C and K; ``groups == C == K`` is a depthwise convolution.
+    activation : None, "relu" or "relu6"
+        Applied after the bias, fused into the algorithm's epilogue.  NaN stays NaN.
+    algorithm : "auto", "im2col", "winograd" or "direct"
+        "auto" asks :func:`tilegemm.conv_plan`'s cost model; "winograd" needs a
+        3x3 kernel, stride 1 and dilation 1.
+    layout : "NCHW" or "NHWC"
+        Layout of ``input`` and of the result; NHWC is computed natively.
+
+    Returns
+    -------
+    ndarray
+        ``(N, K, Ho, Wo)`` or ``(N, Ho, Wo, K)``, dtype ``result_type(input, weight, bias)``.
+        Inputs are never modified.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays; non-integer stride, padding, dilation or groups.
+    ValueError
+        Wrong ranks, channel or group mismatch, non-positive stride or dilation,
+        negative padding, an empty output, a bias of the wrong length, an unknown
+        algorithm/activation/layout, or an algorithm that does not apply.
+    """
+    func = "conv2d"
+    _check_choice(algorithm, ALGORITHMS, "algorithm", func)
+    _check_choice(activation, ACTIVATIONS, "activation", func)
+    x = _float_array(input, "input", func)
+    w = _float_array(weight, "weight", func)
+    b = None if bias is None else _float_array(bias, "bias", func)
+    p = conv_params(x.shape, w.shape, stride, padding, dilation, groups, layout, func)
+    if b is not None and b.shape != (p.K,):
+        raise ValueError(f"{func}: bias must have shape ({p.K},) (one value per output channel), "
+                         f"got {b.shape}")
+    if algorithm == "winograd" and not p.winograd_ok:
+        raise ValueError(f"{func}: algorithm='winograd' (F(2x2,3x3)) needs a 3x3 kernel, stride 1 "
+                         f"and dilation 1; got a {p.kh}x{p.kw} kernel, stride {(p.sy, p.sx)}, "
+                         f"dilation {(p.dy, p.dx)}")
+    dtype = np.result_type(x, w, *(() if b is None else (b,)))
+    out = np.empty(p.output_shape(), dtype)
+    act = _ACT_FLAGS[activation]
+    x = np.ascontiguousarray(x, dtype=dtype)
+    w = np.ascontiguousarray(w, dtype=dtype)
+    if b is not None:
+        b = np.ascontiguousarray(b, dtype=dtype)
+    if out.size == 0:
+        return out
+    if p.Cg == 0:
+        return _trivial(x, b, out, p, act)
+    if algorithm == "auto":
+        algorithm = choose(p, dtype).algorithm
+    if algorithm == "winograd":
+        return winograd.run(x, w, b, out, p, act)
+    if algorithm == "direct":
+        return direct.run(x, w, b, out, p, act)
+    if p.pointwise:
+        return im2col.pointwise(x, w, b, out, p, act)
+    return im2col.run(x, w, b, out, p, act)
+
+
+def fold_batchnorm(weight, bias, gamma, beta, mean, var, eps=1e-5):
+    """Fold an inference-mode BatchNorm into the preceding convolution's weights.
+
+    Returns ``(weight', bias')`` such that ``conv2d(x, weight', bias')`` equals
+    ``batchnorm(conv2d(x, weight, bias))`` with
+    ``batchnorm(y) = gamma * (y - mean) / sqrt(var + eps) + beta`` per output channel.
+
+    Parameters
+    ----------
+    weight : array_like, shape (K, C/groups, kh, kw)
+    bias : array_like of shape (K,), or None (a zero bias)
+    gamma, beta, mean, var : array_like, shape (K,)
+        BatchNorm scale, shift, running mean and running variance.
+    eps : float
+        Non-negative.
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        New arrays (the inputs are not modified), dtype the common float dtype.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays or a non-real ``eps``.
+    ValueError
+        Wrong ranks or lengths, negative ``eps`` or variance.
+    """
+    func = "fold_batchnorm"
+    w = _float_array(weight, "weight", func)
+    if w.ndim != 4:
+        raise ValueError(f"{func}: weight must be 4-D (K, C/groups, kh, kw), got shape {w.shape}")
+    K = w.shape[0]
+    vectors = {}
+    for name, v in (("bias", bias), ("gamma", gamma), ("beta", beta), ("mean", mean),
+                    ("var", var)):
+        if v is None and name == "bias":
+            continue
+        v = _float_array(v, name, func)
+        if v.shape != (K,):
+            raise ValueError(f"{func}: {name} must have shape ({K},) to match weight.shape[0], "
+                             f"got {v.shape}")
+        vectors[name] = v
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{func}: eps must be a real number, got {eps!r}")
+    if eps < 0:
+        raise ValueError(f"{func}: eps must be non-negative, got {eps}")
+    if np.any(vectors["var"] < 0):
+        raise ValueError(f"{func}: var holds negative values; it must be a variance")
+    dtype = np.result_type(w, *vectors.values())
+    scale = vectors["gamma"].astype(dtype) / np.sqrt(vectors["var"].astype(dtype) + dtype.type(eps))
+    new_weight = w.astype(dtype) * scale.reshape(-1, 1, 1, 1)
+    b0 = vectors["bias"].astype(dtype) if "bias" in vectors else np.zeros(K, dtype)
+    new_bias = (b0 - vectors["mean"].astype(dtype)) * scale + vectors["beta"].astype(dtype)
+    return new_weight, new_bias

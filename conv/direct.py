@@ -1,0 +1,166 @@
+"""Direct convolution: no packing, for the shapes where packing does not pay.
+
+Depthwise and few-channel convolutions have a tiny reduction (C/groups * kh * kw),
+so a GEMM would spend its time packing; large strides waste most of the patches.
+Here each task accumulates a block of output channels x a whole output row in a
+small L1-resident accumulator, with the vector lanes over the contiguous axis:
+
+* NCHW -- lanes over the output width: for each kernel tap, one input row segment
+  is multiplied into ``KB`` output-channel rows (each input value loaded once per
+  block of channels).
+* NHWC -- lanes over the channels: for each output pixel and kernel tap, the
+  pixel's channel vector is multiplied into the ``K`` accumulators.
+
+The bias and activation are applied to the accumulator before it is stored.
+Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
+"""
+import numba
+import numpy as np
+
+from tilegemm.config import JIT, PJIT
+from tilegemm.conv import engine
+from tilegemm.packing.im2col import _valid_range
+from tilegemm.packing.winograd import _activate
+
+#: Output channels accumulated together in NCHW (each input row is read once per block).
+KB = 8
+
+
+@numba.njit(**JIT)
+def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
+    """One (image, group, block of <= KB output channels): every output row.
+
+    ``shape = (N, C, K, groups)``; ``x``, ``w``, ``out`` are flat C-contiguous NCHW /
+    (K, C/groups, kh, kw) / NCHW arrays; ``acc`` holds KB*Wo elements.
+    """
+    N, C, K, groups = shape
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    Cg, Kg = C // groups, K // groups
+    blocks = (Kg + KB - 1) // KB
+    n = task // (groups * blocks)
+    g = (task // blocks) % groups
+    k0 = g * Kg + (task % blocks) * KB
+    kn = min(KB, (g + 1) * Kg - k0)
+    for oh in range(Ho):
+        acc[:kn * Wo] = 0
+        for c in range(Cg):
+            for i in range(kh):
+                ih = oh * sy + i * dy - py
+                if ih < 0 or ih >= H:
+                    continue
+                row = ((n * C + g * Cg + c) * H + ih) * W
+                for j in range(kw):
+                    iw0 = j * dx - px
+                    lo, hi = _valid_range(iw0, sx, Wo, W)
+                    src = row + iw0
+                    for kk in range(kn):
+                        wv = w[(((k0 + kk) * Cg + c) * kh + i) * kw + j]
+                        a = kk * Wo
+                        if sx == 1:
+                            for ow in range(lo, hi):
+                                acc[a + ow] += wv * x[src + ow]
+                        else:
+                            for ow in range(lo, hi):
+                                acc[a + ow] += wv * x[src + ow * sx]
+        for kk in range(kn):
+            dst = ((n * K + k0 + kk) * Ho + oh) * Wo
+            for ow in range(Wo):
+                y = acc[kk * Wo + ow]
+                if has_bias:
+                    y += bias[k0 + kk]
+                out[dst + ow] = _activate(y, act)
+
+
+@numba.njit(**JIT)
+def _nchw_serial(ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
+    for task in range(ntasks):
+        _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc)
+
+
+@numba.njit(**PJIT)
+def _nchw_parallel(ntasks, x, w, bias, has_bias, act, out, shape, geom, accs):
+    threads = accs.shape[0]
+    for t in numba.prange(threads):
+        for task in range(t, ntasks, threads):
+            _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, accs[t])
+
+
+@numba.njit(**JIT)
+def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
+    """One (image, output row): every pixel, every channel.
+
+    ``wt`` is the weight laid out (kh, kw, C/groups, K) so that a kernel tap's
+    weights for consecutive output channels are contiguous; ``acc`` holds K elements.
+    """
+    N, C, K, groups = shape
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    Cg, Kg = C // groups, K // groups
+    n = task // Ho
+    oh = task % Ho
+    depthwise = Cg == 1 and Kg == 1
+    for ow in range(Wo):
+        acc[:K] = 0
+        for i in range(kh):
+            ih = oh * sy + i * dy - py
+            if ih < 0 or ih >= H:
+                continue
+            for j in range(kw):
+                iw = ow * sx + j * dx - px
+                if iw < 0 or iw >= W:
+                    continue
+                src = ((n * H + ih) * W + iw) * C
+                tap = (i * kw + j) * Cg * K
+                if depthwise:
+                    for k in range(K):
+                        acc[k] += x[src + k] * wt[tap + k]
+                else:
+                    for g in range(groups):
+                        for c in range(Cg):
+                            xv = x[src + g * Cg + c]
+                            wrow = tap + c * K + g * Kg
+                            for kk in range(Kg):
+                                acc[g * Kg + kk] += xv * wt[wrow + kk]
+        dst = ((n * Ho + oh) * Wo + ow) * K
+        for k in range(K):
+            y = acc[k]
+            if has_bias:
+                y += bias[k]
+            out[dst + k] = _activate(y, act)
+
+
+@numba.njit(**JIT)
+def _nhwc_serial(ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
+    for task in range(ntasks):
+        _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc)
+
+
+@numba.njit(**PJIT)
+def _nhwc_parallel(ntasks, x, wt, bias, has_bias, act, out, shape, geom, accs):
+    threads = accs.shape[0]
+    for t in numba.prange(threads):
+        for task in range(t, ntasks, threads):
+            _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, accs[t])
+
+
+def run(x, w, bias, out, p, act):
+    """Direct convolution into ``out`` (C-contiguous in ``p.layout``); any shape."""
+    has_bias = bias is not None
+    b = np.ascontiguousarray(bias) if has_bias else np.zeros(1, out.dtype)
+    shape = (p.N, p.C, p.K, p.groups)
+    geom = p.geom()
+    xf, of = x.reshape(-1), out.reshape(-1)
+    if p.layout == "NCHW":
+        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        threads = engine.threads_for(p.flops, ntasks)
+        (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
+        wf = np.ascontiguousarray(w).reshape(-1)
+        serial, parallel = _nchw_serial, _nchw_parallel
+    else:
+        ntasks = p.N * p.Ho
+        threads = engine.threads_for(p.flops, ntasks)
+        (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
+        wf = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
+        serial, parallel = _nhwc_serial, _nhwc_parallel
+    args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom)
+    engine.launch(lambda: serial(*args, accs[0]), lambda: parallel(*args, accs[:threads]), threads)
+    return out

@@ -1,0 +1,163 @@
+"""Convolution as GEMM through implicit im2col, and 1x1 convolutions as plain GEMMs.
+
+NCHW, per image and group: ``out[K, Ho*Wo] = W[K, C*kh*kw] @ col`` -- the weights
+are packed A (once, cached), the patch matrix is packed B straight from the image
+(:func:`tilegemm.packing.im2col.pack_b_im2col`), the bias is per row.
+
+NHWC, over the whole batch: ``out[N*Ho*Wo, K] = col^T @ W^T`` -- the weights are
+packed B, the patches packed A (:func:`tilegemm.packing.im2col.pack_a_im2col`), the
+bias is per column.
+
+A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
+viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
+"""
+import numpy as np
+
+from tilegemm.conv import engine
+from tilegemm.kernels.driver import gemm_into
+from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
+from tilegemm.packing import pack_a, pack_b
+
+
+def _pack_weights_a(w2, KC, MR):
+    """Pack ``w2`` (M x ckk) as A for every KC block: block ``pc`` at ``pc*Mp``."""
+    M, ckk = w2.shape
+    Mp = engine.round_up(M, MR)
+    buf = np.zeros(Mp * ckk + 1, w2.dtype)
+    flat = np.ascontiguousarray(w2).reshape(-1)
+    for pc in range(0, ckk, KC):
+        kc = min(KC, ckk - pc)
+        pack_a(flat, pc, ckk, 1, M, kc, MR, buf[pc * Mp:])
+    return buf, Mp
+
+
+def _pack_weights_b(w2t, KC, NR):
+    """Pack ``w2t`` (ckk x N) as B for every KC block: block ``pc`` at ``pc*Np``."""
+    ckk, N = w2t.shape
+    Np = engine.round_up(N, NR)
+    buf = np.zeros(Np * ckk + 1, w2t.dtype)
+    flat = np.ascontiguousarray(w2t).reshape(-1)
+    for pc in range(0, ckk, KC):
+        kc = min(KC, ckk - pc)
+        pack_b(flat, pc * N, N, 1, kc, N, NR, buf[pc * Np:])
+    return buf, Np
+
+
+def _bias_slices(bias, p, dtype):
+    """Per-group contiguous bias (or a one-element dummy) and whether it is used."""
+    if bias is None:
+        dummy = np.zeros(1, dtype)
+        return [dummy] * p.groups, False
+    return [np.ascontiguousarray(bias[g * p.Kg:(g + 1) * p.Kg]) for g in range(p.groups)], True
+
+
+def pointwise(x, w, bias, out, p, act):
+    """1x1 stride-1 convolution: one GEMM per image and group (NCHW) or per group (NHWC)."""
+    biases, has_bias = _bias_slices(bias, p, out.dtype)
+    for g in range(p.groups):
+        c = slice(g * p.Cg, (g + 1) * p.Cg)
+        k = slice(g * p.Kg, (g + 1) * p.Kg)
+        w2 = w[k, :, 0, 0]                                   # (Kg, Cg)
+        if p.layout == "NCHW":
+            epi = act | (EPI_BIAS_ROW if has_bias else 0)
+            for n in range(p.N):
+                gemm_into(w2, x[n, c].reshape(p.Cg, p.H * p.W),
+                          out[n, k].reshape(p.Kg, p.H * p.W), bias=biases[g], epi=epi)
+        else:
+            epi = act | (EPI_BIAS_COL if has_bias else 0)
+            gemm_into(x.reshape(-1, p.C)[:, c], w2.T, out.reshape(-1, p.K)[:, k],
+                      bias=biases[g], epi=epi)
+    return out
+
+
+def run(x, w, bias, out, p, act):
+    """Implicit-im2col convolution into ``out`` (C-contiguous, layout ``p.layout``).
+
+    ``x`` is C-contiguous in ``p.layout``, ``w`` is (K, C/groups, kh, kw) contiguous,
+    ``act`` the activation's epilogue flags.
+    """
+    if p.layout == "NCHW":
+        return _run_nchw(x, w, bias, out, p, act)
+    return _run_nhwc(x, w, bias, out, p, act)
+
+
+def _run_nchw(x, w, bias, out, p, act):
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.conv_module(out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    ckk = p.Cg * p.kh * p.kw
+    pixels = p.Ho * p.Wo
+    KC = min(blk.kc, ckk)
+    MC = blk.mc
+    # Balance the pixel blocks: NC no larger than the blocking's, as equal as possible.
+    n_jc = -(-pixels // blk.nc)
+    NC = engine.round_up(-(-pixels // n_jc), NR)
+    n_jc = -(-pixels // NC)
+
+    def build():
+        return [_pack_weights_a(w[g * p.Kg:(g + 1) * p.Kg].reshape(p.Kg, ckk), KC, MR)
+                for g in range(p.groups)]
+
+    packed = engine.prepared("im2col_nchw", w, (p.groups, KC, MR), build)
+    biases, has_bias = _bias_slices(bias, p, out.dtype)
+    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    threads = engine.threads_for(p.flops, 1 << 30)
+    # With few (image, pixel block) pairs, split the output channels too so every thread works.
+    msplit = 1
+    if p.N * n_jc < threads:
+        msplit = min(-(-threads // (p.N * n_jc)), -(-p.Kg // MR))
+    mstep = engine.round_up(-(-p.Kg // msplit), MR)
+    msplit = -(-p.Kg // mstep)
+    ntasks = p.N * n_jc * msplit
+    threads = min(threads, ntasks)
+    xf, of = x.reshape(-1), out.reshape(-1)
+    xs, os_ = p.input_strides(), p.output_strides()
+    geom = p.geom()
+    bpacks, tiles = engine.thread_buffers(("im2col_nchw", kernel.name), max(threads, 1),
+                                          (KC * engine.round_up(NC, NR), MR * NR), out.dtype)
+    for g in range(p.groups):
+        apack, Mp = packed[g]
+        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, ckk, apack, Mp, p.Kg, msplit, mstep,
+                n_jc, of, g * p.Kg * os_[1], os_, biases[g], epi, KC, MC, NC)
+        engine.launch(lambda: mod.im2col_nchw_serial(*args, bpacks[0], tiles[0]),
+                      lambda: mod.im2col_nchw_parallel(*args, bpacks[:threads], tiles[:threads]),
+                      threads)
+    return out
+
+
+def _run_nhwc(x, w, bias, out, p, act):
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.conv_module(out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    ckk = p.Cg * p.kh * p.kw
+    m = p.N * p.Ho * p.Wo
+    KC = min(blk.kc, ckk)
+    NC = min(blk.nc, engine.round_up(p.Kg, NR))
+    threads = engine.threads_for(p.flops, 1 << 30)
+    # Enough row blocks to keep every thread busy, MC from the blocking at most.
+    MC = min(blk.mc, engine.round_up(-(-m // max(threads, 1)), MR))
+    ntasks = -(-m // MC)
+    threads = min(threads, ntasks)
+
+    def build():
+        # k order (i, j, c): W^T[(i*kw + j)*Cg + c, k] = w[k, c, i, j].
+        return [_pack_weights_b(w[g * p.Kg:(g + 1) * p.Kg].transpose(2, 3, 1, 0)
+                                .reshape(ckk, p.Kg), KC, NR)
+                for g in range(p.groups)]
+
+    packed = engine.prepared("im2col_nhwc", w, (p.groups, KC, NR), build)
+    biases, has_bias = _bias_slices(bias, p, out.dtype)
+    epi = act | (EPI_BIAS_COL if has_bias else 0)
+    xf, of = x.reshape(-1), out.reshape(-1)
+    xs = p.input_strides()
+    geom = p.geom()
+    apacks, tiles = engine.thread_buffers(("im2col_nhwc", kernel.name), max(threads, 1),
+                                          (engine.round_up(MC, MR) * KC, MR * NR), out.dtype)
+    for g in range(p.groups):
+        bpack, Np = packed[g]
+        args = (ntasks, xf, g * p.Cg, xs, geom, p.Cg, ckk, bpack, Np, p.Kg, of, g * p.Kg, p.K,
+                biases[g], epi, KC, MC, NC, m)
+        engine.launch(lambda: mod.im2col_nhwc_serial(*args, apacks[0], tiles[0]),
+                      lambda: mod.im2col_nhwc_parallel(*args, apacks[:threads], tiles[:threads]),
+                      threads)
+    return out

@@ -1,0 +1,155 @@
+"""algorithm="auto": a cost model over the three algorithms, and the plan it produces.
+
+Each algorithm's time is estimated from the shape as
+
+    GEMM flops / (efficiency x peak)  +  elements moved by packing or transforms / rate
+
+where the GEMM efficiency falls with the fraction of each register tile the shape
+leaves empty (few output channels, few pixels) and with a short reduction (the
+micro-kernel's fixed cost of loading and storing its tile is amortised over the
+k loop).  The constants below were fitted to ``bench/bench_conv.py`` on the
+development machine (AVX-512, fp32); only their ratios matter, since the choice
+compares estimates with each other.  ``TILEGEMM_CONV_ALGORITHM`` forces a choice.
+"""
+import os
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from tilegemm.conv.params import conv_params
+
+#: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
+GEMM_EFFICIENCY = 0.80
+#: Reduction length at which the micro-kernel's tile load/store costs as much as its k loop.
+K_HALF = 24
+#: Fraction of peak of the direct loops (256-bit auto-vectorised FMAs, operands from L1).
+DIRECT_EFFICIENCY = 0.12
+#: Elements per nanosecond per thread written by the im2col packers.
+PACK_RATE = 2.0
+#: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
+WINOGRAD_IN_RATE = 0.12
+#: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
+WINOGRAD_OUT_RATE = 0.20
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """What ``conv2d(..., algorithm="auto")`` would do for a shape, and why.
+
+    Attributes
+    ----------
+    algorithm : str
+        The choice: ``"im2col"``, ``"winograd"`` or ``"direct"``.
+    path : str
+        A finer description (e.g. ``"im2col (1x1 as plain GEMM)"``).
+    estimates : dict
+        Estimated seconds of every applicable algorithm.
+    params : ConvParams
+        The validated geometry.
+    threads : int
+    reason : str
+    """
+
+    algorithm: str
+    path: str
+    estimates: dict = field(compare=False)
+    params: object = field(compare=False)
+    threads: int = 1
+    reason: str = ""
+
+
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+def _tile_fill(rows, cols, mr, nr):
+    """Fraction of the MR x NR register tiles the GEMM's rows x cols fill."""
+    return (rows / _round_up(rows, mr)) * (cols / _round_up(cols, nr))
+
+
+def _gemm_seconds(flops, rows, cols, depth, mr, nr, peak):
+    eff = GEMM_EFFICIENCY * _tile_fill(rows, cols, mr, nr) * depth / (depth + K_HALF)
+    return flops / (eff * peak)
+
+
+def estimates(p, dtype=np.float32, threads=1):
+    """Estimated seconds per algorithm for :class:`ConvParams` ``p`` (applicable ones only)."""
+    from tilegemm.conv.engine import plan as engine_plan
+    from tilegemm.tuning.peak import nominal_peak_gflops
+
+    kernel, _ = engine_plan(dtype)
+    mr, nr = kernel.mr, kernel.nr
+    peak = nominal_peak_gflops(dtype, threads) * 1e9
+    ns = 1e-9 / threads
+    ckk = p.Cg * p.kh * p.kw
+    pixels = p.Ho * p.Wo
+    out = {}
+    if p.layout == "NCHW":
+        gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
+    else:
+        gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
+    pack = p.N * p.groups * ckk * pixels * ns / PACK_RATE
+    out["im2col"] = gemm + pack
+    if p.winograd_ok:
+        tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
+        flops = 2 * 16 * tiles * p.Cg * p.K
+        gemm = _gemm_seconds(flops, tiles, p.Kg, p.Cg, mr, nr, peak)
+        transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
+        out["winograd"] = gemm + transforms
+    out["direct"] = p.flops / (DIRECT_EFFICIENCY * peak)
+    return out
+
+
+def choose(p, dtype=np.float32, threads=None):
+    """The :class:`ConvPlan` for validated parameters ``p``."""
+    threads = numba.get_num_threads() if threads is None else int(threads)
+    est = estimates(p, dtype, threads)
+    forced = os.environ.get("TILEGEMM_CONV_ALGORITHM")
+    if forced in est:
+        algorithm, reason = forced, "forced by TILEGEMM_CONV_ALGORITHM"
+    else:
+        algorithm = min(est, key=est.get)
+        ranked = sorted(est, key=est.get)
+        reason = "lowest estimated time" + (
+            f" ({est[ranked[0]] / est[ranked[1]]:.2f}x of {ranked[1]})" if len(ranked) > 1 else "")
+    path = algorithm
+    if algorithm == "im2col" and p.pointwise:
+        path = "im2col (1x1 stride 1: plain GEMM on the image)"
+    elif algorithm == "im2col":
+        path = "im2col (implicit: B panels packed from the image)" if p.layout == "NCHW" else \
+            "im2col (implicit: A panels packed from the image)"
+    return ConvPlan(algorithm, path, est, p, threads, reason)
+
+
+def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,
+              layout="NCHW", dtype=np.float32, threads=None):
+    """The algorithm ``conv2d(..., algorithm="auto")`` picks for these shapes, with its estimates.
+
+    Parameters
+    ----------
+    input_shape, weight_shape : tuple of int
+        As the arrays ``conv2d`` would receive (input in ``layout``).
+    stride, padding, dilation, groups, layout
+        As for :func:`tilegemm.conv2d`.
+    dtype : float32 or float64
+    threads : int, optional
+        Defaults to ``numba.get_num_threads()``.
+
+    Returns
+    -------
+    ConvPlan
+        ``.algorithm`` is the choice, ``.estimates`` the estimated seconds of each
+        applicable algorithm, ``.reason`` a one-line justification.
+
+    Examples
+    --------
+    >>> conv_plan((8, 64, 56, 56), (64, 64, 3, 3), padding=1).algorithm  # doctest: +SKIP
+    'winograd'
+    """
+    p = conv_params(input_shape, weight_shape, stride, padding, dilation, groups, layout,
+                    func="conv_plan")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"conv_plan: dtype must be float32 or float64, got {dtype}")
+    return choose(p, dtype, threads)

@@ -1,0 +1,184 @@
+"""im2col: the convolution's patch matrix, explicit (reference) and implicit (packing routines).
+
+A convolution is a GEMM on the *patch matrix* ``col`` of an image: row
+``(c, i, j)`` and column ``(oh, ow)`` of ``col`` hold the input value under kernel
+tap ``(i, j)`` of channel ``c`` when the kernel sits on output pixel ``(oh, ow)``::
+
+    col[(c, i, j), (oh, ow)] = x[c, oh*sy + i*dy - py, ow*sx + j*dx - px]   (0 outside x)
+
+:func:`im2col` builds that matrix in memory: simple and readable, but it is
+``C*kh*kw`` times larger than the output image.  The jitted packers below write
+the same numbers straight into the GEMM's packed micro-panels, one KC x NC block
+at a time, so the patch matrix never exists (*implicit* im2col) and the extra
+memory is the pack buffer whatever the image size:
+
+* :func:`pack_b_im2col` -- NCHW: ``out[K, Ho*Wo] = W[K, C*kh*kw] @ col``; ``col`` is
+  the B operand, packed into NR-column k-major micro-panels (k order ``c, i, j``).
+* :func:`pack_a_im2col` -- NHWC: ``out[Ho*Wo, K] = col^T @ W^T``; ``col^T`` is the A
+  operand, packed into MR-row k-major micro-panels (k order ``i, j, c`` so that
+  the fastest k index walks the contiguous channel axis).
+
+Images are described by a flat 1-D array, the element offset of sample 0 /
+channel 0, and four element strides ``(sn, sc, sy, sx)`` for batch, channel, row
+and column, so one compiled packer serves NCHW and NHWC.  ``geom`` is the tuple
+``(H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx)`` (``py``/``px``: top/left padding;
+the bottom/right padding is implied by ``Ho``/``Wo``).
+"""
+import numba
+import numpy as np
+
+from tilegemm.config import JIT
+
+
+def conv_output_size(size, kernel, stride, pad_before, pad_after, dilation):
+    """Output length along one axis: ``(size + pads - dilation*(kernel-1) - 1) // stride + 1``."""
+    return (size + pad_before + pad_after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def im2col(x, kernel_size, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1)):
+    """The explicit patch matrix of one CHW image (the readable reference).
+
+    Parameters
+    ----------
+    x : ndarray, shape (C, H, W)
+    kernel_size, stride, dilation : (int, int)
+        ``(kh, kw)``, ``(sy, sx)``, ``(dy, dx)``.
+    padding : (int, int, int, int)
+        ``(top, bottom, left, right)`` zero padding.
+
+    Returns
+    -------
+    ndarray, shape (C*kh*kw, Ho*Wo)
+        Row ``(c*kh + i)*kw + j``, column ``oh*Wo + ow``.
+    """
+    C, H, W = x.shape
+    kh, kw = kernel_size
+    sy, sx = stride
+    dy, dx = dilation
+    top, bottom, left, right = padding
+    Ho = conv_output_size(H, kh, sy, top, bottom, dy)
+    Wo = conv_output_size(W, kw, sx, left, right, dx)
+    padded = np.zeros((C, H + top + bottom, W + left + right), x.dtype)
+    padded[:, top:top + H, left:left + W] = x
+    col = np.empty((C, kh, kw, Ho, Wo), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dy, i * dy + sy * (Ho - 1) + 1, sy)
+            cols = slice(j * dx, j * dx + sx * (Wo - 1) + 1, sx)
+            col[:, i, j] = padded[:, rows, cols]
+    return col.reshape(C * kh * kw, Ho * Wo)
+
+
+@numba.njit(**JIT)
+def _valid_range(start, step, count, limit):
+    """``[lo, hi)`` of the ``t < count`` with ``0 <= start + t*step < limit`` (``step > 0``)."""
+    lo = 0
+    if start < 0:
+        lo = (-start + step - 1) // step
+    hi = count
+    last = limit - 1 - start  # t*step <= last
+    if last < 0:
+        hi = 0
+    elif last // step + 1 < hi:
+        hi = last // step + 1
+    if hi < lo:
+        hi = lo
+    return lo, hi
+
+
+@numba.njit(**JIT)
+def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
+    """Pack rows ``p0:p0+kc`` x columns ``j0:j0+nc`` of one image's patch matrix as packed B.
+
+    Writes ``ceil(nc/NR)`` NR-column k-major micro-panels at ``buf[0:]`` (panel ``q`` at
+    ``q*NR*kc``), zero padded.  ``x_off`` is the offset of this image's first channel;
+    ``xs = (sn, sc, sy, sx)`` are element strides.  Assumes validated geometry and a
+    ``buf`` of ``ceil(nc/NR)*NR*kc`` elements.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    sc, s_row, s_col = xs[1], xs[2], xs[3]
+    taps = kh * kw
+    for jr in range(0, nc, NR):
+        cols = min(NR, nc - jr)
+        base = jr * kc
+        for p in range(kc):
+            r = p0 + p
+            c = r // taps
+            i = (r % taps) // kw
+            j = r % kw
+            dst = base + p * NR
+            # Walk the panel's columns one output row (segment) at a time.
+            col = j0 + jr
+            done = 0
+            while done < cols:
+                oh = col // Wo
+                ow = col % Wo
+                seg = min(Wo - ow, cols - done)
+                ih = oh * sy + i * dy - py
+                if ih < 0 or ih >= H:
+                    for t in range(seg):
+                        buf[dst + done + t] = 0
+                else:
+                    iw0 = ow * sx + j * dx - px
+                    lo, hi = _valid_range(iw0, sx, seg, W)
+                    src = x_off + c * sc + ih * s_row + iw0 * s_col
+                    for t in range(lo):
+                        buf[dst + done + t] = 0
+                    if sx == 1 and s_col == 1:
+                        # The common case: a contiguous run of the image row.
+                        for t in range(lo, hi):
+                            buf[dst + done + t] = x[src + t]
+                    else:
+                        step = sx * s_col
+                        for t in range(lo, hi):
+                            buf[dst + done + t] = x[src + t * step]
+                    for t in range(hi, seg):
+                        buf[dst + done + t] = 0
+                done += seg
+                col += seg
+            for t in range(cols, NR):
+                buf[dst + t] = 0
+
+
+@numba.njit(**JIT)
+def pack_a_im2col(x, x_off, xs, geom, channels, m0, mc, p0, kc, MR, buf):
+    """Pack rows ``m0:m0+mc`` x columns ``p0:p0+kc`` of the batch's transposed patch matrix.
+
+    Row ``r`` is output pixel ``(n, oh, ow)`` (``r = (n*Ho + oh)*Wo + ow``), column
+    ``(i*kw + j)*channels + c``.  Writes ``ceil(mc/MR)`` MR-row k-major micro-panels at
+    ``buf[0:]``, zero padded.  ``x_off`` is the offset of the first channel of sample 0.
+    Assumes validated geometry and a buffer of ``ceil(mc/MR)*MR*kc`` elements.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    sn, sc, s_row, s_col = xs
+    pixels = Ho * Wo
+    for ir in range(0, mc, MR):
+        rows = min(MR, mc - ir)
+        base = ir * kc
+        for i in range(MR):
+            if i >= rows:
+                for p in range(kc):
+                    buf[base + p * MR + i] = 0
+                continue
+            r = m0 + ir + i
+            n = r // pixels
+            oh = (r % pixels) // Wo
+            ow = r % Wo
+            p = 0
+            # One run per kernel tap: consecutive k walk the channels of one input pixel.
+            while p < kc:
+                q = p0 + p
+                tap = q // channels
+                c = q % channels
+                run = min(channels - c, kc - p)
+                ih = oh * sy + (tap // kw) * dy - py
+                iw = ow * sx + (tap % kw) * dx - px
+                dst = base + p * MR + i
+                if ih < 0 or ih >= H or iw < 0 or iw >= W:
+                    for t in range(run):
+                        buf[dst + t * MR] = 0
+                else:
+                    src = x_off + n * sn + ih * s_row + iw * s_col + c * sc
+                    for t in range(run):
+                        buf[dst + t * MR] = x[src + t * sc]
+                p += run

@@ -1,0 +1,212 @@
+"""Winograd F(2x2, 3x3): the transforms, written as packing and unpacking routines.
+
+For a 4x4 input tile ``d`` and a 3x3 filter ``g`` the 2x2 output tile is::
+
+    Y = A^T [ (G g G^T) * (B^T d B) ] A        (* element-wise over the 4x4 = 16 positions)
+
+With ``U = G g G^T`` (per output channel k and input channel c) and
+``V = B^T d B`` (per channel c and tile t), position ``xi`` of the element-wise
+product summed over channels is a GEMM::
+
+    M[xi][t, k] = sum_c V[xi][t, c] * U[xi][c, k]          xi = 0..15
+
+so the 16 products run on the engine's micro-kernels.  The tiles are the GEMM's
+rows (A operand) and output channels its columns (B operand):
+
+* :func:`weight_transform` computes every ``U`` once (numpy; the caller caches it).
+* :func:`pack_a_winograd` computes ``V`` for a block of tiles and writes it straight
+  into 16 packed-A slabs (MR-row k-major micro-panels), so the transformed input
+  is never stored in any other layout.  Tiles that overhang the image read zeros;
+  nothing is padded or copied beforehand.
+* :func:`unpack_winograd` applies ``A^T m A`` to the GEMM results, adds the bias,
+  applies the activation and writes the 2x2 tiles into the output (dropping the
+  overhang at the right and bottom edges): the epilogue is fused into the output
+  transform, not a separate pass.
+
+Image strides and offsets follow :mod:`tilegemm.packing.im2col`; ``geom`` here is
+``(H, W, Ho, Wo, py, px, TH, TW)`` with ``TH, TW = ceil(Ho/2), ceil(Wo/2)`` tiles.
+"""
+import numba
+import numpy as np
+
+from tilegemm.config import JIT
+from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
+
+#: Input transform: V = BT @ d @ BT.T
+BT = np.array([[1, 0, -1, 0],
+               [0, 1, 1, 0],
+               [0, -1, 1, 0],
+               [0, 1, 0, -1]], dtype=np.float64)
+
+#: Filter transform: U = G @ g @ G.T
+G = np.array([[1, 0, 0],
+              [0.5, 0.5, 0.5],
+              [0.5, -0.5, 0.5],
+              [0, 0, 1]], dtype=np.float64)
+
+#: Output transform: Y = AT @ m @ AT.T
+AT = np.array([[1, 1, 1, 0],
+               [0, 1, -1, -1]], dtype=np.float64)
+
+
+def weight_transform(weight):
+    """``U[xi] = (G g G^T)`` for every filter, as 16 matrices of shape (C, K).
+
+    Parameters
+    ----------
+    weight : ndarray, shape (K, C, 3, 3)
+
+    Returns
+    -------
+    ndarray, shape (16, C, K), C-contiguous, dtype of ``weight``
+        ``U[4*a + b, c, k] = (G @ weight[k, c] @ G.T)[a, b]``.
+    """
+    g = G.astype(weight.dtype)
+    u = np.einsum("ai,kcij,bj->abck", g, weight, g, optimize=True)
+    return np.ascontiguousarray(u.reshape(16, weight.shape[1], weight.shape[0]))
+
+
+@numba.njit(inline="always", **JIT)
+def _rows(d0, d1, d2, d3):
+    """One 1-D input transform ``B^T d`` over four values."""
+    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@numba.njit(**JIT)
+def input_tile_transform(x, src, s_row, s_col, y0, x0, H, W, v):
+    """``V = B^T d B`` for the 4x4 tile whose top-left input pixel is (y0, x0); writes v[0:16].
+
+    ``src`` is the offset of the tile's top-left pixel (it may lie outside the image,
+    whose pixels read as zero).  ``v`` is a 16-element scratch.
+    """
+    inside = y0 >= 0 and x0 >= 0 and y0 + 4 <= H and x0 + 4 <= W
+    # Columns first: t[r][:] = B^T applied down each column of d.
+    for b in range(4):
+        if inside:
+            c0 = x[src + b * s_col]
+            c1 = x[src + s_row + b * s_col]
+            c2 = x[src + 2 * s_row + b * s_col]
+            c3 = x[src + 3 * s_row + b * s_col]
+        else:
+            c0 = c1 = c2 = c3 = x.dtype.type(0)
+            xb = x0 + b
+            if 0 <= xb < W:
+                if 0 <= y0 < H:
+                    c0 = x[src + b * s_col]
+                if 0 <= y0 + 1 < H:
+                    c1 = x[src + s_row + b * s_col]
+                if 0 <= y0 + 2 < H:
+                    c2 = x[src + 2 * s_row + b * s_col]
+                if 0 <= y0 + 3 < H:
+                    c3 = x[src + 3 * s_row + b * s_col]
+        t0, t1, t2, t3 = _rows(c0, c1, c2, c3)
+        v[b] = t0
+        v[4 + b] = t1
+        v[8 + b] = t2
+        v[12 + b] = t3
+    # Then along each row: V[a][:] = t[a][:] B.
+    for a in range(4):
+        r0, r1, r2, r3 = _rows(v[4 * a], v[4 * a + 1], v[4 * a + 2], v[4 * a + 3])
+        v[4 * a] = r0
+        v[4 * a + 1] = r1
+        v[4 * a + 2] = r2
+        v[4 * a + 3] = r3
+
+
+@numba.njit(**JIT)
+def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
+    """Transform channels ``p0:p0+kc`` of tiles ``t0:t0+mt`` into 16 packed-A slabs.
+
+    Tile ``t`` is ``(n, ty, tx)`` with ``t = (n*TH + ty)*TW + tx`` across the batch.
+    Slab ``xi`` starts at ``buf[xi*slab]`` and holds ``V[xi][t0:t0+mt, p0:p0+kc]`` as
+    ``ceil(mt/MR)`` MR-row k-major micro-panels, zero padded.  ``v``: 16-element scratch.
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    sn, sc, s_row, s_col = xs
+    tiles = TH * TW
+    for ir in range(0, mt, MR):
+        rows = min(MR, mt - ir)
+        base = ir * kc
+        for i in range(MR):
+            if i >= rows:
+                for p in range(kc):
+                    for xi in range(16):
+                        buf[xi * slab + base + p * MR + i] = 0
+                continue
+            t = t0 + ir + i
+            n = t // tiles
+            y0 = 2 * ((t % tiles) // TW) - py
+            x0 = 2 * (t % TW) - px
+            src = x_off + n * sn + y0 * s_row + x0 * s_col
+            for p in range(kc):
+                input_tile_transform(x, src + (p0 + p) * sc, s_row, s_col, y0, x0, H, W, v)
+                dst = base + p * MR + i
+                for xi in range(16):
+                    buf[xi * slab + dst] = v[xi]
+
+
+@numba.njit(inline="always", **JIT)
+def _activate(y, act):
+    # Compare-and-assign keeps NaN (NaN < 0 is false), as torch's relu does.
+    if act & (EPI_RELU | EPI_RELU6) and y < 0:
+        y = 0
+    if act & EPI_RELU6 and y > 6:
+        y = 6
+    return y
+
+
+@numba.njit(**JIT)
+def unpack_winograd(m, slab, ldm, t0, mt, K, out, o_off, os, geom, bias, has_bias, act):
+    """Output transform ``Y = A^T m A`` + bias + activation for tiles ``t0:t0+mt``.
+
+    ``m[xi*slab + i*ldm + k]`` is ``M[xi][t0+i, k]``.  ``out`` is flat with element
+    strides ``os = (sn, sk, sy, sx)``; ``o_off`` is the offset of output channel 0.
+    Rows and columns beyond ``Ho``/``Wo`` (the edge tiles' overhang) are not written.
+    ``bias`` has K values and is read only when ``has_bias``.
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    sn, sk, s_row, s_col = os
+    tiles = TH * TW
+    for i in range(mt):
+        t = t0 + i
+        n = t // tiles
+        oy = 2 * ((t % tiles) // TW)
+        ox = 2 * (t % TW)
+        two_rows = oy + 1 < Ho
+        two_cols = ox + 1 < Wo
+        dst = o_off + n * sn + oy * s_row + ox * s_col
+        src = i * ldm
+        for k in range(K):
+            q = src + k
+            m0, m1, m2, m3 = m[q], m[q + slab], m[q + 2 * slab], m[q + 3 * slab]
+            m4, m5, m6, m7 = m[q + 4 * slab], m[q + 5 * slab], m[q + 6 * slab], m[q + 7 * slab]
+            m8, m9, m10, m11 = m[q + 8 * slab], m[q + 9 * slab], m[q + 10 * slab], m[q + 11 * slab]
+            m12, m13, m14, m15 = (m[q + 12 * slab], m[q + 13 * slab], m[q + 14 * slab],
+                                  m[q + 15 * slab])
+            # A^T m: rows 0+1+2 and 1-2-3 of the 4x4 block.
+            a0 = m0 + m4 + m8
+            a1 = m1 + m5 + m9
+            a2 = m2 + m6 + m10
+            a3 = m3 + m7 + m11
+            b0 = m4 - m8 - m12
+            b1 = m5 - m9 - m13
+            b2 = m6 - m10 - m14
+            b3 = m7 - m11 - m15
+            # (A^T m) A: the same combination along the columns.
+            y00 = a0 + a1 + a2
+            y01 = a1 - a2 - a3
+            y10 = b0 + b1 + b2
+            y11 = b1 - b2 - b3
+            if has_bias:
+                y00 += bias[k]
+                y01 += bias[k]
+                y10 += bias[k]
+                y11 += bias[k]
+            o = dst + k * sk
+            out[o] = _activate(y00, act)
+            if two_cols:
+                out[o + s_col] = _activate(y01, act)
+            if two_rows:
+                out[o + s_row] = _activate(y10, act)
+                if two_cols:
+                    out[o + s_row + s_col] = _activate(y11, act)
