@@ -18,7 +18,7 @@ import numpy as np
 from tilegemm.config import JIT, PJIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
                                         make_microkernel)
-from tilegemm.packing.pack import pack_a, pack_b, pack_b_panel
+from tilegemm.packing.pack import pack_a, pack_a_panel, pack_b, pack_b_panel
 
 # --- configuration ---
 DTYPE = np.float32
@@ -28,6 +28,7 @@ LANES = 16
 # --- end configuration ---
 
 ukernel = make_microkernel(DTYPE, MR, NR, LANES)
+ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
 
 
 @numba.njit(**JIT)
@@ -38,6 +39,12 @@ def edge_tile(mr, nr, kc, apack, a_off, bpack, b_off, c, c_off, ldc, alpha, beta
     Assumes ``tile`` holds MR*NR elements; reads C only when ``beta != 0``.
     """
     ukernel(kc, apack, a_off, bpack, b_off, tile, 0, NR, 1.0, 0.0, tile, 0, 0)
+    store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi)
+
+
+@numba.njit(**JIT)
+def store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi):
+    """C[:mr, :nr] = alpha*tile + beta*C, then bias/activation (scalar twin of the kernel's update)."""
     for i in range(mr):
         for j in range(nr):
             x = alpha * tile[i * NR + j]
@@ -140,3 +147,77 @@ def gemm_parallel(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, be
                         macro_kernel(mc, j1 - j0, kc, apacks[t], bpack, j0 * kc, c,
                                      c_off + ic * ldc + jc + j0, ldc, alpha, beta_pc, bias,
                                      ic, jc + j0, epi_pc, tiles[t])
+
+
+@numba.njit(**JIT)
+def pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack):
+    """Pack the last ``m % MR`` rows of A and ``n % NR`` columns of B, zero padded."""
+    m_full = m - m % MR
+    n_full = n - n % NR
+    if m_full < m:
+        pack_a_panel(a, a_off + m_full * a_rs, a_rs, a_cs, m - m_full, k, MR, apack, 0)
+    if n_full < n:
+        pack_b_panel(b, b_off + n_full, b_rs, 1, n - n_full, k, NR, bpack, 0)
+
+
+@numba.njit(**JIT)
+def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
+                c, c_off, ldc, bias, epi, apack, bpack, tile):
+    """Tiles ``first..last-1`` (numbered down each column of tiles) of the unpacked product.
+
+    Full tiles run the strided kernel straight on A and B; an edge tile takes its
+    partial operand from the panels :func:`pack_small_edges` left in apack/bpack.
+    """
+    tiles_m = (m + MR - 1) // MR
+    for t in range(first, last):
+        jr = (t // tiles_m) * NR
+        ir = (t % tiles_m) * MR
+        nr = min(NR, n - jr)
+        mr = min(MR, m - ir)
+        c_tile = c_off + ir * ldc + jr
+        a_tile = a_off + ir * a_rs
+        if mr == MR and nr == NR:
+            bias_off = 0
+            if epi & EPI_BIAS_ROW:
+                bias_off = ir
+            elif epi & EPI_BIAS_COL:
+                bias_off = jr
+            ukernel_strided(k, a, a_tile, a_rs, a_cs, b, b_off + jr, b_rs, c, c_tile, ldc,
+                            alpha, beta, bias, bias_off, epi)
+            continue
+        if mr == MR:
+            ukernel_strided(k, a, a_tile, a_rs, a_cs, bpack, 0, NR, tile, 0, NR,
+                            DTYPE(1), DTYPE(0), tile, 0, 0)
+        elif nr == NR:
+            ukernel_strided(k, apack, 0, 1, MR, b, b_off + jr, b_rs, tile, 0, NR,
+                            DTYPE(1), DTYPE(0), tile, 0, 0)
+        else:
+            ukernel(k, apack, 0, bpack, 0, tile, 0, NR, DTYPE(1), DTYPE(0), tile, 0, 0)
+        store_edge(mr, nr, tile, c, c_tile, ldc, alpha, beta, bias, ir, jr, epi)
+
+
+@numba.njit(**JIT)
+def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
+               c, c_off, ldc, bias, epi, apack, bpack, tile):
+    """``C = alpha*A@B + beta*C`` without packing, for products that sit in cache anyway.
+
+    B's columns must be contiguous (``b_rs`` is its row stride).  ``apack`` holds
+    MR*k and ``bpack`` NR*k elements for the edge panels.
+    """
+    pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack)
+    tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
+    small_tiles(0, tiles, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
+                c, c_off, ldc, bias, epi, apack, bpack, tile)
+
+
+@numba.njit(**PJIT)
+def gemm_small_parallel(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
+                        c, c_off, ldc, bias, epi, apack, bpack, tiles):
+    """:func:`gemm_small` with the tiles split into one contiguous run per thread."""
+    pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack)
+    nthreads = tiles.shape[0]
+    total = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
+    for t in numba.prange(nthreads):
+        small_tiles(t * total // nthreads, (t + 1) * total // nthreads, m, n, k, alpha,
+                    a, a_off, a_rs, a_cs, b, b_off, b_rs, beta, c, c_off, ldc, bias, epi,
+                    apack, bpack, tiles[t])

@@ -4,6 +4,8 @@
 validated 2-D float arrays of one dtype.  It chooses between
 
 * the matrix-vector path when m == 1 or n == 1 (:mod:`tilegemm.kernels.gemv`),
+* the unpacked path when A and B together fit in L2 and B's rows are contiguous:
+  the strided micro-kernel reads them in place (serial or split by tiles),
 * the serial five-loop driver for small products or one thread,
 * the parallel driver (ic loop and B packing spread over Numba's threads).
 
@@ -21,6 +23,7 @@ from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking
+from tilegemm.tuning.machine import detect
 
 if numba.config.THREADING_LAYER == "default":
     # omp or tbb: both accept parallel launches from several Python threads at once.
@@ -58,6 +61,14 @@ def _plan(dtype):
 def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
+
+
+#: Operand bytes (A + B) under which the unpacked path runs; None means the L2 size.
+SMALL_BYTES = None
+
+
+def _small_bytes():
+    return detect().l2_bytes if SMALL_BYTES is None else SMALL_BYTES
 
 
 def _round_up(x, m):
@@ -129,8 +140,6 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
     kern, blk = _plan(c.dtype)
     MR, NR = kern.mr, kern.nr
-    KC = max(1, min(blk.kc, k))
-    NC = min(blk.nc, _round_up(n, NR))
     threads = numba.get_num_threads() if threads is None else threads
     use_parallel = threads > 1 and 2 * m * n * k >= SERIAL_FLOPS
     locked = False
@@ -138,6 +147,20 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         locked = _parallel_lock.acquire(blocking=False)
         use_parallel = locked
     try:
+        if b_cs == 1 and (m + n) * k * item <= _small_bytes():
+            # A and B fit in L2 together: packing would only copy what is already close by.
+            apack, bpack, tiles = _buffers(("small", kern.name, threads),
+                                           (MR * k, NR * k, threads * MR * NR), c.dtype)
+            if use_parallel:
+                kern.module.gemm_small_parallel(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off,
+                                                b_rs, beta, cf, c_off, c_rs, bias, epi, apack, bpack,
+                                                tiles[:threads * MR * NR].reshape(threads, MR * NR))
+            else:
+                kern.module.gemm_small(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs,
+                                       beta, cf, c_off, c_rs, bias, epi, apack, bpack, tiles)
+            return c
+        KC = max(1, min(blk.kc, k))
+        NC = min(blk.nc, _round_up(n, NR))
         if not use_parallel:
             MC = min(blk.mc, _round_up(m, MR))
             apack, bpack, tile = _buffers(("serial", kern.name),

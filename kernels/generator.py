@@ -64,7 +64,7 @@ def _vector_ptr(builder, base, offset, vec_type):
     return builder.bitcast(builder.gep(base, [offset]), vec_type.as_pointer())
 
 
-def make_microkernel(dtype, mr, nr, lanes):
+def make_microkernel(dtype, mr, nr, lanes, strided=False):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
     Parameters
@@ -74,6 +74,15 @@ def make_microkernel(dtype, mr, nr, lanes):
         Register tile; ``nr`` must be a multiple of ``lanes``.
     lanes : int
         Elements per vector register.
+    strided : bool
+        False: read packed panels (the signature in the module docstring).
+        True: read A and B where they lie, for products small enough to skip packing::
+
+            ukernel(kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
+                    alpha, beta, bias, bias_off, epi)
+
+        with ``A[i, p]`` at ``a_off + i*a_rs + p*a_cs`` and row ``p`` of B's
+        ``nr`` contiguous columns at ``b_off + p*ldb``.
 
     Returns
     -------
@@ -82,87 +91,120 @@ def make_microkernel(dtype, mr, nr, lanes):
     dtype = np.dtype(dtype).type
     if nr % lanes:
         raise ValueError(f"NR={nr} is not a multiple of the vector width {lanes}")
-    nv = nr // lanes
     nb_float = _NUMBA_FLOAT[dtype]
+    shape = (dtype, mr, nr, lanes)
 
-    def emit(context, builder, sig, args):
-        kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi = args
-        fl = context.get_value_type(nb_float)
-        esize = np.dtype(dtype).itemsize
-        vec = ir.VectorType(fl, lanes)
-        intp = context.get_value_type(types.intp)
-        a_ptr = builder.gep(context.make_array(sig.args[1])(context, builder, a).data, [a_off])
-        b_ptr = builder.gep(context.make_array(sig.args[3])(context, builder, b).data, [b_off])
-        c_ptr = builder.gep(context.make_array(sig.args[5])(context, builder, c).data, [c_off])
-        bias_ptr = builder.gep(context.make_array(sig.args[10])(context, builder, bias).data, [bias_off])
+    if strided:
+        def emit(context, builder, sig, args):
+            (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
+             alpha, beta, bias, bias_off, epi) = args
+            ptrs = [_data(context, builder, sig.args[i], args[i], args[i + 1]) for i in (1, 5)]
+            c_ptr = _data(context, builder, sig.args[8], c, c_off)
+            bias_ptr = _data(context, builder, sig.args[13], bias, bias_off)
+            _emit_tile(context, builder, shape, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
+                       c_ptr, ldc, alpha, beta, bias_ptr, epi)
+            return context.get_dummy_value()
 
-        zero = ir.Constant(vec, [0.0] * lanes)
-        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
+                    alpha, beta, bias, bias_off, epi):
+            i = types.intp
+            sig = types.void(i, a, i, i, i, b, i, i, c, i, i, nb_float, nb_float, bias, i, i)
+            return sig, emit
+    else:
+        def emit(context, builder, sig, args):
+            kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi = args
+            intp = context.get_value_type(types.intp)
+            a_ptr = _data(context, builder, sig.args[1], a, a_off)
+            b_ptr = _data(context, builder, sig.args[3], b, b_off)
+            c_ptr = _data(context, builder, sig.args[5], c, c_off)
+            bias_ptr = _data(context, builder, sig.args[10], bias, bias_off)
+            _emit_tile(context, builder, shape, kc, a_ptr, ir.Constant(intp, 1), ir.Constant(intp, mr),
+                       b_ptr, ir.Constant(intp, nr), c_ptr, ldc, alpha, beta, bias_ptr, epi)
+            return context.get_dummy_value()
 
-        # C is read only after the k loop: start bringing its lines in now.
-        line = 64 // esize
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
+            sig = types.void(types.intp, a, types.intp, b, types.intp, c, types.intp, types.intp,
+                             nb_float, nb_float, bias, types.intp, types.intp)
+            return sig, emit
+
+    ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}{'_strided' if strided else ''}"
+    return ukernel
+
+
+def _data(context, builder, array_type, array, offset):
+    """Pointer to element ``offset`` of a Numba array argument."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+
+
+def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
+               alpha, beta, bias_ptr, epi):
+    """The body shared by both kernel flavours: prefetch C, the k loop, the C update."""
+    dtype, mr, nr, lanes = shape
+    nv = nr // lanes
+    fl = context.get_value_type(_NUMBA_FLOAT[dtype])
+    esize = np.dtype(dtype).itemsize
+    vec = ir.VectorType(fl, lanes)
+    intp = context.get_value_type(types.intp)
+
+    zero = ir.Constant(vec, [0.0] * lanes)
+    acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+
+    # C is read only after the k loop: start bringing its lines in now.
+    line = 64 // esize
+    for i in range(mr):
+        row = builder.mul(ir.Constant(intp, i), ldc)
+        for j in range(0, nr, line):
+            _prefetch(builder, builder.gep(c_ptr, [builder.add(row, ir.Constant(intp, j))]))
+
+    a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
+    # The k loop: the whole point of the kernel.
+    with cgutils.for_range(builder, kc) as loop:
+        k = loop.index
+        b_row = builder.mul(k, ldb)
+        a_col = builder.mul(k, a_cs)
+        bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec),
+                           align=esize) for v in range(nv)]
+        for i in range(mr):
+            a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
+            for v in range(nv):
+                builder.store(_fma(builder, a_splat, bv[v], builder.load(acc[i][v])), acc[i][v])
+
+    alpha_v = _splat(builder, alpha, vec)
+    beta_v = _splat(builder, beta, vec)
+    beta_is_zero = builder.fcmp_ordered("==", beta, ir.Constant(fl, 0.0))
+    zero_i = ir.Constant(epi.type, 0)
+
+    def store_tile(read_c, fused):
+        if fused:
+            flags, bias_row, bias_col = _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize)
         for i in range(mr):
             row = builder.mul(ir.Constant(intp, i), ldc)
-            for j in range(0, nr, line):
-                _prefetch(builder, builder.gep(c_ptr, [builder.add(row, ir.Constant(intp, j))]))
+            for v in range(nv):
+                ptr = _vector_ptr(builder, c_ptr, builder.add(row, ir.Constant(intp, v * lanes)), vec)
+                r = builder.fmul(alpha_v, builder.load(acc[i][v]))
+                if read_c:
+                    r = _fma(builder, beta_v, builder.load(ptr, align=esize), r)
+                if fused:
+                    r = _epilogue(builder, r, flags, bias_row, bias_col, i, v)
+                builder.store(r, ptr, align=esize)
 
-        # The k loop: the whole point of the kernel.
-        with cgutils.for_range(builder, kc) as loop:
-            k = loop.index
-            b_row = builder.mul(k, ir.Constant(intp, nr))
-            a_row = builder.mul(k, ir.Constant(intp, mr))
-            bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec),
-                               align=esize) for v in range(nv)]
-            for i in range(mr):
-                a_i = builder.load(builder.gep(a_ptr, [builder.add(a_row, ir.Constant(intp, i))]))
-                a_splat = _splat(builder, a_i, vec)
-                for v in range(nv):
-                    builder.store(_fma(builder, a_splat, bv[v], builder.load(acc[i][v])), acc[i][v])
-
-        alpha_v = _splat(builder, alpha, vec)
-        beta_v = _splat(builder, beta, vec)
-        beta_is_zero = builder.fcmp_ordered("==", beta, ir.Constant(fl, 0.0))
-        zero_i = ir.Constant(epi.type, 0)
-
-        def store_tile(read_c, fused):
-            if fused:
-                flags, bias_row, bias_col = _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize)
-            for i in range(mr):
-                row = builder.mul(ir.Constant(intp, i), ldc)
-                for v in range(nv):
-                    ptr = _vector_ptr(builder, c_ptr, builder.add(row, ir.Constant(intp, v * lanes)), vec)
-                    r = builder.fmul(alpha_v, builder.load(acc[i][v]))
-                    if read_c:
-                        r = _fma(builder, beta_v, builder.load(ptr, align=esize), r)
-                    if fused:
-                        r = _epilogue(builder, r, flags, bias_row, bias_col, i, v)
-                    builder.store(r, ptr, align=esize)
-
-        # Four straight-line variants so the common path carries no per-element tests.
-        plain = builder.icmp_signed("==", epi, zero_i)
-        with builder.if_else(beta_is_zero) as (then_zero, then_beta):
-            with then_zero:
-                with builder.if_else(plain) as (p, f):
-                    with p:
-                        store_tile(False, False)
-                    with f:
-                        store_tile(False, True)
-            with then_beta:
-                with builder.if_else(plain) as (p, f):
-                    with p:
-                        store_tile(True, False)
-                    with f:
-                        store_tile(True, True)
-        return context.get_dummy_value()
-
-    @intrinsic
-    def ukernel(typingctx, kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
-        sig = types.void(types.intp, a, types.intp, b, types.intp, c, types.intp, types.intp,
-                         nb_float, nb_float, bias, types.intp, types.intp)
-        return sig, emit
-
-    ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}"
-    return ukernel
+    # Four straight-line variants so the common path carries no per-element tests.
+    plain = builder.icmp_signed("==", epi, zero_i)
+    with builder.if_else(beta_is_zero) as (then_zero, then_beta):
+        with then_zero:
+            with builder.if_else(plain) as (p, f):
+                with p:
+                    store_tile(False, False)
+                with f:
+                    store_tile(False, True)
+        with then_beta:
+            with builder.if_else(plain) as (p, f):
+                with p:
+                    store_tile(True, False)
+                with f:
+                    store_tile(True, True)
 
 
 def _epilogue(builder, r, flags, bias_row, bias_col, i, v):

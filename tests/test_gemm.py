@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm
+from tilegemm.kernels import driver
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.tuning.blocking import blocking
 
@@ -41,15 +42,20 @@ def ref_gemm(a, b, c0=None, alpha=1.0, beta=0.0):
     return out
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
+@pytest.fixture(params=[(1, "small"), (1, "packed"), (2, "small"), (2, "packed")],
+                ids=["1thread-unpacked", "1thread-packed", "2threads-unpacked", "2threads-packed"])
+def threads(request, monkeypatch):
+    """Run with 1 or 2 Numba threads, with the unpacked path allowed or forced off."""
+    count, path = request.param
+    if path == "packed":
+        monkeypatch.setattr(driver, "SMALL_BYTES", 0)
     saved = numba.get_num_threads()
-    numba.set_num_threads(min(request.param, numba.config.NUMBA_NUM_THREADS))
-    yield request.param
+    numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))
+    yield count
     numba.set_num_threads(saved)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(m=st.sampled_from(PRIMES), n=st.sampled_from(PRIMES), k=st.sampled_from(PRIMES + [0, 400, 600]),
        dtype=st.sampled_from(DTYPES),
        la=st.sampled_from(["C", "F", "T", "neg", "gap"]), lb=st.sampled_from(["C", "F", "T", "neg", "gap"]),
