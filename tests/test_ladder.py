@@ -1,0 +1,86 @@
+"""Every rung of the cache-blocking ladder computes A @ B; the command runs end to end.
+
+Correctness only: timings belong to ``tilegemm ladder`` itself, never to tests.
+"""
+import numpy as np
+import pytest
+
+from tilegemm import ladder
+from tilegemm.tuning.blocking import blocking
+
+RUNGS = [r.number for r in ladder.RUNGS]
+
+# Primes and sizes that are not multiples of MR (6), NR (64 / 32) or KC, including 1.
+SHAPES = [(1, 1, 1), (7, 37, 67), (67, 131, 37), (131, 7, 1), (1, 67, 131), (37, 200, 131)]
+
+
+def _operands(m, k, n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((m, k)).astype(dtype),
+            rng.standard_normal((k, n)).astype(dtype))
+
+
+def _check(c, a, b):
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    eps = np.finfo(a.dtype).eps
+    # Each entry sums k products of standard normals: error grows about like k * eps.
+    tol = 8 * eps * max(1, a.shape[1]) * max(1.0, np.abs(ref).max())
+    err = np.abs(c.astype(np.float64) - ref)
+    i, j = np.unravel_index(np.argmax(err), err.shape) if err.size else (0, 0)
+    assert err.size == 0 or err[i, j] <= tol, (
+        f"C[{i}, {j}] = {c[i, j]}, expected {ref[i, j]} (tol {tol:.2e}), shape {a.shape} @ {b.shape}")
+
+
+@pytest.mark.parametrize("number", RUNGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_rung_default_blocking(number, shape):
+    a, b = _operands(*shape, np.float32)
+    c = np.full((shape[0], shape[2]), np.nan, np.float32)  # every rung must overwrite C
+    _check(ladder.compute(number, a, b, c), a, b)
+
+
+# Small KC, MC, NC so that the jc, pc and ic loops all take several steps and end on
+# partial blocks even on small matrices (MR and NR stay the library's: rung 5 needs them).
+@pytest.mark.parametrize("number", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(67, 131, 137), (131, 67, 7), (13, 43, 211)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_rung_small_blocks(number, dtype, shape):
+    base = blocking(dtype)
+    blk = blocking(dtype, kc=16, mc=2 * base.mr, nc=2 * base.nr)
+    a, b = _operands(*shape, dtype, seed=1)
+    _check(ladder.compute(number, a, b, blk=blk), a, b)
+
+
+@pytest.mark.parametrize("number", RUNGS)
+def test_rung_k_zero(number):
+    a = np.ones((7, 0), np.float32)
+    b = np.ones((0, 5), np.float32)
+    c = np.full((7, 5), np.nan, np.float32)
+    assert (ladder.compute(number, a, b, c) == 0).all()
+
+
+def test_compute_rejects_bad_input():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError):
+        ladder.compute(1, a, np.ones((5, 2), np.float32))
+    with pytest.raises(ValueError):
+        ladder.compute(9, a, np.ones((4, 2), np.float32))
+    with pytest.raises(TypeError):
+        ladder.compute(1, a.astype(np.int32), np.ones((4, 2), np.int32))
+
+
+def test_command_end_to_end(tmp_path, capsys):
+    assert ladder.main(["--n", "48", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for r in ladder.RUNGS:
+        assert f"| {r.number} | {r.title} |" in out
+    assert (tmp_path / "ladder.md").read_text().startswith("| rung |")
+    pytest.importorskip("matplotlib")
+    png = (tmp_path / "ladder.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_command_rejects_bad_n(capsys):
+    with pytest.raises(SystemExit):
+        ladder.main(["--n", "0"])
