@@ -28,7 +28,8 @@ def _check(c, a, b):
     err = np.abs(c.astype(np.float64) - ref)
     i, j = np.unravel_index(np.argmax(err), err.shape) if err.size else (0, 0)
     assert err.size == 0 or err[i, j] <= tol, (
-        f"C[{i}, {j}] = {c[i, j]}, expected {ref[i, j]} (tol {tol:.2e}), shape {a.shape} @ {b.shape}")
+        f"C[{i}, {j}] = {c[i, j]}, expected {ref[i, j]} (tol {tol:.2e}), "
+        f"shape {a.shape} @ {b.shape}")
 
 
 @pytest.mark.parametrize("number", RUNGS)

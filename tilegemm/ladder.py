@@ -4,19 +4,19 @@ Each rung is one short function computing ``C = A @ B`` for C-contiguous float
 arrays, and each changes one thing from the rung before it.  Read them in order
 next to ``docs/cache-blocking.md``; run them, measured on your own machine, with::
 
-    python -m tilegemm ladder [--n 512] [--out DIR]
+    python -m tilegemm ladder [--n 1024] [--out DIR]
 
-====  ==========================  ============================================
-rung  function                    what it respects
-====  ==========================  ============================================
-0     :func:`naive_ijk`           nothing: B is read down its columns
-1     :func:`loop_ikj`            cache lines: every inner access has unit stride
-2     :func:`blocked`             L2 and L1: KC x NC panel of B, MC x KC block of A
-3     :func:`packed`              TLB and prefetchers: contiguous micro-panels
-4     :func:`packed_register_tile`  registers (in intent): an MR x NR tile of C
+====  ============================  ==============================================
+rung  function                      what it now respects
+====  ============================  ==============================================
+0     :func:`naive_ijk`             nothing: B is read down its columns
+1     :func:`loop_ikj`              cache lines: every inner access has unit stride
+2     :func:`blocked`               L2: a KC x NC panel of B is reused by all of A
+3     :func:`packed`                L1, TLB, prefetchers: contiguous micro-panels
+4     :func:`packed_register_tile`  registers, in intent: an MR x NR tile of C
 5     :func:`library_micro_kernel`  registers, really: the vector-IR micro-kernel
-6     :func:`threaded`            every core: the library's parallel driver
-====  ==========================  ============================================
+6     :func:`threaded`              every core: the library's parallel driver
+====  ============================  ==============================================
 
 Rungs 0-4 are plain Numba.  Rungs 3-5 pack with the library's own
 :func:`tilegemm.packing.pack_a` / :func:`tilegemm.packing.pack_b`; rung 5 calls the
