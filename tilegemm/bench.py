@@ -1,0 +1,256 @@
+"""How tilegemm measures itself: one set of timing rules for the CLI and ``bench/``.
+
+``python -m tilegemm bench`` and the pytest-benchmark suites in ``bench/`` both call
+the functions here, so they never disagree on what is measured.
+
+The rules (see docs/reports.md):
+
+* **Warm-up apart.**  The first call of every party is timed on its own and
+  reported as ``first_call_s``: for tilegemm it includes JIT compilation (or
+  loading Numba's cache); it never enters the GFLOPS figure.
+* **Best of N, interleaved.**  Each repetition times every party once, in an
+  order rotated from one repetition to the next (ours, numpy, torch; then numpy,
+  torch, ours; ...), so a drift of the machine's speed hits all parties alike.
+  The best repetition is the figure; the spread of the others is kept as the noise.
+* **Calls per sample.**  Small products take microseconds, below the timer's
+  useful resolution, so one sample is ``calls`` back-to-back calls, with
+  ``calls`` chosen per party so that a sample lasts at least ``min_time``.
+* **Threads pinned.**  Every party runs with the same thread count: Numba's
+  ``set_num_threads``, OpenBLAS through threadpoolctl, ``torch.set_num_threads``.
+* **GFLOPS = 2·M·N·K / t**, and % of the *measured* FMA peak for the same thread
+  count (:func:`tilegemm.tuning.peak.measured_peak_gflops`).
+"""
+import contextlib
+import importlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+
+# --------------------------------------------------------------------------- optional peers
+
+def optional_import(name):
+    """Import ``name`` and return the module, or None when it is not installed.
+
+    A ``sys.modules[name] = None`` entry (how tests simulate a missing package)
+    makes the import fail like a missing package does.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def torch_module():
+    """``torch`` when installed, else None."""
+    return optional_import("torch")
+
+
+# --------------------------------------------------------------------------- threads
+
+def max_threads():
+    """The largest thread count every party can be pinned to (Numba's pool size)."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+@contextlib.contextmanager
+def pinned_threads(threads):
+    """Run the block with every party limited to ``threads`` threads.
+
+    Numba (tilegemm) via ``numba.set_num_threads``, OpenBLAS (numpy) via
+    threadpoolctl's BLAS limit, torch via ``torch.set_num_threads`` when torch is
+    already imported.  Previous settings are restored on exit.
+
+    Raises
+    ------
+    ValueError
+        If ``threads`` is not between 1 and :func:`max_threads`.
+    """
+    threads = int(threads)
+    if not 1 <= threads <= max_threads():
+        raise ValueError(f"threads must be between 1 and {max_threads()}, got {threads}")
+    saved_numba = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    torch = torch_module()
+    saved_torch = torch.get_num_threads() if torch else None
+    if torch:
+        torch.set_num_threads(threads)
+    with contextlib.ExitStack() as stack:
+        threadpoolctl = optional_import("threadpoolctl")
+        if threadpoolctl is not None:
+            # BLAS only: an OpenMP limit would also reach the OpenMP pool Numba runs on.
+            stack.enter_context(threadpoolctl.threadpool_limits(limits=threads, user_api="blas"))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(saved_numba)
+            if torch:
+                torch.set_num_threads(saved_torch)
+
+
+# --------------------------------------------------------------------------- timing
+
+@dataclass
+class Timing:
+    """Times of one party in one benchmark case.
+
+    Attributes
+    ----------
+    first_call_s : float
+        The first call alone (compilation / lazy initialisation included).
+    calls : int
+        Calls per sample.
+    samples_s : list of float
+        Time of one call (sample time / ``calls``), one entry per repetition.
+    """
+
+    first_call_s: float
+    calls: int
+    samples_s: list = field(default_factory=list)
+
+    @property
+    def best_s(self):
+        return min(self.samples_s)
+
+    @property
+    def median_s(self):
+        return statistics.median(self.samples_s)
+
+    @property
+    def spread(self):
+        """Relative noise of the repeats: (median - best) / best."""
+        return self.median_s / self.best_s - 1.0
+
+    def as_dict(self):
+        return {"best_s": self.best_s, "median_s": self.median_s, "spread": self.spread,
+                "first_call_s": self.first_call_s, "calls": self.calls,
+                "samples_s": list(self.samples_s)}
+
+
+def _time_calls(fn, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return time.perf_counter() - t0
+
+
+def _calibrate(fn, min_time):
+    """Calls for one sample of ``fn`` to last ``min_time`` seconds: (calls, sample seconds)."""
+    calls = 1
+    while True:
+        elapsed = _time_calls(fn, calls)
+        if elapsed >= min_time or calls >= 1 << 20:
+            return calls, elapsed
+        # Aim 20% past the target so that the next try usually succeeds.
+        calls = max(calls * 2, int(calls * 1.2 * min_time / max(elapsed, 1e-9)) + 1)
+
+
+def warm_up(fn):
+    """Call ``fn`` once and return how long that first call took (seconds)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def settle_time(threads):
+    """Pause before each sample so the previous party's idle threads stop spinning.
+
+    Multi-threaded libraries keep their workers spinning after a call (OpenBLAS
+    for about 0.1 s) and on a machine with few cores those spinners steal the
+    next party's cores: measured here, the party after numpy lost up to half its
+    speed at 2 threads.  With one thread nobody spins, so no pause is needed.
+    """
+    return 0.2 if threads > 1 else 0.0
+
+
+def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_calls=None):
+    """Time several implementations of the same work, best of ``reps``, interleaved.
+
+    Parameters
+    ----------
+    parties : dict of str -> callable
+        Zero-argument callables doing the same work (e.g. ours, numpy, torch).
+    reps : int
+        Repetitions; the best is the result, the others give the spread.
+    min_time : float
+        Minimum length of one sample in seconds (short calls are repeated).
+    settle : float
+        Seconds to sleep before each sample (see :func:`settle_time`).
+    budget : float, optional
+        Seconds of timed samples allowed per party.  A party whose sample is
+        long gets fewer repetitions (at least one) and drops out of the later
+        rounds, so one very slow algorithm does not hold the whole run up.
+    first_calls : dict of str -> float, optional
+        First-call times already measured by the caller; those parties skip
+        the warm-up call here.
+
+    Returns
+    -------
+    dict of str -> Timing
+        In the order of ``parties``.
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, got {reps}")
+    first_calls = first_calls or {}
+    names = list(parties)
+    timings, party_reps = {}, {}
+    for name in names:
+        time.sleep(settle)
+        first = first_calls[name] if name in first_calls else warm_up(parties[name])
+        calls, sample_s = _calibrate(parties[name], min_time)
+        timings[name] = Timing(first_call_s=first, calls=calls)
+        party_reps[name] = reps if budget is None else max(1, min(reps, int(budget / sample_s)))
+    for rep in range(reps):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            t = timings[name]
+            if len(t.samples_s) >= party_reps[name]:
+                continue
+            time.sleep(settle)
+            t.samples_s.append(_time_calls(parties[name], t.calls) / t.calls)
+    return timings
+
+
+def gflops(flops, seconds):
+    """Billions of floating-point operations per second."""
+    return flops / seconds / 1e9
+
+
+_peaks = {}
+
+
+def peak_gflops(dtype, threads):
+    """Measured FMA peak of ``threads`` threads for ``dtype`` (cached per process)."""
+    from tilegemm.tuning.peak import measured_peak_gflops
+    key = (np.dtype(dtype).name, int(threads))
+    if key not in _peaks:
+        _peaks[key] = measured_peak_gflops(np.dtype(dtype).type, int(threads))
+    return _peaks[key]
+
+
+def summarise(timings, flops, peak):
+    """Turn timings into the JSON-ready figures of one report row.
+
+    Parameters
+    ----------
+    timings : dict of str -> Timing
+    flops : float
+        Floating-point operations of one call.
+    peak : float or None
+        Measured peak GFLOPS for this dtype and thread count.
+
+    Returns
+    -------
+    dict of str -> dict
+        Per party: the :class:`Timing` fields plus ``gflops`` and ``pct_peak``.
+    """
+    out = {}
+    for name, t in timings.items():
+        row = t.as_dict()
+        row["gflops"] = gflops(flops, t.best_s)
+        row["pct_peak"] = 100.0 * row["gflops"] / peak if peak else None
+        out[name] = row
+    return out

@@ -1,0 +1,185 @@
+"""``python -m tilegemm bench``: turn options into a plan, run it, write the report.
+
+The plan is a flat list of steps (measure the machine, each GEMM case, each
+convolution case, the fresh-process first calls) so that the progress bar knows
+its length before anything runs.
+"""
+import os
+import sys
+from dataclasses import dataclass, field, asdict
+
+from tilegemm import bench, bench_conv, bench_gemm, report
+
+
+@dataclass
+class BenchPlan:
+    """What one ``bench`` run measures and where it writes."""
+
+    ops: tuple = ("gemm", "conv")
+    dtypes: tuple = ("float32", "float64")
+    threads: tuple = (1,)
+    sizes: tuple = bench_gemm.SQUARE_SIZES
+    shapes: tuple = ()
+    skinny: bool = True
+    quick: bool = False
+    reps: int = 5
+    min_time: float = 0.05
+    layers: tuple = None
+    batch: int = None
+    peers: tuple = ("numpy", "torch")
+    first_call: bool = True
+    plots: bool = True
+    out: str = "tilegemm-report"
+    command: str = "python -m tilegemm bench"
+
+    @classmethod
+    def from_args(cls, args, command):
+        """Validate the parsed ``bench`` options; raises ``cli.UsageError`` on bad input."""
+        from tilegemm.cli import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+        explicit = args.sizes is not None or args.shapes is not None
+        sizes = parse_sizes(args.sizes) if args.sizes is not None else (
+            () if explicit else
+            bench_gemm.QUICK_SQUARE_SIZES if args.quick else bench_gemm.SQUARE_SIZES)
+        reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+        min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.05)
+        if reps < 1:
+            raise UsageError(f"--reps must be at least 1, got {reps}")
+        if not min_time > 0:
+            raise UsageError(f"--min-time must be positive, got {min_time}")
+        if args.batch is not None and args.batch < 1:
+            raise UsageError(f"--batch must be at least 1, got {args.batch}")
+        threads = parse_threads(args.threads) if args.threads else sorted({1, bench.max_threads()})
+        layers = None
+        if args.layers:
+            layers = tuple(x.strip() for x in args.layers.split(","))
+            known = {ly.name for ly in bench_conv.LAYERS}
+            unknown = [x for x in layers if x not in known]
+            if unknown:
+                raise UsageError(f"--layers: unknown layer {unknown[0]!r}; known: "
+                                 + ", ".join(sorted(known)))
+        # --sizes/--shapes name GEMM products: without an explicit --op they mean gemm only.
+        op = args.op or ("gemm" if explicit else "all")
+        return cls(
+            ops=("gemm", "conv") if op == "all" else (op,),
+            dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
+            sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
+            skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
+            layers=layers, batch=args.batch,
+            peers=("numpy",) if args.no_torch else ("numpy", "torch"),
+            first_call=not args.no_first_call and not explicit, plots=not args.no_plots,
+            out=args.out, command=command)
+
+    def settings(self):
+        return asdict(self)
+
+
+@dataclass
+class _Step:
+    label: str
+    run: object          # callable() -> None, storing its result in the report
+    kind: str = ""
+
+
+@dataclass
+class _State:
+    plan: BenchPlan
+    report: dict = None
+    steps: list = field(default_factory=list)
+
+
+def _plan_steps(state):
+    plan, rep = state.plan, state.report
+    steps = []
+    if "gemm" in plan.ops:
+        for case in bench_gemm.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
+                                          plan.shapes, plan.skinny):
+            steps.append(_Step(case.title(), lambda c=case: rep["gemm"].append(
+                bench_gemm.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
+    if "conv" in plan.ops:
+        ok, reason = bench_conv.conv_available()
+        rep["conv"].update(available=ok, reason=reason)
+        if ok:
+            for case in bench_conv.conv_cases(plan.dtypes, plan.threads, plan.quick,
+                                              plan.layers, plan.batch):
+                steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
+                    bench_conv.run_conv_case(c, plan.reps, plan.min_time,
+                                             peers=tuple(p for p in plan.peers if p == "torch")))))
+    if "gemm" in plan.ops and plan.first_call:
+        for dtype in plan.dtypes:
+            steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
+                               "then warm cache)",
+                               lambda d=dtype: rep["first_call"].append(bench_gemm.first_call(d))))
+    return steps
+
+
+def print_tables(rep, stream=sys.stdout):
+    """The report's tables as plain text (what ``bench`` prints on stdout)."""
+    has_torch = report.has_torch_results(rep)
+    tables = report.gemm_tables(rep["gemm"], has_torch)
+    tables += report.conv_tables(rep["conv"]["records"], has_torch)
+    for title, headers, rows in tables:
+        print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
+    if rep["first_call"]:
+        headers, rows = report.first_call_table(rep["first_call"])
+        print("\nFirst call of tilegemm.matmul in a fresh process\n"
+              + report.format_table(headers, rows), file=stream)
+    if rep["conv"]["available"] is False:
+        print(f"\nConvolution: not available ({rep['conv']['reason']}).", file=stream)
+
+
+def _write_plots(rep, out_dir):
+    from tilegemm import report_plots
+    os.makedirs(out_dir, exist_ok=True)
+    if not report_plots.matplotlib_available():
+        rep["plots_skipped"] = report_plots.PLOTS_SKIPPED
+        return
+    rep["plots"] = report_plots.write_plots(rep, out_dir)
+
+
+def _failed_checks(rep):
+    bad = [f"gemm {r['dtype']} {r['shape']} {r['threads']}t"
+           for r in rep["gemm"] if not r["check"]["ok"]]
+    for r in rep["conv"]["records"]:
+        bad += [f"conv {r['layer']} {name} {r['dtype']} {r['threads']}t"
+                for name, c in r["check"].items() if not c["ok"]]
+    return bad
+
+
+def run_plan(plan, stdout=None, stderr=None):
+    """Run a :class:`BenchPlan`: measure, print the tables, write the report.
+
+    Returns
+    -------
+    int
+        Exit status: 0, or 1 when a benchmarked result was wrong.
+    """
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    from tilegemm.cli import Progress
+    state = _State(plan)
+    machine = {}
+    steps = [_Step("machine: detect, measure the FMA peak",
+                   lambda: machine.update(report.machine_info(measure_peak=True)))]
+    progress = Progress(1, stderr)
+    state.report = rep = report.new_report(plan.settings(), machine)
+    steps += _plan_steps(state)
+    progress.total = len(steps)
+    for step in steps:
+        progress.step(step.label)
+        step.run()
+    progress.close()
+
+    print_tables(rep, stdout)
+    if plan.plots:
+        _write_plots(rep, plan.out)
+    else:
+        rep["plots_skipped"] = "Plots not drawn (--no-plots)."
+    json_path, md_path = report.write_report(rep, plan.out)
+    print(f"\nwrote {md_path}, {json_path}" +
+          "".join(f", {plan.out}/{p}" for p in rep["plots"]), file=stdout)
+    if rep["plots_skipped"]:
+        print(rep["plots_skipped"], file=stdout)
+    bad = _failed_checks(rep)
+    if bad:
+        print("WRONG RESULTS (timings of these are meaningless): " + "; ".join(bad), file=stderr)
+        return 1
+    return 0

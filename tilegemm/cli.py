@@ -1,0 +1,239 @@
+"""The ``tilegemm`` command line: ``info``, ``bench`` and ``ladder``.
+
+    python -m tilegemm info [--json]
+    python -m tilegemm bench [--quick] [--op gemm|conv|all] [--dtype ...] [--threads ...]
+                             [--sizes ...] [--out DIR]
+    python -m tilegemm bench --compare A.json B.json
+    python -m tilegemm ladder [...]          (options of tilegemm.ladder)
+
+Exit status: 0 on success, 1 when a benchmarked result was wrong, 2 for bad
+options or unreadable inputs, 130 when interrupted.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed without a traceback, exit status 2."""
+
+
+# --------------------------------------------------------------------------- option parsing
+
+_DTYPE_ALIASES = {"float32": "float32", "f32": "float32", "single": "float32",
+                  "float64": "float64", "f64": "float64", "double": "float64"}
+
+
+def parse_dtypes(text):
+    """``"float32"``, ``"f64"``, ``"all"`` or a comma list -> list of dtype names."""
+    if text == "all":
+        return ["float32", "float64"]
+    out = []
+    for item in text.split(","):
+        name = _DTYPE_ALIASES.get(item.strip().lower())
+        if name is None:
+            raise UsageError(f"--dtype: unknown dtype {item!r}; use float32, float64 "
+                             "(or f32, f64), a comma list, or all")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _positive_ints(text, option):
+    values = []
+    for item in text.split(","):
+        try:
+            value = int(item)
+        except ValueError:
+            raise UsageError(f"{option}: {item!r} is not an integer "
+                             f"(expected a comma list such as 64,128)") from None
+        if value <= 0:
+            raise UsageError(f"{option}: sizes must be positive, got {value}")
+        values.append(value)
+    return values
+
+
+def parse_sizes(text):
+    """``"64,128"`` -> [64, 128]."""
+    return _positive_ints(text, "--sizes")
+
+
+def parse_shapes(text):
+    """``"2048x64x2048,1x512x512"`` -> [(2048, 64, 2048), (1, 512, 512)] as (m, n, k)."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.lower().split("x")
+        if len(parts) != 3:
+            raise UsageError(f"--shapes: {item!r} is not MxNxK (e.g. 2048x64x2048)")
+        shapes.append(tuple(_positive_ints(",".join(parts), "--shapes")))
+    return shapes
+
+
+def parse_threads(text):
+    """``"1,2"`` or ``"2"`` -> thread counts, each within what Numba was started with."""
+    from tilegemm.bench import max_threads
+    counts = _positive_ints(text, "--threads")
+    too_many = [t for t in counts if t > max_threads()]
+    if too_many:
+        raise UsageError(f"--threads: {too_many[0]} is more than the {max_threads()} threads "
+                         "available (NUMBA_NUM_THREADS / CPU count)")
+    return sorted(set(counts))
+
+
+# --------------------------------------------------------------------------- progress
+
+class Progress:
+    """A progress bar on a terminal, one plain line per step otherwise.
+
+    Parameters
+    ----------
+    total : int
+        Number of steps.
+    stream : file, optional
+        Defaults to ``sys.stderr`` so that the tables on stdout stay clean.
+    """
+
+    def __init__(self, total, stream=None):
+        self.total, self.count = total, 0
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, label):
+        """Announce that step ``label`` is starting."""
+        self.count += 1
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            width = 24
+            filled = width * (self.count - 1) // max(self.total, 1)
+            bar = "#" * filled + "." * (width - filled)
+            line = f"\r[{bar}] {self.count}/{self.total} {elapsed:5.0f}s  {label}"
+            self.stream.write(line[:120].ljust(120))
+        else:
+            self.stream.write(f"[{self.count}/{self.total}] {elapsed:.0f}s {label}\n")
+        self.stream.flush()
+
+    def close(self):
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            self.stream.write("\r" + " " * 120 + "\r")
+        self.stream.write(f"done: {self.total} step(s) in {elapsed:.0f}s\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------- parser
+
+def build_parser():
+    """The argparse parser of the whole command line."""
+    parser = argparse.ArgumentParser(
+        prog="tilegemm",
+        description="tilegemm: machine facts, GFLOPS reports, the cache-blocking ladder.")
+    sub = parser.add_subparsers(dest="command", metavar="{info,bench,ladder}")
+    sub.required = True
+
+    info = sub.add_parser("info", help="CPU, caches, ISA, block sizes and peak GFLOPS")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument("--no-peak", action="store_true",
+                      help="skip measuring the FMA peak (about a second per dtype and thread count)")
+
+    b = sub.add_parser(
+        "bench", help="GFLOPS report against peak, numpy and torch",
+        description="Benchmark GEMM (and convolution) against the measured peak and numpy/torch; "
+                    "writes report.md, report.json and PNG plots to --out.")
+    b.add_argument("--op", choices=("gemm", "conv", "all"), default=None,
+                   help="what to benchmark (default: all; gemm when --sizes/--shapes are given)")
+    b.add_argument("--dtype", default="all",
+                   help="float32, float64, a comma list, or all (default)")
+    b.add_argument("--threads", default=None,
+                   help="thread count(s), e.g. 1 or 1,2 (default: 1 and all)")
+    b.add_argument("--sizes", default=None,
+                   help="square sizes n, e.g. 64,128; with --sizes/--shapes only the "
+                        "listed products run (no skinny shapes)")
+    b.add_argument("--shapes", default=None, help="GEMM shapes MxNxK, e.g. 2048x64x2048,1x512x512")
+    b.add_argument("--quick", action="store_true",
+                   help="a subset of sizes, layers and repetitions (under 2 minutes)")
+    b.add_argument("--reps", type=int, default=None,
+                   help="repetitions, best kept (default 5, --quick 3)")
+    b.add_argument("--min-time", type=float, default=None,
+                   help="minimum seconds per timed sample (default 0.05, --quick 0.02)")
+    b.add_argument("--layers", default=None, help="convolution layers (comma list of names)")
+    b.add_argument("--batch", type=int, default=None, help="convolution batch (default 8, --quick 1)")
+    b.add_argument("--no-torch", action="store_true", help="do not time torch even if installed")
+    b.add_argument("--no-first-call", action="store_true",
+                   help="skip the fresh-process first-call measurement")
+    b.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
+    b.add_argument("--out", default="tilegemm-report",
+                   help="output directory (default: ./tilegemm-report)")
+    b.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="compare two saved reports instead of benchmarking")
+
+    sub.add_parser("ladder", add_help=False,
+                   help="the cache-blocking ladder, naive loop to micro-kernel "
+                        "(options: tilegemm ladder --help)")
+    return parser
+
+
+# --------------------------------------------------------------------------- commands
+
+def cmd_info(args):
+    from tilegemm.report import info_text, machine_info
+    info = machine_info(measure_peak=not args.no_peak)
+    print(json.dumps(info, indent=1) if args.json else info_text(info))
+    return 0
+
+
+def cmd_ladder(argv):
+    """Forward to ``tilegemm.ladder.main`` (imported only when asked for)."""
+    try:
+        from tilegemm import ladder
+    except ImportError as exc:
+        if exc.name not in ("tilegemm.ladder", "tilegemm"):
+            raise  # the module exists but something it needs is missing: show that
+        print("tilegemm ladder: the cache-blocking ladder (tilegemm.ladder) is not available "
+              "in this installation.", file=sys.stderr)
+        return USAGE_ERROR
+    status = ladder.main(list(argv))
+    return 0 if status is None else int(status)
+
+
+def cmd_compare(paths):
+    from tilegemm.report import load_report
+    from tilegemm.report_compare import compare_text
+    try:
+        a, b = (load_report(p) for p in paths)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(compare_text(a, b, os.path.basename(os.path.dirname(os.path.abspath(paths[0]))) or "A",
+                       os.path.basename(os.path.dirname(os.path.abspath(paths[1]))) or "B"))
+    return 0
+
+
+def cmd_bench(args, argv):
+    if args.compare:
+        return cmd_compare(args.compare)
+    from tilegemm.bench_run import BenchPlan, run_plan
+    plan = BenchPlan.from_args(args, command="python -m tilegemm " + shlex.join(argv))
+    return run_plan(plan)
+
+
+def main(argv=None):
+    """Entry point of ``python -m tilegemm`` and the ``tilegemm`` script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ladder"]:
+        return cmd_ladder(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with status 2 and a message on bad options
+    try:
+        if args.command == "info":
+            return cmd_info(args)
+        return cmd_bench(args, argv)
+    except UsageError as exc:
+        parser.exit(USAGE_ERROR, f"tilegemm {args.command}: error: {exc}\n")
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130

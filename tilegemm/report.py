@@ -1,0 +1,357 @@
+"""Machine description and report rendering: ``info``, the tables, report.md / report.json.
+
+The machine description (:func:`machine_info`) is what ``python -m tilegemm info
+--json`` prints and what every report.json embeds, so two reports say which
+machine and which block sizes produced them.
+"""
+import datetime
+import json
+import os
+import platform
+
+import numba
+import numpy as np
+
+import tilegemm
+from tilegemm import bench
+
+DTYPES = ("float32", "float64")
+
+
+# --------------------------------------------------------------------------- machine
+
+def _threading_layer():
+    try:
+        return numba.threading_layer()
+    except ValueError:  # nothing parallel has run yet: report what is configured
+        return f"{numba.config.THREADING_LAYER} (not started)"
+
+
+def _blocking_entry(dtype):
+    from tilegemm.kernels.registry import kernel_name
+    from tilegemm.tuning.blocking import blocking
+    blk = blocking(dtype)
+    return {"mr": blk.mr, "nr": blk.nr, "kc": blk.kc, "mc": blk.mc, "nc": blk.nc,
+            "lanes": blk.lanes, "kernel": kernel_name(dtype, blk.mr, blk.nr, blk.isa),
+            "source": dict(blk.source)}
+
+
+def _peak_entry(dtype, thread_counts, measure):
+    from tilegemm.tuning.peak import nominal_peak_gflops
+    per = {}
+    for t in thread_counts:
+        per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
+                       "measured": bench.peak_gflops(dtype, t) if measure else None}
+    top = per[str(max(thread_counts))]
+    return {"threads": max(thread_counts), "nominal": top["nominal"],
+            "measured": top["measured"], "per_threads": per}
+
+
+def peer_versions():
+    """Versions of numpy, its BLAS and torch (None when torch is not installed)."""
+    blas = None
+    threadpoolctl = bench.optional_import("threadpoolctl")
+    if threadpoolctl is not None:
+        for lib in threadpoolctl.threadpool_info():
+            if lib.get("user_api") == "blas" and "numpy" in lib.get("filepath", ""):
+                blas = f"{lib.get('internal_api')} {lib.get('version')}"
+    torch = bench.torch_module()
+    return {"numpy": np.__version__, "numpy_blas": blas,
+            "torch": torch.__version__ if torch else None,
+            "threadpoolctl": threadpoolctl.__version__ if threadpoolctl else None}
+
+
+def machine_info(measure_peak=True):
+    """Everything ``info`` shows, as one JSON-ready dict.
+
+    Parameters
+    ----------
+    measure_peak : bool
+        Run the FMA-throughput loop (about a second per dtype and thread count);
+        when false ``peak_gflops[dtype]["measured"]`` is None.
+
+    Returns
+    -------
+    dict
+        Keys include ``brand``, ``isa``, ``vector_bits``, ``vector_registers``,
+        ``cores``, ``l1d_bytes``/``l2_bytes``/``l3_bytes`` (per core),
+        ``blocking`` (dtype -> mr, nr, kc, mc, nc, kernel, source) and
+        ``peak_gflops`` (dtype -> nominal, measured for all threads, and
+        ``per_threads`` -> {"1": ..., "N": ...}).
+    """
+    from tilegemm.tuning.machine import detect
+    m = detect()
+    all_threads = bench.max_threads()
+    thread_counts = sorted({1, all_threads})
+    info = {
+        "tilegemm_version": tilegemm.__version__,
+        "brand": m.brand, "isa": m.isa, "isa_source": m.isa_source,
+        "vector_bits": m.vector_bits, "vector_registers": m.vector_registers,
+        "cores": m.cores, "threads": all_threads,
+        "l1d_bytes": m.l1d_bytes, "l2_bytes": m.l2_bytes, "l3_bytes": m.l3_bytes,
+        "cache_source": m.cache_source, "clock_ghz": m.clock_hz / 1e9, "fma_units": m.fma_units,
+        "blocking": {d: _blocking_entry(d) for d in DTYPES},
+        "peak_gflops": {d: _peak_entry(d, thread_counts, measure_peak) for d in DTYPES},
+        "numba_version": numba.__version__,
+        "python": platform.python_version(),
+        "peers": peer_versions(),
+    }
+    info["threading_layer"] = _threading_layer()  # after the peak: it starts the pool
+    return info
+
+
+def _kib(n):
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    return f"{n / 1024:g} KiB"
+
+
+def _source_text(source):
+    kinds = set(source.values())
+    if len(kinds) == 1:
+        return kinds.pop()
+    return ", ".join(f"{k}={v}" for k, v in source.items())
+
+
+def _fmt(x, digits=1):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def info_text(info):
+    """Human-readable form of :func:`machine_info`."""
+    lines = [
+        f"tilegemm {info['tilegemm_version']}",
+        f"  CPU          {info['brand']}",
+        f"  ISA          {info['isa']} ({info['isa_source']}): {info['vector_bits']}-bit vectors, "
+        f"{info['vector_registers']} registers, {info['fma_units']} FMA unit(s)",
+        f"  cores        {info['cores']} (Numba threads: {info['threads']})",
+        f"  caches/core  L1d {_kib(info['l1d_bytes'])}, L2 {_kib(info['l2_bytes'])}, "
+        f"L3 {_kib(info['l3_bytes'])} (from {info['cache_source']})",
+        f"  Numba        {info['numba_version']}, threading layer {info['threading_layer']}",
+        f"  peers        numpy {info['peers']['numpy']} ({info['peers']['numpy_blas']}), "
+        f"torch {info['peers']['torch'] or 'not installed'}",
+        "",
+        "blocking",
+    ]
+    rows = [[d, b["kernel"], b["mr"], b["nr"], b["kc"], b["mc"], b["nc"], _source_text(b["source"])]
+            for d, b in info["blocking"].items()]
+    lines += ["  " + r for r in format_table(
+        ["dtype", "kernel", "MR", "NR", "KC", "MC", "NC", "from"], rows).splitlines()]
+    lines += ["", "peak GFLOPS (nominal / measured)"]
+    counts = list(next(iter(info["peak_gflops"].values()))["per_threads"])
+    rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
+                   for t in counts] for d, p in info["peak_gflops"].items()]
+    lines += ["  " + r for r in format_table(
+        ["dtype"] + [f"{t} thread(s)" for t in counts], rows).splitlines()]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- tables
+
+def format_table(headers, rows, markdown=False):
+    """Align ``rows`` under ``headers``: plain text, or a GitHub Markdown table.
+
+    Numbers are right-aligned, text left-aligned.
+    """
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1
+               for i in range(len(headers))]
+
+    def line(r):
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        return ("| " + " | ".join(parts) + " |") if markdown else "  ".join(parts).rstrip()
+
+    out = [line(cells[0])]
+    if markdown:
+        out.append("|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+                                  for w, num in zip(widths, numeric)) + "|")
+    else:
+        out.append("  ".join("-" * w for w in widths))
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _is_number(text):
+    text = text.rstrip("×%x")
+    if text in ("-", "n/a"):
+        return True
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _groups(records):
+    """Records grouped by (dtype, threads), in first-seen order."""
+    groups = {}
+    for r in records:
+        groups.setdefault((r["dtype"], r["threads"]), []).append(r)
+    return groups
+
+
+def _party_cells(results, name):
+    row = results.get(name)
+    if row is None:
+        return ["-", "-"]
+    return [_fmt(row["gflops"]), f"{row['ratio']:.2f}×"]
+
+
+def gemm_tables(records, has_torch):
+    """[(title, headers, rows)] for the GEMM records, one table per dtype and thread count."""
+    tables = []
+    for (dtype, threads), recs in _groups(records).items():
+        headers = ["shape (m×n×k)", "kind", "GFLOPS", "% peak", "numpy GFLOPS", "× numpy"]
+        if has_torch:
+            headers += ["torch GFLOPS", "× torch"]
+        rows = []
+        for r in recs:
+            ours = r["results"]["tilegemm"]
+            row = [r["shape"], r["kind"], _fmt(ours["gflops"]), _fmt(ours["pct_peak"])]
+            row += _party_cells(r["results"], "numpy")
+            if has_torch:
+                row += _party_cells(r["results"], "torch")
+            if not r["check"]["ok"]:
+                row[1] += " (WRONG RESULT)"
+            rows.append(row)
+        title = (f"GEMM {dtype}, {threads} thread(s), measured peak "
+                 f"{recs[0]['peak_gflops']:.0f} GFLOPS")
+        tables.append((title, headers, rows))
+    return tables
+
+
+def conv_tables(records, has_torch):
+    """[(title, headers, rows)] for the convolution records (one row per layer and algorithm)."""
+    tables = []
+    for (dtype, threads), recs in _groups(records).items():
+        headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", "% peak"]
+        if has_torch:
+            headers += ["torch GFLOPS", "× torch"]
+        rows = []
+        for r in recs:
+            torch_g = r["results"].get("torch", {}).get("gflops")
+            for name, res in r["results"].items():
+                if name == "torch":
+                    continue
+                algo = name.split(":", 1)[1]
+                if res.get("chose"):
+                    algo += f" → {res['chose']}"
+                row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
+                       _fmt(res["pct_peak"])]
+                if has_torch:
+                    row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
+                if not r["check"].get(name, {}).get("ok", True):
+                    row[3] += " (WRONG RESULT)"
+                rows.append(row)
+            for algo in r["not_applicable"]:
+                row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
+                rows.append(row + (["-", "-"] if has_torch else []))
+        title = (f"Convolution {dtype}, {threads} thread(s), measured peak "
+                 f"{recs[0]['peak_gflops']:.0f} GFLOPS")
+        tables.append((title, headers, rows))
+    return tables
+
+
+def first_call_table(records):
+    """(headers, rows) for the fresh-process first-call measurements."""
+    headers = ["dtype", "n", "threads", "Numba cache", "import s", "first call s", "second call s"]
+    rows = []
+    for r in records:
+        for state in ("cold", "warm"):
+            run = r[state]
+            rows.append([r["dtype"], r["n"], r["threads"], "empty" if state == "cold" else "warm",
+                         _fmt(run["import_s"], 2), _fmt(run["first_call_s"], 2),
+                         _fmt(run["second_call_s"], 4)])
+    return headers, rows
+
+
+# --------------------------------------------------------------------------- report files
+
+def new_report(settings, machine):
+    """An empty report dict: settings, machine description, peers, timestamps."""
+    return {
+        "format": "tilegemm-bench-report/1",
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "settings": settings,
+        "machine": machine,
+        "gemm": [], "first_call": [],
+        "conv": {"available": None, "reason": "", "records": []},
+        "plots": [], "plots_skipped": "",
+    }
+
+
+def has_torch_results(report):
+    recs = report["gemm"] + report["conv"]["records"]
+    return any("torch" in r["results"] for r in recs)
+
+
+_METHOD = (
+    "Best of {reps} repetitions after a warm-up call (its time, which includes JIT "
+    "compilation, is reported apart); tilegemm and its peers are interleaved in every "
+    "repetition and pinned to the same thread count. GFLOPS = 2·m·n·k / time "
+    "(convolution: direct-convolution flops / time, \"effective\"). % peak is against the "
+    "FMA peak measured on this machine for the same thread count (convolution: on the "
+    "algorithm's own flop count). `× peer` = tilegemm GFLOPS / peer GFLOPS: above 1 "
+    "tilegemm is faster."
+)
+
+
+def markdown_report(report):
+    """report.md: machine summary, method, the tables, first-call times, plots."""
+    m = report["machine"]
+    has_torch = has_torch_results(report)
+    out = ["# tilegemm benchmark report", "",
+           f"Created {report['created']} with `{report['settings']['command']}`.", "",
+           "## Machine", "", "```", info_text(m), "```", "",
+           "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), ""]
+    if report["gemm"]:
+        out += ["## GEMM", ""]
+        for title, headers, rows in gemm_tables(report["gemm"], has_torch):
+            out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+    if report["first_call"]:
+        headers, rows = first_call_table(report["first_call"])
+        out += ["### First call in a fresh process", "",
+                "`tilegemm.matmul` on an n×n product in a new Python process whose "
+                "Numba cache directory is empty (everything compiles), then again with "
+                "the cache the first run left.", "",
+                format_table(headers, rows, markdown=True), ""]
+    conv = report["conv"]
+    if conv["available"] is not None:
+        out += ["## Convolution", ""]
+        if not conv["available"]:
+            out += [f"Not available: {conv['reason']}.", ""]
+        for title, headers, rows in conv_tables(conv["records"], has_torch):
+            out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+    out += ["## Plots", ""]
+    for path in report["plots"]:
+        out += [f"![{os.path.splitext(path)[0]}]({path})", ""]
+    if report["plots_skipped"]:
+        out += [report["plots_skipped"], ""]
+    return "\n".join(out)
+
+
+def write_report(report, out_dir):
+    """Write report.json and report.md into ``out_dir``; return their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "report.json")
+    md_path = os.path.join(out_dir, "report.md")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1, allow_nan=False)
+    with open(md_path, "w") as f:
+        f.write(markdown_report(report))
+    return json_path, md_path
+
+
+def load_report(path):
+    """Read a report.json, with a clear error when it is not one."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != "tilegemm-bench-report/1":
+        raise ValueError(f"{path} is not a tilegemm bench report.json")
+    return data
