@@ -66,7 +66,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     groups : int
         Divides C and K; ``groups == C == K`` is a depthwise convolution.
     activation : None, "relu" or "relu6"
-        Applied after the bias, fused into the algorithm's epilogue.  NaN stays NaN.
+        Applied after the bias, fused into the algorithm's epilogue.  NaN stays NaN
+        (relu(NaN) is NaN).  With Winograd a NaN or Inf in the input makes every output
+        of the 2x2 tiles it touches non-finite (the transforms mix a 4x4 input tile).
     algorithm : "auto", "im2col", "winograd" or "direct"
         "auto" asks :func:`tilegemm.conv_plan`'s cost model; "winograd" needs a
         3x3 kernel, stride 1 and dilation 1.

@@ -1,0 +1,465 @@
+"""conv2d: every algorithm against a float64 direct reference, transforms, packers, errors."""
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.conv.params import conv_params
+from tilegemm.packing.im2col import im2col, pack_a_im2col, pack_b_im2col
+from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
+                                       weight_transform)
+
+RNG = np.random.default_rng(1234)
+
+
+# --- the reference --------------------------------------------------------------------
+
+def reference_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
+    """float64 direct convolution of an NCHW input, written from the definition.
+
+    ``padding`` is an int, a pair or a (top, bottom, left, right) tuple.
+    """
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    sy, sx = (stride, stride) if np.isscalar(stride) else stride
+    dy, dx = (dilation, dilation) if np.isscalar(dilation) else dilation
+    if np.isscalar(padding):
+        padding = (padding,) * 4
+    elif len(padding) == 2:
+        padding = (padding[0], padding[0], padding[1], padding[1])
+    top, bottom, left, right = padding
+    N, C, H, W = x.shape
+    K, Cg, kh, kw = w.shape
+    Kg = K // groups
+    xp = np.zeros((N, C, H + top + bottom, W + left + right))
+    xp[:, :, top:top + H, left:left + W] = x
+    Ho = (H + top + bottom - dy * (kh - 1) - 1) // sy + 1
+    Wo = (W + left + right - dx * (kw - 1) - 1) // sx + 1
+    out = np.zeros((N, K, Ho, Wo))
+    for g in range(groups):
+        xg = xp[:, g * Cg:(g + 1) * Cg]
+        wg = w[g * Kg:(g + 1) * Kg]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xg[:, :, i * dy:i * dy + sy * (Ho - 1) + 1:sy,
+                           j * dx:j * dx + sx * (Wo - 1) + 1:sx]
+                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, wg[:, :, i, j])
+    if b is not None:
+        out += np.asarray(b, np.float64).reshape(1, -1, 1, 1)
+    if activation in ("relu", "relu6"):
+        out = np.where(out < 0, 0, out)  # keeps NaN
+    if activation == "relu6":
+        out = np.where(out > 6, 6, out)
+    return out
+
+
+def _tolerance(x, w, dtype):
+    """Error bound growing with the reduction: eps * sum |x||w| over the largest window."""
+    eps = np.finfo(dtype).eps
+    scale = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max() if x.size and w.size else 1
+    return 8 * eps * (scale + 1)
+
+
+def run_case(shape, algorithm, layout, dtype=np.float32, bias=True, activation=None):
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    groups = kw_args.get("groups", 1)
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((K, C // groups, kh, kw)).astype(dtype)
+    b = RNG.standard_normal(K).astype(dtype) if bias else None
+    expected = reference_conv(x, w, b, activation=activation, **_ref_args(kw_args, (kh, kw)))
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    x_before, w_before = xin.copy(), w.copy()
+    got = tilegemm.conv2d(xin, w, b, activation=activation, algorithm=algorithm, layout=layout,
+                          **kw_args)
+    np.testing.assert_array_equal(xin, x_before)   # inputs never modified
+    np.testing.assert_array_equal(w, w_before)
+    if layout == "NHWC":
+        got = got.transpose(0, 3, 1, 2)
+    assert got.dtype == dtype
+    assert got.shape == expected.shape
+    err = np.abs(got - expected).max() if got.size else 0
+    tol = _tolerance(x, w, dtype)
+    assert err <= tol, (f"{algorithm}/{layout}: max error {err:.3g} > {tol:.3g} "
+                        f"at {np.unravel_index(np.abs(got - expected).argmax(), got.shape)}")
+
+
+def _ref_args(kw, kernel):
+    args = {k: v for k, v in kw.items() if k in ("stride", "dilation", "groups")}
+    padding = kw.get("padding", 0)
+    if padding == "same":
+        d = kw.get("dilation", 1)
+        d = (d, d) if np.isscalar(d) else d
+        pads = []
+        for k, dd in zip(kernel, d):
+            total = dd * (k - 1)
+            pads += [total // 2, total - total // 2]
+        padding = tuple(pads)
+    elif padding == "valid":
+        padding = 0
+    args["padding"] = padding
+    return args
+
+
+# (input NCHW, (K, kh, kw), keyword arguments): real layers at small batch/spatial sizes ...
+REAL = {
+    "resnet18_conv2": ((1, 64, 9, 9), (64, 3, 3), dict(padding=1)),
+    "resnet18_conv4": ((2, 256, 4, 5), (256, 3, 3), dict(padding=1)),
+    "resnet18_down": ((1, 64, 9, 9), (128, 3, 3), dict(stride=2, padding=1)),
+    "resnet18_stem": ((1, 3, 15, 15), (16, 7, 7), dict(stride=2, padding=3)),
+    "resnet50_1x1": ((2, 256, 7, 7), (64, 1, 1), {}),
+    "resnet50_1x1_s2": ((1, 128, 8, 8), (256, 1, 1), dict(stride=2)),
+    "vgg_conv1": ((1, 3, 12, 12), (64, 3, 3), dict(padding=1)),
+    "vgg_conv1_2": ((1, 64, 10, 10), (64, 3, 3), dict(padding=1)),
+    "mobilenet_dw": ((2, 32, 10, 10), (32, 3, 3), dict(padding=1, groups=32)),
+    "mobilenet_dw_s2": ((1, 64, 11, 11), (64, 3, 3), dict(stride=2, padding=1, groups=64)),
+}
+# ... and odd ones.
+ODD = {
+    "image_1x1": ((2, 5, 1, 1), (7, 1, 1), {}),
+    "image_1x1_pad": ((1, 4, 1, 1), (3, 3, 3), dict(padding=1)),
+    "primes": ((1, 7, 13, 11), (5, 3, 3), dict(padding=(2, 1))),
+    "rect_kernel_stride": ((1, 3, 9, 14), (4, 2, 5), dict(stride=(3, 1), padding=(1, 2))),
+    "dilation": ((1, 4, 12, 10), (6, 3, 3), dict(dilation=(2, 3), padding=2)),
+    "groups": ((2, 12, 7, 8), (18, 3, 3), dict(groups=3, padding=1)),
+    "groups_1x1": ((1, 8, 5, 5), (8, 1, 1), dict(groups=4)),
+    "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
+    "valid_wide": ((1, 2, 3, 70), (130, 3, 3), dict(padding="valid")),
+    "large_stride": ((1, 3, 17, 17), (8, 3, 3), dict(stride=4)),
+}
+CASES = {**REAL, **ODD}
+
+
+def _algorithms(shape):
+    p = conv_params(*_shapes(shape), **shape[2])
+    return ["im2col", "direct", "auto"] + (["winograd"] if p.winograd_ok else [])
+
+
+def _shapes(shape):
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    return (N, C, H, W), (K, C // kw_args.get("groups", 1), kh, kw)
+
+
+PARAMS = []
+for _i, (_name, _shape) in enumerate(CASES.items()):
+    for _alg in _algorithms(_shape):
+        for _layout in ("NCHW", "NHWC"):
+            # Cycle bias/activation through the cases so every combination appears.
+            _bias = (_i + len(PARAMS)) % 2 == 0
+            _act = (None, "relu", "relu6")[(_i + len(PARAMS)) % 3]
+            PARAMS.append(pytest.param(_shape, _alg, _layout, _bias, _act,
+                                       id=f"{_name}-{_alg}-{_layout}-{'b' if _bias else 'nb'}-{_act}"))
+
+
+@pytest.mark.parametrize("shape, algorithm, layout, bias, activation", PARAMS)
+def test_conv_matches_reference(shape, algorithm, layout, bias, activation):
+    run_case(shape, algorithm, layout, np.float32, bias, activation)
+
+
+@pytest.mark.parametrize("name", ["resnet18_conv2", "groups", "dilation", "mobilenet_dw"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_float64(name, layout):
+    for alg in _algorithms(CASES[name]):
+        run_case(CASES[name], alg, layout, np.float64, True, "relu")
+
+
+def test_mixed_dtypes_promote():
+    x = RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    w = RNG.standard_normal((4, 3, 3, 3))
+    y = tilegemm.conv2d(x, w)
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y, reference_conv(x, w), rtol=1e-12, atol=1e-12)
+
+
+# --- NaN / Inf ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+def test_nan_propagates(algorithm, layout, activation):
+    x = RNG.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    x[0, 1, 3, 4] = np.nan
+    x[0, 2, 0, 0] = np.inf
+    w = RNG.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    expected = reference_conv(x, w, padding=1, activation=activation)
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    got = tilegemm.conv2d(xin, w, padding=1, activation=activation, algorithm=algorithm,
+                          layout=layout)
+    if layout == "NHWC":
+        got = got.transpose(0, 3, 1, 2)
+    if algorithm == "winograd":
+        # The transforms mix a 4x4 input tile, so a NaN or Inf poisons (with NaN or Inf)
+        # every output of its 2x2 tiles: non-finite where the reference is, never finite
+        # and wrong elsewhere.
+        assert not np.isfinite(got[~np.isfinite(expected)]).any()
+        finite = np.isfinite(got)
+        assert finite.sum() >= np.isfinite(expected).sum() - 4 * 4 * 5
+    else:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+        finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
+
+
+# --- Winograd transforms against the explicit matrices --------------------------------
+
+def test_weight_transform_matches_G():
+    w = RNG.standard_normal((3, 2, 3, 3))
+    u = weight_transform(w)
+    for k in range(3):
+        for c in range(2):
+            np.testing.assert_allclose(u[:, c, k].reshape(4, 4), G @ w[k, c] @ G.T, atol=1e-12)
+
+
+def test_input_transform_matches_BT():
+    d = RNG.standard_normal((6, 7))
+    v = np.empty(16)
+    flat = d.reshape(-1)
+    for y0, x0 in [(0, 0), (1, 2), (2, 3), (-1, -2), (4, 5), (-3, 4)]:
+        padded = np.zeros((4, 4))
+        for a in range(4):
+            for b in range(4):
+                if 0 <= y0 + a < 6 and 0 <= x0 + b < 7:
+                    padded[a, b] = d[y0 + a, x0 + b]
+        src = y0 * 7 + x0
+        input_tile_transform(flat, src, 7, 1, y0, x0, 6, 7, v)
+        np.testing.assert_allclose(v.reshape(4, 4), BT @ padded @ BT.T, atol=1e-12,
+                                   err_msg=f"tile at ({y0}, {x0})")
+
+
+def test_output_transform_matches_AT():
+    K = 3
+    m = RNG.standard_normal((16, 1, K))                      # one tile, K channels
+    bias = RNG.standard_normal(K)
+    out = np.full((1, K, 2, 2), np.nan)
+    geom = (4, 4, 2, 2, 0, 0, 1, 1)
+    unpack_winograd(m.reshape(-1), K, K, 0, 1, K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
+                    bias, True, 0)
+    for k in range(K):
+        np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
+                                   atol=1e-12)
+
+
+def test_winograd_identity():
+    """A^T[(G g G^T) * (B^T d B)]A is the 2x2 valid correlation of d with g."""
+    d = RNG.standard_normal((4, 4))
+    g = RNG.standard_normal((3, 3))
+    y = AT @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT.T
+    direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(y, direct, atol=1e-12)
+
+
+# --- implicit im2col packers against the explicit matrix ------------------------------
+
+@pytest.mark.parametrize("geom", [
+    dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1)),
+    dict(kernel=(2, 5), stride=(2, 3), padding=(0, 1, 2, 1), dilation=(2, 1)),
+])
+def test_pack_b_im2col_matches_explicit(geom):
+    C, H, W, NR = 3, 7, 9, 16
+    x = RNG.standard_normal((C, H, W))
+    col = im2col(x, geom["kernel"], geom["stride"], geom["padding"], geom["dilation"])
+    p = conv_params((1, C, H, W), (1, C) + geom["kernel"], geom["stride"],
+                    (geom["padding"][0], geom["padding"][2]), geom["dilation"])
+    p = p.__class__(**{**p.__dict__, "bottom": geom["padding"][1], "right": geom["padding"][3]})
+    assert col.shape == (C * p.kh * p.kw, p.Ho * p.Wo)
+    for p0, kc, j0, nc in [(0, col.shape[0], 0, col.shape[1]), (2, 5, 3, 20), (7, 4, 5, 1)]:
+        kc = min(kc, col.shape[0] - p0)
+        nc = min(nc, col.shape[1] - j0)
+        buf = np.full(-(-nc // NR) * NR * kc, np.nan)
+        pack_b_im2col(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, NR, buf)
+        for q in range(-(-nc // NR)):
+            panel = buf[q * NR * kc:(q + 1) * NR * kc].reshape(kc, NR)
+            want = np.zeros((kc, NR))
+            cols = min(NR, nc - q * NR)
+            want[:, :cols] = col[p0:p0 + kc, j0 + q * NR:j0 + q * NR + cols]
+            np.testing.assert_array_equal(panel, want)
+
+
+def test_pack_a_im2col_matches_explicit():
+    N, C, H, W, MR = 2, 3, 6, 5, 6
+    x = RNG.standard_normal((N, H, W, C))                            # NHWC
+    p = conv_params(x.shape, (1, C, 3, 2), (2, 1), (1, 1), 1, layout="NHWC")
+    # col^T with k order (i, j, c), stacked over the batch.
+    cols = [im2col(x[n].transpose(2, 0, 1), (3, 2), (2, 1), (1, 1, 1, 1))
+            .reshape(C, 3, 2, -1).transpose(3, 1, 2, 0).reshape(p.Ho * p.Wo, -1) for n in range(N)]
+    colT = np.concatenate(cols)
+    for m0, mc, p0, kc in [(0, colT.shape[0], 0, colT.shape[1]), (5, 13, 4, 7)]:
+        buf = np.full(-(-mc // MR) * MR * kc, np.nan)
+        pack_a_im2col(x.reshape(-1), 0, p.input_strides(), p.geom(), C, m0, mc, p0, kc, MR, buf)
+        for q in range(-(-mc // MR)):
+            panel = buf[q * MR * kc:(q + 1) * MR * kc].reshape(kc, MR)
+            want = np.zeros((kc, MR))
+            rows = min(MR, mc - q * MR)
+            want[:, :rows] = colT[m0 + q * MR:m0 + q * MR + rows, p0:p0 + kc].T
+            np.testing.assert_array_equal(panel, want)
+
+
+# --- fold_batchnorm -------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fold_batchnorm(with_bias):
+    x = RNG.standard_normal((2, 6, 7, 7))
+    w = RNG.standard_normal((8, 6, 3, 3))
+    b = RNG.standard_normal(8) if with_bias else None
+    gamma, beta, mean = RNG.standard_normal((3, 8))
+    var = RNG.random(8) + 0.1
+    args = (w, b, gamma, beta, mean, var)
+    copies = [None if a is None else a.copy() for a in args]
+    w2, b2 = tilegemm.fold_batchnorm(*args, eps=1e-3)
+    for a, c in zip(args, copies):
+        if a is not None:
+            np.testing.assert_array_equal(a, c)
+    y = reference_conv(x, w, b, padding=1)
+    bn = (gamma[:, None, None] * (y - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-3)
+          + beta[:, None, None])
+    np.testing.assert_allclose(tilegemm.conv2d(x, w2, b2, padding=1), bn, rtol=1e-10, atol=1e-10)
+
+
+def test_fold_batchnorm_errors():
+    w = np.ones((4, 2, 3, 3))
+    v = np.ones(4)
+    with pytest.raises(ValueError, match="gamma"):
+        tilegemm.fold_batchnorm(w, None, np.ones(3), v, v, v)
+    with pytest.raises(ValueError, match="var"):
+        tilegemm.fold_batchnorm(w, None, v, v, v, -v)
+    with pytest.raises(ValueError, match="4-D"):
+        tilegemm.fold_batchnorm(np.ones((4, 2)), None, v, v, v, v)
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.fold_batchnorm(w.astype(int), None, v, v, v, v)
+
+
+# --- errors ---------------------------------------------------------------------------
+
+X = np.zeros((1, 4, 8, 8), np.float32)
+WT = np.zeros((6, 4, 3, 3), np.float32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: tilegemm.conv2d(X[0], WT), ValueError, "input must be 4-D"),
+    (lambda: tilegemm.conv2d(X, WT[0]), ValueError, "weight must be 4-D"),
+    (lambda: tilegemm.conv2d(X, WT[:, :3]), ValueError, "input channels per group"),
+    (lambda: tilegemm.conv2d(X, WT, groups=3), ValueError, "does not divide the 4 input"),
+    (lambda: tilegemm.conv2d(X, WT[:5, :2], groups=2), ValueError, "does not divide the 5 output"),
+    (lambda: tilegemm.conv2d(X, WT, groups=0), ValueError, "groups must be positive"),
+    (lambda: tilegemm.conv2d(X, WT, stride=0), ValueError, "stride must be positive"),
+    (lambda: tilegemm.conv2d(X, WT, stride=(1, -2)), ValueError, "stride must be positive"),
+    (lambda: tilegemm.conv2d(X, WT, dilation=0), ValueError, "dilation must be positive"),
+    (lambda: tilegemm.conv2d(X, WT, padding=-1), ValueError, "padding must be non-negative"),
+    (lambda: tilegemm.conv2d(X, WT, padding="full"), ValueError, "padding must be"),
+    (lambda: tilegemm.conv2d(X, WT, padding="same", stride=2), ValueError, "strided"),
+    (lambda: tilegemm.conv2d(X, WT, stride=1.5), TypeError, "stride"),
+    (lambda: tilegemm.conv2d(X, WT, stride=(1, 2, 3)), ValueError, "pair"),
+    (lambda: tilegemm.conv2d(X[:, :, :2, :2], WT), ValueError, "output would be empty"),
+    (lambda: tilegemm.conv2d(X, WT, dilation=5), ValueError, "output would be empty"),
+    (lambda: tilegemm.conv2d(X, WT, np.zeros(5, np.float32)), ValueError, "bias must have shape"),
+    (lambda: tilegemm.conv2d(X, WT, np.zeros((6, 1), np.float32)), ValueError, "bias"),
+    (lambda: tilegemm.conv2d(X, np.zeros((6, 4, 5, 5), np.float32), padding=2,
+                             algorithm="winograd"), ValueError, "winograd"),
+    (lambda: tilegemm.conv2d(X, WT, stride=2, algorithm="winograd"), ValueError, "stride 1"),
+    (lambda: tilegemm.conv2d(X, WT, algorithm="fft"), ValueError, "unknown algorithm"),
+    (lambda: tilegemm.conv2d(X, WT, activation="gelu"), ValueError, "unknown activation"),
+    (lambda: tilegemm.conv2d(X, WT, layout="CHWN"), ValueError, "layout"),
+    (lambda: tilegemm.conv2d(X.astype(np.int32), WT), TypeError, "input has dtype int32"),
+    (lambda: tilegemm.conv2d(X, WT.astype(np.float16)), TypeError, "weight has dtype float16"),
+    (lambda: tilegemm.conv2d(X, WT, layout="NHWC"), ValueError, "input channels per group"),
+    (lambda: tilegemm.conv_plan((1, 4, 8, 8), (6, 4, 3, 3), groups=5), ValueError, "groups"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_empty_batch_and_channels():
+    assert tilegemm.conv2d(np.zeros((0, 4, 8, 8), np.float32), WT, padding=1).shape == (0, 6, 8, 8)
+    b = np.arange(6, dtype=np.float32) - 3
+    y = tilegemm.conv2d(np.zeros((1, 0, 4, 4), np.float32), np.zeros((6, 0, 3, 3), np.float32),
+                        b, activation="relu")
+    np.testing.assert_array_equal(y, np.maximum(b, 0).reshape(1, 6, 1, 1) * np.ones((1, 6, 2, 2)))
+
+
+# --- plan, caching, threads -----------------------------------------------------------
+
+def test_plan_is_inspectable():
+    plan = tilegemm.conv_plan((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    assert plan.algorithm in plan.estimates
+    assert set(plan.estimates) == {"im2col", "winograd", "direct"}
+    assert plan.estimates[plan.algorithm] == min(plan.estimates.values())
+    assert plan.params.Ho == 56 and plan.reason
+    dw = tilegemm.conv_plan((1, 32, 56, 56), (32, 1, 3, 3), padding=1, groups=32)
+    assert "winograd" in dw.estimates and dw.algorithm == "direct"
+    s2 = tilegemm.conv_plan((1, 64, 56, 56), (64, 64, 3, 3), stride=2, padding=1)
+    assert "winograd" not in s2.estimates
+
+
+def test_weight_changed_in_place_is_not_served_stale():
+    x = RNG.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    w = RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    for alg in ("winograd", "im2col"):
+        first = tilegemm.conv2d(x, w, padding=1, algorithm=alg)
+        np.testing.assert_allclose(first, reference_conv(x, w, padding=1), atol=1e-4)
+        w2 = w.copy()
+        w[0, 0, 1, 1] += 1.0
+        second = tilegemm.conv2d(x, w, padding=1, algorithm=alg)
+        np.testing.assert_allclose(second, reference_conv(x, w, padding=1), atol=1e-4)
+        w[...] = w2
+
+
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct"])
+def test_thread_counts_agree(algorithm):
+    x = RNG.standard_normal((3, 16, 20, 20)).astype(np.float32)
+    w = RNG.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    saved = numba.get_num_threads()
+    try:
+        results = []
+        for t in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(t)
+            results.append(tilegemm.conv2d(x, w, padding=1, algorithm=algorithm))
+    finally:
+        numba.set_num_threads(saved)
+    for r in results[1:]:
+        np.testing.assert_allclose(r, results[0], rtol=1e-5, atol=1e-5)
+
+
+def test_concurrent_python_threads():
+    x = RNG.standard_normal((4, 16, 20, 20)).astype(np.float32)
+    ws = [RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) for _ in range(3)]
+    expected = [reference_conv(x, w, padding=1) for w in ws]
+    errors = []
+
+    def work(i):
+        try:
+            for rep in range(3):
+                alg = ("im2col", "winograd", "direct")[(i + rep) % 3]
+                got = tilegemm.conv2d(x, ws[i], padding=1, algorithm=alg)
+                np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-3)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+# --- torch cross-check ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["resnet18_conv2", "resnet50_1x1", "mobilenet_dw_s2", "same",
+                                  "dilation", "groups"])
+def test_matches_torch(name):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    shape = CASES[name]
+    xs, ws = _shapes(shape)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    kw = shape[2]
+    expected = F.relu(F.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b),
+                               **kw)).numpy()
+    got = tilegemm.conv2d(x, w, b, activation="relu", **kw)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
