@@ -29,6 +29,7 @@ LANES = 16
 
 ukernel = make_microkernel(DTYPE, MR, NR, LANES)
 ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
+NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 
 
 @numba.njit(**JIT)

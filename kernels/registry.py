@@ -43,6 +43,11 @@ class Kernel:
     def ukernel(self):
         return self.module.ukernel
 
+    @property
+    def no_bias(self):
+        """A zero bias the kernels may be handed when there is none (never read then)."""
+        return self.module.NO_BIAS
+
 
 def kernel_name(dtype, mr, nr, isa):
     """``{dtype}_gemm_{MR}x{NR}_{isa}``, e.g. ``f32_gemm_6x64_avx512``."""

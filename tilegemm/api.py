@@ -66,6 +66,13 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
+    if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2
+            and b.ndim == 2 and a.dtype == b.dtype and a.dtype in _FLOATS):
+        # The common case, kept short: tiny products are dominated by call overhead.
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
+                             f"{a.shape[1]} (last dim of a) != {b.shape[0]} (dim -2 of b)")
+        return gemm_into(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype))
     a = _as_float_array(a, "a", "matmul")
     b = _as_float_array(b, "b", "matmul")
     if a.ndim == 0 or b.ndim == 0:
