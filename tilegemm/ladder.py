@@ -340,7 +340,7 @@ def compute(number, a, b, c=None, blk=None):
 # --------------------------------------------------------------------------- measuring
 #: Longest one call of a rung may take; slower rungs are measured on a smaller n.
 CALL_BUDGET = 0.25
-#: Size of the first (compiling) call, and the smallest n a rung is measured at.
+#: The smallest n a rung is measured at (its first, compiling call is about this size).
 PROBE_N = 128
 
 
@@ -389,28 +389,31 @@ def _numpy_gflops(n, dtype, threads, cache):
 def measure(rung, n, dtype=np.float32, numpy_cache=None, log=None):
     """Time one rung: compile on a small problem, pick its n, best-of-runs GFLOPS.
 
-    A rung whose call would exceed :data:`CALL_BUDGET` seconds at ``n`` (predicted
-    from the small run, time growing as n**3) is measured at ``n`` halved until it fits.
+    The size climbs from about :data:`PROBE_N` to ``n`` by doubling, and stops where
+    the next call is predicted (time growing as size**3) to exceed :data:`CALL_BUDGET`
+    seconds: a slow rung is measured on a smaller n, a fast one on ``n``.
     """
     from tilegemm.tuning.peak import measured_peak_gflops
     threads = numba.get_num_threads() if rung.parallel else 1
-    probe = min(n, PROBE_N)
-    a, b, c = _operands(probe, dtype)
-    t0 = time.perf_counter()
-    compute(rung.number, a, b, c)                 # compiles (or loads from Numba's cache)
-    first_call = time.perf_counter() - t0
-    per_call = _best_seconds(lambda: compute(rung.number, a, b, c), min_total=0.05)
-    used = n
-    while used // 2 >= probe and per_call * (used / probe) ** 3 > CALL_BUDGET:
-        used //= 2
-    a, b, c = _operands(used, dtype)
-    compute(rung.number, a, b, c)                 # warm-up at the measured size
-    gflops = 2 * used ** 3 / _best_seconds(lambda: compute(rung.number, a, b, c)) / 1e9
-    numpy = _numpy_gflops(used, dtype, threads, {} if numpy_cache is None else numpy_cache)
+    sizes = [n]                                   # n, n/2, n/4, ... down to the probe size
+    while sizes[-1] // 2 >= PROBE_N:
+        sizes.append(sizes[-1] // 2)
+    first_call = None
+    for size in reversed(sizes):
+        a, b, c = _operands(size, dtype)
+        t0 = time.perf_counter()
+        compute(rung.number, a, b, c)             # the first call compiles (or loads the cache)
+        if first_call is None:
+            first_call = time.perf_counter() - t0
+        per_call = _best_seconds(lambda: compute(rung.number, a, b, c), min_runs=2, min_total=0)
+        if size == n or per_call * 8 > CALL_BUDGET:
+            break
+    gflops = 2 * size ** 3 / _best_seconds(lambda: compute(rung.number, a, b, c)) / 1e9
+    numpy = _numpy_gflops(size, dtype, threads, {} if numpy_cache is None else numpy_cache)
     peak = measured_peak_gflops(dtype, threads)
     if log:
-        log(f"  rung {rung.number}: n={used}, {gflops:.1f} GFLOPS")
-    return Result(rung, used, threads, gflops, first_call, numpy, peak)
+        log(f"  rung {rung.number}: n={size}, {gflops:.1f} GFLOPS")
+    return Result(rung, size, threads, gflops, first_call, numpy, peak)
 
 
 def run_ladder(n=1024, dtype=np.float32, log=None):
@@ -431,6 +434,17 @@ def format_table(results):
                      f"| {100 * r.gflops / r.peak_gflops:.1f} | {prev} | {base} "
                      f"| {r.numpy_gflops:.1f} | {r.first_call_s:.2f} |")
     return "\n".join(lines)
+
+
+def _busy_machine_warning(results):
+    """A warning when the figures show another program sharing the cores, else None."""
+    # (An n-thread peak below n x the 1-thread peak is not a sign of this by itself:
+    # cores may share an FMA unit or drop their clock when all of them run 512-bit code.)
+    for r in results:
+        if r.gflops > r.peak_gflops:
+            return (f"warning: rung {r.rung.number} ran above the measured peak, so the peak "
+                    "was measured while another program used the cores; rerun when it is quiet")
+    return None
 
 
 def plot(results, path, machine_label=""):
@@ -476,7 +490,7 @@ def main(argv=None):
         description="Measure seven GEMMs, from the naive loop to the library's threaded "
                     "engine, on this machine (float32, square n x n).")
     parser.add_argument("--n", type=int, default=1024,
-                        help="matrix size (default 1024); slow rungs use n halved until one "
+                        help="matrix size (default 1024); a slow rung uses n halved until one "
                              f"call takes under {CALL_BUDGET} s")
     parser.add_argument("--out", default=".",
                         help="directory for ladder.png and ladder.md (default: current)")
@@ -498,6 +512,9 @@ def main(argv=None):
     print(table)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
           f"thread count; ladder took {time.perf_counter() - t0:.0f} s.")
+    warning = _busy_machine_warning(results)
+    if warning:
+        print(warning, file=sys.stderr)
 
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ladder.md"), "w") as f:
