@@ -8,15 +8,15 @@ inlines (the kernel module and the packers), so that a change in any of them
 rewrites the module and invalidates Numba's on-disk cache.  Importable as is
 (float32 6x64).
 
-Each driver is a *task* function over disjoint pieces of the output, run either
-serially (``first=0, step=1``) or from the parallel wrapper, where thread ``t`` takes
-tasks ``t, t+threads, ...`` with its own pack buffers.  The packed weights are
+Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
+runs tasks ``first, first+step, ...``, so thread ``t`` of ``T`` Python threads
+takes ``first=t, step=T`` with its own pack buffers (the code releases the GIL).  The packed weights are
 prepared once by the caller and shared read-only.
 """
 import numba
 import numpy as np
 
-from tilegemm.config import JIT, PJIT
+from tilegemm.config import JIT
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -65,23 +65,13 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
 
 
 @numba.njit(**JIT)
-def im2col_nchw_serial(ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
+def im2col_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
                        out, o_off, os, bias, epi, KC, MC, NC, bpack, tile):
-    """Every task of :func:`im2col_nchw_task` on the calling thread."""
-    for task in range(ntasks):
+    """Tasks ``first, first+step, ...`` of :func:`im2col_nchw_task` on the calling thread."""
+    for task in range(first, ntasks, step):
         im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
                          out, o_off, os, bias, epi, KC, MC, NC, bpack, tile)
 
-
-@numba.njit(**PJIT)
-def im2col_nchw_parallel(ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                         out, o_off, os, bias, epi, KC, MC, NC, bpacks, tiles):
-    """The tasks spread over ``len(bpacks)`` threads, each with its own B buffer and tile."""
-    threads = bpacks.shape[0]
-    for t in numba.prange(threads):
-        for task in range(t, ntasks, threads):
-            im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                             out, o_off, os, bias, epi, KC, MC, NC, bpacks[t], tiles[t])
 
 
 # --- implicit im2col, NHWC: out[N*Ho*Wo, K] = col^T @ W^T ------------------------------
@@ -109,23 +99,13 @@ def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out,
 
 
 @numba.njit(**JIT)
-def im2col_nhwc_serial(ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
+def im2col_nhwc_tasks(first, step, ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
                        bias, epi, KC, MC, NC, m, apack, tile):
-    """Every task of :func:`im2col_nhwc_task` on the calling thread."""
-    for task in range(ntasks):
+    """Tasks ``first, first+step, ...`` of :func:`im2col_nhwc_task` on the calling thread."""
+    for task in range(first, ntasks, step):
         im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
                          bias, epi, KC, MC, NC, m, apack, tile)
 
-
-@numba.njit(**PJIT)
-def im2col_nhwc_parallel(ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off,
-                         ldc, bias, epi, KC, MC, NC, m, apacks, tiles):
-    """The tasks spread over ``len(apacks)`` threads."""
-    threads = apacks.shape[0]
-    for t in numba.prange(threads):
-        for task in range(t, ntasks, threads):
-            im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off,
-                             ldc, bias, epi, KC, MC, NC, m, apacks[t], tiles[t])
 
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
@@ -156,20 +136,9 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
 
 
 @numba.njit(**JIT)
-def winograd_serial(ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
+def winograd_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
                     os, bias, has_bias, act, KC, NC, apack, mbuf, tile, v):
-    """Every task of :func:`winograd_task` on the calling thread."""
-    for task in range(ntasks):
+    """Tasks ``first, first+step, ...`` of :func:`winograd_task` on the calling thread."""
+    for task in range(first, ntasks, step):
         winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
                       bias, has_bias, act, KC, NC, apack, mbuf, tile, v)
-
-
-@numba.njit(**PJIT)
-def winograd_parallel(ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
-                      os, bias, has_bias, act, KC, NC, apacks, mbufs, tiles, vs):
-    """The tile blocks spread over ``len(apacks)`` threads."""
-    threads = apacks.shape[0]
-    for t in numba.prange(threads):
-        for task in range(t, ntasks, threads):
-            winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
-                          os, bias, has_bias, act, KC, NC, apacks[t], mbufs[t], tiles[t], vs[t])

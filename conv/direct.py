@@ -17,7 +17,7 @@ Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
 import numba
 import numpy as np
 
-from tilegemm.config import JIT, PJIT
+from tilegemm.config import JIT
 from tilegemm.conv import engine
 from tilegemm.packing.im2col import _valid_range
 from tilegemm.packing.winograd import _activate
@@ -72,17 +72,10 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
 
 
 @numba.njit(**JIT)
-def _nchw_serial(ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
-    for task in range(ntasks):
+def _nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
+    for task in range(first, ntasks, step):
         _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc)
 
-
-@numba.njit(**PJIT)
-def _nchw_parallel(ntasks, x, w, bias, has_bias, act, out, shape, geom, accs):
-    threads = accs.shape[0]
-    for t in numba.prange(threads):
-        for task in range(t, ntasks, threads):
-            _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, accs[t])
 
 
 @numba.njit(**JIT)
@@ -129,17 +122,10 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
 
 
 @numba.njit(**JIT)
-def _nhwc_serial(ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
-    for task in range(ntasks):
+def _nhwc_tasks(first, step, ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
+    for task in range(first, ntasks, step):
         _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc)
 
-
-@numba.njit(**PJIT)
-def _nhwc_parallel(ntasks, x, wt, bias, has_bias, act, out, shape, geom, accs):
-    threads = accs.shape[0]
-    for t in numba.prange(threads):
-        for task in range(t, ntasks, threads):
-            _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, accs[t])
 
 
 def run(x, w, bias, out, p, act):
@@ -154,13 +140,13 @@ def run(x, w, bias, out, p, act):
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        serial, parallel = _nchw_serial, _nchw_parallel
+        tasks = _nchw_tasks
     else:
         ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
         wf = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
-        serial, parallel = _nhwc_serial, _nhwc_parallel
+        tasks = _nhwc_tasks
     args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom)
-    engine.launch(lambda: serial(*args, accs[0]), lambda: parallel(*args, accs[:threads]), threads)
+    engine.launch(lambda t, step: tasks(t, step, *args, accs[t]), threads)
     return out

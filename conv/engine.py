@@ -7,10 +7,10 @@
   calls with the same weights skip the work and weights changed in place are
   never served stale.
 * :func:`buffers` -- per-Python-thread scratch, grown as needed and reused.
-* :func:`launch` -- run a serial or parallel driver according to the thread count
-  and whether the threading layer accepts concurrent launches.
+* :func:`launch` -- run a task loop on one or several Python threads.
 """
 import collections
+import concurrent.futures
 import functools
 import hashlib
 import importlib.util
@@ -155,20 +155,34 @@ def threads_for(flops, tasks):
     return max(1, min(threads, tasks))
 
 
-def launch(serial, parallel, threads):
-    """Call ``parallel()`` when ``threads > 1`` and the threading layer allows it, else ``serial()``.
+def _pool(workers):
+    """A process-wide pool with at least ``workers`` threads (replaced when more are asked for)."""
+    global _executor
+    with _pool_lock:
+        if _executor is None or _executor._max_workers < workers:
+            old, _executor = _executor, concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="tilegemm-conv")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _executor
 
-    Numba's workqueue layer aborts on concurrent parallel launches: there the
-    launch takes the GEMM driver's lock, and a caller that finds it taken runs
-    serially instead.
+
+_executor = None
+_pool_lock = threading.Lock()
+
+
+def launch(run, threads):
+    """``run(t, threads)`` for ``t`` in ``range(threads)``, each on its own Python thread.
+
+    The jitted task loops release the GIL, so the threads run in parallel; the
+    calling thread takes ``t = 0`` itself.  Python threads rather than Numba's
+    parallel loops keep concurrent calls from several Python threads safe under
+    any threading layer, as in the GEMM driver.
     """
     if threads <= 1:
-        return serial()
-    if _driver._threading_layer_is_safe():
-        return parallel()
-    if _driver._parallel_lock.acquire(blocking=False):
-        try:
-            return parallel()
-        finally:
-            _driver._parallel_lock.release()
-    return serial()
+        run(0, 1)
+        return
+    futures = [_pool(threads - 1).submit(run, t, threads) for t in range(1, threads)]
+    run(0, threads)
+    for f in futures:
+        f.result()

@@ -119,8 +119,7 @@ def _run_nchw(x, w, bias, out, p, act):
         apack, Mp = packed[g]
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, ckk, apack, Mp, p.Kg, msplit, mstep,
                 n_jc, of, g * p.Kg * os_[1], os_, biases[g], epi, KC, MC, NC)
-        engine.launch(lambda: mod.im2col_nchw_serial(*args, bpacks[0], tiles[0]),
-                      lambda: mod.im2col_nchw_parallel(*args, bpacks[:threads], tiles[:threads]),
+        engine.launch(lambda t, step: mod.im2col_nchw_tasks(t, step, *args, bpacks[t], tiles[t]),
                       threads)
     return out
 
@@ -157,7 +156,6 @@ def _run_nhwc(x, w, bias, out, p, act):
         bpack, Np = packed[g]
         args = (ntasks, xf, g * p.Cg, xs, geom, p.Cg, ckk, bpack, Np, p.Kg, of, g * p.Kg, p.K,
                 biases[g], epi, KC, MC, NC, m)
-        engine.launch(lambda: mod.im2col_nhwc_serial(*args, apacks[0], tiles[0]),
-                      lambda: mod.im2col_nhwc_parallel(*args, apacks[:threads], tiles[:threads]),
+        engine.launch(lambda t, step: mod.im2col_nhwc_tasks(t, step, *args, apacks[t], tiles[t]),
                       threads)
     return out

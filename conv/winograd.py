@@ -65,7 +65,7 @@ def run(x, w, bias, out, p, act):
     ntasks = -(-tiles_total // MT)
     threads = min(threads, ntasks)
     apacks, mbufs, tiles, vs = engine.thread_buffers(
-        ("winograd", kernel.name), max(threads, 1), (16 * MT * KC, 16 * MT * Kp, MR * NR, 16),
+        ("winograd", kernel.name), max(threads, 1), (16 * MT * KC, 16 * MT * Kp, MR * NR, 16 + 4 * (2 * MR + 2)),
         out.dtype)
     has_bias = bias is not None
     xf, of = x.reshape(-1), out.reshape(-1)
@@ -77,8 +77,7 @@ def run(x, w, bias, out, p, act):
              else np.zeros(1, out.dtype))
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, p.Kg, MT, tiles_total,
                 of, g * p.Kg * os_[1], os_, b, has_bias, act, KC, NC)
-        engine.launch(lambda: mod.winograd_serial(*args, apacks[0], mbufs[0], tiles[0], vs[0]),
-                      lambda: mod.winograd_parallel(*args, apacks[:threads], mbufs[:threads],
-                                                    tiles[:threads], vs[:threads]),
+        engine.launch(lambda t, step: mod.winograd_tasks(t, step, *args, apacks[t], mbufs[t],
+                                                         tiles[t], vs[t]),
                       threads)
     return out

@@ -97,47 +97,68 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     sc, s_row, s_col = xs[1], xs[2], xs[3]
-    taps = kh * kw
+    # A panel's NR columns cross at most NR output rows: describe each crossing once
+    # (segment = output row, first output column, length) instead of dividing per k.
+    seg_oh = np.empty(NR, np.int64)
+    seg_ow = np.empty(NR, np.int64)
+    seg_len = np.empty(NR, np.int64)
+    contiguous = sx == 1 and s_col == 1
     for jr in range(0, nc, NR):
         cols = min(NR, nc - jr)
-        base = jr * kc
+        nseg = 0
+        col = j0 + jr
+        done = 0
+        while done < cols:
+            seg_oh[nseg] = col // Wo
+            seg_ow[nseg] = col % Wo
+            seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
+            done += seg_len[nseg]
+            col += seg_len[nseg]
+            nseg += 1
+        # Row p0 of the patch matrix is (c, i, j); later rows step j, then i, then c.
+        c = p0 // (kh * kw)
+        i = (p0 // kw) % kh
+        j = p0 % kw
+        dst = jr * kc
         for p in range(kc):
-            r = p0 + p
-            c = r // taps
-            i = (r % taps) // kw
-            j = r % kw
-            dst = base + p * NR
-            # Walk the panel's columns one output row (segment) at a time.
-            col = j0 + jr
-            done = 0
-            while done < cols:
-                oh = col // Wo
-                ow = col % Wo
-                seg = min(Wo - ow, cols - done)
-                ih = oh * sy + i * dy - py
+            out = dst
+            for s in range(nseg):
+                seg = seg_len[s]
+                ih = seg_oh[s] * sy + i * dy - py
                 if ih < 0 or ih >= H:
                     for t in range(seg):
-                        buf[dst + done + t] = 0
+                        buf[out + t] = 0
                 else:
-                    iw0 = ow * sx + j * dx - px
-                    lo, hi = _valid_range(iw0, sx, seg, W)
+                    iw0 = seg_ow[s] * sx + j * dx - px
                     src = x_off + c * sc + ih * s_row + iw0 * s_col
+                    if contiguous:
+                        lo = max(0, -iw0)
+                        hi = max(lo, min(seg, W - iw0))
+                    else:
+                        lo, hi = _valid_range(iw0, sx, seg, W)
                     for t in range(lo):
-                        buf[dst + done + t] = 0
-                    if sx == 1 and s_col == 1:
+                        buf[out + t] = 0
+                    if contiguous:
                         # The common case: a contiguous run of the image row.
                         for t in range(lo, hi):
-                            buf[dst + done + t] = x[src + t]
+                            buf[out + t] = x[src + t]
                     else:
                         step = sx * s_col
                         for t in range(lo, hi):
-                            buf[dst + done + t] = x[src + t * step]
+                            buf[out + t] = x[src + t * step]
                     for t in range(hi, seg):
-                        buf[dst + done + t] = 0
-                done += seg
-                col += seg
+                        buf[out + t] = 0
+                out += seg
             for t in range(cols, NR):
                 buf[dst + t] = 0
+            dst += NR
+            j += 1
+            if j == kw:
+                j = 0
+                i += 1
+                if i == kh:
+                    i = 0
+                    c += 1
 
 
 @numba.njit(**JIT)

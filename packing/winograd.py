@@ -114,35 +114,87 @@ def input_tile_transform(x, src, s_row, s_col, y0, x0, H, W, v):
 
 
 @numba.njit(**JIT)
+def _transform_run(x, src, sc, s_row, s_col, i0, count, p0, kc, MR, buf, slab, dst, strip):
+    """``V`` for ``count`` horizontally adjacent tiles lying wholly inside the image.
+
+    The tiles share their 4 input rows: ``B^T`` is applied once down each column of the
+    4 x (2*count + 2) strip (a vectorisable loop along the row), then ``B`` across each
+    tile's 4 columns.  Results go to rows ``i0:i0+count`` of each slab's panel at ``dst``.
+    ``strip`` holds 4 * (2*MR + 2) elements.
+    """
+    width = 2 * count + 2
+    ld = 2 * MR + 2
+    for p in range(kc):
+        base = src + (p0 + p) * sc
+        for col in range(width):
+            d0 = x[base + col * s_col]
+            d1 = x[base + s_row + col * s_col]
+            d2 = x[base + 2 * s_row + col * s_col]
+            d3 = x[base + 3 * s_row + col * s_col]
+            strip[col] = d0 - d2
+            strip[ld + col] = d1 + d2
+            strip[2 * ld + col] = d2 - d1
+            strip[3 * ld + col] = d1 - d3
+        out = dst + p * MR + i0
+        for a in range(4):
+            row = a * ld
+            for i in range(count):
+                e0 = strip[row + 2 * i]
+                e1 = strip[row + 2 * i + 1]
+                e2 = strip[row + 2 * i + 2]
+                e3 = strip[row + 2 * i + 3]
+                buf[(4 * a) * slab + out + i] = e0 - e2
+                buf[(4 * a + 1) * slab + out + i] = e1 + e2
+                buf[(4 * a + 2) * slab + out + i] = e2 - e1
+                buf[(4 * a + 3) * slab + out + i] = e1 - e3
+
+
+@numba.njit(**JIT)
 def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
     """Transform channels ``p0:p0+kc`` of tiles ``t0:t0+mt`` into 16 packed-A slabs.
 
     Tile ``t`` is ``(n, ty, tx)`` with ``t = (n*TH + ty)*TW + tx`` across the batch.
     Slab ``xi`` starts at ``buf[xi*slab]`` and holds ``V[xi][t0:t0+mt, p0:p0+kc]`` as
-    ``ceil(mt/MR)`` MR-row k-major micro-panels, zero padded.  ``v``: 16-element scratch.
+    ``ceil(mt/MR)`` MR-row k-major micro-panels, zero padded.  ``v``: scratch of
+    ``16 + 4*(2*MR + 2)`` elements.
     """
     H, W, Ho, Wo, py, px, TH, TW = geom
     sn, sc, s_row, s_col = xs
     tiles = TH * TW
+    strip = v[16:]
     for ir in range(0, mt, MR):
         rows = min(MR, mt - ir)
         base = ir * kc
-        for i in range(MR):
-            if i >= rows:
-                for p in range(kc):
-                    for xi in range(16):
-                        buf[xi * slab + base + p * MR + i] = 0
-                continue
+        for i in range(rows, MR):
+            for p in range(kc):
+                for xi in range(16):
+                    buf[xi * slab + base + p * MR + i] = 0
+        i = 0
+        while i < rows:
             t = t0 + ir + i
             n = t // tiles
-            y0 = 2 * ((t % tiles) // TW) - py
-            x0 = 2 * (t % TW) - px
+            ty = (t % tiles) // TW
+            tx = t % TW
+            y0 = 2 * ty - py
+            x0 = 2 * tx - px
             src = x_off + n * sn + y0 * s_row + x0 * s_col
+            # Tiles of this tile row that lie wholly inside the image go through the strip.
+            run = 0
+            if y0 >= 0 and y0 + 4 <= H and x0 >= 0:
+                while (i + run < rows and tx + run < TW
+                       and x0 + 2 * run + 4 <= W):
+                    run += 1
+            if run > 0:
+                _transform_run(x, src, sc, s_row, s_col, i, run, p0, kc, MR, buf, slab, base,
+                               strip)
+                i += run
+                continue
             for p in range(kc):
                 input_tile_transform(x, src + (p0 + p) * sc, s_row, s_col, y0, x0, H, W, v)
                 dst = base + p * MR + i
                 for xi in range(16):
                     buf[xi * slab + dst] = v[xi]
+            i += 1
 
 
 @numba.njit(inline="always", **JIT)
