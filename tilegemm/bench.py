@@ -22,6 +22,7 @@ The rules (see docs/reports.md):
 """
 import contextlib
 import importlib
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ def _time_calls(fn, calls):
     return time.perf_counter() - t0
 
 
-def _calibrate(fn, min_time):
+def calibrate(fn, min_time):
     """Calls for one sample of ``fn`` to last ``min_time`` seconds: (calls, sample seconds)."""
     calls = 1
     while True:
@@ -161,9 +162,10 @@ def settle_time(threads):
     Multi-threaded libraries keep their workers spinning after a call (OpenBLAS
     for about 0.1 s) and on a machine with few cores those spinners steal the
     next party's cores: measured here, the party after numpy lost up to half its
-    speed at 2 threads.  With one thread nobody spins, so no pause is needed.
+    speed at 2 threads, and a 0.15-0.2 s pause removed the effect.  With one
+    thread nobody spins, so no pause is needed.
     """
-    return 0.2 if threads > 1 else 0.0
+    return 0.15 if threads > 1 else 0.0
 
 
 def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_calls=None):
@@ -200,7 +202,7 @@ def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_c
     for name in names:
         time.sleep(settle)
         first = first_calls[name] if name in first_calls else warm_up(parties[name])
-        calls, sample_s = _calibrate(parties[name], min_time)
+        calls, sample_s = calibrate(parties[name], min_time)
         timings[name] = Timing(first_call_s=first, calls=calls)
         party_reps[name] = reps if budget is None else max(1, min(reps, int(budget / sample_s)))
     for rep in range(reps):
@@ -217,6 +219,18 @@ def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_c
 def gflops(flops, seconds):
     """Billions of floating-point operations per second."""
     return flops / seconds / 1e9
+
+
+def load_average():
+    """1-minute load average (None where the OS does not report it).
+
+    Recorded in reports: a load near the core count while benchmarking means
+    other processes shared the cores and the figures are pessimistic.
+    """
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 _peaks = {}

@@ -103,7 +103,8 @@ def _plan_steps(state):
                                               plan.layers, plan.batch):
                 steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
                     bench_conv.run_conv_case(c, plan.reps, plan.min_time,
-                                             peers=tuple(p for p in plan.peers if p == "torch")))))
+                                             peers=tuple(p for p in plan.peers if p == "torch"),
+                                             budget=2.0 if plan.quick else 10.0))))
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
@@ -145,6 +146,16 @@ def _failed_checks(rep):
     return bad
 
 
+def busy_note(load, cores):
+    """A warning when the load average says other work shared the cores, else ""."""
+    worst = max((v for v in load.values() if v is not None), default=None)
+    if worst is None or worst < 0.5 * cores + 1:
+        return ""
+    return (f"note: load average reached {worst:.1f} on {cores} core(s) during the run; "
+            "other processes shared the CPU, so absolute figures are pessimistic "
+            "(ratios to the interleaved peers hold better).")
+
+
 def run_plan(plan, stdout=None, stderr=None):
     """Run a :class:`BenchPlan`: measure, print the tables, write the report.
 
@@ -163,10 +174,15 @@ def run_plan(plan, stdout=None, stderr=None):
     state.report = rep = report.new_report(plan.settings(), machine)
     steps += _plan_steps(state)
     progress.total = len(steps)
+    rep["load_average"] = {"start": bench.load_average()}
     for step in steps:
         progress.step(step.label)
         step.run()
     progress.close()
+    rep["load_average"]["end"] = bench.load_average()
+    note = busy_note(rep["load_average"], rep["machine"].get("cores", 1))
+    if note:
+        print(note, file=stderr)
 
     print_tables(rep, stdout)
     if plan.plots:

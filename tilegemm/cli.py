@@ -11,7 +11,6 @@ options or unreadable inputs, 130 when interrupted.
 """
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -208,8 +207,7 @@ def cmd_compare(paths):
         a, b = (load_report(p) for p in paths)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(compare_text(a, b, os.path.basename(os.path.dirname(os.path.abspath(paths[0]))) or "A",
-                       os.path.basename(os.path.dirname(os.path.abspath(paths[1]))) or "B"))
+    print(compare_text(a, b, paths[0], paths[1]))
     return 0
 
 

@@ -278,6 +278,7 @@ def new_report(settings, machine):
         "gemm": [], "first_call": [],
         "conv": {"available": None, "reason": "", "records": []},
         "plots": [], "plots_skipped": "",
+        "load_average": {"start": None, "end": None},
     }
 
 
@@ -297,6 +298,16 @@ _METHOD = (
 )
 
 
+def _load_text(load, cores):
+    start, end = load.get("start"), load.get("end")
+    if start is None:
+        return "Load average: not reported by this OS."
+    from tilegemm.bench_run import busy_note
+    text = f"Load average (1 min) at start {start:.2f}, at end {_fmt(end, 2)} on {cores} core(s)."
+    note = busy_note(load, cores)
+    return text + (" " + note[len("note: "):].capitalize() if note else "")
+
+
 def markdown_report(report):
     """report.md: machine summary, method, the tables, first-call times, plots."""
     m = report["machine"]
@@ -304,7 +315,8 @@ def markdown_report(report):
     out = ["# tilegemm benchmark report", "",
            f"Created {report['created']} with `{report['settings']['command']}`.", "",
            "## Machine", "", "```", info_text(m), "```", "",
-           "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), ""]
+           "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), "",
+           _load_text(report["load_average"], m.get("cores", 1)), ""]
     if report["gemm"]:
         out += ["## GEMM", ""]
         for title, headers, rows in gemm_tables(report["gemm"], has_torch):

@@ -95,10 +95,11 @@ def _machine_note(a, b):
 
 
 def compare_text(a, b, name_a="A", name_b="B"):
-    """The comparison as printable text (a table plus notes)."""
+    """The comparison as printable text (a table plus notes); names label the two reports."""
     rows, only_a, only_b = compare_rows(a, b)
-    headers = ["op", "case", "dtype", "thr", "party", f"{name_a} GFLOPS", f"{name_b} GFLOPS",
-               "B/A", "noise", "", "peer", "ratio A", "ratio B", "B/A", "noise", ""]
+    headers = ["op", "case", "dtype", "thr", "party", "A GFLOPS", "B GFLOPS",
+               "B/A", "noise", "verdict", "peer", "A ours/peer", "B ours/peer", "B/A", "noise",
+               "verdict"]
     table = []
     for r in rows:
         op, *case, dtype, threads = r["case"]
@@ -114,7 +115,7 @@ def compare_text(a, b, name_a="A", name_b="B"):
             line += ["-"] * 6
         table.append(line)
     notes = [
-        f"A = {name_a} ({a['created']}), B = {name_b} ({b['created']}).",
+        f"A = {name_a} (created {a['created']}), B = {name_b} (created {b['created']}).",
         _machine_note(a, b),
         "B/A of GFLOPS moves with the machine; B/A of the ratio to the peer (interleaved in "
         "each run) is what tells whether tilegemm itself changed.",
