@@ -8,14 +8,14 @@ file.  Read it as the GEMM algorithm; it is also importable as is (float32 6x64)
 Loops, outermost first (BLIS names):
     jc  over n in steps of NC   -- a KC x NC panel of B is packed once per (jc, pc)
     pc  over k in steps of KC   -- beta on the first pc only, the epilogue on the last
-    ic  over m in steps of MC   -- an MC x KC block of A is packed (parallel loop)
+    ic  over m in steps of MC   -- an MC x KC block of A is packed
     jr  over nc in steps of NR  -- the B micro-panel stays in L1 across ...
     ir  over mc in steps of MR  -- ... every A micro-panel: one micro-kernel call
 """
 import numba
 import numpy as np
 
-from tilegemm.config import JIT, PJIT
+from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
                                         make_microkernel)
 from tilegemm.packing.pack import pack_a, pack_a_panel, pack_b, pack_b_panel
@@ -112,44 +112,6 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
                              alpha, beta_pc, bias, ic, jc, epi_pc, tile)
 
 
-@numba.njit(**PJIT)
-def gemm_parallel(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-                  c, c_off, ldc, bias, epi, KC, MC, NC, apacks, bpack, tiles, jsplit):
-    """:func:`gemm_serial` with the ic loop (and B packing) spread over ``len(apacks)`` threads.
-
-    Each thread owns ``apacks[t]`` and ``tiles[t]``.  A task is one MC block of rows
-    times one of ``jsplit`` column slices of the NC panel, so that problems with few
-    row blocks still occupy every thread.
-    """
-    nthreads = apacks.shape[0]
-    for jc in range(0, n, NC):
-        nc = min(NC, n - jc)
-        panels = (nc + NR - 1) // NR
-        per_split = (panels + jsplit - 1) // jsplit
-        for pc in range(0, max(k, 1), KC):
-            kc = min(KC, k - pc)
-            b_src = b_off + pc * b_rs + jc * b_cs
-            for t in numba.prange(nthreads):
-                for q in range(t, panels, nthreads):
-                    jr = q * NR
-                    pack_b_panel(b, b_src + jr * b_cs, b_rs, b_cs, min(NR, nc - jr), kc, NR,
-                                 bpack, jr * kc)
-            beta_pc = beta if pc == 0 else DTYPE(1)
-            epi_pc = epi if pc + KC >= k else 0
-            tasks = ((m + MC - 1) // MC) * jsplit
-            for t in numba.prange(nthreads):
-                for task in range(t, tasks, nthreads):
-                    ic = (task // jsplit) * MC
-                    mc = min(MC, m - ic)
-                    j0 = (task % jsplit) * per_split * NR
-                    j1 = min(nc, j0 + per_split * NR)
-                    if j0 < j1:
-                        pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, MR, apacks[t])
-                        macro_kernel(mc, j1 - j0, kc, apacks[t], bpack, j0 * kc, c,
-                                     c_off + ic * ldc + jc + j0, ldc, alpha, beta_pc, bias,
-                                     ic, jc + j0, epi_pc, tiles[t])
-
-
 @numba.njit(**JIT)
 def pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack):
     """Pack the last ``m % MR`` rows of A and ``n % NR`` columns of B, zero padded."""
@@ -209,16 +171,3 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
     tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
     small_tiles(0, tiles, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
                 c, c_off, ldc, bias, epi, apack, bpack, tile)
-
-
-@numba.njit(**PJIT)
-def gemm_small_parallel(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
-                        c, c_off, ldc, bias, epi, apack, bpack, tiles):
-    """:func:`gemm_small` with the tiles split into one contiguous run per thread."""
-    pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack)
-    nthreads = tiles.shape[0]
-    total = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
-    for t in numba.prange(nthreads):
-        small_tiles(t * total // nthreads, (t + 1) * total // nthreads, m, n, k, alpha,
-                    a, a_off, a_rs, a_cs, b, b_off, b_rs, beta, c, c_off, ldc, bias, epi,
-                    apack, bpack, tiles[t])

@@ -5,14 +5,19 @@ validated 2-D float arrays of one dtype.  It chooses between
 
 * the matrix-vector path when m == 1 or n == 1 (:mod:`tilegemm.kernels.gemv`),
 * the unpacked path when A and B together fit in L2 and B's rows are contiguous:
-  the strided micro-kernel reads them in place (serial or split by tiles),
-* the serial five-loop driver for small products or one thread,
-* the parallel driver (ic loop and B packing spread over Numba's threads).
+  the strided micro-kernel reads them in place,
+* the five-loop driver over packed panels otherwise.
 
-Numba's threading layer is set to a thread-safe one before anything parallel is
-compiled; when only the workqueue layer is available, parallel launches are
-serialised with a lock and a caller that finds it taken runs the serial driver.
+Threads: C is cut into one block per thread along its longer side (whole MR or
+NR multiples) and each block runs the serial path on its own Python thread; the
+jitted drivers release the GIL.  Each thread packs its own panels into its own
+buffers, so there is no barrier inside a call: the price is that every thread
+packs the operand it shares (A for a column split), m*k copies against
+2*m*n*k/threads flops.  This keeps the engine free of Numba's parallel
+machinery: no threading-layer constraints on concurrent calls from several
+Python threads, and seconds less compile time.
 """
+import concurrent.futures
 import threading
 
 import numba
@@ -25,15 +30,24 @@ from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking
 from tilegemm.tuning.machine import detect
 
-if numba.config.THREADING_LAYER == "default":
-    # omp or tbb: both accept parallel launches from several Python threads at once.
-    numba.config.THREADING_LAYER = "threadsafe"
+#: Below this many flops (2*m*n*k) one thread does the whole product.
+SERIAL_FLOPS = 2 * 128 ** 3
 
-#: Below this many flops (2*m*n*k) the serial driver is used: thread start-up costs more.
-SERIAL_FLOPS = 2 * 96 ** 3
-
-_parallel_lock = threading.Lock()
 _workspace = threading.local()
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _executor(workers):
+    """A process-wide pool with at least ``workers`` threads (grown when asked for more)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < workers:
+            old, _pool = _pool, concurrent.futures.ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="tilegemm")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
 
 
 def _buffers(key, sizes, dtype):
@@ -77,20 +91,6 @@ def _small_bytes():
 
 def _round_up(x, m):
     return -(-x // m) * m
-
-
-_layer_is_safe = None
-
-
-def _threading_layer_is_safe():
-    """Whether Numba's threading layer accepts launches from several Python threads at once."""
-    global _layer_is_safe
-    if _layer_is_safe is None:
-        try:
-            _layer_is_safe = numba.threading_layer() != "workqueue"
-        except ValueError:  # no parallel function has run yet; the configured layer decides
-            return numba.config.THREADING_LAYER in ("threadsafe", "omp", "tbb", "safe")
-    return _layer_is_safe
 
 
 def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
@@ -142,21 +142,49 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     if threads is None:
         # Only worth asking when the product is big enough to share.
         threads = numba.get_num_threads() if 2 * m * n * k >= SERIAL_FLOPS else 1
-    use_parallel = threads > 1 and 2 * m * n * k >= SERIAL_FLOPS
-    locked = False
-    if use_parallel and not _threading_layer_is_safe():
-        locked = _parallel_lock.acquire(blocking=False)
-        use_parallel = locked
-    try:
-        b_cs = args[8]
-        if b_cs == 1 and (m + n) * k * item <= _small_bytes():
-            _unpacked(kern, m, n, k, args, bias, epi, threads if use_parallel else 1)
-        else:
-            _packed(kern, blk, m, n, k, args, bias, epi, threads if use_parallel else 1)
-    finally:
-        if locked:
-            _parallel_lock.release()
+    threads = min(threads, max(1, 2 * m * n * k // SERIAL_FLOPS))
+    if threads <= 1:
+        _serial(kern, blk, m, n, k, args, bias, epi)
+    else:
+        _threaded(kern, blk, m, n, k, args, bias, epi, threads)
     return c
+
+
+def _serial(kern, blk, m, n, k, args, bias, epi):
+    """One thread: the unpacked path when A and B fit in L2 together, else the packed one."""
+    b_cs = args[8]
+    if b_cs == 1 and (m + n) * k * kern.dtype.itemsize <= _small_bytes():
+        _unpacked(kern, m, n, k, args, bias, epi)
+    else:
+        _packed(kern, blk, m, n, k, args, bias, epi)
+
+
+def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
+    """Cut C into ``threads`` blocks along its longer side; one serial product per thread."""
+    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
+    by_rows = m / kern.mr >= n / kern.nr
+    unit = kern.mr if by_rows else kern.nr
+    length = m if by_rows else n
+    step = _round_up(-(-length // threads), unit)
+    jobs = []
+    for start in range(0, length, step):
+        size = min(step, length - start)
+        if by_rows:
+            sub = (alpha, af, a_off + start * a_rs, a_rs, a_cs, bf, b_off, b_rs, b_cs,
+                   beta, cf, c_off + start * c_rs, c_rs)
+            shape = (size, n)
+        else:
+            sub = (alpha, af, a_off, a_rs, a_cs, bf, b_off + start * b_cs, b_rs, b_cs,
+                   beta, cf, c_off + start, c_rs)
+            shape = (m, size)
+        flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
+        sub_bias = bias[start:] if epi & flag else bias
+        jobs.append((kern, blk, shape[0], shape[1], k, sub, sub_bias, epi))
+    pool = _executor(len(jobs) - 1)
+    futures = [pool.submit(_serial, *job) for job in jobs[1:]]
+    _serial(*jobs[0])  # the calling thread takes the first block itself
+    for f in futures:
+        f.result()
 
 
 def _gemv(m, n, k, args, bias, epi):
@@ -171,40 +199,20 @@ def _gemv(m, n, k, args, bias, epi):
              bias, bool(epi & EPI_BIAS_COL), epi, acc)
 
 
-def _unpacked(kern, m, n, k, args, bias, epi, threads):
-    """A and B fit in L2 together: packing would only copy what is already close by."""
+def _unpacked(kern, m, n, k, args, bias, epi):
+    """The strided kernel straight on A and B; only the edge panels are packed."""
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, _, beta, cf, c_off, c_rs = args
     MR, NR = kern.mr, kern.nr
-    apack, bpack, tiles = _buffers(kern.name + "/unpacked", (MR * k, NR * k, threads * MR * NR),
-                                   cf.dtype)
-    if threads > 1:
-        kern.module.gemm_small_parallel(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs,
-                                        beta, cf, c_off, c_rs, bias, epi, apack, bpack,
-                                        tiles[:threads * MR * NR].reshape(threads, MR * NR))
-    else:
-        kern.module.gemm_small(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs,
-                               beta, cf, c_off, c_rs, bias, epi, apack, bpack, tiles)
+    apack, bpack, tile = _buffers(kern.name + "/unpacked", (MR * k, NR * k, MR * NR), cf.dtype)
+    kern.module.gemm_small(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs,
+                           beta, cf, c_off, c_rs, bias, epi, apack, bpack, tile)
 
 
-def _packed(kern, blk, m, n, k, args, bias, epi, threads):
-    """The five-loop driver over packed panels, on one thread or several."""
+def _packed(kern, blk, m, n, k, args, bias, epi):
+    """The five-loop driver over packed panels."""
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(blk.kc, k))
     NC = min(blk.nc, _round_up(n, NR))
-    if threads == 1:
-        MC = min(blk.mc, _round_up(m, MR))
-        apack, bpack, tile = _buffers(kern.name + "/serial", (MC * KC, NC * KC, MR * NR),
-                                      kern.dtype)
-        kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack, tile)
-        return
-    # Enough MC blocks for every thread, in a multiple of the thread count.
-    blocks = _round_up(max(threads, -(-m // blk.mc)), threads)
-    MC = min(blk.mc, _round_up(-(-m // blocks), MR))
-    row_blocks = -(-m // MC)
-    jsplit = max(1, -(-threads // row_blocks))
-    apack_size = _round_up(MC * KC, 64)
-    flat_a, bpack, tiles = _buffers(kern.name + "/parallel",
-                                    (threads * apack_size, NC * KC, threads * MR * NR), kern.dtype)
-    apacks = flat_a[:threads * apack_size].reshape(threads, apack_size)
-    tiles = tiles[:threads * MR * NR].reshape(threads, MR * NR)
-    kern.module.gemm_parallel(m, n, k, *args, bias, epi, KC, MC, NC, apacks, bpack, tiles, jsplit)
+    MC = min(blk.mc, _round_up(m, MR))
+    apack, bpack, tile = _buffers(kern.name + "/packed", (MC * KC, NC * KC, MR * NR), kern.dtype)
+    kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack, tile)

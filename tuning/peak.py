@@ -15,7 +15,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilegemm.config import JIT, PJIT
+from tilegemm.config import JIT
 from tilegemm.kernels.generator import _fma, _splat
 from tilegemm.tuning.machine import detect
 
@@ -51,20 +51,16 @@ def lanes_for(dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _fma_kernels(dtype):
+def _fma_kernel(dtype):
+    """The jitted FMA loop for ``dtype`` (not cached on disk: a closure over the intrinsic)."""
     nb_float = numba.from_dtype(np.dtype(dtype))
     fma_loop = _make_fma_loop(nb_float, lanes_for(dtype))
 
-    @numba.njit(**JIT)
-    def serial(iters, x):
+    @numba.njit(**dict(JIT, cache=False))
+    def run(iters, x):
         return fma_loop(iters, x)
 
-    @numba.njit(**PJIT)
-    def parallel(iters, x, out):
-        for t in numba.prange(out.size):
-            out[t] = fma_loop(iters, x)
-
-    return serial, parallel
+    return run
 
 
 def nominal_peak_gflops(dtype=np.float32, threads=1):
@@ -98,26 +94,25 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
     with _measured_lock:
         if key in _measured:
             return _measured[key]
-        serial, parallel = _fma_kernels(np.dtype(dtype).type)
+        kernel = _fma_kernel(np.dtype(dtype).type)
         x = np.dtype(dtype).type(1e-8)
         flops_per_iter = _CHAINS * lanes_for(dtype) * 2
-        out = np.empty(threads, dtype)
-        saved = numba.get_num_threads()
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        try:
-            def run(iters):
-                t0 = time.perf_counter()
-                if threads == 1:
-                    serial(iters, x)
-                else:
-                    parallel(iters, x, out)
-                return time.perf_counter() - t0
-            run(1000)
-            iters = 100_000
-            while run(iters) < seconds / 4:
-                iters *= 2
-            best = min(run(iters) for _ in range(5))
-        finally:
-            numba.set_num_threads(saved)
+
+        def run(iters):
+            # Same threading as the engine: one Python thread per share, the GIL released.
+            workers = [threading.Thread(target=kernel, args=(iters, x)) for _ in range(threads - 1)]
+            t0 = time.perf_counter()
+            for w in workers:
+                w.start()
+            kernel(iters, x)
+            for w in workers:
+                w.join()
+            return time.perf_counter() - t0
+
+        run(1000)
+        iters = 100_000
+        while run(iters) < seconds / 4:
+            iters *= 2
+        best = min(run(iters) for _ in range(5))
         _measured[key] = threads * iters * flops_per_iter / best / 1e9
         return _measured[key]
