@@ -1,0 +1,181 @@
+"""Convolution benchmark: each algorithm and auto against torch, interleaved in one run.
+
+Usage (hold the machine's bench lock)::
+
+    flock /tmp/tilegemm-bench.lock python bench/bench_conv.py [--threads 1] [--batch 8]
+        [--layers resnet18_conv2_x,...] [--repeat 5] [--no-memory]
+
+For every layer it prints effective GFLOPS (direct-convolution flops / time) of
+``torch.nn.functional.conv2d`` and of each tilegemm algorithm, our speed as a
+ratio of torch's, and % of the measured peak on the algorithm's *own* flop count
+(Winograd F(2x2,3x3) multiplies 2.25x less).  Calls are interleaved round by
+round (torch, im2col, winograd, ...) and the best round is kept, so the ratios
+survive a noisy machine.  ``--memory`` (default on) compares the peak extra
+memory of implicit im2col with the explicit patch matrix on VGG conv1_2.
+
+:func:`conv_layers` returns the layer list for other tools to reuse.
+"""
+import argparse
+import time
+import tracemalloc
+
+import numba
+import numpy as np
+
+import tilegemm
+import tilegemm.conv.plan
+from tilegemm.conv import engine
+from tilegemm.conv.params import conv_params
+
+ALGORITHMS = ("im2col", "winograd", "direct", "auto")
+
+
+def conv_layers():
+    """The benchmark layers as dicts: name, C, H, W, K, kh, kw, stride, padding, groups.
+
+    ResNet-18 conv2_x..conv5_x 3x3, VGG-16 conv1_2 at 224x224, a ResNet-50 1x1,
+    a stride-2 3x3 and a MobileNet depthwise 3x3 (batch is chosen by the caller).
+    """
+    def layer(name, C, H, K, k, stride=1, padding=0, groups=1):
+        return dict(name=name, C=C, H=H, W=H, K=K, kh=k, kw=k, stride=stride, padding=padding,
+                    groups=groups)
+
+    return [
+        layer("resnet18_conv2_x", 64, 56, 64, 3, padding=1),
+        layer("resnet18_conv3_x", 128, 28, 128, 3, padding=1),
+        layer("resnet18_conv4_x", 256, 14, 256, 3, padding=1),
+        layer("resnet18_conv5_x", 512, 7, 512, 3, padding=1),
+        layer("vgg16_conv1_2", 64, 224, 64, 3, padding=1),
+        layer("resnet50_1x1", 256, 56, 64, 1),
+        layer("resnet18_3x3_s2", 128, 28, 256, 3, stride=2, padding=1),
+        layer("mobilenet_dw", 256, 28, 256, 3, padding=1, groups=256),
+    ]
+
+
+def operands(ly, batch, dtype=np.float32, seed=0):
+    """Random (x, w, b) for a layer in NCHW."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, ly["C"], ly["H"], ly["W"])).astype(dtype)
+    w = rng.standard_normal((ly["K"], ly["C"] // ly["groups"], ly["kh"], ly["kw"])).astype(dtype)
+    b = rng.standard_normal(ly["K"]).astype(dtype)
+    return x, w, b
+
+
+def parties(ly, x, w, b):
+    """{name: zero-argument callable} for torch (if installed) and every applicable algorithm."""
+    args = dict(stride=ly["stride"], padding=ly["padding"], groups=ly["groups"])
+    out = {}
+    try:
+        import torch
+        import torch.nn.functional as F
+        xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
+        out["torch"] = lambda: F.conv2d(xt, wt, bt, **args)
+    except ImportError:
+        pass
+    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"])
+    estimates = tilegemm.conv.plan.estimates(p, x.dtype)
+    for alg in ALGORITHMS:
+        if alg == "winograd" and not p.winograd_ok:
+            continue
+        if alg == "direct" and estimates["direct"] > 10 * min(estimates.values()):
+            continue  # dense layers: direct would take minutes and is never chosen
+        out[alg] = (lambda a: lambda: tilegemm.conv2d(x, w, b, algorithm=a, **args))(alg)
+    return out, p
+
+
+def interleaved_best(fns, repeat, min_time=0.05):
+    """Best seconds per callable, calling each once per round (after one warm-up call)."""
+    for f in fns.values():
+        f()
+    calls = {}
+    for name, f in fns.items():
+        t0 = time.perf_counter()
+        f()
+        calls[name] = max(1, int(min_time / max(time.perf_counter() - t0, 1e-9)))
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeat):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls[name]):
+                f()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls[name])
+    return best
+
+
+def own_flops(p, algorithm):
+    """The flops an algorithm actually performs in its multiplies (for % of peak)."""
+    if algorithm == "winograd":
+        tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
+        return 2 * 16 * tiles * p.Cg * p.K
+    return p.flops
+
+
+def bench_layer(ly, batch, threads, repeat, peak):
+    x, w, b = operands(ly, batch)
+    fns, p = parties(ly, x, w, b)
+    best = interleaved_best(fns, repeat)
+    plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
+                              threads=threads)
+    rows = []
+    torch_t = best.get("torch")
+    for name, t in best.items():
+        alg = plan.algorithm if name == "auto" else name
+        rows.append(dict(layer=ly["name"], party=name, seconds=t, gflops=p.flops / t / 1e9,
+                         vs_torch=(torch_t / t) if torch_t else None,
+                         pct_peak=(100 * own_flops(p, alg) / t / 1e9 / peak
+                                   if name != "torch" else 100 * p.flops / t / 1e9 / peak),
+                         algorithm=alg))
+    return rows
+
+
+def im2col_memory(ly, batch=1):
+    """Peak bytes allocated during implicit im2col (output excluded) and the explicit matrix."""
+    x, w, b = operands(ly, batch)
+    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"])
+    engine.clear_prepared()
+    engine._workspace.__dict__.clear()  # fresh pack buffers, so they are counted
+    out_bytes = np.prod(p.output_shape()) * x.itemsize
+    tracemalloc.start()
+    tilegemm.conv2d(x, w, b, stride=ly["stride"], padding=ly["padding"], algorithm="im2col")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    explicit = p.Cg * p.kh * p.kw * p.Ho * p.Wo * x.itemsize
+    return peak - out_bytes, explicit
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--layers", default=None, help="comma-separated layer names")
+    ap.add_argument("--no-memory", action="store_true")
+    args = ap.parse_args(argv)
+    numba.set_num_threads(args.threads)
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
+    from tilegemm.tuning.peak import measured_peak_gflops
+    peak = measured_peak_gflops(np.float32, args.threads)
+    print(f"float32, batch {args.batch}, {args.threads} thread(s), measured peak {peak:.0f} GFLOPS")
+    print(f"{'layer':18s} {'party':9s} {'algorithm':9s} {'ms':>9s} {'eff GF':>8s} "
+          f"{'vs torch':>8s} {'% peak':>7s}")
+    wanted = set(args.layers.split(",")) if args.layers else None
+    for ly in conv_layers():
+        if wanted and ly["name"] not in wanted:
+            continue
+        for r in bench_layer(ly, args.batch, args.threads, args.repeat, peak):
+            vs = f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-"
+            print(f"{r['layer']:18s} {r['party']:9s} {r['algorithm']:9s} {r['seconds'] * 1e3:9.2f} "
+                  f"{r['gflops']:8.1f} {vs:>8s} {r['pct_peak']:6.1f}%", flush=True)
+    if not args.no_memory:
+        vgg = next(ly for ly in conv_layers() if ly["name"] == "vgg16_conv1_2")
+        extra, explicit = im2col_memory(vgg)
+        print(f"im2col extra memory on vgg16_conv1_2 (batch 1): {extra / 2**20:.1f} MiB implicit "
+              f"vs {explicit / 2**20:.1f} MiB explicit patch matrix ({100 * extra / explicit:.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
