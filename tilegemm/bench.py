@@ -216,6 +216,12 @@ def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_c
     return timings
 
 
+def threads_text(threads):
+    """``"1 thread"``, ``"2 threads"``."""
+    threads = int(threads)
+    return f"{threads} thread" + ("" if threads == 1 else "s")
+
+
 def gflops(flops, seconds):
     """Billions of floating-point operations per second."""
     return flops / seconds / 1e9

@@ -106,7 +106,7 @@ class ConvCase:
 
     def title(self):
         return (f"conv {self.layer.name} N={self.batch} {self.dtype} "
-                f"{self.threads} thread(s)")
+                f"{bench.threads_text(self.threads)}")
 
 
 def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):

@@ -51,7 +51,7 @@ class GemmCase:
 
     def title(self):
         """Short description for progress lines."""
-        return f"gemm {self.dtype} {self.shape} ({self.kind}) {self.threads} thread(s)"
+        return f"gemm {self.dtype} {self.shape} ({self.kind}) {bench.threads_text(self.threads)}"
 
 
 def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):

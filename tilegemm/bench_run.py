@@ -134,7 +134,10 @@ def _write_plots(rep, out_dir):
     if not report_plots.matplotlib_available():
         rep["plots_skipped"] = report_plots.PLOTS_SKIPPED
         return
-    rep["plots"] = report_plots.write_plots(rep, out_dir)
+    try:
+        rep["plots"] = report_plots.write_plots(rep, out_dir)
+    except Exception as exc:  # a plotting problem must not cost the measurements
+        rep["plots_skipped"] = f"Plots failed ({type(exc).__name__}: {exc}); the tables are complete."
 
 
 def _failed_checks(rep):

@@ -142,7 +142,7 @@ def info_text(info):
     rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
-        ["dtype"] + [f"{t} thread(s)" for t in counts], rows).splitlines()]
+        ["dtype"] + [bench.threads_text(t) for t in counts], rows).splitlines()]
     return "\n".join(lines)
 
 
@@ -215,7 +215,7 @@ def gemm_tables(records, has_torch):
             if not r["check"]["ok"]:
                 row[1] += " (WRONG RESULT)"
             rows.append(row)
-        title = (f"GEMM {dtype}, {threads} thread(s), measured peak "
+        title = (f"GEMM {dtype}, {bench.threads_text(threads)}, measured peak "
                  f"{recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
@@ -247,7 +247,7 @@ def conv_tables(records, has_torch):
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
                 rows.append(row + (["-", "-"] if has_torch else []))
-        title = (f"Convolution {dtype}, {threads} thread(s), measured peak "
+        title = (f"Convolution {dtype}, {bench.threads_text(threads)}, measured peak "
                  f"{recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
@@ -298,6 +298,17 @@ _METHOD = (
 )
 
 
+_ABOVE_PEAK = (
+    "Some figures exceed 100% of the measured peak: the FMA loop that measures the peak "
+    "ran (once, at the start) while something else used a core, so that peak is too low. "
+    "The ratios to the peers are unaffected.")
+
+
+def _above_peak(report):
+    rows = [p for r in report["gemm"] + report["conv"]["records"] for p in r["results"].values()]
+    return any((p.get("pct_peak") or 0) > 100 for p in rows)
+
+
 def _load_text(load, cores):
     start, end = load.get("start"), load.get("end")
     if start is None:
@@ -317,6 +328,8 @@ def markdown_report(report):
            "## Machine", "", "```", info_text(m), "```", "",
            "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), "",
            _load_text(report["load_average"], m.get("cores", 1)), ""]
+    if _above_peak(report):
+        out += [_ABOVE_PEAK, ""]
     if report["gemm"]:
         out += ["## GEMM", ""]
         for title, headers, rows in gemm_tables(report["gemm"], has_torch):

@@ -11,6 +11,7 @@ backend or global pyplot state is involved.
 import os
 
 from tilegemm import bench
+from tilegemm.bench_conv import ALGORITHMS
 
 PLOTS_SKIPPED = ("Plots skipped: matplotlib is not installed. Install it with "
                  "`pip install matplotlib` (or `pip install -e .[bench]`) and run again.")
@@ -69,7 +70,7 @@ def plot_gemm_square(records, dtype, path):
         ax.set_ylim(0, recs[0]["peak_gflops"] * 1.12)
         ax.set_xlabel("matrix size n (n×n times n×n)")
         ax.set_ylabel("GFLOPS (2·n³ / time)")
-        ax.set_title(f"GEMM {dtype}, {threads} thread(s)")
+        ax.set_title(f"GEMM {dtype}, {bench.threads_text(threads)}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best")
     fig.savefig(path, dpi=110)
@@ -86,9 +87,10 @@ def _bars(ax, categories, series, peak):
             ax.bar(*zip(*pts), width=width, color=color, label=_label(party))
     _peak_line(ax, peak)
     ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
-    ax.set_ylim(0, peak * 1.15)
+    ax.set_ylim(0, peak * 1.12)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper right", fontsize="small")
+    # Outside the axes, so that it never hides a bar or the peak line.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
 def plot_gemm_other(records, dtype, path):
@@ -101,23 +103,24 @@ def plot_gemm_other(records, dtype, path):
         series = {p: [r["results"].get(p, {}).get("gflops") for r in recs] for p in parties}
         _bars(ax, cats, series, recs[0]["peak_gflops"])
         ax.set_ylabel("GFLOPS (2·m·n·k / time)")
-        ax.set_title(f"GEMM {dtype}, skinny shapes, {threads} thread(s)")
+        ax.set_title(f"GEMM {dtype}, skinny shapes, {bench.threads_text(threads)}")
     fig.savefig(path, dpi=110)
 
 
 def plot_conv(records, dtype, threads, path):
     """Per-layer bars of effective GFLOPS by algorithm, with torch."""
-    fig, (ax,) = _figure(1, width=max(7.0, 1.3 * len(records) + 3), height=5.0)
+    fig, (ax,) = _figure(1, width=max(8.0, 1.3 * len(records) + 4), height=5.0)
     cats = [r["layer"] for r in records]
     parties = []
     for r in records:
         parties += [p for p in r["results"] if p not in parties]
-    parties.sort(key=lambda p: (p == "torch", p))  # torch last, next to auto
+    order = ["tilegemm:" + a for a in ALGORITHMS] + ["torch"]  # torch last, next to auto
+    parties.sort(key=lambda p: order.index(p) if p in order else len(order))
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])
     ax.set_ylabel("effective GFLOPS (direct-conv flops / time)")
-    ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {threads} thread(s)"
-                 " (missing bar: algorithm does not apply)")
+    ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {bench.threads_text(threads)}"
+                 "\n(no bar: the algorithm does not apply to the layer)")
     fig.savefig(path, dpi=110)
 
 
