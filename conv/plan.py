@@ -23,8 +23,8 @@ from tilegemm.conv.params import conv_params
 GEMM_EFFICIENCY = 0.80
 #: Reduction length at which the micro-kernel's tile load/store costs as much as its k loop.
 K_HALF = 24
-#: Fraction of peak of the direct loops (256-bit auto-vectorised FMAs, operands from L1).
-DIRECT_EFFICIENCY = 0.12
+#: Fraction of peak of the direct loops (measured ~1-1.5% on ResNet layers: scalar-ish loops).
+DIRECT_EFFICIENCY = 0.015
 #: Elements per nanosecond per thread written by the im2col packers.
 PACK_RATE = 2.0
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
