@@ -25,6 +25,8 @@ GEMM_EFFICIENCY = 0.80
 K_HALF = 24
 #: Fraction of peak of the direct loops (measured ~1-1.5% on ResNet layers: scalar-ish loops).
 DIRECT_EFFICIENCY = 0.015
+#: Seconds of Python-side set-up per group (im2col and Winograd run one GEMM driver per group).
+GROUP_OVERHEAD = 20e-6
 #: Elements per nanosecond per thread written by the im2col packers.
 PACK_RATE = 2.0
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
@@ -90,13 +92,13 @@ def estimates(p, dtype=np.float32, threads=1):
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
     pack = p.N * p.groups * ckk * pixels * ns / PACK_RATE
-    out["im2col"] = gemm + pack
+    out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
         tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
         flops = 2 * 16 * tiles * p.Cg * p.K
         gemm = _gemm_seconds(flops, tiles, p.Kg, p.Cg, mr, nr, peak)
         transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
-        out["winograd"] = gemm + transforms
+        out["winograd"] = gemm + transforms + p.groups * GROUP_OVERHEAD
     out["direct"] = p.flops / (DIRECT_EFFICIENCY * peak)
     return out
 
