@@ -18,7 +18,7 @@ import numpy as np
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
                                         make_microkernel)
-from tilegemm.packing.pack import pack_a, pack_a_panel, pack_b, pack_b_panel
+from tilegemm.packing.pack import pack_a, pack_b
 
 # --- configuration ---
 DTYPE = np.float32
@@ -113,23 +113,12 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
 
 
 @numba.njit(**JIT)
-def pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack):
-    """Pack the last ``m % MR`` rows of A and ``n % NR`` columns of B, zero padded."""
-    m_full = m - m % MR
-    n_full = n - n % NR
-    if m_full < m:
-        pack_a_panel(a, a_off + m_full * a_rs, a_rs, a_cs, m - m_full, k, MR, apack, 0)
-    if n_full < n:
-        pack_b_panel(b, b_off + n_full, b_rs, 1, n - n_full, k, NR, bpack, 0)
-
-
-@numba.njit(**JIT)
 def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
                 c, c_off, ldc, bias, epi, apack, bpack, tile):
     """Tiles ``first..last-1`` (numbered down each column of tiles) of the unpacked product.
 
     Full tiles run the strided kernel straight on A and B; an edge tile takes its
-    partial operand from the panels :func:`pack_small_edges` left in apack/bpack.
+    partial operand from the edge panel :func:`gemm_small` packed into apack/bpack.
     """
     tiles_m = (m + MR - 1) // MR
     for t in range(first, last):
@@ -160,14 +149,20 @@ def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_r
 
 
 @numba.njit(**JIT)
-def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
+def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
                c, c_off, ldc, bias, epi, apack, bpack, tile):
     """``C = alpha*A@B + beta*C`` without packing, for products that sit in cache anyway.
 
-    B's columns must be contiguous (``b_rs`` is its row stride).  ``apack`` holds
-    MR*k and ``bpack`` NR*k elements for the edge panels.
+    B's columns must be contiguous (``b_cs == 1``, ``b_rs`` its row stride).
+    Only the last ``m % MR`` rows of A and ``n % NR`` columns of B are packed,
+    zero padded, into ``apack`` (MR*k) and ``bpack`` (NR*k).
     """
-    pack_small_edges(m, n, k, a, a_off, a_rs, a_cs, b, b_off, b_rs, apack, bpack)
+    m_full = m - m % MR
+    n_full = n - n % NR
+    if m_full < m:
+        pack_a(a, a_off + m_full * a_rs, a_rs, a_cs, m - m_full, k, MR, apack)
+    if n_full < n:
+        pack_b(b, b_off + n_full * b_cs, b_rs, b_cs, k, n - n_full, NR, bpack)
     tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
     small_tiles(0, tiles, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
                 c, c_off, ldc, bias, epi, apack, bpack, tile)

@@ -201,11 +201,9 @@ def _gemv(m, n, k, args, bias, epi):
 
 def _unpacked(kern, m, n, k, args, bias, epi):
     """The strided kernel straight on A and B; only the edge panels are packed."""
-    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, _, beta, cf, c_off, c_rs = args
     MR, NR = kern.mr, kern.nr
-    apack, bpack, tile = _buffers(kern.name + "/unpacked", (MR * k, NR * k, MR * NR), cf.dtype)
-    kern.module.gemm_small(m, n, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs,
-                           beta, cf, c_off, c_rs, bias, epi, apack, bpack, tile)
+    apack, bpack, tile = _buffers(kern.name + "/unpacked", (MR * k, NR * k, MR * NR), kern.dtype)
+    kern.module.gemm_small(m, n, k, *args, bias, epi, apack, bpack, tile)
 
 
 def _packed(kern, blk, m, n, k, args, bias, epi):

@@ -101,7 +101,7 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False):
             ptrs = [_data(context, builder, sig.args[i], args[i], args[i + 1]) for i in (1, 5)]
             c_ptr = _data(context, builder, sig.args[8], c, c_off)
             bias_ptr = _data(context, builder, sig.args[13], bias, bias_off)
-            _emit_tile(context, builder, shape, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
+            _call_tile(context, builder, shape, False, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
                        c_ptr, ldc, alpha, beta, bias_ptr, epi)
             return context.get_dummy_value()
 
@@ -119,8 +119,9 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False):
             b_ptr = _data(context, builder, sig.args[3], b, b_off)
             c_ptr = _data(context, builder, sig.args[5], c, c_off)
             bias_ptr = _data(context, builder, sig.args[10], bias, bias_off)
-            _emit_tile(context, builder, shape, kc, a_ptr, ir.Constant(intp, 1), ir.Constant(intp, mr),
-                       b_ptr, ir.Constant(intp, nr), c_ptr, ldc, alpha, beta, bias_ptr, epi)
+            _call_tile(context, builder, shape, True, kc, a_ptr, ir.Constant(intp, 1),
+                       ir.Constant(intp, mr), b_ptr, ir.Constant(intp, nr), c_ptr, ldc, alpha, beta,
+                       bias_ptr, epi)
             return context.get_dummy_value()
 
         @intrinsic
@@ -136,6 +137,33 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False):
 def _data(context, builder, array_type, array, offset):
     """Pointer to element ``offset`` of a Numba array argument."""
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+
+
+def _call_tile(context, builder, shape, packed, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
+               alpha, beta, bias_ptr, epi):
+    """Call the tile function, defining it in this LLVM module on first use.
+
+    One out-of-line definition per module and flavour, however many call sites a
+    jitted function has: LLVM then optimises the kernel once, which keeps compile
+    times down; a call per tile costs nothing next to its k loop.
+    """
+    dtype, mr, nr, lanes = shape
+    module = builder.module
+    name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{'packed' if packed else 'strided'}"
+    args = [kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc, alpha, beta, bias_ptr, epi]
+    fn = module.globals.get(name)
+    if fn is None:
+        fnty = ir.FunctionType(ir.VoidType(), [x.type for x in args])
+        fn = ir.Function(module, fnty, name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        body = ir.IRBuilder(fn.append_basic_block("entry"))
+        p = list(fn.args)
+        if packed:  # constant strides let LLVM fold the panel addressing
+            p[2], p[3], p[5] = a_rs, a_cs, ldb
+        _emit_tile(context, body, shape, *p)
+        body.ret_void()
+    builder.call(fn, args)
 
 
 def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
