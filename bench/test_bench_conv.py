@@ -6,7 +6,7 @@ Figures are effective GFLOPS (direct-convolution flops / time).
 """
 import pytest
 
-from tilegemm import bench, bench_conv
+from tilegemm import bench_conv
 
 AVAILABLE, REASON = bench_conv.conv_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=REASON or "conv available")

@@ -6,7 +6,7 @@ its length before anything runs.
 """
 import os
 import sys
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
 
 from tilegemm import bench, bench_conv, bench_gemm, report
 
@@ -75,20 +75,12 @@ class BenchPlan:
 
 @dataclass
 class _Step:
-    label: str
-    run: object          # callable() -> None, storing its result in the report
-    kind: str = ""
+    label: str           # shown by the progress bar
+    run: object          # callable() -> None that stores its result in the report
 
 
-@dataclass
-class _State:
-    plan: BenchPlan
-    report: dict = None
-    steps: list = field(default_factory=list)
-
-
-def _plan_steps(state):
-    plan, rep = state.plan, state.report
+def _plan_steps(plan, rep):
+    """The measurement steps of ``plan``; each appends its result to ``rep``."""
     steps = []
     if "gemm" in plan.ops:
         for case in bench_gemm.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
@@ -149,16 +141,6 @@ def _failed_checks(rep):
     return bad
 
 
-def busy_note(load, cores):
-    """A warning when the load average says other work shared the cores, else ""."""
-    worst = max((v for v in load.values() if v is not None), default=None)
-    if worst is None or worst < 0.5 * cores + 1:
-        return ""
-    return (f"note: load average reached {worst:.1f} on {cores} core(s) during the run; "
-            "other processes shared the CPU, so absolute figures are pessimistic "
-            "(ratios to the interleaved peers hold better).")
-
-
 def run_plan(plan, stdout=None, stderr=None):
     """Run a :class:`BenchPlan`: measure, print the tables, write the report.
 
@@ -169,13 +151,12 @@ def run_plan(plan, stdout=None, stderr=None):
     """
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     from tilegemm.cli import Progress
-    state = _State(plan)
     machine = {}
     steps = [_Step("machine: detect, measure the FMA peak",
                    lambda: machine.update(report.machine_info(measure_peak=True)))]
     progress = Progress(1, stderr)
-    state.report = rep = report.new_report(plan.settings(), machine)
-    steps += _plan_steps(state)
+    rep = report.new_report(plan.settings(), machine)
+    steps += _plan_steps(plan, rep)
     progress.total = len(steps)
     rep["load_average"] = {"start": bench.load_average()}
     for step in steps:
@@ -183,7 +164,7 @@ def run_plan(plan, stdout=None, stderr=None):
         step.run()
     progress.close()
     rep["load_average"]["end"] = bench.load_average()
-    note = busy_note(rep["load_average"], rep["machine"].get("cores", 1))
+    note = report.busy_note(rep["load_average"], rep["machine"].get("cores", 1))
     if note:
         print(note, file=stderr)
 

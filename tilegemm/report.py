@@ -309,11 +309,20 @@ def _above_peak(report):
     return any((p.get("pct_peak") or 0) > 100 for p in rows)
 
 
+def busy_note(load, cores):
+    """A warning when the load average says other work shared the cores, else ""."""
+    worst = max((v for v in load.values() if v is not None), default=None)
+    if worst is None or worst < 0.5 * cores + 1:
+        return ""
+    return (f"note: load average reached {worst:.1f} on {cores} core(s) during the run; "
+            "other processes shared the CPU, so absolute figures are pessimistic "
+            "(ratios to the interleaved peers hold better).")
+
+
 def _load_text(load, cores):
     start, end = load.get("start"), load.get("end")
     if start is None:
         return "Load average: not reported by this OS."
-    from tilegemm.bench_run import busy_note
     text = f"Load average (1 min) at start {start:.2f}, at end {_fmt(end, 2)} on {cores} core(s)."
     note = busy_note(load, cores)
     return text + (" " + note[len("note: "):].capitalize() if note else "")
