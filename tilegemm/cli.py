@@ -11,6 +11,7 @@ options or unreadable inputs, 130 when interrupted.
 """
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -235,3 +236,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): not an error of ours.
+        sys.stdout = open(os.devnull, "w")
+        return 0
