@@ -246,8 +246,10 @@ def threaded(a, b, c, threads=None):
     Change: the ic loop (one MC block of A per task) and the packing of the B
     panel are spread over the threads; each thread owns its A buffer and its L1/L2,
     and all threads share the packed B panel.  The driver also keeps its pack
-    buffers between calls.  With ``threads`` cores the ceiling is ``threads`` times
-    a core's peak.
+    buffers between calls, and chooses its own paths: one thread for small products
+    (``SERIAL_FLOPS``) and no packing when the operands already fit in L2 (see
+    ``kernels/driver.py``).  With ``threads`` cores the ceiling is
+    ``threads`` times a core's peak.
     """
     return gemm_into(a, b, c, threads=threads)
 
