@@ -4,8 +4,8 @@
 validated 2-D float arrays of one dtype.  It chooses between
 
 * the matrix-vector path when m == 1 or n == 1 (:mod:`tilegemm.kernels.gemv`),
-* the unpacked path when A and B together fit in L2 and B's rows are contiguous:
-  the strided micro-kernel reads them in place,
+* the unpacked path when B's rows are contiguous and the operands it reuses stay
+  in L2: the strided micro-kernel reads A and B in place,
 * the five-loop driver over packed panels otherwise.
 
 Threads: C is cut into one block per thread along its longer side (whole MR or
@@ -81,7 +81,7 @@ def reset_plans():
     _plans.clear()
 
 
-#: Operand bytes (A + B) under which the unpacked path runs; None means the L2 size.
+#: Cache bytes the unpacked path may count on (see _fits_unpacked); None means the L2 size.
 SMALL_BYTES = None
 
 
@@ -151,12 +151,24 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
-    """One thread: the unpacked path when A and B fit in L2 together, else the packed one."""
-    b_cs = args[8]
-    if b_cs == 1 and (m + n) * k * kern.dtype.itemsize <= _small_bytes():
+    """One thread: the unpacked path when what it reuses stays in cache, else the packed one."""
+    if args[8] == 1 and _fits_unpacked(kern, m, n, k):
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
+
+
+def _fits_unpacked(kern, m, n, k):
+    """Whether the unpacked path's reused operands stay in L2 without packing.
+
+    It walks C by columns of tiles: the B micro-panel (k x NR) is reused down a
+    column, and A (m x k) is read again for every column after the first.
+    Measured: 0.9-1.2x numpy for 64x3136x576 and 2048x64x2048 against 0.5-0.8x
+    packed; 0.5-0.7x where A outgrows half of L2 (256x3136x1152).
+    """
+    budget = _small_bytes() // 2
+    size = kern.dtype.itemsize
+    return k * kern.nr * size <= budget and (n <= kern.nr or m * k * size <= budget)
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
