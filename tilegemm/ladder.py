@@ -380,7 +380,10 @@ def _numpy_gflops(n, dtype, threads, cache):
     """numpy's rate at the same n and thread count (OpenBLAS limited with threadpoolctl)."""
     key = (n, threads)
     if key not in cache:
-        from threadpoolctl import threadpool_limits
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # without it numpy's thread count is unknown: no fair figure
+            return float("nan")
         a, b, c = _operands(n, dtype)
         with threadpool_limits(limits=threads, user_api="blas"):
             np.matmul(a, b, out=c)
@@ -514,6 +517,9 @@ def main(argv=None):
     print(table)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
           f"thread count; ladder took {time.perf_counter() - t0:.0f} s.")
+    if any(np.isnan(r.numpy_gflops) for r in results):
+        print("numpy column empty: pip install threadpoolctl to limit numpy's threads",
+              file=sys.stderr)
     warning = _busy_machine_warning(results)
     if warning:
         print(warning, file=sys.stderr)
