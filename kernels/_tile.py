@@ -32,7 +32,7 @@ ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def edge_tile(mr, nr, kc, apack, a_off, bpack, b_off, c, c_off, ldc, alpha, beta,
               bias, row0, col0, epi, tile):
     """A partial ``mr x nr`` tile: the full kernel writes a scratch tile, then a scalar epilogue.
@@ -43,7 +43,7 @@ def edge_tile(mr, nr, kc, apack, a_off, bpack, b_off, c, c_off, ldc, alpha, beta
     store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi):
     """C[:mr, :nr] = alpha*tile + beta*C, then bias/activation (scalar twin of the kernel's update)."""
     for i in range(mr):

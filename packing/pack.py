@@ -16,7 +16,7 @@ import numba
 from tilegemm.config import JIT
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_a_panel(a, off, rs, cs, rows, kc, MR, buf, dst):
     """Pack ``rows <= MR`` rows x ``kc`` columns of A (starting at ``off``) into one panel at ``dst``.
 
@@ -42,7 +42,7 @@ def pack_a_panel(a, off, rs, cs, rows, kc, MR, buf, dst):
                 buf[dst + p * MR + i] = 0
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_b_panel(b, off, rs, cs, cols, kc, NR, buf, dst):
     """Pack ``kc`` rows x ``cols <= NR`` columns of B (starting at ``off``) into one panel at ``dst``.
 
@@ -75,14 +75,14 @@ def pack_b_panel(b, off, rs, cs, cols, kc, NR, buf, dst):
                     buf[dst + p * NR + j] = 0
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_a(a, off, rs, cs, mc, kc, MR, buf):
     """Pack an ``mc x kc`` block of A into ``ceil(mc/MR)`` MR-row micro-panels at ``buf[0:]``."""
     for ir in range(0, mc, MR):
         pack_a_panel(a, off + ir * rs, rs, cs, min(MR, mc - ir), kc, MR, buf, ir * kc)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_b(b, off, rs, cs, kc, nc, NR, buf):
     """Pack a ``kc x nc`` block of B into ``ceil(nc/NR)`` NR-column micro-panels at ``buf[0:]``."""
     for jr in range(0, nc, NR):
