@@ -27,7 +27,7 @@ from tilegemm.kernels.gemv import gemv
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
-from tilegemm.tuning.blocking import blocking
+from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import detect
 
 #: Below this many flops (2*m*n*k) one thread does the whole product.
@@ -68,12 +68,29 @@ def _buffers(key, sizes, dtype):
 _plans = {}
 
 
-def _plan(dtype):
-    """(kernel, blocking) for a dtype, looked up once per process (see :func:`reset_plans`)."""
-    plan = _plans.get(dtype)
+def _plan(dtype, n=None):
+    """(kernel, blocking) for a product with ``n`` columns, looked up once per process.
+
+    The default tile is the widest that fits the registers.  A product narrower
+    than its NR would spend most of each tile on zero padding, so when the
+    register tile was not overridden a narrower one is taken: the smallest NR
+    (a multiple of the vector width) that covers ``n``.
+    """
+    key = (dtype, n)
+    plan = _plans.get(key)
     if plan is None:
-        plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
+        blk = blocking(dtype)
+        if n is not None and n < blk.nr and blk.source["nr"] == blk.source["mr"] == "derived":
+            mr, nr = min((t for t in register_tiles(detect().vector_registers, blk.lanes)
+                          if t[1] >= n), key=lambda t: t[1])
+            blk = blocking(dtype, mr=mr, nr=nr)
+        plan = _plans[key] = (get_kernel(dtype, blk.mr, blk.nr), blk)
     return plan
+
+
+def _width_class(n, lanes):
+    """Columns rounded up to whole vectors: the key under which narrow plans are cached."""
+    return -(-n // lanes) * lanes
 
 
 def reset_plans():
@@ -134,6 +151,8 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
     dtype = c.dtype
     kern, blk = _plan(dtype)
+    if n < kern.nr:
+        kern, blk = _plan(dtype, _width_class(n, kern.lanes))
     args = (dtype.type(alpha),) + flat_view(a) + flat_view(b) + (dtype.type(beta),) + flat_view(c)[:3]
     bias = kern.no_bias if bias is None else bias
     if m == 1 or n == 1:
@@ -162,13 +181,16 @@ def _fits_unpacked(kern, m, n, k):
     """Whether the unpacked path's reused operands stay in L2 without packing.
 
     It walks C by columns of tiles: the B micro-panel (k x NR) is reused down a
-    column, and A (m x k) is read again for every column after the first.
-    Measured: 0.9-1.2x numpy for 64x3136x576 and 2048x64x2048 against 0.5-0.8x
-    packed; 0.5-0.7x where A outgrows half of L2 (256x3136x1152).
+    column (when there is more than one row of tiles), and A (m x k) is read
+    again for every column after the first.  Measured: 0.9-1.2x numpy for
+    64x3136x576 and 2048x64x2048 against 0.5-0.8x packed; 0.5-0.7x where A
+    outgrows half of L2 (256x3136x1152).
     """
     budget = _small_bytes() // 2
     size = kern.dtype.itemsize
-    return k * kern.nr * size <= budget and (n <= kern.nr or m * k * size <= budget)
+    b_reuse_fits = m <= kern.mr or k * kern.nr * size <= budget
+    a_reuse_fits = n <= kern.nr or m * k * size <= budget
+    return b_reuse_fits and a_reuse_fits
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):

@@ -145,13 +145,17 @@ def get_kernel(dtype, mr=None, nr=None, isa=None):
 
 
 def registered_kernels():
-    """Every kernel shape the tests exercise: for each dtype the best few tiles of the ISA."""
+    """Every (dtype, MR, NR, ISA) the driver may pick on this machine: all register tiles.
+
+    The widest tile serves general products; narrower ones serve products with
+    fewer columns than its NR (see ``kernels.driver._plan``).
+    """
     from tilegemm.tuning.blocking import register_tiles
     isa = detect().isa
     bits, regs = ISA_SHAPE[isa]
     out = []
     for dtype in (np.float32, np.float64):
         lanes = bits // (8 * np.dtype(dtype).itemsize)
-        for mr, nr in register_tiles(regs, lanes)[:3]:
+        for mr, nr in register_tiles(regs, lanes):
             out.append((np.dtype(dtype), mr, nr, isa))
     return out
