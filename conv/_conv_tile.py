@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from tilegemm.config import JIT
+from tilegemm.kernels.generator import EPI_BIAS_ROW, make_winograd_input, make_winograd_output
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -29,7 +30,11 @@ ISA = "avx512"
 SOURCE_HASH = ""
 # --- end configuration ---
 
-macro_kernel = get_kernel(DTYPE, MR, NR, ISA).module.macro_kernel
+_KERNEL = get_kernel(DTYPE, MR, NR, ISA)
+macro_kernel = _KERNEL.module.macro_kernel
+LANES = _KERNEL.lanes
+winograd_input = make_winograd_input(DTYPE, LANES)
+winograd_output = make_winograd_output(DTYPE, LANES)
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
@@ -142,3 +147,123 @@ def winograd_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT,
     for task in range(first, ntasks, step):
         winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
                       bias, has_bias, act, KC, NC, apack, mbuf, tile, v)
+
+
+
+# --- Winograd F(2x2, 3x3), NCHW: tiles as GEMM columns, vectors along the image width -----
+#
+# For each of the 16 positions xi:  M[xi][K, tiles] = U[xi]^T[K, C] @ V[xi][C, tiles].
+# The transformed filters U^T are packed A (prepared once); the input transform writes
+# V straight into packed B, LANES adjacent tiles of one tile row per vector, and the
+# output transform reads LANES tiles of one output channel per vector.  A block of NB
+# tiles (a multiple of NR) numbers tiles across the batch, so LANES consecutive tiles
+# may span tile rows or images: each lane group is cut into *runs* of tiles sharing a
+# tile row, and the masked transforms handle one run at a time.
+
+@numba.njit(**JIT)
+def winograd_runs(T0, nt, geom, xs, os, runs):
+    """Describe tiles ``T0:T0+nt`` as runs within lane groups; returns the number of runs.
+
+    ``runs[r] = (group_start, lo, hi, x_src, y0, col0, out_dst, out_rows, out_col0)``:
+    lanes ``lo:hi`` of the group at block column ``group_start`` are tiles of one tile
+    row, lane ``l`` being the tile whose input window starts at column ``col0 + 2*l``
+    of input row ``y0`` (``x_src`` = offset of that pixel in channel 0) and whose
+    output starts at column ``out_col0 + 2*l``, offset ``out_dst + 2*l`` of channel 0
+    (``out_rows`` output rows: 1 at the bottom edge).
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    tiles = TH * TW
+    count = 0
+    for g in range(0, nt, LANES):
+        end = min(LANES, nt - g)
+        l = 0
+        while l < end:
+            t = T0 + g + l
+            n = t // tiles
+            ty = (t % tiles) // TW
+            tx = t % TW
+            run = min(end - l, TW - tx)
+            y0 = 2 * ty - py
+            col0 = 2 * (tx - l) - px
+            runs[count, 0] = g
+            runs[count, 1] = l
+            runs[count, 2] = l + run
+            runs[count, 3] = n * xs[0] + y0 * xs[2] + col0
+            runs[count, 4] = y0
+            runs[count, 5] = col0
+            runs[count, 6] = n * os[0] + 2 * ty * os[2] + 2 * (tx - l)
+            runs[count, 7] = min(2, Ho - 2 * ty)
+            runs[count, 8] = 2 * (tx - l)
+            count += 1
+            l += run
+    return count
+
+
+@numba.njit(**JIT)
+def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, slab):
+    """``V`` of channels ``p0:p0+kc`` for the block's runs, into 16 packed-B slabs of ``slab``."""
+    for p in range(kc):
+        src = x_off + (p0 + p) * sc
+        for r in range(nruns):
+            g = runs[r, 0]
+            # Column g of packed B: panel g // NR, row p of the panel, column g % NR.
+            dst = (g // NR) * NR * kc + p * NR + g % NR
+            winograd_input(x, src + runs[r, 3], s_row, runs[r, 4], H, runs[r, 5], W,
+                           runs[r, 1], runs[r, 2], buf, dst, slab)
+
+
+@numba.njit(**JIT)
+def winograd_output_block(m, slab, ldm, runs, nruns, K, out, o_off, sk, s_row, Wo, bias,
+                          epi):
+    """``Y = A^T m A`` + bias + activation for the block's runs, every output channel."""
+    for k in range(K):
+        b = bias[k] if epi & EPI_BIAS_ROW else DTYPE(0)
+        dst = o_off + k * sk
+        for r in range(nruns):
+            winograd_output(m, k * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
+                            runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
+
+
+@numba.njit(**JIT)
+def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out, o_off,
+                       os, bias, epi, KC, bpack, mbuf, tile, runs):
+    """One task = a block of ``NB`` tiles: input transform, 16 GEMMs, output transform.
+
+    ``upack`` holds the 16 transformed filter matrices U^T (K x C) as packed A, every
+    row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
+    ``(xi*C + pc)*Kp``.  ``bpack`` (16 slabs of KC x NB) and ``mbuf`` (16 slabs of
+    Kp x NB) belong to the calling thread and stay in L2; ``runs`` holds NB rows of 9.
+    ``epi``: EPI_BIAS_ROW (bias per output channel) and the activation flags.
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    T0 = task * NB
+    nt = min(NB, tiles_total - T0)
+    ncols = (nt + NR - 1) // NR * NR
+    nruns = winograd_runs(T0, nt, geom, xs, os, runs)
+    b_slab = KC * NB
+    m_slab = Kp * NB
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
+        if ncols > nt:
+            # Columns past the last tile: zeros, so the GEMM never meets stale bits.
+            for xi in range(16):
+                for q in range(nt, ncols):
+                    base = xi * b_slab + (q // NR) * NR * kc + q % NR
+                    for p in range(kc):
+                        bpack[base + p * NR] = 0
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        for xi in range(16):
+            macro_kernel(Kp, ncols, kc, upack[(xi * C + pc) * Kp:], bpack, xi * b_slab,
+                         mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0, tile)
+    winograd_output_block(mbuf, m_slab, NB, runs, nruns, K, out, o_off, os[1], os[2], Wo,
+                          bias, epi)
+
+
+@numba.njit(**JIT)
+def winograd_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
+                        tiles_total, out, o_off, os, bias, epi, KC, bpack, mbuf, tile, runs):
+    """Tasks ``first, first+step, ...`` of :func:`winograd_nchw_task` on the calling thread."""
+    for task in range(first, ntasks, step):
+        winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out,
+                           o_off, os, bias, epi, KC, bpack, mbuf, tile, runs)

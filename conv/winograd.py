@@ -1,15 +1,22 @@
 """Winograd F(2x2, 3x3) convolution on the engine's micro-kernels.
 
-The transforms are in :mod:`tilegemm.packing.winograd`; this module prepares the
-weights (``U = G g G^T`` packed as B, once per weight array, cached) and runs the
-compiled driver, which works on blocks of tiles small enough for the transformed
-input and the 16 GEMM results to stay in L2: transform a block into packed A,
+This module prepares the weights (``U = G g G^T``, packed once per weight array and
+cached) and runs the compiled drivers, which work on blocks of tiles small enough
+for the transformed input and the 16 GEMM results to stay in L2: transform a block,
 run the 16 GEMMs, transform back with the bias and activation fused.
+
+* NCHW (:func:`_run_nchw`): tiles are the GEMM's columns, ``M^T = U^T V``.  The
+  transforms are vector code (``make_winograd_input`` / ``make_winograd_output`` in
+  :mod:`tilegemm.kernels.generator`) running along the contiguous image width, one
+  full vector of adjacent tiles at a time.
+* NHWC (:func:`_run_nhwc`): tiles are the GEMM's rows, ``M = V U``, with the scalar
+  transforms of :mod:`tilegemm.packing.winograd`.
 """
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.packing import pack_b
+from tilegemm.kernels.generator import EPI_BIAS_ROW
+from tilegemm.packing import pack_a, pack_b
 from tilegemm.packing.winograd import weight_transform
 
 
@@ -46,8 +53,86 @@ def tile_block(C, Kp, KC, MR, l2_bytes, itemsize):
     return max(MR, (l2_bytes // 2 // per_tile) // MR * MR)
 
 
+def _pack_transformed_a(w, KC, MR):
+    """Transform one group's filters and pack each of the 16 U^T (K x C) matrices as A.
+
+    Block (xi, pc) starts at ``(xi*C + pc)*Kp`` with ``Kp`` = K rounded up to MR; the
+    padding rows are zero, so the drivers can run every row panel as a full tile.
+    """
+    u = weight_transform(w)                      # (16, C, K); U^T[xi][k, c] = u[xi, c, k]
+    C, K = u.shape[1:]
+    Kp = engine.round_up(K, MR)
+    buf = np.zeros(16 * C * Kp + 1, w.dtype)
+    for xi in range(16):
+        flat = u[xi].reshape(-1)
+        for pc in range(0, C, KC):
+            kc = min(KC, C - pc)
+            pack_a(flat, pc * K, 1, K, K, kc, MR, buf[(xi * C + pc) * Kp:])
+    return buf, Kp
+
+
+def _balanced_kc(C, kc_max):
+    """KC no larger than the blocking's, splitting C into equal blocks."""
+    blocks = -(-C // kc_max)
+    return -(-C // blocks)
+
+
+def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
+    """Tiles per block: a multiple of NR with the 16 B slabs and 16 result slabs in ~60% of L2."""
+    per_tile = 16 * (min(KC, C) + Kp) * itemsize
+    return max(NR, int(0.6 * l2_bytes) // per_tile // NR * NR)
+
+
 def run(x, w, bias, out, p, act):
     """Winograd convolution into ``out`` (C-contiguous in ``p.layout``); 3x3, stride 1, dilation 1."""
+    if p.layout == "NCHW":
+        return _run_nchw(x, w, bias, out, p, act)
+    return _run_nhwc(x, w, bias, out, p, act)
+
+
+def _run_nchw(x, w, bias, out, p, act):
+    from tilegemm.tuning.machine import detect
+
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.conv_module(out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    KC = _balanced_kc(p.Cg, blk.kc)
+    Kg = p.Kg
+
+    def build():
+        return [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(p.groups)]
+
+    packed = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
+    Kp = packed[0][1]
+    TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+    tiles_total = p.N * TH * TW
+    threads = engine.threads_for(p.flops, 1 << 30)
+    NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
+    # Enough blocks for every thread, but no block smaller than one NR panel.
+    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // threads), NR)))
+    ntasks = -(-tiles_total // NB)
+    threads = min(threads, ntasks)
+    bpacks, mbufs, tiles = engine.thread_buffers(
+        ("winograd_nchw", kernel.name), max(threads, 1), (16 * KC * NB, 16 * Kp * NB, MR * NR),
+        out.dtype)
+    runs = [np.empty((NB, 9), np.int64) for _ in range(max(threads, 1))]
+    epi = act | (EPI_BIAS_ROW if bias is not None else 0)
+    xf, of = x.reshape(-1), out.reshape(-1)
+    xs, os_ = p.input_strides(), p.output_strides()
+    geom = (p.H, p.W, p.Ho, p.Wo, p.top, p.left, TH, TW)
+    for g in range(p.groups):
+        upack, _ = packed[g]
+        b = (np.ascontiguousarray(bias[g * Kg:(g + 1) * Kg]) if bias is not None
+             else np.zeros(1, out.dtype))
+        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, tiles_total,
+                of, g * Kg * os_[1], os_, b, epi, KC)
+        engine.launch(lambda t, step: mod.winograd_nchw_tasks(t, step, *args, bpacks[t], mbufs[t],
+                                                              tiles[t], runs[t]),
+                      threads)
+    return out
+
+
+def _run_nhwc(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.plan(out.dtype)

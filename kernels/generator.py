@@ -26,6 +26,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+#: k steps per iteration of the micro-kernel's main loop.
+UNROLL = 4
+
 EPI_BIAS_ROW = 1
 EPI_BIAS_COL = 2
 EPI_RELU = 4
@@ -188,8 +191,8 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
 
     a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
     # The k loop: the whole point of the kernel.
-    with cgutils.for_range(builder, kc) as loop:
-        k = loop.index
+    def k_step(k):
+        """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
         b_row = builder.mul(k, ldb)
         a_col = builder.mul(k, a_cs)
         bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec),
@@ -198,6 +201,18 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
             a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
             for v in range(nv):
                 builder.store(_fma(builder, a_splat, bv[v], builder.load(acc[i][v])), acc[i][v])
+
+    # The k loop, unrolled UNROLL times (fewer loop-control uops between FMAs),
+    # then the remainder one k at a time.
+    unroll = ir.Constant(intp, UNROLL)
+    whole = builder.sdiv(kc, unroll)
+    with cgutils.for_range(builder, whole) as loop:
+        base = builder.mul(loop.index, unroll)
+        for u in range(UNROLL):
+            k_step(builder.add(base, ir.Constant(intp, u)))
+    done = builder.mul(whole, unroll)
+    with cgutils.for_range(builder, builder.sub(kc, done)) as loop:
+        k_step(builder.add(done, loop.index))
 
     alpha_v = _splat(builder, alpha, vec)
     beta_v = _splat(builder, beta, vec)
@@ -273,3 +288,213 @@ def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize):
             builder.store(builder.load(ptr, align=esize), bias_col[v])
     return flags, bias_row, bias_col
 
+
+
+# --- Winograd F(2x2, 3x3) transforms over a vector of tiles ----------------------------
+#
+# The convolution drivers lay the transformed input out as the GEMM's packed B, one tile
+# per column, so `lanes` horizontally adjacent tiles of one channel form one vector.
+# Reading an NCHW image along its contiguous width, a tile row's B^T d B is then a few
+# vector loads, adds and even/odd shuffles per channel, and the output transform writes
+# whole output rows: no scalar element handling anywhere.  Every load and store is
+# masked, so image borders, short runs of tiles and padding need no special cases.
+
+
+def _float_suffix(vec):
+    return "f32" if isinstance(vec.element, ir.FloatType) else "f64"
+
+
+def _masked_load(builder, base, offset, mask, vec):
+    """``vec`` from ``base[offset:]`` where ``mask`` is set, zero elsewhere (masked lanes never touch memory)."""
+    esize = 4 if _float_suffix(vec) == "f32" else 8
+    fn = builder.module.declare_intrinsic(
+        f"llvm.masked.load.v{vec.count}{_float_suffix(vec)}.p0",
+        fnty=ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask.type, vec]))
+    return builder.call(fn, [_vector_ptr(builder, base, offset, vec), ir.Constant(ir.IntType(32), esize),
+                             mask, ir.Constant(vec, [0.0] * vec.count)])
+
+
+def _masked_store(builder, value, base, offset, mask):
+    """Store the lanes of ``value`` selected by ``mask`` at ``base[offset:]``; the others are untouched."""
+    vec = value.type
+    esize = 4 if _float_suffix(vec) == "f32" else 8
+    fn = builder.module.declare_intrinsic(
+        f"llvm.masked.store.v{vec.count}{_float_suffix(vec)}.p0",
+        fnty=ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask.type]))
+    builder.call(fn, [value, _vector_ptr(builder, base, offset, vec),
+                      ir.Constant(ir.IntType(32), esize), mask])
+
+
+def _lane_range(builder, first, lo, hi, count):
+    """Mask of the lanes ``l`` with ``lo <= first + l < hi`` (i32 arithmetic)."""
+    i32 = ir.IntType(32)
+    ivec = ir.VectorType(i32, count)
+    pos = builder.add(_splat(builder, builder.trunc(first, i32), ivec),
+                      ir.Constant(ivec, list(range(count))))
+    return builder.and_(builder.icmp_signed(">=", pos, _splat(builder, builder.trunc(lo, i32), ivec)),
+                        builder.icmp_signed("<", pos, _splat(builder, builder.trunc(hi, i32), ivec)))
+
+
+def _activation(builder, r, relu, relu6):
+    """relu (``relu`` or ``relu6`` set) then the clip at 6 (``relu6``), as in :func:`_epilogue`."""
+    vec = r.type
+    zero_v = ir.Constant(vec, [0.0] * vec.count)
+    six_v = ir.Constant(vec, [6.0] * vec.count)
+    # Compare-and-select keeps NaN (NaN < 0 is false), unlike llvm.maxnum.
+    clipped = builder.select(builder.fcmp_ordered("<", r, zero_v), zero_v, r)
+    r = builder.select(builder.or_(relu, relu6), clipped, r)
+    r6 = builder.select(builder.fcmp_ordered(">", r, six_v), six_v, r)
+    return builder.select(relu6, r6, r)
+
+
+def _shuffle(builder, a, b, indices):
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), len(indices)), list(indices))
+    return builder.shuffle_vector(a, b, mask)
+
+
+def make_winograd_input(dtype, lanes):
+    """Build the intrinsic computing ``V = B^T d B`` for ``lanes`` adjacent tiles of one channel.
+
+    Signature (jitted code only)::
+
+        winograd_input(x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab)
+
+    Tile lane ``l`` covers input rows ``y0 .. y0+3`` and columns ``col0+2l .. col0+2l+3``
+    of one channel plane with contiguous rows ``s_row`` elements apart; ``src`` is the
+    offset in ``x`` of (``y0``, ``col0``), which may lie outside the plane: pixels
+    outside rows ``[0, H)`` or columns ``[0, W)`` read as zero and are never loaded.
+    ``V[xi]`` for lanes ``lo <= l < hi`` is stored at ``buf[dst + xi*slab + l]``
+    (xi = 4*row + column of the 4x4 transformed tile); other lanes of ``buf`` are untouched.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+
+    def emit(context, builder, sig, args):
+        x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        x_ptr = _data(context, builder, sig.args[0], x, ir.Constant(intp, 0))
+        buf_ptr = _data(context, builder, sig.args[9], buf, dst)
+        zero_i = ir.Constant(intp, 0)
+        # Four loads per input row: columns col0+[0, 2*lanes) and col0+2+[0, 2*lanes).
+        offsets = (0, lanes, 2, lanes + 2)
+        col_masks = [_lane_range(builder, builder.add(col0, ir.Constant(intp, o)), zero_i, W, lanes)
+                     for o in offsets]
+        rows = []
+        for a in range(4):
+            ya = builder.add(y0, ir.Constant(intp, a))
+            inside = builder.and_(builder.icmp_signed(">=", ya, zero_i),
+                                  builder.icmp_signed("<", ya, H))
+            row_mask = _splat(builder, inside, ir.VectorType(ir.IntType(1), lanes))
+            start = builder.add(src, builder.mul(ir.Constant(intp, a), s_row))
+            rows.append([_masked_load(builder, x_ptr, builder.add(start, ir.Constant(intp, o)),
+                                      builder.and_(m, row_mask), vec)
+                         for o, m in zip(offsets, col_masks)])
+        # B^T down the columns: t = (d0 - d2, d1 + d2, d2 - d1, d1 - d3), per loaded vector.
+        d0, d1, d2, d3 = rows
+        t = [[builder.fsub(d0[i], d2[i]) for i in range(4)],
+             [builder.fadd(d1[i], d2[i]) for i in range(4)],
+             [builder.fsub(d2[i], d1[i]) for i in range(4)],
+             [builder.fsub(d1[i], d3[i]) for i in range(4)]]
+        even = list(range(0, 2 * lanes, 2))
+        odd = list(range(1, 2 * lanes, 2))
+        store_mask = _lane_range(builder, zero_i, lo, hi, lanes)
+        for r in range(4):
+            # Column b of every tile: b = 0, 1 from the loads at col0, b = 2, 3 from col0 + 2.
+            e0 = _shuffle(builder, t[r][0], t[r][1], even)
+            e1 = _shuffle(builder, t[r][0], t[r][1], odd)
+            e2 = _shuffle(builder, t[r][2], t[r][3], even)
+            e3 = _shuffle(builder, t[r][2], t[r][3], odd)
+            # ... then B along the row.
+            v = (builder.fsub(e0, e2), builder.fadd(e1, e2), builder.fsub(e2, e1),
+                 builder.fsub(e1, e3))
+            for b in range(4):
+                offset = builder.mul(ir.Constant(intp, 4 * r + b), slab)
+                _masked_store(builder, v[b], buf_ptr, offset, store_mask)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def winograd_input(typingctx, x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab):
+        i = types.intp
+        sig = types.void(x, i, i, i, i, i, i, i, i, buf, i, i)
+        return sig, emit
+
+    winograd_input.__name__ = f"{np.dtype(dtype).char}_winograd_input_{lanes}"
+    return winograd_input
+
+
+def make_winograd_output(dtype, lanes):
+    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation for ``lanes`` tiles.
+
+    Signature (jitted code only)::
+
+        winograd_output(m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias, epi)
+
+    ``m[src + xi*slab + l]`` is position ``xi`` of tile lane ``l``'s 4x4 product
+    (lanes contiguous).  Tile lane ``l`` writes output columns ``col0+2l`` and
+    ``col0+2l+1`` of the row at ``out[dst]`` and, when ``rows == 2``, of the next row
+    ``s_row`` elements further; only lanes ``lo <= l < hi`` and columns ``< Wo`` are
+    written.  ``epi``: ``EPI_BIAS_ROW`` adds the scalar ``bias``, then ``EPI_RELU`` /
+    ``EPI_RELU6`` as in the GEMM epilogue (NaN stays NaN).
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+
+    def emit(context, builder, sig, args):
+        m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias, epi = args
+        intp = context.get_value_type(types.intp)
+        fl = context.get_value_type(nb_float)
+        vec = ir.VectorType(fl, lanes)
+        esize = np.dtype(dtype).itemsize
+        m_ptr = _data(context, builder, sig.args[0], m, src)
+        out_ptr = _data(context, builder, sig.args[3], out, dst)
+        v = [builder.load(_vector_ptr(builder, m_ptr, builder.mul(ir.Constant(intp, xi), slab), vec),
+                          align=esize) for xi in range(16)]
+        # A^T m: rows 0+1+2 and 1-2-3 of each 4x4 block, then the same along the columns.
+        a = [builder.fadd(builder.fadd(v[j], v[4 + j]), v[8 + j]) for j in range(4)]
+        b = [builder.fsub(builder.fsub(v[4 + j], v[8 + j]), v[12 + j]) for j in range(4)]
+
+        def combine(r):
+            return (builder.fadd(builder.fadd(r[0], r[1]), r[2]),
+                    builder.fsub(builder.fsub(r[1], r[2]), r[3]))
+
+        flags = {name: builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
+                                           ir.Constant(epi.type, 0))
+                 for name, bit in (("row", EPI_BIAS_ROW), ("relu", EPI_RELU), ("relu6", EPI_RELU6))}
+        bias_v = _splat(builder, bias, vec)
+
+        def finish(y):
+            # select, not the add of a zero bias: y + 0.0 would turn -0.0 into +0.0.
+            y = builder.select(flags["row"], builder.fadd(y, bias_v), y)
+            return _activation(builder, y, flags["relu"], flags["relu6"])
+
+        zero_i = ir.Constant(intp, 0)
+        first = list(range(lanes // 2))
+        for r, row in enumerate((combine(a), combine(b))):
+            y0, y1 = finish(row[0]), finish(row[1])
+            # Interleave the two output columns of every tile into one row of 2*lanes values.
+            halves = (_shuffle(builder, y0, y1, [i for l in first for i in (l, lanes + l)]),
+                      _shuffle(builder, y0, y1, [i for l in first for i in (lanes // 2 + l,
+                                                                           lanes + lanes // 2 + l)]))
+            row_off = zero_i if r == 0 else s_row
+            wanted = builder.icmp_signed(">", rows, ir.Constant(intp, r))
+            with builder.if_then(wanted):
+                for h, half in enumerate(halves):
+                    start = ir.Constant(intp, h * lanes)
+                    # Position q of this half is output column col0 + start + q, tile lane (start+q)//2.
+                    mask = builder.and_(
+                        _lane_range(builder, start, builder.mul(lo, ir.Constant(intp, 2)),
+                                    builder.mul(hi, ir.Constant(intp, 2)), lanes),
+                        _lane_range(builder, builder.add(col0, start), zero_i, Wo, lanes))
+                    _masked_store(builder, half, out_ptr, builder.add(row_off, start), mask)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def winograd_output(typingctx, m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias,
+                        epi):
+        i = types.intp
+        sig = types.void(m, i, i, out, i, i, i, i, i, i, i, nb_float, i)
+        return sig, emit
+
+    winograd_output.__name__ = f"{np.dtype(dtype).char}_winograd_output_{lanes}"
+    return winograd_output

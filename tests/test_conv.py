@@ -127,6 +127,8 @@ ODD = {
     "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
     "valid_wide": ((1, 2, 3, 70), (130, 3, 3), dict(padding="valid")),
     "large_stride": ((1, 3, 17, 17), (8, 3, 3), dict(stride=4)),
+    "wide_tiles": ((3, 5, 6, 75), (9, 3, 3), dict(padding=1)),
+    "narrow_tiles": ((5, 9, 11, 3), (13, 3, 3), dict(padding=(0, 1))),
 }
 CASES = {**REAL, **ODD}
 
@@ -239,6 +241,85 @@ def test_output_transform_matches_AT():
     for k in range(K):
         np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
                                    atol=1e-12)
+
+
+def _vector_transform_case(dtype, H, W, pad, N=2):
+    """Geometry, strides and the run table of the vector transforms for an NCHW image."""
+    from tilegemm.conv import engine
+    mod = engine.conv_module(dtype)
+    Ho, Wo = H + 2 * pad - 2, W + 2 * pad - 2
+    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    geom = (H, W, Ho, Wo, pad, pad, TH, TW)
+    return mod, geom, TH, TW
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H, W, pad", [(9, 9, 1), (6, 40, 1), (5, 3, 0), (4, 70, 1), (1, 1, 1)])
+def test_vector_input_transform_matches_BT(dtype, H, W, pad):
+    """The NCHW input transform (B^T d B, lanes of tiles) writes packed B exactly."""
+    from tilegemm.conv import engine
+    mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad)
+    NR = engine.plan(dtype)[0].nr
+    N, C = 2, 3
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    xs = (C * H * W, H * W, W, 1)
+    tiles = N * TH * TW
+    T0 = 1 if tiles > 1 else 0                       # a block not starting at tile 0
+    nt = tiles - T0
+    NB = -(-nt // NR) * NR
+    runs = np.empty((NB, 9), np.int64)
+    nruns = mod.winograd_runs(T0, nt, geom, xs, (0, 0, 0, 0), runs)
+    p0, kc = 1, 2                                      # channels 1 and 2
+    slab = kc * NB
+    buf = np.full(16 * slab, np.nan, dtype)
+    mod.winograd_input_block(x.reshape(-1), 0, xs[1], xs[2], H, W, runs, nruns, p0, kc, buf, slab)
+    xp = np.zeros((N, C, H + 4 + 2 * pad, W + 4 + 2 * pad))
+    xp[:, :, pad:pad + H, pad:pad + W] = x
+    for j in range(nt):
+        n, r = divmod(T0 + j, TH * TW)
+        ty, tx = divmod(r, TW)
+        for p in range(kc):
+            d = xp[n, p0 + p, 2 * ty:2 * ty + 4, 2 * tx:2 * tx + 4]
+            got = buf[np.arange(16) * slab + (j // NR) * NR * kc + p * NR + j % NR]
+            np.testing.assert_allclose(got.reshape(4, 4), BT @ d @ BT.T, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"tile {T0 + j}, channel {p0 + p}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Ho, Wo", [(7, 7), (2, 33), (5, 2), (1, 1)])
+@pytest.mark.parametrize("activation", [0, 4, 8])
+def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
+    """The NCHW output transform (A^T m A + bias + activation) writes only the image."""
+    from tilegemm.conv import engine
+    from tilegemm.kernels.generator import EPI_BIAS_ROW
+    mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1)
+    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    geom = (Ho, Wo, Ho, Wo, 1, 1, TH, TW)
+    lanes = engine.plan(dtype)[0].lanes
+    N, K = 2, 3
+    tiles = N * TH * TW
+    NB = -(-tiles // lanes) * lanes
+    os_ = (K * Ho * Wo, Ho * Wo, Wo, 1)
+    runs = np.empty((NB, 9), np.int64)
+    nruns = mod.winograd_runs(0, tiles, geom, (0, 0, 0, 0), os_, runs)
+    m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
+    bias = RNG.standard_normal(K).astype(dtype)
+    out = np.full((N, K, Ho, Wo), np.nan, dtype)
+    mod.winograd_output_block(m.reshape(-1), K * NB, NB, runs, nruns, K, out.reshape(-1), 0,
+                              os_[1], os_[2], Wo, bias, activation | EPI_BIAS_ROW)
+    want = np.zeros((N, K, 2 * TH, 2 * TW))
+    for t in range(tiles):
+        n, r = divmod(t, TH * TW)
+        ty, tx = divmod(r, TW)
+        for k in range(K):
+            want[n, k, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = \
+                AT @ m[:, k, t].reshape(4, 4).astype(np.float64) @ AT.T + bias[k]
+    want = want[:, :, :Ho, :Wo]
+    if activation:
+        want = np.maximum(want, 0)
+    if activation == 8:
+        want = np.minimum(want, 6)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_winograd_identity():
