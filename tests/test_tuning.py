@@ -32,8 +32,10 @@ def test_blocking_follows_the_formulas(dtype):
     size = np.dtype(dtype).itemsize
     assert b.lanes * size * 8 == m.vector_bits
     assert b.nr % b.lanes == 0 and b.mc % b.mr == 0 and b.nc % b.nr == 0
-    # KC: an A and a B micro-panel fill L1d (rounded down to a multiple of 8).
-    assert b.kc <= m.l1d_bytes // ((b.mr + b.nr) * size) < b.kc + 8
+    # KC: the B micro-panel fills L1d (rounded down to a multiple of 8).
+    assert b.kc <= m.l1d_bytes // (b.nr * size) < b.kc + 8
+    # MC: the A block is about two L1s.
+    assert b.mc * b.kc * size <= 2 * m.l1d_bytes < (b.mc + b.mr) * b.kc * size
     assert b.nc * b.kc * size <= m.l2_bytes - m.l1d_bytes
     assert set(b.source.values()) == {"derived"}
 
