@@ -226,13 +226,14 @@ def winograd_output_block(m, slab, ldm, runs, nruns, K, out, o_off, sk, s_row, W
 
 @numba.njit(**JIT)
 def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out, o_off,
-                       os, bias, epi, KC, bpack, mbuf, tile, runs):
+                       os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs):
     """One task = a block of ``NB`` tiles: input transform, 16 GEMMs, output transform.
 
     ``upack`` holds the 16 transformed filter matrices U^T (K x C) as packed A, every
     row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
-    ``(xi*C + pc)*Kp``.  ``bpack`` (16 slabs of KC x NB) and ``mbuf`` (16 slabs of
-    Kp x NB) belong to the calling thread and stay in L2; ``runs`` holds NB rows of 9.
+    ``(xi*C + pc)*Kp``.  ``bpack`` (16 slabs of KC x NB, ``b_slab`` apart) and ``mbuf``
+    (16 slabs of Kp x NB, ``m_slab`` apart) belong to the calling thread and stay in L2;
+    ``runs`` holds NB rows of 9.
     ``epi``: EPI_BIAS_ROW (bias per output channel) and the activation flags.
     """
     H, W, Ho, Wo, py, px, TH, TW = geom
@@ -240,8 +241,6 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
     nt = min(NB, tiles_total - T0)
     ncols = (nt + NR - 1) // NR * NR
     nruns = winograd_runs(T0, nt, geom, xs, os, runs)
-    b_slab = KC * NB
-    m_slab = Kp * NB
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
         winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
@@ -262,8 +261,9 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
 
 @numba.njit(**JIT)
 def winograd_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
-                        tiles_total, out, o_off, os, bias, epi, KC, bpack, mbuf, tile, runs):
+                        tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf,
+                        tile, runs):
     """Tasks ``first, first+step, ...`` of :func:`winograd_nchw_task` on the calling thread."""
     for task in range(first, ntasks, step):
         winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out,
-                           o_off, os, bias, epi, KC, bpack, mbuf, tile, runs)
+                           o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs)

@@ -83,6 +83,16 @@ def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
     return max(NR, int(0.6 * l2_bytes) // per_tile // NR * NR)
 
 
+def _slab(size, itemsize):
+    """Distance between two of the 16 slabs: ``size`` plus one cache line, rounded to lines.
+
+    The transforms touch all 16 slabs at one offset; a power-of-two distance would put
+    those 16 lines in one L1 set (4 KiB aliasing), the extra line spreads them out.
+    """
+    line = 64 // itemsize
+    return engine.round_up(size, line) + line
+
+
 def run(x, w, bias, out, p, act):
     """Winograd convolution into ``out`` (C-contiguous in ``p.layout``); 3x3, stride 1, dilation 1."""
     if p.layout == "NCHW":
@@ -112,8 +122,9 @@ def _run_nchw(x, w, bias, out, p, act):
     NB = max(NR, min(NB, engine.round_up(-(-tiles_total // threads), NR)))
     ntasks = -(-tiles_total // NB)
     threads = min(threads, ntasks)
+    b_slab, m_slab = _slab(KC * NB, out.itemsize), _slab(Kp * NB, out.itemsize)
     bpacks, mbufs, tiles = engine.thread_buffers(
-        ("winograd_nchw", kernel.name), max(threads, 1), (16 * KC * NB, 16 * Kp * NB, MR * NR),
+        ("winograd_nchw", kernel.name), max(threads, 1), (16 * b_slab, 16 * m_slab, MR * NR),
         out.dtype)
     runs = [np.empty((NB, 9), np.int64) for _ in range(max(threads, 1))]
     epi = act | (EPI_BIAS_ROW if bias is not None else 0)
@@ -125,7 +136,7 @@ def _run_nchw(x, w, bias, out, p, act):
         b = (np.ascontiguousarray(bias[g * Kg:(g + 1) * Kg]) if bias is not None
              else np.zeros(1, out.dtype))
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, tiles_total,
-                of, g * Kg * os_[1], os_, b, epi, KC)
+                of, g * Kg * os_[1], os_, b, epi, KC, b_slab, m_slab)
         engine.launch(lambda t, step: mod.winograd_nchw_tasks(t, step, *args, bpacks[t], mbufs[t],
                                                               tiles[t], runs[t]),
                       threads)
