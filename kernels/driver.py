@@ -60,8 +60,13 @@ def _buffers(key, sizes, dtype):
     except AttributeError:
         store = _workspace.buffers = {}
     have = store.get(key)
-    if have is None or any(h.size < s for h, s in zip(have, sizes)):
-        have = store[key] = tuple(aligned_empty(max(s, 1), dtype) for s in sizes)
+    if have is not None:
+        for buf, size in zip(have, sizes):
+            if buf.size < size:
+                break
+        else:
+            return have
+    have = store[key] = tuple(aligned_empty(max(s, 1), dtype) for s in sizes)
     return have
 
 
@@ -71,26 +76,23 @@ _plans = {}
 def _plan(dtype, n=None):
     """(kernel, blocking) for a product with ``n`` columns, looked up once per process.
 
-    The default tile is the widest that fits the registers.  A product narrower
-    than its NR would spend most of each tile on zero padding, so when the
-    register tile was not overridden a narrower one is taken: the smallest NR
-    (a multiple of the vector width) that covers ``n``.
+    The default tile (``n`` None or wide) is the widest that fits the registers.
+    A product narrower than its NR would spend most of each tile on zero padding,
+    so when the register tile was not overridden a narrower one is taken: the
+    smallest NR (a multiple of the vector width) that covers ``n``.
     """
-    key = (dtype, n)
-    plan = _plans.get(key)
+    plan = _plans.get((dtype, n))  # narrow products are cached under their width
+    if plan is not None:
+        return plan
+    plan = _plans.get(dtype)
     if plan is None:
-        blk = blocking(dtype)
-        if n is not None and n < blk.nr and blk.source["nr"] == blk.source["mr"] == "derived":
-            mr, nr = min((t for t in register_tiles(detect().vector_registers, blk.lanes)
-                          if t[1] >= n), key=lambda t: t[1])
-            blk = blocking(dtype, mr=mr, nr=nr)
-        plan = _plans[key] = (get_kernel(dtype, blk.mr, blk.nr), blk)
+        plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
+    blk = plan[1]
+    if n is not None and n < blk.nr and blk.source["nr"] == blk.source["mr"] == "derived":
+        mr, nr = min((t for t in register_tiles(detect().vector_registers, blk.lanes)
+                      if t[1] >= n), key=lambda t: t[1])
+        plan = _plans[(dtype, n)] = (get_kernel(dtype, mr, nr), blocking(dtype, mr=mr, nr=nr))
     return plan
-
-
-def _width_class(n, lanes):
-    """Columns rounded up to whole vectors: the key under which narrow plans are cached."""
-    return -(-n // lanes) * lanes
 
 
 def reset_plans():
@@ -150,23 +152,30 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         return c
 
     dtype = c.dtype
-    kern, blk = _plan(dtype)
-    if n < kern.nr:
-        kern, blk = _plan(dtype, _width_class(n, kern.lanes))
-    args = (dtype.type(alpha),) + flat_view(a) + flat_view(b) + (dtype.type(beta),) + flat_view(c)[:3]
+    kern, blk = _plan(dtype, n)
+    scalar = dtype.type
+    args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
     bias = kern.no_bias if bias is None else bias
     if m == 1 or n == 1:
         _gemv(m, n, k, args, bias, epi)
         return c
+    flops = 2 * m * n * k
     if threads is None:
         # Only worth asking when the product is big enough to share.
-        threads = numba.get_num_threads() if 2 * m * n * k >= SERIAL_FLOPS else 1
-    threads = min(threads, max(1, 2 * m * n * k // SERIAL_FLOPS))
+        threads = numba.get_num_threads() if flops >= SERIAL_FLOPS else 1
+    threads = min(threads, max(1, flops // SERIAL_FLOPS))
     if threads <= 1:
         _serial(kern, blk, m, n, k, args, bias, epi)
     else:
         _threaded(kern, blk, m, n, k, args, bias, epi, threads)
     return c
+
+
+def _flat(x):
+    """:func:`tilegemm.packing.flat_view`, with the C-contiguous case answered inline."""
+    if x.flags.c_contiguous and x.size:
+        return x.reshape(-1), 0, x.shape[1], 1
+    return flat_view(x)
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
@@ -224,7 +233,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
 def _gemv(m, n, k, args, bias, epi):
     """m == 1 or n == 1: one pass over the matrix operand, no packing."""
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
-    (acc,) = _buffers("gemv/" + cf.dtype.name, (max(m, n),), cf.dtype)
+    (acc,) = _buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
     if n == 1:   # y (m) = A (m x k) @ b[:, 0]
         gemv(m, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, beta, cf, c_off, c_rs,
              bias, bool(epi & EPI_BIAS_ROW), epi, acc)
@@ -236,7 +245,7 @@ def _gemv(m, n, k, args, bias, epi):
 def _unpacked(kern, m, n, k, args, bias, epi):
     """The strided kernel straight on A and B; only the edge panels are packed."""
     MR, NR = kern.mr, kern.nr
-    apack, bpack, tile = _buffers(kern.name + "/unpacked", (MR * k, NR * k, MR * NR), kern.dtype)
+    apack, bpack, tile = _buffers((kern.name, "unpacked"), (MR * k, NR * k, MR * NR), kern.dtype)
     kern.module.gemm_small(m, n, k, *args, bias, epi, apack, bpack, tile)
 
 
@@ -246,5 +255,5 @@ def _packed(kern, blk, m, n, k, args, bias, epi):
     KC = max(1, min(blk.kc, k))
     NC = min(blk.nc, _round_up(n, NR))
     MC = min(blk.mc, _round_up(m, MR))
-    apack, bpack, tile = _buffers(kern.name + "/packed", (MC * KC, NC * KC, MR * NR), kern.dtype)
+    apack, bpack, tile = _buffers((kern.name, "packed"), (MC * KC, NC * KC, MR * NR), kern.dtype)
     kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack, tile)
