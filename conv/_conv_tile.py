@@ -17,7 +17,8 @@ import numba
 import numpy as np
 
 from tilegemm.config import JIT
-from tilegemm.kernels.generator import EPI_BIAS_ROW, make_winograd_input, make_winograd_output
+from tilegemm.kernels.generator import (EPI_BIAS_ROW, make_masked_copy, make_winograd_input,
+                                        make_winograd_output)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -35,9 +36,69 @@ macro_kernel = _KERNEL.module.macro_kernel
 LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
+masked_copy = make_masked_copy(DTYPE, LANES)
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
+
+@numba.njit(**JIT)
+def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
+    """:func:`pack_b_im2col` for NR-wide panels, with vector copies when stride and image rows allow.
+
+    With a horizontal stride of 1 and contiguous image rows, each panel row is a few
+    runs of one image row (one per output row the panel's columns cross), copied
+    LANES at a time by :func:`masked_copy` with the padding read as zero.  Other
+    geometries go to the scalar packer.  Same layout and assumptions.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    sc, s_row = xs[1], xs[2]
+    if sx != 1 or xs[3] != 1:
+        pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf)
+        return
+    seg_oh = np.empty(NR, np.int64)
+    seg_ow = np.empty(NR, np.int64)
+    seg_len = np.empty(NR, np.int64)
+    for jr in range(0, nc, NR):
+        cols = min(NR, nc - jr)
+        nseg = 0
+        col = j0 + jr
+        done = 0
+        while done < cols:
+            seg_oh[nseg] = col // Wo
+            seg_ow[nseg] = col % Wo
+            seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
+            done += seg_len[nseg]
+            col += seg_len[nseg]
+            nseg += 1
+        c = p0 // (kh * kw)
+        i = (p0 // kw) % kh
+        j = p0 % kw
+        dst = jr * kc
+        for p in range(kc):
+            out = dst
+            for s in range(nseg):
+                seg = seg_len[s]
+                ih = seg_oh[s] * sy + i * dy - py
+                iw0 = seg_ow[s] + j * dx - px
+                # A row outside the image reads as zeros: a row "width" of 0 masks every load.
+                width = W if 0 <= ih < H else 0
+                src = x_off + c * sc + ih * s_row + iw0
+                for t in range(0, seg, LANES):
+                    masked_copy(x, src + t, iw0 + t, width, buf, out + t, min(LANES, seg - t))
+                out += seg
+            if cols < NR:
+                masked_copy(x, 0, 0, 0, buf, dst + cols, NR - cols)
+                for t in range(cols + LANES, NR, LANES):
+                    masked_copy(x, 0, 0, 0, buf, dst + t, min(LANES, NR - t))
+            dst += NR
+            j += 1
+            if j == kw:
+                j = 0
+                i += 1
+                if i == kh:
+                    i = 0
+                    c += 1
+
 
 @numba.njit(**JIT)
 def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
@@ -60,7 +121,7 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
     ldc = os[1]
     for pc in range(0, ckk, KC):
         kc = min(KC, ckk - pc)
-        pack_b_im2col(x, xo, xs, geom, pc, kc, jc, nc, NR, bpack)
+        pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= ckk else 0
         for ic in range(m0, m1, MC):

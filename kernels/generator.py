@@ -498,3 +498,40 @@ def make_winograd_output(dtype, lanes):
 
     winograd_output.__name__ = f"{np.dtype(dtype).char}_winograd_output_{lanes}"
     return winograd_output
+
+
+def make_masked_copy(dtype, lanes):
+    """Build the intrinsic copying up to ``lanes`` elements of an image row, zeros off the row.
+
+    Signature (jitted code only)::
+
+        masked_copy(x, src, first, W, buf, dst, count)
+
+    For lanes ``l < count``: ``buf[dst + l] = x[src + l]`` when ``0 <= first + l < W``
+    (``first`` is the column of ``x[src]`` in its row of ``W`` pixels), else 0.  Pixels
+    off the row are never loaded and ``buf`` past ``count`` is untouched: the implicit
+    im2col packer's stride-1 row segments, padding included, in one vector each.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+
+    def emit(context, builder, sig, args):
+        x, src, first, W, buf, dst, count = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        zero_i = ir.Constant(intp, 0)
+        wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
+        inside = builder.and_(wanted, _lane_range(builder, first, zero_i, W, lanes))
+        value = _masked_load(builder, _data(context, builder, sig.args[0], x, zero_i), src,
+                             inside, vec)
+        _masked_store(builder, value, _data(context, builder, sig.args[4], buf, zero_i), dst,
+                      wanted)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def masked_copy(typingctx, x, src, first, W, buf, dst, count):
+        i = types.intp
+        return types.void(x, i, i, i, buf, i, i), emit
+
+    masked_copy.__name__ = f"{np.dtype(dtype).char}_masked_copy_{lanes}"
+    return masked_copy

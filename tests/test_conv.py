@@ -358,6 +358,36 @@ def test_pack_b_im2col_matches_explicit(geom):
             np.testing.assert_array_equal(panel, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("geom", [
+    dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), W=9),
+    dict(kernel=(3, 2), stride=(1, 1), padding=(2, 0, 3, 1), dilation=(2, 3), W=40),
+    dict(kernel=(2, 5), stride=(2, 3), padding=(0, 1, 2, 1), dilation=(2, 1), W=9),
+])
+def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
+    """The generated NCHW packer (vector row copies) writes the explicit patch matrix."""
+    from tilegemm.conv import engine
+    mod = engine.conv_module(dtype)
+    NR = engine.plan(dtype)[0].nr
+    C, H, W = 3, 7, geom["W"]
+    x = RNG.standard_normal((C, H, W)).astype(dtype)
+    col = im2col(x, geom["kernel"], geom["stride"], geom["padding"], geom["dilation"])
+    p = conv_params((1, C, H, W), (1, C) + geom["kernel"], geom["stride"],
+                    (geom["padding"][0], geom["padding"][2]), geom["dilation"])
+    p = p.__class__(**{**p.__dict__, "bottom": geom["padding"][1], "right": geom["padding"][3]})
+    for p0, kc, j0, nc in [(0, col.shape[0], 0, col.shape[1]), (2, 5, 3, 20), (7, 4, 5, 1)]:
+        kc = min(kc, col.shape[0] - p0)
+        nc = min(nc, col.shape[1] - j0)
+        buf = np.full(-(-nc // NR) * NR * kc, np.nan, dtype)
+        mod.pack_b_im2col_rows(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, buf)
+        for q in range(-(-nc // NR)):
+            panel = buf[q * NR * kc:(q + 1) * NR * kc].reshape(kc, NR)
+            want = np.zeros((kc, NR))
+            cols = min(NR, nc - q * NR)
+            want[:, :cols] = col[p0:p0 + kc, j0 + q * NR:j0 + q * NR + cols]
+            np.testing.assert_array_equal(panel, want)
+
+
 def test_pack_a_im2col_matches_explicit():
     N, C, H, W, MR = 2, 3, 6, 5, 6
     x = RNG.standard_normal((N, H, W, C))                            # NHWC
