@@ -150,19 +150,28 @@ def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_r
 
 @numba.njit(**JIT)
 def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-               c, c_off, ldc, bias, epi, apack, bpack, tile):
-    """``C = alpha*A@B + beta*C`` without packing, for products that sit in cache anyway.
+               c, c_off, ldc, bias, epi, KC, apack, bpack, tile):
+    """``C = alpha*A@B + beta*C`` without packing: the kernels read A and B in place.
 
-    B's columns must be contiguous (``b_cs == 1``, ``b_rs`` its row stride).
-    Only the last ``m % MR`` rows of A and ``n % NR`` columns of B are packed,
-    zero padded, into ``apack`` (MR*k) and ``bpack`` (NR*k).
+    For products whose reused operands sit in cache anyway.  k is still cut into
+    KC blocks (beta on the first, the epilogue on the last) so that the B rows
+    and A columns a block touches stay in L1/L2 however long k is.  B's columns
+    must be contiguous (``b_cs == 1``, ``b_rs`` its row stride).  Only the last
+    ``m % MR`` rows of A and ``n % NR`` columns of B are packed, zero padded,
+    into ``apack`` (MR*KC) and ``bpack`` (NR*KC).
     """
     m_full = m - m % MR
     n_full = n - n % NR
-    if m_full < m:
-        pack_a(a, a_off + m_full * a_rs, a_rs, a_cs, m - m_full, k, MR, apack)
-    if n_full < n:
-        pack_b(b, b_off + n_full * b_cs, b_rs, b_cs, k, n - n_full, NR, bpack)
     tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
-    small_tiles(0, tiles, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
-                c, c_off, ldc, bias, epi, apack, bpack, tile)
+    for pc in range(0, max(k, 1), KC):
+        kc = min(KC, k - pc)
+        a_pc = a_off + pc * a_cs
+        b_pc = b_off + pc * b_rs
+        if m_full < m:
+            pack_a(a, a_pc + m_full * a_rs, a_rs, a_cs, m - m_full, kc, MR, apack)
+        if n_full < n:
+            pack_b(b, b_pc + n_full * b_cs, b_rs, b_cs, kc, n - n_full, NR, bpack)
+        beta_pc = beta if pc == 0 else DTYPE(1)
+        epi_pc = epi if pc + KC >= k else 0
+        small_tiles(0, tiles, m, n, kc, alpha, a, a_pc, a_rs, a_cs, b, b_pc, b_rs, beta_pc,
+                    c, c_off, ldc, bias, epi_pc, apack, bpack, tile)
