@@ -102,20 +102,25 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
 
 @numba.njit(**JIT)
 def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                     out, o_off, os, bias, epi, KC, MC, NC, bpack, tile):
+                     out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
     """One task = (image n, NC block of output pixels, slice of output channels).
 
     ``apack`` holds the weights as packed A for every KC block (block ``pc`` at
-    ``pc*Mp``, ``Mp`` = M rounded up to MR).  B panels are packed from the image by
-    :func:`pack_b_im2col`; bias (per row) and activation ride on the last KC block.
+    ``pc*Mp``, ``Mp`` = M rounded up to MR, zero rows).  B panels are packed from the
+    image by :func:`pack_b_im2col_rows`; bias (per row, ``Mp`` values) and activation
+    ride on the last KC block.  When M is not a multiple of MR the last row panel runs
+    as a full tile into ``edge`` (MR x NC rounded up to NR), copied out at the end,
+    rather than through the scalar edge-tile path.
     """
     n = task // (n_jc * msplit)
     jb = (task // msplit) % n_jc
     m0 = (task % msplit) * mstep
     m1 = min(M, m0 + mstep)
+    m_full = m0 + (m1 - m0) // MR * MR
     pixels = geom[2] * geom[3]
     jc = jb * NC
     nc = min(NC, pixels - jc)
+    ld_edge = (NC + NR - 1) // NR * NR
     xo = x_off + n * xs[0]
     co = o_off + n * os[0]
     ldc = os[1]
@@ -124,20 +129,26 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
         pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= ckk else 0
-        for ic in range(m0, m1, MC):
-            mc = min(MC, m1 - ic)
+        for ic in range(m0, m_full, MC):
+            mc = min(MC, m_full - ic)
             macro_kernel(mc, nc, kc, apack[pc * Mp + ic * kc:], bpack, 0, out, co + ic * ldc + jc,
                          ldc, DTYPE(1), beta, bias, ic, jc, epi_pc, tile)
+        if m_full < m1:
+            macro_kernel(MR, nc, kc, apack[pc * Mp + m_full * kc:], bpack, 0, edge, 0, ld_edge,
+                         DTYPE(1), beta, bias, m_full, jc, epi_pc, tile)
+    for i in range(m1 - m_full):
+        dst = co + (m_full + i) * ldc + jc
+        for j in range(nc):
+            out[dst + j] = edge[i * ld_edge + j]
 
 
 @numba.njit(**JIT)
-def im2col_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                       out, o_off, os, bias, epi, KC, MC, NC, bpack, tile):
+def im2col_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
+                      n_jc, out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
     """Tasks ``first, first+step, ...`` of :func:`im2col_nchw_task` on the calling thread."""
     for task in range(first, ntasks, step):
         im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                         out, o_off, os, bias, epi, KC, MC, NC, bpack, tile)
-
+                         out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge)
 
 
 # --- implicit im2col, NHWC: out[N*Ho*Wo, K] = col^T @ W^T ------------------------------

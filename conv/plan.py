@@ -117,7 +117,8 @@ def choose(p, dtype=np.float32, threads=None):
             f" ({est[ranked[0]] / est[ranked[1]]:.2f}x of {ranked[1]})" if len(ranked) > 1 else "")
     path = algorithm
     if algorithm == "im2col" and p.pointwise:
-        path = "im2col (1x1 stride 1: plain GEMM on the image)"
+        path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
+                if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col":
         path = "im2col (implicit: B panels packed from the image)" if p.layout == "NCHW" else \
             "im2col (implicit: A panels packed from the image)"
