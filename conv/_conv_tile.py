@@ -17,7 +17,8 @@ import numba
 import numpy as np
 
 from tilegemm.config import JIT
-from tilegemm.kernels.generator import (EPI_BIAS_ROW, make_masked_copy, make_winograd_input,
+from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
+                                        make_direct_row, make_winograd_input,
                                         make_winograd_output)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col
@@ -37,6 +38,7 @@ LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
+direct_row = make_direct_row(DTYPE, LANES)
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
@@ -339,3 +341,56 @@ def winograd_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K
     for task in range(first, ntasks, step):
         winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out,
                            o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs)
+
+
+
+# --- direct convolution, NCHW, horizontal stride 1: vectors along the output row ---------
+
+@numba.njit(**JIT)
+def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
+    """One (image, group, block of <= KB output channels): every output row.
+
+    As ``tilegemm.conv.direct._nchw_task``, with LANES output pixels of a row at a
+    time through a channel's whole kernel window in one register (:func:`direct_row`,
+    padding read as zero); needs a horizontal stride of 1.  ``acc`` holds KB*Wo rounded up to LANES elements
+    per channel; ``shape = (N, C, K, groups)``; flat C-contiguous arrays.
+    """
+    N, C, K, groups = shape
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    Cg, Kg = C // groups, K // groups
+    blocks = (Kg + KB - 1) // KB
+    n = task // (groups * blocks)
+    g = (task // blocks) % groups
+    k0 = g * Kg + (task % blocks) * KB
+    kn = min(KB, (g + 1) * Kg - k0)
+    lda = (Wo + LANES - 1) // LANES * LANES
+    for oh in range(Ho):
+        acc[:kn * lda] = 0
+        y0 = oh * sy - py
+        for c in range(Cg):
+            src = ((n * C + g * Cg + c) * H + y0) * W - px
+            for kk in range(kn):
+                w_off = ((k0 + kk) * Cg + c) * kh * kw
+                for t in range(0, Wo, LANES):
+                    direct_row(x, src + t, W * 1, y0, H, t - px, W, min(LANES, Wo - t), w, w_off,
+                               kh, kw, dy, dx, acc, kk * lda + t)
+        for kk in range(kn):
+            dst = ((n * K + k0 + kk) * Ho + oh) * Wo
+            b = bias[k0 + kk] if has_bias else DTYPE(0)
+            for ow in range(Wo):
+                y = acc[kk * lda + ow]
+                if has_bias:
+                    y += b
+                # Compare-and-assign keeps NaN (NaN < 0 is false).
+                if act & (EPI_RELU | EPI_RELU6) and y < 0:
+                    y = 0
+                if act & EPI_RELU6 and y > 6:
+                    y = 6
+                out[dst + ow] = y
+
+
+@numba.njit(**JIT)
+def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
+    """Tasks ``first, first+step, ...`` of :func:`direct_nchw_task` on the calling thread."""
+    for task in range(first, ntasks, step):
+        direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)

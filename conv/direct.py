@@ -135,6 +135,17 @@ def run(x, w, bias, out, p, act):
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
+    if p.layout == "NCHW" and p.sx == 1:
+        # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
+        mod = engine.conv_module(out.dtype)
+        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        threads = engine.threads_for(p.flops, ntasks)
+        (accs,) = engine.thread_buffers("direct_nchw_vec", max(threads, 1),
+                                        (KB * engine.round_up(p.Wo, 64),), out.dtype)
+        wf = np.ascontiguousarray(w).reshape(-1)
+        args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom, KB)
+        engine.launch(lambda t, step: mod.direct_nchw_tasks(t, step, *args, accs[t]), threads)
+        return out
     if p.layout == "NCHW":
         ntasks = p.N * p.groups * -(-p.Kg // KB)
         threads = engine.threads_for(p.flops, ntasks)

@@ -23,16 +23,22 @@ from tilegemm.conv.params import conv_params
 GEMM_EFFICIENCY = 0.80
 #: Reduction length at which the micro-kernel's tile load/store costs as much as its k loop.
 K_HALF = 24
-#: Fraction of peak of the direct loops (measured ~1-1.5% on ResNet layers: scalar-ish loops).
+#: Fraction of peak of the scalar direct loops (NHWC, or a horizontal stride > 1): ~1-1.5%.
 DIRECT_EFFICIENCY = 0.015
+#: ... and of the vector direct loop (NCHW, horizontal stride 1): ~3.5% on MobileNet depthwise.
+DIRECT_VECTOR_EFFICIENCY = 0.035
 #: Seconds of Python-side set-up per group (im2col and Winograd run one GEMM driver per group).
 GROUP_OVERHEAD = 20e-6
-#: Elements per nanosecond per thread written by the im2col packers.
+#: Elements per nanosecond per thread written by the im2col packers (scalar / vector rows).
 PACK_RATE = 2.0
+PACK_RATE_VECTOR = 3.0
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
 WINOGRAD_OUT_RATE = 0.20
+#: The same for the NCHW vector transforms (a vector of adjacent tiles at a time).
+WINOGRAD_IN_RATE_VECTOR = 0.4
+WINOGRAD_OUT_RATE_VECTOR = 0.8
 
 
 @dataclass(frozen=True)
@@ -91,15 +97,21 @@ def estimates(p, dtype=np.float32, threads=1):
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
-    pack = p.N * p.groups * ckk * pixels * ns / PACK_RATE
+    vector_rows = p.layout == "NCHW" and p.sx == 1
+    pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows else PACK_RATE)
     out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
         tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
         flops = 2 * 16 * tiles * p.Cg * p.K
         gemm = _gemm_seconds(flops, tiles, p.Kg, p.Cg, mr, nr, peak)
-        transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
+        if p.layout == "NCHW":
+            rate_in, rate_out = WINOGRAD_IN_RATE_VECTOR, WINOGRAD_OUT_RATE_VECTOR
+        else:
+            rate_in, rate_out = WINOGRAD_IN_RATE, WINOGRAD_OUT_RATE
+        transforms = tiles * (p.C * ns / rate_in + p.K * ns / rate_out)
         out["winograd"] = gemm + transforms + p.groups * GROUP_OVERHEAD
-    out["direct"] = p.flops / (DIRECT_EFFICIENCY * peak)
+    out["direct"] = p.flops / ((DIRECT_VECTOR_EFFICIENCY if vector_rows else DIRECT_EFFICIENCY)
+                               * peak)
     return out
 
 

@@ -535,3 +535,194 @@ def make_masked_copy(dtype, lanes):
 
     masked_copy.__name__ = f"{np.dtype(dtype).char}_masked_copy_{lanes}"
     return masked_copy
+
+
+def _reduce_add(builder, vec_value):
+    """Sum of a vector's lanes as a tree of halvings: log2(lanes) dependent adds, not lanes."""
+    i32 = ir.IntType(32)
+    while vec_value.type.count > 1:
+        half = vec_value.type.count // 2
+        undef = ir.Constant(vec_value.type, ir.Undefined)
+        lo = builder.shuffle_vector(vec_value, undef, ir.Constant(ir.VectorType(i32, half), list(range(half))))
+        hi = builder.shuffle_vector(vec_value, undef,
+                                    ir.Constant(ir.VectorType(i32, half), list(range(half, 2 * half))))
+        vec_value = builder.fadd(lo, hi)
+    return builder.extract_element(vec_value, ir.Constant(i32, 0))
+
+
+def make_gemv_kernels(dtype, lanes, rows=4):
+    """Vector-IR building blocks of the matrix-vector path, ``rows`` rows or columns at a time.
+
+    Returns ``(dot, axpy)``, intrinsics callable from jitted code (``rows=1`` gives
+    a single dot product):
+
+    * ``dot(kv, m, m_off, m_rs, x, x_off, out, out_off)``: ``out[out_off + r] =
+      sum_p M[r, p] * x[p]`` for ``r < rows`` and ``p < kv`` (``kv`` a multiple of
+      ``lanes``); rows contiguous, ``m_rs`` apart.  Two accumulators per row keep
+      enough FMAs in flight.
+    * ``axpy(nv, m, m_off, m_cs, x, x_off, x_s, y, y_off)``: ``y[i] += sum_c
+      M[i, c] * x[c]`` for ``c < rows`` columns (``m_cs`` apart, each contiguous)
+      and ``i < nv`` (a multiple of ``lanes``).
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+
+    def setup(context, builder):
+        fl = context.get_value_type(nb_float)
+        return ir.VectorType(fl, lanes), context.get_value_type(types.intp)
+
+    def emit_dot(context, builder, sig, args):
+        kv, m, m_off, m_rs, x, x_off, out, out_off = args
+        vec, intp = setup(context, builder)
+        m_ptr = _data(context, builder, sig.args[1], m, m_off)
+        x_ptr = _data(context, builder, sig.args[4], x, x_off)
+        o_ptr = _data(context, builder, sig.args[6], out, out_off)
+        zero = ir.Constant(vec, [0.0] * lanes)
+        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(rows)]
+        row_ptrs = [builder.gep(m_ptr, [builder.mul(ir.Constant(intp, r), m_rs)]) for r in range(rows)]
+        step = ir.Constant(intp, 2 * lanes)
+        pairs = builder.sdiv(kv, step)
+        with cgutils.for_range(builder, pairs) as loop:
+            base = builder.mul(loop.index, step)
+            for half in range(2):
+                p = builder.add(base, ir.Constant(intp, half * lanes))
+                xv = builder.load(_vector_ptr(builder, x_ptr, p, vec), align=esize)
+                for r in range(rows):
+                    mv = builder.load(_vector_ptr(builder, row_ptrs[r], p, vec), align=esize)
+                    builder.store(_fma(builder, mv, xv, builder.load(acc[r][half])), acc[r][half])
+        with builder.if_then(builder.icmp_signed("!=", builder.mul(pairs, step), kv)):
+            p = builder.mul(pairs, step)
+            xv = builder.load(_vector_ptr(builder, x_ptr, p, vec), align=esize)
+            for r in range(rows):
+                mv = builder.load(_vector_ptr(builder, row_ptrs[r], p, vec), align=esize)
+                builder.store(_fma(builder, mv, xv, builder.load(acc[r][0])), acc[r][0])
+        for r in range(rows):
+            total = builder.fadd(builder.load(acc[r][0]), builder.load(acc[r][1]))
+            builder.store(_reduce_add(builder, total), builder.gep(o_ptr, [ir.Constant(intp, r)]))
+        return context.get_dummy_value()
+
+    def emit_axpy(context, builder, sig, args):
+        nv, m, m_off, m_cs, x, x_off, x_s, y, y_off = args
+        vec, intp = setup(context, builder)
+        m_ptr = _data(context, builder, sig.args[1], m, m_off)
+        x_ptr = _data(context, builder, sig.args[4], x, x_off)
+        y_ptr = _data(context, builder, sig.args[7], y, y_off)
+        cols = [builder.gep(m_ptr, [builder.mul(ir.Constant(intp, c), m_cs)]) for c in range(rows)]
+        xs = [_splat(builder, builder.load(builder.gep(x_ptr, [builder.mul(ir.Constant(intp, c), x_s)])), vec)
+              for c in range(rows)]
+        step = ir.Constant(intp, lanes)
+        with cgutils.for_range(builder, builder.sdiv(nv, step)) as loop:
+            i = builder.mul(loop.index, step)
+            y_vec = _vector_ptr(builder, y_ptr, i, vec)
+            total = builder.load(y_vec, align=esize)
+            for c in range(rows):
+                mv = builder.load(_vector_ptr(builder, cols[c], i, vec), align=esize)
+                total = _fma(builder, mv, xs[c], total)
+            builder.store(total, y_vec, align=esize)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def dot(typingctx, kv, m, m_off, m_rs, x, x_off, out, out_off):
+        i = types.intp
+        return types.void(i, m, i, i, x, i, out, i), emit_dot
+
+    @intrinsic
+    def axpy(typingctx, nv, m, m_off, m_cs, x, x_off, x_s, y, y_off):
+        i = types.intp
+        return types.void(i, m, i, i, x, i, i, y, i), emit_axpy
+
+    return dot, axpy
+
+
+def make_masked_fma(dtype, lanes):
+    """Build the intrinsic adding ``w`` times up to ``lanes`` pixels of an image row into a row.
+
+    Signature (jitted code only)::
+
+        masked_fma(x, src, first, W, count, w, acc, a_off)
+
+    For lanes ``l < count``: ``acc[a_off + l] += w * x[src + l]``, the pixel reading as 0
+    unless ``0 <= first + l < W`` (``first``: its column in a row of ``W`` pixels).
+    Pixels off the row are never loaded; ``acc`` past ``count`` is untouched.  The
+    inner step of the direct convolution along a stride-1 output row.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+
+    def emit(context, builder, sig, args):
+        x, src, first, W, count, w, acc, a_off = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        zero_i = ir.Constant(intp, 0)
+        wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
+        inside = builder.and_(wanted, _lane_range(builder, first, zero_i, W, lanes))
+        pixels = _masked_load(builder, _data(context, builder, sig.args[0], x, zero_i), src,
+                              inside, vec)
+        acc_ptr = _data(context, builder, sig.args[6], acc, zero_i)
+        total = _fma(builder, _splat(builder, w, vec), pixels,
+                     _masked_load(builder, acc_ptr, a_off, wanted, vec))
+        _masked_store(builder, total, acc_ptr, a_off, wanted)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def masked_fma(typingctx, x, src, first, W, count, w, acc, a_off):
+        i = types.intp
+        return types.void(x, i, i, i, i, nb_float, acc, i), emit
+
+    masked_fma.__name__ = f"{np.dtype(dtype).char}_masked_fma_{lanes}"
+    return masked_fma
+
+
+def make_direct_row(dtype, lanes):
+    """Build the intrinsic adding one channel's whole kernel window into ``lanes`` output pixels.
+
+    Signature (jitted code only)::
+
+        direct_row(x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off)
+
+    For lanes ``l < count``: ``acc[a_off + l] += sum_{i<kh, j<kw} w[w_off + i*kw + j] *
+    x[src + i*dy*s_row + j*dx + l]``, a pixel reading as 0 unless its row ``y0 + i*dy``
+    lies in ``[0, H)`` and its column ``first + j*dx + l`` in ``[0, W)``.  The sum stays
+    in a register across the kernel window: one load and one store of ``acc`` per call.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+
+    def emit(context, builder, sig, args):
+        x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        zero_i = ir.Constant(intp, 0)
+        x_ptr = _data(context, builder, sig.args[0], x, zero_i)
+        w_ptr = _data(context, builder, sig.args[8], w, w_off)
+        acc_ptr = _data(context, builder, sig.args[14], acc, zero_i)
+        wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
+        total = cgutils.alloca_once_value(builder, _masked_load(builder, acc_ptr, a_off, wanted, vec))
+        no_lanes = ir.Constant(wanted.type, [0] * lanes)
+        with cgutils.for_range(builder, kh) as row_loop:
+            i = row_loop.index
+            ya = builder.add(y0, builder.mul(i, dy))
+            inside = builder.and_(builder.icmp_signed(">=", ya, zero_i), builder.icmp_signed("<", ya, H))
+            row_mask = builder.select(inside, wanted, no_lanes)
+            row_src = builder.add(src, builder.mul(builder.mul(i, dy), s_row))
+            with cgutils.for_range(builder, kw) as col_loop:
+                j = col_loop.index
+                shift = builder.mul(j, dx)
+                mask = builder.and_(row_mask,
+                                    _lane_range(builder, builder.add(first, shift), zero_i, W, lanes))
+                pixels = _masked_load(builder, x_ptr, builder.add(row_src, shift), mask, vec)
+                weight = builder.load(builder.gep(w_ptr, [builder.add(builder.mul(i, kw), j)]))
+                builder.store(_fma(builder, _splat(builder, weight, vec), pixels,
+                                   builder.load(total)), total)
+        _masked_store(builder, builder.load(total), acc_ptr, a_off, wanted)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx,
+                   acc, a_off):
+        i = types.intp
+        return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, acc, i), emit
+
+    direct_row.__name__ = f"{np.dtype(dtype).char}_direct_row_{lanes}"
+    return direct_row
