@@ -5,6 +5,9 @@ file, with the configuration block below filled in, so that MR and NR are
 compile-time constants and Numba can cache each module's machine code in its own
 file.  Read it as the GEMM algorithm; it is also importable as is (float32 6x64).
 
+The matrix-vector path (m == 1 or n == 1) lives here too, on the same
+generator's dot/axpy blocks, at the end of the file.
+
 Loops, outermost first (BLIS names):
     jc  over n in steps of NC   -- a KC x NC panel of B is packed once per (jc, pc)
     pc  over k in steps of KC   -- beta on the first pc only, the epilogue on the last
@@ -17,7 +20,7 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
-                                        make_microkernel)
+                                        make_gemv_kernels, make_microkernel)
 from tilegemm.packing.pack import pack_a, pack_b
 
 # --- configuration ---
@@ -29,6 +32,8 @@ LANES = 16
 
 ukernel = make_microkernel(DTYPE, MR, NR, LANES)
 ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
+gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
+gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 
 
@@ -175,3 +180,99 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
         epi_pc = epi if pc + KC >= k else 0
         small_tiles(0, tiles, m, n, kc, alpha, a, a_pc, a_rs, a_cs, b, b_pc, b_rs, beta_pc,
                     c, c_off, ldc, bias, epi_pc, apack, bpack, tile)
+
+
+# ---------------------------------------------------------------- matrix-vector path
+# Packing would copy the whole matrix to use one row or column of each tile, so
+# GEMMs with m == 1 or n == 1 bypass the engine: y = alpha * M @ x + beta * y
+# streams M once, in whichever order its strides make contiguous.
+
+@numba.njit(inline="always", **JIT)
+def apply_epilogue(x, bias, bias_idx, epi):
+    """Bias and activation on one value (scalar twin of the micro-kernel epilogue)."""
+    if epi & (EPI_BIAS_ROW | EPI_BIAS_COL):
+        x += bias[bias_idx]
+    if epi & (EPI_RELU | EPI_RELU6) and x < 0:
+        x = 0
+    if epi & EPI_RELU6 and x > 6:
+        x = 6
+    return x
+
+
+@numba.njit(**JIT)
+def dot_rows(rows, k, m, m_off, m_rs, x, x_off, acc):
+    """acc[i] = M[i, :] . x for rows-contiguous M and contiguous x.
+
+    Four rows at a time through the vector-IR ``gemv_dot`` (each load of x feeds
+    four rows), the last ``k % LANES`` columns and ``rows % 4`` rows in plain loops.
+    """
+    kv = k - k % LANES
+    i = 0
+    while i + 4 <= rows:
+        gemv_dot(kv, m, m_off + i * m_rs, m_rs, x, x_off, acc, i)
+        for r in range(i, i + 4):
+            acc[r] += _dot_tail(m, m_off + r * m_rs, x, x_off, kv, k)
+        i += 4
+    for r in range(i, rows):
+        base = m_off + r * m_rs
+        gemv_dot1(kv, m, base, m_rs, x, x_off, acc, r)
+        acc[r] += _dot_tail(m, base, x, x_off, kv, k)
+
+
+@numba.njit(inline="always", **JIT)
+def _dot_tail(m, base, x, x_off, start, stop):
+    """sum(m[base + p] * x[x_off + p] for p in start..stop-1), in a register."""
+    s = DTYPE(0)
+    for p in range(start, stop):
+        s += m[base + p] * x[x_off + p]
+    return s
+
+
+@numba.njit(**JIT)
+def axpy_columns(rows, k, m, m_off, m_cs, x, x_off, x_s, acc):
+    """acc = M @ x for columns-contiguous M: four whole columns per pass over acc."""
+    for i in range(rows):
+        acc[i] = 0
+    nv = rows - rows % LANES
+    p = 0
+    while p + 4 <= k:
+        gemv_axpy(nv, m, m_off + p * m_cs, m_cs, x, x_off + p * x_s, x_s, acc, 0)
+        for i in range(nv, rows):
+            s = acc[i]
+            for c in range(p, p + 4):
+                s += m[m_off + c * m_cs + i] * x[x_off + c * x_s]
+            acc[i] = s
+        p += 4
+    for q in range(p, k):
+        base = m_off + q * m_cs
+        xq = x[x_off + q * x_s]
+        for i in range(rows):
+            acc[i] += m[base + i] * xq
+
+
+@numba.njit(**JIT)
+def gemv(rows, k, alpha, m, m_off, m_rs, m_cs, x, x_off, x_s, beta, y, y_off, y_s,
+         bias, bias_row, epi, acc):
+    """``y = alpha * M @ x + beta * y`` with M ``rows x k`` and an optional epilogue.
+
+    ``bias_row`` says whether the bias is indexed by the row of y (else it has one
+    value, at index 0 -- the other GEMM dimension is 1).  ``acc`` holds ``rows``
+    elements of scratch.  Reads y only when ``beta != 0``.
+    """
+    if m_cs == 1 and x_s == 1:
+        dot_rows(rows, k, m, m_off, m_rs, x, x_off, acc)
+    elif m_rs == 1 and rows > 1:
+        axpy_columns(rows, k, m, m_off, m_cs, x, x_off, x_s, acc)
+    else:
+        # Neither layout is contiguous: plain strided dot products.
+        for i in range(rows):
+            s = DTYPE(0)
+            base = m_off + i * m_rs
+            for p in range(k):
+                s += m[base + p * m_cs] * x[x_off + p * x_s]
+            acc[i] = s
+    for i in range(rows):
+        v = alpha * acc[i]
+        if beta != 0:
+            v += beta * y[y_off + i * y_s]
+        y[y_off + i * y_s] = apply_epilogue(v, bias, i if bias_row else 0, epi)

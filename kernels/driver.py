@@ -3,7 +3,7 @@
 ``gemm_into(a, b, c, alpha, beta)`` computes ``c = alpha * a @ b + beta * c`` for
 validated 2-D float arrays of one dtype.  It chooses between
 
-* the matrix-vector path when m == 1 or n == 1 (:mod:`tilegemm.kernels.gemv`),
+* the matrix-vector path when m == 1 or n == 1 (``gemv`` in ``kernels/_tile.py``),
 * the unpacked path when B's rows are contiguous and the operands it reuses stay
   in L2: the strided micro-kernel reads A and B in place,
 * the five-loop driver over packed panels otherwise.
@@ -23,7 +23,6 @@ import threading
 import numba
 import numpy as np
 
-from tilegemm.kernels.gemv import gemv
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
@@ -160,7 +159,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
     bias = kern.no_bias if bias is None else bias
     if m == 1 or n == 1:
-        _gemv(m, n, k, args, bias, epi)
+        _gemv(kern, m, n, k, args, bias, epi)
         return c
     flops = 2 * m * n * k
     if threads is None:
@@ -235,10 +234,11 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
         f.result()
 
 
-def _gemv(m, n, k, args, bias, epi):
+def _gemv(kern, m, n, k, args, bias, epi):
     """m == 1 or n == 1: one pass over the matrix operand, no packing."""
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     (acc,) = _buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
+    gemv = kern.module.gemv
     if n == 1:   # y (m) = A (m x k) @ b[:, 0]
         gemv(m, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, beta, cf, c_off, c_rs,
              bias, bool(epi & EPI_BIAS_ROW), epi, acc)
