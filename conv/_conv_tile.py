@@ -372,7 +372,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
             for kk in range(kn):
                 w_off = ((k0 + kk) * Cg + c) * kh * kw
                 for t in range(0, Wo, LANES):
-                    direct_row(x, src + t, W * 1, y0, H, t - px, W, min(LANES, Wo - t), w, w_off,
+                    direct_row(x, src + t, W, y0, H, t - px, W, min(LANES, Wo - t), w, w_off,
                                kh, kw, dy, dx, acc, kk * lda + t)
         for kk in range(kn):
             dst = ((n * K + k0 + kk) * Ho + oh) * Wo

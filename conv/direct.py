@@ -7,7 +7,9 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
 
 * NCHW -- lanes over the output width: for each kernel tap, one input row segment
   is multiplied into ``KB`` output-channel rows (each input value loaded once per
-  block of channels).
+  block of channels).  With a horizontal stride of 1 the generated
+  ``direct_nchw_task`` (``conv/_conv_tile.py``) runs instead: explicit vectors of
+  output pixels, a channel's whole kernel window summed in one register.
 * NHWC -- lanes over the channels: for each output pixel and kernel tap, the
   pixel's channel vector is multiplied into the ``K`` accumulators.
 
