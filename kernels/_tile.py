@@ -182,6 +182,23 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
                     c, c_off, ldc, bias, epi_pc, apack, bpack, tile)
 
 
+@numba.njit(**JIT)
+def sum_parts(m, n, parts, alpha, beta, c, c_off, ldc, bias, epi):
+    """C = alpha * sum(parts) + beta * C, then the epilogue: the end of a k split among threads.
+
+    ``parts[t]`` holds thread t's ``m x n`` partial product, row-major.
+    """
+    for i in range(m):
+        for j in range(n):
+            s = DTYPE(0)
+            for t in range(parts.shape[0]):
+                s += parts[t, i * n + j]
+            x = alpha * s
+            if beta != 0:
+                x += beta * c[c_off + i * ldc + j]
+            c[c_off + i * ldc + j] = apply_epilogue(x, bias, i if epi & EPI_BIAS_ROW else j, epi)
+
+
 # ---------------------------------------------------------------- matrix-vector path
 # Packing would copy the whole matrix to use one row or column of each tile, so
 # GEMMs with m == 1 or n == 1 bypass the engine: y = alpha * M @ x + beta * y

@@ -29,8 +29,15 @@ from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import detect
 
-#: Below this many flops (2*m*n*k) one thread does the whole product.
-SERIAL_FLOPS = 2 * 128 ** 3
+#: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
+#: pool thread costs ~65 us here (wake-up), and 256^3 float32 gained only 1.1x from two.
+SERIAL_FLOPS = 2 * 250 ** 3
+
+#: A matrix-vector product is shared only when its matrix has this many elements per thread.
+GEMV_SERIAL_ELEMENTS = 1 << 20
+
+#: Split k among threads only when each slice has at least this many.
+SPLIT_K_MIN = 1024
 
 _workspace = threading.local()
 _pool = None
@@ -158,14 +165,15 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     scalar = dtype.type
     args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
     bias = kern.no_bias if bias is None else bias
+    # Work in units worth a thread each: GEMV is bound by reading its matrix once.
     if m == 1 or n == 1:
-        _gemv(kern, m, n, k, args, bias, epi)
-        return c
-    flops = 2 * m * n * k
+        shares = m * n * k // GEMV_SERIAL_ELEMENTS
+    else:
+        shares = 2 * m * n * k // SERIAL_FLOPS
     if threads is None:
         # Only worth asking when the product is big enough to share.
-        threads = numba.get_num_threads() if flops >= SERIAL_FLOPS else 1
-    threads = min(threads, max(1, flops // SERIAL_FLOPS))
+        threads = numba.get_num_threads() if shares >= 2 else 1
+    threads = min(threads, max(1, shares))
     if threads <= 1:
         _serial(kern, blk, m, n, k, args, bias, epi)
     else:
@@ -181,8 +189,10 @@ def _flat(x):
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
-    """One thread: the unpacked path when what it reuses stays in cache, else the packed one."""
-    if args[8] == 1 and _fits_unpacked(kern, m, n, k):
+    """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
+    if m == 1 or n == 1:
+        _gemv(kern, m, n, k, args, bias, epi)
+    elif args[8] == 1 and _fits_unpacked(kern, m, n, k):
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
@@ -207,7 +217,15 @@ def _fits_unpacked(kern, m, n, k):
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
-    """Cut C into ``threads`` blocks along its longer side; one serial product per thread."""
+    """Share one product among ``threads`` threads, each running a serial product.
+
+    C is cut into one block per thread along its longer side; when C has too few
+    tiles to go round and k is long, k is cut instead (:func:`_split_k`).
+    """
+    tiles = -(-m // kern.mr) * -(-n // kern.nr)
+    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+        _split_k(kern, blk, m, n, k, args, bias, epi, threads)
+        return
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     by_rows = m / kern.mr >= n / kern.nr
     unit = kern.mr if by_rows else kern.nr
@@ -227,9 +245,32 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
         flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
         sub_bias = bias[start:] if epi & flag else bias
         jobs.append((kern, blk, shape[0], shape[1], k, sub, sub_bias, epi))
+    _run(jobs)
+
+
+def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
+    """Each thread multiplies a slice of k into its own partial C; one pass sums them into C.
+
+    For products like 32x32x32768, whose C has fewer tiles than there are threads.
+    """
+    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
+    one, zero = kern.dtype.type(1), kern.dtype.type(0)
+    step = _round_up(-(-k // threads), 8)
+    parts = np.empty((-(-k // step), m * n), kern.dtype)
+    jobs = []
+    for t, k0 in enumerate(range(0, k, step)):
+        sub = (one, af, a_off + k0 * a_cs, a_rs, a_cs, bf, b_off + k0 * b_rs, b_rs, b_cs,
+               zero, parts[t], 0, n)
+        jobs.append((kern, blk, m, n, min(step, k - k0), sub, kern.no_bias, 0))
+    _run(jobs)
+    kern.module.sum_parts(m, n, parts, alpha, beta, cf, c_off, c_rs, bias, epi)
+
+
+def _run(jobs):
+    """Run ``_serial(*job)`` for every job: the first on this thread, the rest on the pool."""
     pool = _executor(len(jobs) - 1)
     futures = [pool.submit(_serial, *job) for job in jobs[1:]]
-    _serial(*jobs[0])  # the calling thread takes the first block itself
+    _serial(*jobs[0])
     for f in futures:
         f.result()
 

@@ -288,3 +288,37 @@ def test_concurrent_calls_from_python_threads():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(32, 32, 20000), (7, 40, 9000), (1, 3000, 3000), (3000, 1, 3000),
+                                   (300, 700, 200), (700, 300, 200)])
+@pytest.mark.parametrize("epi_name", ["none", "bias_row_relu", "bias_col_relu6"])
+def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch):
+    """Two threads: split over rows, columns or k (small C, long k), GEMV split, fused epilogue."""
+    from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+    monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
+    splits = []
+    real_split_k, real_run = driver._split_k, driver._run
+    monkeypatch.setattr(driver, "_split_k", lambda *a: (splits.append("k"), real_split_k(*a)))
+    monkeypatch.setattr(driver, "_run", lambda jobs: (splits.append(len(jobs)), real_run(jobs)))
+    m, n, k = shape
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    epi, bias = 0, None
+    ref = ref_gemm(a, b, c0, 1.5, 0.5)
+    if epi_name == "bias_row_relu":
+        epi, bias = EPI_BIAS_ROW | EPI_RELU, rng.standard_normal(m).astype(dtype)
+        ref = np.maximum(ref + bias[:, None], 0)
+    elif epi_name == "bias_col_relu6":
+        epi, bias = EPI_BIAS_COL | EPI_RELU6, rng.standard_normal(n).astype(dtype)
+        ref = np.clip(ref + bias[None, :], 0, 6)
+    c = c0.copy()
+    gemm_into(a, b, c, 1.5, 0.5, bias, epi, threads=2)
+    assert 2 in splits, "the product was not shared between two threads"
+    kern, _ = driver._plan(np.dtype(dtype), n)
+    few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
+    assert ("k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
+    extra = np.abs(c0) + (0 if bias is None else np.abs(bias).max())
+    assert_close(c, ref, 4 * error_bound(a, b, k, dtype, extra=extra), f"{shape} {epi_name} threads=2")
