@@ -183,6 +183,24 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
 
 
 @numba.njit(**JIT)
+def matmul_small(a, b, c, KC):
+    """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
+
+    The unpacked path with its scratch panels allocated here: for products of a
+    few microseconds the Python-side bookkeeping of the general entry costs more
+    than the arithmetic.  Assumes m, n >= 2 and matching shapes.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    kc = max(1, min(KC, k))
+    apack = np.empty(MR * kc, DTYPE)
+    bpack = np.empty(NR * kc, DTYPE)
+    tile = np.empty(MR * NR, DTYPE)
+    gemm_small(m, n, k, DTYPE(1), a.reshape(-1), 0, k, 1, b.reshape(-1), 0, n, 1, DTYPE(0),
+               c.reshape(-1), 0, n, NO_BIAS, 0, kc, apack, bpack, tile)
+
+
+@numba.njit(**JIT)
 def sum_parts(m, n, parts, alpha, beta, c, c_off, ldc, bias, epi):
     """C = alpha * sum(parts) + beta * C, then the epilogue: the end of a k split among threads.
 

@@ -181,6 +181,28 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     return c
 
 
+#: Products up to this many flops may take :func:`matmul_small`.
+SMALL_CALL_FLOPS = 2 * 160 ** 3
+
+
+def small_product(a, b):
+    """Whether ``a @ b`` (2-D, C-contiguous, same dtype) is small enough for :func:`matmul_small`."""
+    m, k = a.shape
+    n = b.shape[1]
+    return m > 1 and n > 1 and k > 0 and 2 * m * n * k <= SMALL_CALL_FLOPS
+
+
+def matmul_small(a, b, c):
+    """``c = a @ b`` on one thread through a single jitted call; see :func:`small_product`.
+
+    The general entry spends several microseconds in Python deciding paths and
+    describing strides; a small C-contiguous product has only one sensible path.
+    """
+    kern, _ = _plan(c.dtype, c.shape[1])
+    kern.module.matmul_small(a, b, c, UNPACKED_KC)
+    return c
+
+
 def _flat(x):
     """:func:`tilegemm.packing.flat_view`, with the C-contiguous case answered inline."""
     if x.flags.c_contiguous and x.size:

@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from tilegemm.kernels.driver import gemm_into
+from tilegemm.kernels.driver import gemm_into, matmul_small, small_product
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -72,7 +72,10 @@ def matmul(a, b, /, out=None):
         if a.shape[1] != b.shape[0]:
             raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
                              f"{a.shape[1]} (last dim of a) != {b.shape[0]} (dim -2 of b)")
-        return gemm_into(a, b, np.empty((a.shape[0], b.shape[1]), a.dtype))
+        c = np.empty((a.shape[0], b.shape[1]), a.dtype)
+        if a.flags.c_contiguous and b.flags.c_contiguous and small_product(a, b):
+            return matmul_small(a, b, c)
+        return gemm_into(a, b, c)
     a = _as_float_array(a, "a", "matmul")
     b = _as_float_array(b, "b", "matmul")
     if a.ndim == 0 or b.ndim == 0:
