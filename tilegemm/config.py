@@ -15,13 +15,3 @@ CACHE = os.environ.get("TILEGEMM_NO_CACHE", "0") != "1"
 
 #: Options for serial jitted functions.
 JIT = dict(nogil=True, cache=CACHE, fastmath=FASTMATH)
-
-#: Options for jitted functions that use prange.
-PJIT = dict(JIT, parallel=True)
-
-# Numba's default workqueue layer aborts when two Python threads launch parallel
-# regions at once; omp and tbb accept that.  Only set when nothing chose a layer.
-import numba as _numba  # noqa: E402
-
-if _numba.config.THREADING_LAYER == "default":
-    _numba.config.THREADING_LAYER = "threadsafe"

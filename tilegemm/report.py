@@ -21,10 +21,8 @@ DTYPES = ("float32", "float64")
 # --------------------------------------------------------------------------- machine
 
 def _threading_layer():
-    try:
-        return numba.threading_layer()
-    except ValueError:  # nothing parallel has run yet: report what is configured
-        return f"{numba.config.THREADING_LAYER} (not started)"
+    """How tilegemm runs threads: not a Numba threading layer (nothing uses prange)."""
+    return "Python thread pool over nogil kernels (count from numba.get_num_threads())"
 
 
 def _blocking_entry(dtype):
@@ -96,7 +94,7 @@ def machine_info(measure_peak=True):
         "python": platform.python_version(),
         "peers": peer_versions(),
     }
-    info["threading_layer"] = _threading_layer()  # after the peak: it starts the pool
+    info["threading_layer"] = _threading_layer()
     return info
 
 
@@ -127,7 +125,7 @@ def info_text(info):
         f"  cores        {info['cores']} (Numba threads: {info['threads']})",
         f"  caches/core  L1d {_kib(info['l1d_bytes'])}, L2 {_kib(info['l2_bytes'])}, "
         f"L3 {_kib(info['l3_bytes'])} (from {info['cache_source']})",
-        f"  Numba        {info['numba_version']}, threading layer {info['threading_layer']}",
+        f"  Numba        {info['numba_version']}; threads: {info['threading_layer']}",
         f"  peers        numpy {info['peers']['numpy']} ({info['peers']['numpy_blas']}), "
         f"torch {info['peers']['torch'] or 'not installed'}",
         "",
