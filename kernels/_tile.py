@@ -32,39 +32,22 @@ LANES = 16
 
 ukernel = make_microkernel(DTYPE, MR, NR, LANES)
 ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
+# Edge flavours: read full (zero-padded) panels, touch only the valid corner of C.
+ukernel_edge = make_microkernel(DTYPE, MR, NR, LANES, edge=True)
+ukernel_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, strided=True, edge=True)
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 
 
 @numba.njit(inline='always', **JIT)
-def edge_tile(mr, nr, kc, apack, a_off, bpack, b_off, c, c_off, ldc, alpha, beta,
-              bias, row0, col0, epi, tile):
-    """A partial ``mr x nr`` tile: the full kernel writes a scratch tile, then a scalar epilogue.
-
-    Assumes ``tile`` holds MR*NR elements; reads C only when ``beta != 0``.
-    """
-    ukernel(kc, apack, a_off, bpack, b_off, tile, 0, NR, 1.0, 0.0, tile, 0, 0)
-    store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi)
-
-
-@numba.njit(inline='always', **JIT)
-def store_edge(mr, nr, tile, c, c_off, ldc, alpha, beta, bias, row0, col0, epi):
-    """C[:mr, :nr] = alpha*tile + beta*C, then bias/activation (scalar twin of the kernel's update)."""
-    for i in range(mr):
-        for j in range(nr):
-            x = alpha * tile[i * NR + j]
-            if beta != 0:
-                x += beta * c[c_off + i * ldc + j]
-            if epi & EPI_BIAS_ROW:
-                x += bias[row0 + i]
-            if epi & EPI_BIAS_COL:
-                x += bias[col0 + j]
-            if epi & (EPI_RELU | EPI_RELU6) and x < 0:
-                x = 0
-            if epi & EPI_RELU6 and x > 6:
-                x = 6
-            c[c_off + i * ldc + j] = x
+def bias_offset(epi, row, col):
+    """Where a tile's bias starts: its first row's (EPI_BIAS_ROW) or first column's."""
+    if epi & EPI_BIAS_ROW:
+        return row
+    if epi & EPI_BIAS_COL:
+        return col
+    return 0
 
 
 @numba.njit(**JIT)
@@ -73,24 +56,23 @@ def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
     """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
 
     ``bpack[b_base:]`` is this call's first B micro-panel; ``row0``/``col0`` are the
-    global row and column of C's tile origin (they index the bias).
+    global row and column of C's tile origin (they index the bias).  Partial tiles
+    at the bottom and right run the edge kernel, which touches only their valid
+    corner of C.  ``tile`` is not used any more; it stays until the callers that
+    still pass it are updated.
     """
     for jr in range(0, nc, NR):
         nr = min(NR, nc - jr)
         for ir in range(0, mc, MR):
             mr = min(MR, mc - ir)
             c_tile = c_off + ir * ldc + jr
+            bias_off = bias_offset(epi, row0 + ir, col0 + jr)
             if mr == MR and nr == NR:
-                bias_off = 0
-                if epi & EPI_BIAS_ROW:
-                    bias_off = row0 + ir
-                elif epi & EPI_BIAS_COL:
-                    bias_off = col0 + jr
                 ukernel(kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
                         alpha, beta, bias, bias_off, epi)
             else:
-                edge_tile(mr, nr, kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
-                          alpha, beta, bias, row0 + ir, col0 + jr, epi, tile)
+                ukernel_edge(kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
+                             alpha, beta, bias, bias_off, epi, mr, nr)
 
 
 @numba.njit(**JIT)
@@ -119,7 +101,7 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
 
 @numba.njit(**JIT)
 def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
-                c, c_off, ldc, bias, epi, apack, bpack, tile):
+                c, c_off, ldc, bias, epi, apack, bpack):
     """Tiles ``first..last-1`` (numbered down each column of tiles) of the unpacked product.
 
     Full tiles run the strided kernel straight on A and B; an edge tile takes its
@@ -133,29 +115,24 @@ def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_r
         mr = min(MR, m - ir)
         c_tile = c_off + ir * ldc + jr
         a_tile = a_off + ir * a_rs
+        bias_off = bias_offset(epi, ir, jr)
         if mr == MR and nr == NR:
-            bias_off = 0
-            if epi & EPI_BIAS_ROW:
-                bias_off = ir
-            elif epi & EPI_BIAS_COL:
-                bias_off = jr
             ukernel_strided(k, a, a_tile, a_rs, a_cs, b, b_off + jr, b_rs, c, c_tile, ldc,
                             alpha, beta, bias, bias_off, epi)
-            continue
-        if mr == MR:
-            ukernel_strided(k, a, a_tile, a_rs, a_cs, bpack, 0, NR, tile, 0, NR,
-                            DTYPE(1), DTYPE(0), tile, 0, 0)
+        elif mr == MR:
+            ukernel_strided_edge(k, a, a_tile, a_rs, a_cs, bpack, 0, NR, c, c_tile, ldc,
+                                 alpha, beta, bias, bias_off, epi, mr, nr)
         elif nr == NR:
-            ukernel_strided(k, apack, 0, 1, MR, b, b_off + jr, b_rs, tile, 0, NR,
-                            DTYPE(1), DTYPE(0), tile, 0, 0)
+            ukernel_strided_edge(k, apack, 0, 1, MR, b, b_off + jr, b_rs, c, c_tile, ldc,
+                                 alpha, beta, bias, bias_off, epi, mr, nr)
         else:
-            ukernel(k, apack, 0, bpack, 0, tile, 0, NR, DTYPE(1), DTYPE(0), tile, 0, 0)
-        store_edge(mr, nr, tile, c, c_tile, ldc, alpha, beta, bias, ir, jr, epi)
+            ukernel_edge(k, apack, 0, bpack, 0, c, c_tile, ldc, alpha, beta, bias, bias_off,
+                         epi, mr, nr)
 
 
 @numba.njit(**JIT)
 def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-               c, c_off, ldc, bias, epi, KC, apack, bpack, tile):
+               c, c_off, ldc, bias, epi, KC, apack, bpack):
     """``C = alpha*A@B + beta*C`` without packing: the kernels read A and B in place.
 
     For products whose reused operands sit in cache anyway.  k is still cut into
@@ -179,7 +156,7 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
         beta_pc = beta if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= k else 0
         small_tiles(0, tiles, m, n, kc, alpha, a, a_pc, a_rs, a_cs, b, b_pc, b_rs, beta_pc,
-                    c, c_off, ldc, bias, epi_pc, apack, bpack, tile)
+                    c, c_off, ldc, bias, epi_pc, apack, bpack)
 
 
 @numba.njit(**JIT)
@@ -195,9 +172,8 @@ def matmul_small(a, b, c, KC):
     kc = max(1, min(KC, k))
     apack = np.empty(MR * kc, DTYPE)
     bpack = np.empty(NR * kc, DTYPE)
-    tile = np.empty(MR * NR, DTYPE)
     gemm_small(m, n, k, DTYPE(1), a.reshape(-1), 0, k, 1, b.reshape(-1), 0, n, 1, DTYPE(0),
-               c.reshape(-1), 0, n, NO_BIAS, 0, kc, apack, bpack, tile)
+               c.reshape(-1), 0, n, NO_BIAS, 0, kc, apack, bpack)
 
 
 @numba.njit(**JIT)

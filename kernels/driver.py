@@ -314,8 +314,8 @@ def _unpacked(kern, m, n, k, args, bias, epi):
     """The strided kernel straight on A and B; only the edge panels are packed."""
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(UNPACKED_KC, k))
-    apack, bpack, tile = _buffers((kern.name, "unpacked"), (MR * KC, NR * KC, MR * NR), kern.dtype)
-    kern.module.gemm_small(m, n, k, *args, bias, epi, KC, apack, bpack, tile)
+    apack, bpack = _buffers((kern.name, "unpacked"), (MR * KC, NR * KC), kern.dtype)
+    kern.module.gemm_small(m, n, k, *args, bias, epi, KC, apack, bpack)
 
 
 def _packed(kern, blk, m, n, k, args, bias, epi):

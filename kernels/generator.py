@@ -20,6 +20,8 @@ The emitted function is a Numba ``intrinsic``::
   ``EPI_BIAS_COL`` adds ``bias[bias_off+j]``, then ``EPI_RELU`` / ``EPI_RELU6``.
   The bias is read only when its flag is set (MR or NR values from ``bias_off``).
 """
+from contextlib import nullcontext as _nullcontext
+
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
@@ -67,7 +69,7 @@ def _vector_ptr(builder, base, offset, vec_type):
     return builder.bitcast(builder.gep(base, [offset]), vec_type.as_pointer())
 
 
-def make_microkernel(dtype, mr, nr, lanes, strided=False):
+def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
     Parameters
@@ -86,6 +88,10 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False):
 
         with ``A[i, p]`` at ``a_off + i*a_rs + p*a_cs`` and row ``p`` of B's
         ``nr`` contiguous columns at ``b_off + p*ldb``.
+    edge : bool
+        Add two trailing arguments ``rows, cols``: only ``C[:rows, :cols]`` is read
+        and written (rows skipped, columns masked), and the bias is read only
+        there.  The kernel still reads full panels of A and B.
 
     Returns
     -------
@@ -96,44 +102,53 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False):
         raise ValueError(f"NR={nr} is not a multiple of the vector width {lanes}")
     nb_float = _NUMBA_FLOAT[dtype]
     shape = (dtype, mr, nr, lanes)
+    flavour = ("strided" if strided else "packed") + ("_edge" if edge else "")
 
-    if strided:
-        def emit(context, builder, sig, args):
+    def emit(context, builder, sig, args):
+        intp = context.get_value_type(types.intp)
+        args = list(args)
+        types_ = list(sig.args)
+        valid = (args.pop(), args.pop())[::-1] if edge else None
+        if strided:
             (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
-            ptrs = [_data(context, builder, sig.args[i], args[i], args[i + 1]) for i in (1, 5)]
-            c_ptr = _data(context, builder, sig.args[8], c, c_off)
-            bias_ptr = _data(context, builder, sig.args[13], bias, bias_off)
-            _call_tile(context, builder, shape, False, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
-                       c_ptr, ldc, alpha, beta, bias_ptr, epi)
-            return context.get_dummy_value()
+            at, bt, ct, biast = types_[1], types_[5], types_[8], types_[13]
+        else:
+            kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi = args
+            at, bt, ct, biast = types_[1], types_[3], types_[5], types_[10]
+            # Constant panel strides let LLVM fold the addressing.
+            a_rs, a_cs, ldb = ir.Constant(intp, 1), ir.Constant(intp, mr), ir.Constant(intp, nr)
+        ptrs = (_data(context, builder, at, a, a_off), _data(context, builder, bt, b, b_off),
+                _data(context, builder, ct, c, c_off), _data(context, builder, biast, bias, bias_off))
+        _call_tile(context, builder, shape, flavour, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
+                   ptrs[2], ldc, alpha, beta, ptrs[3], epi, valid)
+        return context.get_dummy_value()
 
+    i = types.intp
+    # Numba needs an intrinsic's parameters spelled out, so one typing function per flavour.
+    if strided and edge:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
+                    alpha, beta, bias, bias_off, epi, rows, cols):
+            return types.void(i, a, i, i, i, b, i, i, c, i, i, nb_float, nb_float, bias, i, i,
+                              i, i), emit
+    elif strided:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
                     alpha, beta, bias, bias_off, epi):
-            i = types.intp
-            sig = types.void(i, a, i, i, i, b, i, i, c, i, i, nb_float, nb_float, bias, i, i)
-            return sig, emit
-    else:
-        def emit(context, builder, sig, args):
-            kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi = args
-            intp = context.get_value_type(types.intp)
-            a_ptr = _data(context, builder, sig.args[1], a, a_off)
-            b_ptr = _data(context, builder, sig.args[3], b, b_off)
-            c_ptr = _data(context, builder, sig.args[5], c, c_off)
-            bias_ptr = _data(context, builder, sig.args[10], bias, bias_off)
-            _call_tile(context, builder, shape, True, kc, a_ptr, ir.Constant(intp, 1),
-                       ir.Constant(intp, mr), b_ptr, ir.Constant(intp, nr), c_ptr, ldc, alpha, beta,
-                       bias_ptr, epi)
-            return context.get_dummy_value()
-
+            return types.void(i, a, i, i, i, b, i, i, c, i, i, nb_float, nb_float, bias, i, i), emit
+    elif edge:
         @intrinsic
-        def ukernel(typingctx, kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
-            sig = types.void(types.intp, a, types.intp, b, types.intp, c, types.intp, types.intp,
-                             nb_float, nb_float, bias, types.intp, types.intp)
-            return sig, emit
+        def ukernel(typingctx, kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias,
+                    bias_off, epi, rows, cols):
+            return types.void(i, a, i, b, i, c, i, i, nb_float, nb_float, bias, i, i, i, i), emit
+    else:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, b, b_off, c, c_off, ldc, alpha, beta, bias,
+                    bias_off, epi):
+            return types.void(i, a, i, b, i, c, i, i, nb_float, nb_float, bias, i, i), emit
 
-    ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}{'_strided' if strided else ''}"
+    ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}_{flavour}"
     return ukernel
 
 
@@ -142,18 +157,21 @@ def _data(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
-def _call_tile(context, builder, shape, packed, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi):
+def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
+               alpha, beta, bias_ptr, epi, valid=None):
     """Call the tile function, defining it in this LLVM module on first use.
 
     One out-of-line definition per module and flavour, however many call sites a
     jitted function has: LLVM then optimises the kernel once, which keeps compile
-    times down; a call per tile costs nothing next to its k loop.
+    times down; a call per tile costs nothing next to its k loop.  Packed flavours
+    pass their constant strides into the body so they fold there.
     """
     dtype, mr, nr, lanes = shape
     module = builder.module
-    name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{'packed' if packed else 'strided'}"
+    name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{flavour}"
     args = [kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc, alpha, beta, bias_ptr, epi]
+    if valid is not None:
+        args += list(valid)
     fn = module.globals.get(name)
     if fn is None:
         fnty = ir.FunctionType(ir.VoidType(), [x.type for x in args])
@@ -162,16 +180,19 @@ def _call_tile(context, builder, shape, packed, kc, a_ptr, a_rs, a_cs, b_ptr, ld
         fn.attributes.add("noinline")
         body = ir.IRBuilder(fn.append_basic_block("entry"))
         p = list(fn.args)
-        if packed:  # constant strides let LLVM fold the panel addressing
+        if flavour.startswith("packed"):
             p[2], p[3], p[5] = a_rs, a_cs, ldb
-        _emit_tile(context, body, shape, *p)
+        _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:]) or None)
         body.ret_void()
     builder.call(fn, args)
 
 
 def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi):
-    """The body shared by both kernel flavours: prefetch C, the k loop, the C update."""
+               alpha, beta, bias_ptr, epi, valid=None):
+    """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
+
+    ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
+    """
     dtype, mr, nr, lanes = shape
     nv = nr // lanes
     fl = context.get_value_type(_NUMBA_FLOAT[dtype])
@@ -219,19 +240,30 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     beta_is_zero = builder.fcmp_ordered("==", beta, ir.Constant(fl, 0.0))
     zero_i = ir.Constant(epi.type, 0)
 
+    if valid is not None:
+        rows_ok = [builder.icmp_signed("<", ir.Constant(intp, i), valid[0]) for i in range(mr)]
+        lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
+        cols = _splat(builder, valid[1], ir.VectorType(intp, lanes))
+        masks = [builder.icmp_signed("<", builder.add(lane, _splat(builder, ir.Constant(intp, v * lanes),
+                                                                    lane.type)), cols) for v in range(nv)]
+    else:
+        rows_ok = masks = None
+
     def store_tile(read_c, fused):
         if fused:
-            flags, bias_row, bias_col = _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize)
+            flags, bias_row, bias_col = _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize,
+                                                   rows_ok, masks)
         for i in range(mr):
-            row = builder.mul(ir.Constant(intp, i), ldc)
-            for v in range(nv):
-                ptr = _vector_ptr(builder, c_ptr, builder.add(row, ir.Constant(intp, v * lanes)), vec)
-                r = builder.fmul(alpha_v, builder.load(acc[i][v]))
-                if read_c:
-                    r = _fma(builder, beta_v, builder.load(ptr, align=esize), r)
-                if fused:
-                    r = _epilogue(builder, r, flags, bias_row, bias_col, i, v)
-                builder.store(r, ptr, align=esize)
+            with (builder.if_then(rows_ok[i]) if rows_ok else _nullcontext()):
+                row = builder.mul(ir.Constant(intp, i), ldc)
+                for v in range(nv):
+                    ptr = _vector_ptr(builder, c_ptr, builder.add(row, ir.Constant(intp, v * lanes)), vec)
+                    r = builder.fmul(alpha_v, builder.load(acc[i][v]))
+                    if read_c:
+                        r = _fma(builder, beta_v, _load(builder, ptr, esize, masks and masks[v]), r)
+                    if fused:
+                        r = _epilogue(builder, r, flags, bias_row, bias_col, i, v)
+                    _store(builder, r, ptr, esize, masks and masks[v])
 
     # Four straight-line variants so the common path carries no per-element tests.
     plain = builder.icmp_signed("==", epi, zero_i)
@@ -265,8 +297,11 @@ def _epilogue(builder, r, flags, bias_row, bias_col, i, v):
     return builder.select(flags["relu6"], r6, r)
 
 
-def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize):
-    """Read the bias into allocas, each load guarded by its flag so an absent bias is never read."""
+def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize, rows_ok=None, masks=None):
+    """Read the bias into allocas, each load guarded by its flag so an absent bias is never read.
+
+    With ``rows_ok``/``masks`` (an edge tile) only the bias of valid rows and columns is read.
+    """
     lanes = vec.count
 
     def flag(bit):
@@ -280,14 +315,41 @@ def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize):
     bias_col = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
     with builder.if_then(flags["row"]):
         for i in range(mr):
-            value = builder.load(builder.gep(bias_ptr, [ir.Constant(intp, i)]))
-            builder.store(_splat(builder, value, vec), bias_row[i])
+            with (builder.if_then(rows_ok[i]) if rows_ok else _nullcontext()):
+                value = builder.load(builder.gep(bias_ptr, [ir.Constant(intp, i)]))
+                builder.store(_splat(builder, value, vec), bias_row[i])
     with builder.if_then(flags["col"]):
         for v in range(nv):
             ptr = _vector_ptr(builder, bias_ptr, ir.Constant(intp, v * lanes), vec)
-            builder.store(builder.load(ptr, align=esize), bias_col[v])
+            builder.store(_load(builder, ptr, esize, masks and masks[v]), bias_col[v])
     return flags, bias_row, bias_col
 
+
+def _load(builder, ptr, esize, mask=None):
+    """A vector load; with ``mask``, masked lanes are not read and come back as zero."""
+    if mask is None:
+        return builder.load(ptr, align=esize)
+    vec = ptr.type.pointee
+    fn = builder.module.declare_intrinsic(
+        f"llvm.masked.load.{_vec_suffix(vec)}.p0",
+        fnty=ir.FunctionType(vec, [ptr.type, ir.IntType(32), mask.type, vec]))
+    return builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize), mask,
+                             ir.Constant(vec, [0.0] * vec.count)])
+
+
+def _store(builder, value, ptr, esize, mask=None):
+    """A vector store; with ``mask``, masked lanes of memory are left untouched."""
+    if mask is None:
+        builder.store(value, ptr, align=esize)
+        return
+    fn = builder.module.declare_intrinsic(
+        f"llvm.masked.store.{_vec_suffix(value.type)}.p0",
+        fnty=ir.FunctionType(ir.VoidType(), [value.type, ptr.type, ir.IntType(32), mask.type]))
+    builder.call(fn, [value, ptr, ir.Constant(ir.IntType(32), esize), mask])
+
+
+def _vec_suffix(vec):
+    return f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
 
 
 # --- Winograd F(2x2, 3x3) transforms over a vector of tiles ----------------------------
