@@ -394,3 +394,141 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
     """Tasks ``first, first+step, ...`` of :func:`direct_nchw_task` on the calling thread."""
     for task in range(first, ntasks, step):
         direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
+
+
+# --- im2col without patches, NCHW: B read in place from a padded, stride-split image ----
+#
+# With the image zero padded and split into its sy*sx stride phases
+# (``xq[c, a, b, r, s] = xpad[c, r*sy + a, s*sx + b]``, each phase Hq x Wq), the
+# patch-matrix row of channel c and kernel tap (i, j) over the output grid
+# ``q = oh*Wq + ow`` is one contiguous run of ``xq``: it starts at
+# ``c*chan + phase(i, j) + (i*dy // sy)*Wq + (j*dx // sx)``.  For a fixed tap the
+# rows of successive channels are ``chan`` apart, a constant stride, so the strided
+# micro-kernel reads B straight from ``xq`` and one GEMM per tap accumulates into
+# the output tile: the 9x (kh*kw) blow-up of packing patches never happens; the
+# copy is about one image.  The grid is Wq wide, so ``Wq - Wo`` columns per output
+# row are computed and dropped.
+
+ukernel_strided = _KERNEL.module.ukernel_strided
+
+
+@numba.njit(**JIT)
+def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
+    """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
+
+    ``xq[c*chan + (a*sx + b)*Hq*Wq + r*Wq + s] = x[c, r*sy + a - py, s*sx + b - px]``
+    (zero outside the image).  Assumes contiguous image rows.
+    """
+    plane = Hq * Wq
+    for c in range(C):
+        for a in range(sy):
+            for b in range(sx):
+                base = c * chan + (a * sx + b) * plane
+                for r in range(Hq):
+                    dst = base + r * Wq
+                    y = r * sy + a - py
+                    if y < 0 or y >= H:
+                        xq[dst:dst + Wq] = 0
+                        continue
+                    src = x_off + c * sc + y * s_row
+                    # Columns s with 0 <= s*sx + b - px < W.
+                    lo = min(Wq, max(0, (px - b + sx - 1) // sx))
+                    hi = max(lo, min(Wq, (W - 1 + px - b) // sx + 1))
+                    xq[dst:dst + lo] = 0
+                    if sx == 1:
+                        first = src + b - px
+                        xq[dst + lo:dst + hi] = x[first + lo:first + hi]
+                    else:
+                        for s in range(lo, hi):
+                            xq[dst + s] = x[src + s * sx + b - px]
+                    xq[dst + hi:dst + Wq] = 0
+
+
+@numba.njit(**JIT)
+def shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m0, m1, j0, cols, c, c_off,
+                  ldc, bias, epi):
+    """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
+
+    Sums, over KC blocks of channels and over taps, packed A (tap t, block pc at
+    ``(t*Cg + pc)*Mp``) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
+    (rows ``chan`` apart).  The usual blocking: an MC x KC block of A stays in L2
+    across the NR-wide B panels, each of which stays in L1 across the block's row
+    panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``;
+    ``m0``, ``m1``, ``MC`` are multiples of MR and every panel is NR wide (C and
+    ``xq`` must have room); beta 0 on the first pass, ``epi`` on the last.
+    """
+    first = True
+    for pc in range(0, Cg, KC):
+        kc = min(KC, Cg - pc)
+        for t in range(ntaps):
+            b_base = pc * chan + taps[t] + j0
+            a_base = (t * Cg + pc) * Mp
+            beta = DTYPE(0) if first else DTYPE(1)
+            e = epi if (pc + KC >= Cg and t == ntaps - 1) else 0
+            for ic in range(m0, m1, MC):
+                ic_end = min(ic + MC, m1)
+                for jr in range(0, cols, NR):
+                    for ir in range(ic, ic_end, MR):
+                        ukernel_strided(kc, apack, a_base + ir * kc, 1, MR, xq, b_base + jr,
+                                        chan, c, c_off + (ir - m0) * ldc + jr, ldc, DTYPE(1),
+                                        beta, bias, ir, e)
+            first = False
+
+
+@numba.njit(**JIT)
+def shifted_task(n, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out, o_off, os, bias,
+                 epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+    """Image ``n``: stride-split copy into ``xq``, then blocks of the output grid.
+
+    ``taps`` holds each kernel tap's offset within a channel of ``xq``; ``cbuf`` is an
+    ``Mp x NCB`` block of C (``NCB`` a multiple of NR).  When the grid has no dropped
+    columns (``Wq == Wo``) and whole NR panels, the complete row panels go
+    straight into ``out`` and only the last, partial row panel through ``cbuf``;
+    otherwise every row does, and the valid columns are copied out.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan, xq)
+    co = o_off + n * os[0]
+    sk = os[1]
+    grid = Ho * Wq
+    m_full = M // MR * MR
+    # Straight into out only when no column is dropped and every panel is whole.
+    direct = Wq == Wo and grid % NR == 0
+    for j0 in range(0, grid, NCB):
+        cols = min(NCB, grid - j0)
+        panels = (cols + NR - 1) // NR * NR
+        if direct:
+            shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, 0, m_full, j0,
+                          panels, out, co + j0, sk, bias, epi)
+            if m_full < M:
+                shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m_full, Mp,
+                              j0, panels, cbuf, 0, NCB, bias, epi)
+                for k in range(m_full, M):
+                    dst = co + k * sk + j0
+                    src = (k - m_full) * NCB
+                    out[dst:dst + cols] = cbuf[src:src + cols]
+            continue
+        shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, 0, Mp, j0, panels,
+                      cbuf, 0, NCB, bias, epi)
+        # The valid columns, one output-row run at a time.
+        q = j0
+        while q < j0 + cols:
+            oh = q // Wq
+            ow = q % Wq
+            run = min(Wq - ow, j0 + cols - q)
+            if ow < Wo:
+                valid = min(run, Wo - ow)
+                for k in range(M):
+                    dst = co + k * sk + oh * Wo + ow
+                    src = k * NCB + q - j0
+                    out[dst:dst + valid] = cbuf[src:src + valid]
+            q += run
+
+
+@numba.njit(**JIT)
+def shifted_tasks(first, step, ntasks, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out,
+                  o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+    """Images ``first, first+step, ...`` of :func:`shifted_task` on the calling thread."""
+    for n in range(first, ntasks, step):
+        shifted_task(n, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out, o_off, os, bias,
+                     epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf)

@@ -93,6 +93,9 @@ def run(x, w, bias, out, p, act):
     ``act`` the activation's epilogue flags.
     """
     if p.layout == "NCHW":
+        # Tasks of the stride-split path are images: with fewer, threads would idle.
+        if shifted_ok(p, out.dtype) and p.N >= engine.threads_for(p.flops, 1 << 30):
+            return _run_shifted(x, w, bias, out, p, act)
         return _run_nchw(x, w, bias, out, p, act)
     return _run_nhwc(x, w, bias, out, p, act)
 
@@ -177,4 +180,89 @@ def _run_nhwc(x, w, bias, out, p, act):
                 biases[g], epi, KC, MC, NC, m)
         engine.launch(lambda t, step: mod.im2col_nhwc_tasks(t, step, *args, apacks[t], tiles[t]),
                       threads)
+    return out
+
+
+# --- NCHW without patch panels: B read in place from a padded, stride-split image ---------
+
+#: Largest stride-split image copy (bytes) worth making: it should stay in L2 while
+#: every tap reads it.
+SHIFTED_MAX_BYTES = 3 << 19
+#: Output pixels per image up to which the stride-split path beats packing patches.
+#: Measured (fp32, batch 8, one thread, same runs): faster on ResNet-18 conv4_x (14x14)
+#: and conv5_x (7x7) and on the stride-2 3x3 (14x14 out), slower on conv2_x (56x56)
+#: and conv3_x (28x28), where the patch panels are full and the packed kernel wins.
+SHIFTED_MAX_PIXELS = 256
+#: Channels per k block: the B micro-panel (SHIFTED_KC x NR) stays in L1 across row panels.
+SHIFTED_KC = 128
+#: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
+SHIFTED_C_BYTES = 1 << 19
+
+
+def _phase_geometry(p):
+    """(Hq, Wq, chan, taps) of the stride-split padded image (see ``conv/_conv_tile.py``)."""
+    Hp = (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1
+    Wp = (p.Wo - 1) * p.sx + (p.kw - 1) * p.dx + 1
+    Hq, Wq = -(-Hp // p.sy), -(-Wp // p.sx)
+    chan = p.sy * p.sx * Hq * Wq
+    taps = np.array([((i * p.dy % p.sy) * p.sx + j * p.dx % p.sx) * Hq * Wq
+                     + (i * p.dy // p.sy) * Wq + j * p.dx // p.sx
+                     for i in range(p.kh) for j in range(p.kw)], np.int64)
+    return Hq, Wq, chan, taps
+
+
+def shifted_ok(p, dtype=np.float32):
+    """Whether :func:`_run_shifted` serves ``p``: NCHW, one group, small images, not 1x1 s1.
+
+    1x1 stride-1 convolutions need no patches anyway (their packing is a row copy).
+    """
+    if p.layout != "NCHW" or p.groups != 1 or p.pointwise:
+        return False
+    if p.Ho * p.Wo > SHIFTED_MAX_PIXELS:
+        return False
+    _, _, chan, _ = _phase_geometry(p)
+    return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
+
+
+def _pack_weights_taps(w, KC, MR):
+    """Pack each tap's (K x C) weight matrix as A: tap t, channel block pc at ``(t*C + pc)*Mp``."""
+    K, C, kh, kw = w.shape
+    Mp = engine.round_up(K, MR)
+    buf = np.zeros(kh * kw * C * Mp + 1, w.dtype)
+    for t in range(kh * kw):
+        tap, _ = _pack_weights_a(np.ascontiguousarray(w[:, :, t // kw, t % kw]), KC, MR)
+        buf[t * C * Mp:(t + 1) * C * Mp] = tap[:C * Mp]
+    return buf, Mp
+
+
+def _run_shifted(x, w, bias, out, p, act):
+    """Convolution as one GEMM per kernel tap on a stride-split copy of each image.
+
+    See the section "im2col without patches" of ``conv/_conv_tile.py``.  Tasks are
+    images; each thread copies its image into its own buffer.
+    """
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.conv_module(out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    KC = -(-p.Cg // -(-p.Cg // SHIFTED_KC))        # equal channel blocks
+    apack, Mp = engine.prepared("im2col_shifted", w, (KC, MR),
+                                lambda: _pack_weights_taps(w, KC, MR))
+    biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
+    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    Hq, Wq, chan, taps = _phase_geometry(p)
+    grid = p.Ho * Wq
+    # Whole NR panels from the last channel may read past the copy: zeroed slack.
+    size = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
+    # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES.
+    ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
+    blocks = -(-grid // ncb)
+    NCB = engine.round_up(-(-grid // blocks), NR)
+    threads = min(engine.threads_for(p.flops, p.N), p.N)
+    xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
+                                       (size, Mp * NCB), out.dtype)
+    xqs[:, p.Cg * chan:size] = 0        # keep the slack finite (dropped columns read it)
+    xs, os_ = p.input_strides(), p.output_strides()
+    args = (p.N, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), apack, Mp, p.K,
+            out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB, Hq, Wq, chan)
+    engine.launch(lambda t, step: mod.shifted_tasks(t, step, *args, xqs[t], cbufs[t]), threads)
     return out

@@ -131,9 +131,12 @@ def choose(p, dtype=np.float32, threads=None):
     if algorithm == "im2col" and p.pointwise:
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
+    elif algorithm == "im2col" and p.layout == "NCHW":
+        from tilegemm.conv.im2col import shifted_ok
+        path = ("im2col (one GEMM per tap on a stride-split image copy, B read in place)"
+                if shifted_ok(p, dtype) else "im2col (implicit: B panels packed from the image)")
     elif algorithm == "im2col":
-        path = "im2col (implicit: B panels packed from the image)" if p.layout == "NCHW" else \
-            "im2col (implicit: A panels packed from the image)"
+        path = "im2col (implicit: A panels packed from the image)"
     return ConvPlan(algorithm, path, est, p, threads, reason)
 
 

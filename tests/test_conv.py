@@ -574,3 +574,26 @@ def test_matches_torch(name):
                                **kw)).numpy()
     got = tilegemm.conv2d(x, w, b, activation="relu", **kw)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+# (input NCHW, (K, kh, kw), keyword arguments) served by the stride-split im2col path:
+# output rows written straight (1x1 stride 2, whole panels) with and without a partial
+# row panel, channels in two k blocks, dilation with asymmetric padding and strides.
+SHIFTED = {
+    "direct_rows": ((2, 16, 16, 16), (24, 1, 1), dict(stride=2)),
+    "direct_partial_rows": ((2, 16, 16, 16), (20, 1, 1), dict(stride=2)),
+    "two_k_blocks": ((1, 130, 10, 10), (70, 3, 3), dict(padding=1)),
+    "dilated_strided": ((2, 8, 12, 13), (9, 3, 3), dict(dilation=2, padding=(1, 2),
+                                                       stride=(2, 1))),
+    "column_blocks": ((1, 4, 15, 16), (300, 3, 3), dict(padding=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(SHIFTED))
+def test_shifted_im2col(name, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    shape = SHIFTED[name]
+    # A small C block forces several column blocks on the last case.
+    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
+    assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
+    run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
