@@ -10,7 +10,8 @@ validated 2-D float arrays of one dtype.  It chooses between
 
 Threads: C is cut into one block per thread along its longer side (whole MR or
 NR multiples) and each block runs the serial path on its own Python thread; the
-jitted drivers release the GIL.  Each thread packs its own panels into its own
+jitted drivers release the GIL.  When C has too few tiles for that and k is long,
+k is cut instead and the partial products are summed at the end.  Each thread packs its own panels into its own
 buffers, so there is no barrier inside a call: the price is that every thread
 packs the operand it shares (A for a column split), m*k copies against
 2*m*n*k/threads flops.  This keeps the engine free of Numba's parallel
@@ -44,16 +45,29 @@ _pool = None
 _pool_lock = threading.Lock()
 
 
-def _executor(workers):
-    """A process-wide pool with at least ``workers`` threads (grown when asked for more)."""
+def executor():
+    """The process-wide pool that runs the shares of a product beyond the caller's own.
+
+    Created once, with as many workers as Numba could ever be asked for minus one
+    (the calling thread takes a share itself); workers start only when used.  It
+    is never replaced, so a caller can never be handed a pool another thread shut.
+    """
     global _pool
-    with _pool_lock:
-        if _pool is None or _pool._max_workers < workers:
-            old, _pool = _pool, concurrent.futures.ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="tilegemm")
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                    thread_name_prefix="tilegemm")
+    return _pool
+
+
+def run_shares(fn, shares):
+    """Run ``fn(*share)`` for every share: the first on this thread, the rest on the pool."""
+    futures = [executor().submit(fn, *share) for share in shares[1:]]
+    fn(*shares[0])
+    for f in futures:
+        f.result()
 
 
 def _buffers(key, sizes, dtype):
@@ -147,6 +161,12 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         return c
     item = c.itemsize
     c_rs, c_cs = c.strides
+    if c_rs % item or c_cs % item:
+        # Strides between whole elements: the kernels cannot address C in place.
+        tmp = np.array(c, order="C") if beta != 0 else np.empty(c.shape, c.dtype)
+        gemm_into(a, b, tmp, alpha, beta, bias, epi, threads)
+        c[...] = tmp
+        return c
     if c_cs != item and c_rs == item and m > 1:
         # Column-major C: compute C^T = B^T A^T, whose rows are contiguous.
         if epi & (EPI_BIAS_ROW | EPI_BIAS_COL):
@@ -267,7 +287,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
         flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
         sub_bias = bias[start:] if epi & flag else bias
         jobs.append((kern, blk, shape[0], shape[1], k, sub, sub_bias, epi))
-    _run(jobs)
+    run_shares(_serial, jobs)
 
 
 def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
@@ -284,17 +304,8 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
         sub = (one, af, a_off + k0 * a_cs, a_rs, a_cs, bf, b_off + k0 * b_rs, b_rs, b_cs,
                zero, parts[t], 0, n)
         jobs.append((kern, blk, m, n, min(step, k - k0), sub, kern.no_bias, 0))
-    _run(jobs)
+    run_shares(_serial, jobs)
     kern.module.sum_parts(m, n, parts, alpha, beta, cf, c_off, c_rs, bias, epi)
-
-
-def _run(jobs):
-    """Run ``_serial(*job)`` for every job: the first on this thread, the rest on the pool."""
-    pool = _executor(len(jobs) - 1)
-    futures = [pool.submit(_serial, *job) for job in jobs[1:]]
-    _serial(*jobs[0])
-    for f in futures:
-        f.result()
 
 
 def _gemv(kern, m, n, k, args, bias, epi):

@@ -111,7 +111,9 @@ def _load(dtype_name, mr, nr, isa):
     if nr % lanes:
         raise ValueError(f"NR={nr} is not a multiple of the {isa} vector width ({lanes} lanes)")
     name = kernel_name(dtype_name, mr, nr, isa)
-    path = os.path.join(cache_dir(), "kernels", name + ".py")
+    # The digest in the file name keeps two versions of the engine (two checkouts,
+    # an upgrade) from rewriting one file under each other's cache.
+    path = os.path.join(cache_dir(), "kernels", f"{name}_{_engine_digest()}.py")
     _write_if_changed(path, _module_source(dtype_name, mr, nr, lanes))
     spec = importlib.util.spec_from_file_location(f"tilegemm._generated.{name}", path)
     module = importlib.util.module_from_spec(spec)

@@ -10,8 +10,10 @@ def flat_view(x):
     """Describe a 2-D array as ``(flat, offset, row_stride, col_stride)`` in elements.
 
     ``flat`` is a 1-D view of the memory ``x`` spans (no copy), ``offset`` the
-    position of ``x[0, 0]`` in it.  Negative and zero strides are kept as they are;
-    strides that are not a multiple of the item size force a contiguous copy.
+    position of ``x[0, 0]`` in it.  Negative and zero strides are kept as they are.
+    Strides that are not a multiple of the item size force a contiguous *copy*:
+    fine for an operand that is only read, so a destination must never get here
+    with such strides (``gemm_into`` routes it through a temporary first).
     """
     if x.ndim != 2:
         raise ValueError(f"flat_view needs a 2-D array, got {x.ndim}-D")

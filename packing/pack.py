@@ -31,7 +31,7 @@ def pack_a_panel(a, off, rs, cs, rows, kc, MR, buf, dst):
             for i in range(MR):
                 buf[dst + p * MR + i] = a[src + i * rs]
     else:
-        # Columns (or nothing) contiguous: walk k outer so each k writes MR adjacent values.
+        # A partial panel: the same walk with a run-time row count, then zero rows.
         for p in range(kc):
             src = off + p * cs
             for i in range(rows):
@@ -64,7 +64,8 @@ def pack_b_panel(b, off, rs, cs, cols, kc, NR, buf, dst):
             for j in range(cols, NR):
                 buf[row + j] = 0
     else:
-        # Columns contiguous (transposed B): read down each column, write with stride NR.
+        # Columns not contiguous (e.g. a transposed B): read down each column,
+        # write with stride NR.
         for j in range(cols):
             src = off + j * cs
             for p in range(kc):

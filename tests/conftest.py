@@ -1,4 +1,4 @@
-"""Shared test helpers: references in float64 and error bounds that grow with k."""
+"""Shared test utilities: references in float64 and error bounds that grow with k."""
 import numpy as np
 import pytest
 

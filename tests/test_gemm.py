@@ -299,9 +299,10 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
     splits = []
-    real_split_k, real_run = driver._split_k, driver._run
+    real_split_k, real_run = driver._split_k, driver.run_shares
     monkeypatch.setattr(driver, "_split_k", lambda *a: (splits.append("k"), real_split_k(*a)))
-    monkeypatch.setattr(driver, "_run", lambda jobs: (splits.append(len(jobs)), real_run(jobs)))
+    monkeypatch.setattr(driver, "run_shares",
+                        lambda fn, jobs: (splits.append(len(jobs)), real_run(fn, jobs)))
     m, n, k = shape
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
@@ -322,3 +323,37 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     assert ("k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
     extra = np.abs(c0) + (0 if bias is None else np.abs(bias).max())
     assert_close(c, ref, 4 * error_bound(a, b, k, dtype, extra=extra), f"{shape} {epi_name} threads=2")
+
+
+def test_destination_with_strides_between_elements(rng):
+    """A C whose row stride is not a whole number of elements still receives the result."""
+    a = rng.standard_normal((7, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 9)).astype(np.float32)
+    buf = np.zeros(7 * 40 + 8, np.uint8)
+    c = np.ndarray((7, 9), np.float32, buffer=buf, strides=(38, 4))
+    c[...] = 1
+    tilegemm.gemm(a, b, c, beta=1.0)
+    assert_close(c, a.astype(np.float64) @ b + 1, 2 * error_bound(a, b, 5, np.float32, extra=1.0),
+                 "gemm into odd strides")
+    out = np.ndarray((7, 9), np.float32, buffer=buf, strides=(38, 4))
+    tilegemm.matmul(a, b, out=out)
+    assert_close(out, a.astype(np.float64) @ b, 2 * error_bound(a, b, 5, np.float32), "matmul out")
+
+
+def test_subclasses_and_flags(rng):
+    a = rng.standard_normal((4, 4))
+    m = np.matrix(a)
+    assert_close(tilegemm.matmul(m, m), a @ a, 1e-12 * 16, "np.matrix operands")
+    c = np.matrix(np.zeros((4, 4)))
+    tilegemm.gemm(a, a, c)
+    assert_close(np.asarray(c), a @ a, 1e-12 * 16, "np.matrix destination")
+    with pytest.raises(TypeError, match="masked"):
+        tilegemm.matmul(np.ma.masked_array(a, mask=a > 0), a)
+    with pytest.raises(TypeError, match="trans_a"):
+        tilegemm.gemm(a, a, trans_a="N")
+    with pytest.raises(ValueError, match="too large"):
+        tilegemm.gemm(a, a, alpha=10 ** 400)
+    with pytest.raises(ValueError, match="too large"):
+        tilegemm.gemm(a.astype(np.float32), a.astype(np.float32), alpha=1e300)
+    with pytest.raises(TypeError, match="gemm: c has dtype"):
+        tilegemm.gemm(a, a, np.zeros((4, 4), np.float32))

@@ -1,7 +1,9 @@
 """tilegemm: GEMM and convolution from Numba vector-IR micro-kernels over packed panels.
 
-Public API: :func:`matmul` (numpy semantics) and :func:`gemm` (BLAS semantics).
-Machine facts, block sizes and peak live in :mod:`tilegemm.tuning`.
+Public API: :func:`matmul` (numpy semantics), :func:`gemm` (BLAS semantics),
+:func:`conv2d` (torch.nn.functional.conv2d semantics), :func:`conv_plan` (what
+``algorithm="auto"`` picks) and :func:`fold_batchnorm`.  Machine facts, block
+sizes and peak live in :mod:`tilegemm.tuning`.
 """
 from tilegemm.api import gemm, matmul
 from tilegemm.conv import conv2d, conv_plan, fold_batchnorm

@@ -13,8 +13,9 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _as_float_array(x, name, func):
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{func}: {name} is a masked array; pass .filled(value) or .data")
+    x = np.asarray(x)  # subclasses such as np.matrix become plain arrays (a view)
     if x.dtype not in _FLOATS:
         raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
                         "float64 only (cast with .astype(np.float32) or np.float64)")
@@ -25,15 +26,17 @@ def _result_dtype(a, b):
     return np.result_type(a.dtype, b.dtype)
 
 
-def _check_out(out, shape, dtype, func):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{func}: out must be a numpy.ndarray, got {type(out).__name__}")
+def _check_out(out, shape, dtype, func, name="out"):
+    """Validate a destination array; returns it as a plain ndarray view (writes land in it)."""
+    if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(out).__name__}")
     if out.shape != tuple(shape):
-        raise ValueError(f"{func}: out has shape {out.shape}, expected {tuple(shape)}")
+        raise ValueError(f"{func}: {name} has shape {out.shape}, expected {tuple(shape)}")
     if out.dtype != dtype:
-        raise TypeError(f"{func}: out has dtype {out.dtype}, expected {dtype}")
+        raise TypeError(f"{func}: {name} has dtype {out.dtype}, expected {dtype}")
     if not out.flags.writeable:
-        raise ValueError(f"{func}: out is read-only")
+        raise ValueError(f"{func}: {name} is read-only")
+    return out.view(np.ndarray)
 
 
 def _overlaps(out, *inputs):
@@ -96,22 +99,20 @@ def matmul(a, b, /, out=None):
     shape = batch + (m, n)
     squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
     out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
-    if out is not None:
-        _check_out(out, out_shape, dtype, "matmul")
+    dest = None if out is None else _check_out(out, out_shape, dtype, "matmul")
     a2 = a2.astype(dtype, copy=False)
     b2 = b2.astype(dtype, copy=False)
 
-    target = out
-    if out is None or _overlaps(out, a, b):
+    target = dest
+    if dest is None or _overlaps(dest, a, b):
         target = np.empty(out_shape, dtype)
     result = target.reshape(shape)  # a view: only length-1 axes were dropped
     _batched(a2, b2, result, batch)
-    if out is not None and target is not out:
-        out[...] = target
-        target = out
-    if target.ndim == 0 and out is None:
-        return target[()]
-    return target
+    if out is None:
+        return target[()] if target.ndim == 0 else target
+    if target is not dest:
+        dest[...] = target
+    return out
 
 
 def _batched(a, b, c, batch):
@@ -131,10 +132,24 @@ def _batched(a, b, c, batch):
         gemm_into(a_full[idx], b_full[idx], c[idx])
 
 
-def _check_scalar(x, name):
+def _check_scalar(x, name, dtype):
+    """alpha/beta: a real number that is representable in the computing dtype."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
         raise TypeError(f"gemm: {name} must be a real number, got {type(x).__name__}")
-    return float(x)
+    try:
+        value = float(x)
+    except OverflowError:
+        raise ValueError(f"gemm: {name}={x} is too large for {dtype}") from None
+    if np.isfinite(value) and not np.isfinite(dtype.type(value)):
+        raise ValueError(f"gemm: {name}={x} is too large for {dtype}")
+    return value
+
+
+def _check_flag(x, name):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"gemm: {name} must be True or False, got {x!r} "
+                        "(BLAS-style 'N'/'T' strings are not accepted)")
+    return bool(x)
 
 
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
@@ -151,6 +166,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     alpha, beta : float
         ``beta == 0`` never reads ``c``, so NaN or garbage in ``c`` is overwritten.
     trans_a, trans_b : bool
+        Must be real booleans (``'N'``/``'T'`` strings raise ``TypeError``).
 
     Returns
     -------
@@ -160,14 +176,19 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     Raises
     ------
     TypeError
-        Non-float inputs, non-real alpha/beta, ``c`` of the wrong dtype.
+        Non-float inputs, masked arrays, non-real alpha/beta, non-bool trans flags,
+        ``c`` of the wrong dtype.
     ValueError
-        Non-2-D operands, mismatched shapes, read-only ``c``.
+        Non-2-D operands, mismatched shapes, read-only ``c``, alpha/beta too large
+        for the dtype.
     """
     a = _as_float_array(a, "a", "gemm")
     b = _as_float_array(b, "b", "gemm")
-    alpha = _check_scalar(alpha, "alpha")
-    beta = _check_scalar(beta, "beta")
+    dtype = _result_dtype(a, b)
+    alpha = _check_scalar(alpha, "alpha", dtype)
+    beta = _check_scalar(beta, "beta", dtype)
+    trans_a = _check_flag(trans_a, "trans_a")
+    trans_b = _check_flag(trans_b, "trans_b")
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
     op_a = a.T if trans_a else a
@@ -175,18 +196,18 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     if op_a.shape[1] != op_b.shape[0]:
         raise ValueError(f"gemm: op(a) has shape {op_a.shape} and op(b) has shape {op_b.shape}; "
                          f"inner dimensions {op_a.shape[1]} and {op_b.shape[0]} differ")
-    dtype = _result_dtype(a, b)
     shape = (op_a.shape[0], op_b.shape[1])
     if c is None:
-        c = np.empty(shape, dtype)
+        c = dest = np.empty(shape, dtype)
         beta = 0.0
     else:
-        _check_out(c, shape, dtype, "gemm")
+        dest = _check_out(c, shape, dtype, "gemm", name="c")
     op_a = op_a.astype(dtype, copy=False)
     op_b = op_b.astype(dtype, copy=False)
-    if _overlaps(c, a, b):
-        tmp = np.array(c, order="C") if beta != 0 else np.empty(shape, dtype)
+    if _overlaps(dest, a, b):
+        tmp = np.array(dest, order="C") if beta != 0 else np.empty(shape, dtype)
         gemm_into(op_a, op_b, tmp, alpha, beta)
-        c[...] = tmp
-        return c
-    return gemm_into(op_a, op_b, c, alpha, beta)
+        dest[...] = tmp
+    else:
+        gemm_into(op_a, op_b, dest, alpha, beta)
+    return c
