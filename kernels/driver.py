@@ -31,8 +31,8 @@ from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import detect
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
-#: pool thread costs ~65 us here (wake-up), and 256^3 float32 gained only 1.1x from two.
-SERIAL_FLOPS = 2 * 250 ** 3
+#: pool thread costs ~65 us here (wake-up); 256^3 ran 0.6-1.1x of one thread on two.
+SERIAL_FLOPS = 2 * 320 ** 3
 
 #: A matrix-vector product is shared only when its matrix has this many elements per thread.
 GEMV_SERIAL_ELEMENTS = 1 << 20

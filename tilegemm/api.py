@@ -39,6 +39,15 @@ def _check_out(out, shape, dtype, func, name="out"):
     return out.view(np.ndarray)
 
 
+def _plain_out(out, a, b):
+    """Whether ``out`` is absent, or a writeable ndarray of the exact result shape and
+    dtype that shares no memory with the inputs (the fast path's only case)."""
+    if out is None:
+        return True
+    return (type(out) is np.ndarray and out.dtype == a.dtype and out.flags.writeable
+            and out.shape == (a.shape[0], b.shape[-1]) and not _overlaps(out, a, b))
+
+
 def _overlaps(out, *inputs):
     return any(np.may_share_memory(out, x) for x in inputs)
 
@@ -69,14 +78,15 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
-    if (out is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2
-            and b.ndim == 2 and a.dtype == b.dtype and a.dtype in _FLOATS):
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
+            and a.dtype == b.dtype and a.dtype in _FLOATS and _plain_out(out, a, b)):
         # The common case, kept short: tiny products are dominated by call overhead.
         if a.shape[1] != b.shape[0]:
             raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
                              f"{a.shape[1]} (last dim of a) != {b.shape[0]} (dim -2 of b)")
-        c = np.empty((a.shape[0], b.shape[1]), a.dtype)
-        if a.flags.c_contiguous and b.flags.c_contiguous and small_product(a, b):
+        c = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
+        if (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous
+                and small_product(a, b)):
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
     a = _as_float_array(a, "a", "matmul")
