@@ -142,6 +142,20 @@ def _padding(padding, kernel, stride, dilation, func):
     return (py, py, px, px)
 
 
+def _shape(shape, name, func):
+    """A shape as a tuple of non-negative ints, with an error naming the bad entry."""
+    try:
+        entries = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{func}: {name} shape must be a tuple of ints, got {shape!r}") from None
+    for i, s in enumerate(entries):
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"{func}: {name} shape entry {i} must be an int, got {s!r}")
+        if s < 0:
+            raise ValueError(f"{func}: {name} shape entry {i} is negative ({s})")
+    return tuple(int(s) for s in entries)
+
+
 def conv_params(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1,
                 layout="NCHW", func="conv2d"):
     """Validate the shapes and hyper-parameters of a convolution.
@@ -158,6 +172,8 @@ def conv_params(input_shape, weight_shape, stride=1, padding=0, dilation=1, grou
     if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
         raise ValueError(f"{func}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
     layout = layout.upper()
+    input_shape = _shape(input_shape, "input", func)
+    weight_shape = _shape(weight_shape, "weight", func)
     if len(input_shape) != 4:
         raise ValueError(f"{func}: input must be 4-D ({layout}), got shape {tuple(input_shape)}")
     if len(weight_shape) != 4:

@@ -11,6 +11,7 @@ k loop).  The constants below were fitted to ``bench/bench_conv.py`` on the
 development machine (AVX-512, fp32); only their ratios matter, since the choice
 compares estimates with each other.  ``TILEGEMM_CONV_ALGORITHM`` forces a choice.
 """
+import numbers
 import os
 from dataclasses import dataclass, field
 
@@ -170,4 +171,9 @@ def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"conv_plan: dtype must be float32 or float64, got {dtype}")
+    if threads is not None:
+        if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral):
+            raise TypeError(f"conv_plan: threads must be an int, got {threads!r}")
+        if threads < 1:
+            raise ValueError(f"conv_plan: threads must be at least 1, got {threads}")
     return choose(p, dtype, threads)

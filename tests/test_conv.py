@@ -597,3 +597,15 @@ def test_shifted_im2col(name, monkeypatch):
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
     assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+
+
+def test_conv_plan_rejects_malformed_shapes_and_threads():
+    """Shapes must be tuples of non-negative ints and threads a positive int."""
+    good_w = (4, 4, 3, 3)
+    for shape, error in [((1, 4, 9.5, 9), TypeError), ((-1, 4, 9, 9), ValueError),
+                         ("abcd", TypeError), (5, TypeError)]:
+        with pytest.raises(error, match="input shape"):
+            tilegemm.conv_plan(shape, good_w)
+    for threads, error in [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="threads"):
+            tilegemm.conv_plan((1, 4, 9, 9), good_w, threads=threads)
