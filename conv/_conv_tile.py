@@ -134,10 +134,10 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
         for ic in range(m0, m_full, MC):
             mc = min(MC, m_full - ic)
             macro_kernel(mc, nc, kc, apack[pc * Mp + ic * kc:], bpack, 0, out, co + ic * ldc + jc,
-                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc, tile)
+                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
         if m_full < m1:
             macro_kernel(MR, nc, kc, apack[pc * Mp + m_full * kc:], bpack, 0, edge, 0, ld_edge,
-                         DTYPE(1), beta, bias, m_full, jc, epi_pc, tile)
+                         DTYPE(1), beta, bias, m_full, jc, epi_pc)
     for i in range(m1 - m_full):
         dst = co + (m_full + i) * ldc + jc
         for j in range(nc):
@@ -174,7 +174,7 @@ def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out,
         for jc in range(0, K, NC):
             nc = min(NC, K - jc)
             macro_kernel(mc, nc, kc, apack, bpack, pc * Np + jc * kc, out, o_off + ic * ldc + jc,
-                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc, tile)
+                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
 
 
 @numba.njit(**JIT)
@@ -210,7 +210,7 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
             for jc in range(0, K, NC):
                 nc = min(NC, K - jc)
                 macro_kernel(mt, nc, kc, apack[xi * a_slab:], upack, xi * C * Kp + pc * Kp + jc * kc,
-                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0, tile)
+                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0)
     unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
 
 
@@ -328,7 +328,7 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
             macro_kernel(Kp, ncols, kc, upack[(xi * C + pc) * Kp:], bpack, xi * b_slab,
-                         mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0, tile)
+                         mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, K, out, o_off, os[1], os[2], Wo,
                           bias, epi)
 

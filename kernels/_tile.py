@@ -52,14 +52,13 @@ def bias_offset(epi, row, col):
 
 @numba.njit(**JIT)
 def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
-                 bias, row0, col0, epi, tile):
+                 bias, row0, col0, epi):
     """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
 
     ``bpack[b_base:]`` is this call's first B micro-panel; ``row0``/``col0`` are the
     global row and column of C's tile origin (they index the bias).  Partial tiles
     at the bottom and right run the edge kernel, which touches only their valid
-    corner of C.  ``tile`` is not used any more; it stays until the callers that
-    still pass it are updated.
+    corner of C.
     """
     for jr in range(0, nc, NR):
         nr = min(NR, nc - jr)
@@ -77,12 +76,12 @@ def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
 
 @numba.njit(**JIT)
 def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-                c, c_off, ldc, bias, epi, KC, MC, NC, apack, bpack, tile):
+                c, c_off, ldc, bias, epi, KC, MC, NC, apack, bpack):
     """``C = alpha*A@B + beta*C`` (+ epilogue) on one thread.
 
     A, B, C are flat views with element offsets and strides; C's columns are
     contiguous (``ldc`` is its row stride).  Buffers: ``apack`` >= MC*KC rounded to
-    MR panels, ``bpack`` >= KC*NC rounded to NR panels, ``tile`` = MR*NR.
+    MR panels, ``bpack`` >= KC*NC rounded to NR panels.
     """
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
@@ -96,7 +95,7 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
                 mc = min(MC, m - ic)
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, MR, apack)
                 macro_kernel(mc, nc, kc, apack, bpack, 0, c, c_off + ic * ldc + jc, ldc,
-                             alpha, beta_pc, bias, ic, jc, epi_pc, tile)
+                             alpha, beta_pc, bias, ic, jc, epi_pc)
 
 
 @numba.njit(**JIT)

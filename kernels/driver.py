@@ -335,5 +335,5 @@ def _packed(kern, blk, m, n, k, args, bias, epi):
     KC = max(1, min(blk.kc, k))
     NC = min(blk.nc, _round_up(n, NR))
     MC = min(blk.mc, _round_up(m, MR))
-    apack, bpack, tile = _buffers((kern.name, "packed"), (MC * KC, NC * KC, MR * NR), kern.dtype)
-    kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack, tile)
+    apack, bpack = _buffers((kern.name, "packed"), (MC * KC, NC * KC), kern.dtype)
+    kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack)

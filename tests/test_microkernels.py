@@ -42,9 +42,8 @@ def run_tile(kern, mr, nr, k, beta, rng, ldc_pad=3, epi=0, a_scale=1.0):
         C[...] = rng.standard_normal((mr, nr))
     C0 = C.copy()
     bias = rng.standard_normal(max(MR, NR) + 3).astype(dt)
-    tile = aligned_empty(MR * NR, dt)
     kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, cflat, c_off, ldc, dt.type(1.5),
-                             dt.type(beta), bias, 0, 0, epi, tile)
+                             dt.type(beta), bias, 0, 0, epi)
     # Nothing outside the tile was touched.
     untouched = np.ones(cflat.shape, bool)
     for i in range(mr):
@@ -125,10 +124,9 @@ def test_nan_and_inf_propagate_through_epilogue(spec, rng):
         apack.reshape(k, MR)[1, 1] = np.inf      # row 1 becomes +Inf where B > 0
         bpack.reshape(k, NR)[:, :] = 1.0
         c = np.zeros(MR * NR, dtype)
-        tile = np.zeros(MR * NR, dtype)
         bias = np.zeros(max(MR, NR), dtype)
         kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, c, 0, nr, dtype.type(1), dtype.type(0),
-                                 bias, 0, 0, EPI_RELU6, tile)
+                                 bias, 0, 0, EPI_RELU6)
         out = c[:mr * nr].reshape(mr, nr)
         assert np.isnan(out[0]).all(), f"{kern.name}: relu6 dropped NaN"
         assert (out[1] == 6).all(), f"{kern.name}: relu6(+Inf) should clamp to 6"

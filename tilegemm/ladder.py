@@ -208,7 +208,7 @@ def packed_register_tile(a, b, c, MR, NR, KC, MC, NC, apack, bpack):
 # Not cached on disk: ``macro_kernel`` arrives as an argument (a function from the
 # generated kernel module), and Numba cannot cache code specialised on a function.
 @numba.njit(**dict(JIT, cache=False))
-def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, tile, macro_kernel, MR, NR,
+def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, macro_kernel, MR, NR,
                          one, zero):
     """Rung 5: the same five loops, with the library's vector-IR micro-kernel inside.
 
@@ -234,9 +234,9 @@ def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, tile, macro_kernel, 
                 mc = min(MC, m - ic)
                 pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
                 # (mc, nc, kc, A, B, B offset, C, C offset, ldc, alpha, beta,
-                #  bias, bias row, bias col, epilogue flags = none, edge scratch tile)
+                #  bias (unread: no epilogue), bias row, bias col, epilogue flags = none)
                 macro_kernel(mc, nc, kc, apack, bpack, 0, cf, ic * n + jc, n, one, beta,
-                             tile, ic, jc, 0, tile)
+                             apack, ic, jc, 0)
 
 
 # --------------------------------------------------------------------------- rung 6
@@ -280,8 +280,7 @@ def _buffers(dtype_name, MR, NR, KC, MC, NC):
     """Pack buffers for one blocking, allocated once and reused (as the library does)."""
     apack = aligned_empty(-(-MC // MR) * MR * KC, dtype_name)
     bpack = aligned_empty(-(-NC // NR) * NR * KC, dtype_name)
-    tile = aligned_empty(MR * NR, dtype_name)
-    return apack, bpack, tile
+    return apack, bpack
 
 
 def compute(number, a, b, c=None, blk=None):
@@ -318,7 +317,7 @@ def compute(number, a, b, c=None, blk=None):
         return c
     blk = blk or blocking(a.dtype)
     MR, NR, KC, MC, NC = blk.mr, blk.nr, blk.kc, blk.mc, blk.nc
-    apack, bpack, tile = _buffers(a.dtype.name, MR, NR, KC, MC, NC)
+    apack, bpack = _buffers(a.dtype.name, MR, NR, KC, MC, NC)
     if number == 0:
         naive_ijk(a, b, c)
     elif number == 1:
@@ -332,7 +331,7 @@ def compute(number, a, b, c=None, blk=None):
     elif number == 5:
         kern = get_kernel(a.dtype, MR, NR)
         one = a.dtype.type(1)
-        library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, tile, kern.module.macro_kernel,
+        library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, kern.module.macro_kernel,
                              MR, NR, one, one - one)
     else:
         raise ValueError(f"compute: rung must be 0 to 6, got {number}")
