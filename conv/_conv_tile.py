@@ -21,7 +21,7 @@ from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_
                                         make_direct_row, make_winograd_input,
                                         make_winograd_output)
 from tilegemm.kernels.registry import get_kernel
-from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col
+from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
 
 # --- configuration ---
@@ -62,16 +62,7 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
     seg_len = np.empty(NR, np.int64)
     for jr in range(0, nc, NR):
         cols = min(NR, nc - jr)
-        nseg = 0
-        col = j0 + jr
-        done = 0
-        while done < cols:
-            seg_oh[nseg] = col // Wo
-            seg_ow[nseg] = col % Wo
-            seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
-            done += seg_len[nseg]
-            col += seg_len[nseg]
-            nseg += 1
+        nseg = row_segments(j0 + jr, cols, Wo, seg_oh, seg_ow, seg_len)
         c = p0 // (kh * kw)
         i = (p0 // kw) % kh
         j = p0 % kw

@@ -69,6 +69,24 @@ def im2col(x, kernel_size, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1))
     return col.reshape(C * kh * kw, Ho * Wo)
 
 
+@numba.njit(inline="always", **JIT)
+def row_segments(col, cols, Wo, seg_oh, seg_ow, seg_len):
+    """Cut ``cols`` consecutive output pixels from flat index ``col`` at output-row ends.
+
+    Fills (output row, first output column, length) per segment; returns how many.
+    """
+    nseg = 0
+    done = 0
+    while done < cols:
+        seg_oh[nseg] = col // Wo
+        seg_ow[nseg] = col % Wo
+        seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
+        done += seg_len[nseg]
+        col += seg_len[nseg]
+        nseg += 1
+    return nseg
+
+
 @numba.njit(**JIT)
 def _valid_range(start, step, count, limit):
     """``[lo, hi)`` of the ``t < count`` with ``0 <= start + t*step < limit`` (``step > 0``)."""
@@ -105,16 +123,7 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
     contiguous = sx == 1 and s_col == 1
     for jr in range(0, nc, NR):
         cols = min(NR, nc - jr)
-        nseg = 0
-        col = j0 + jr
-        done = 0
-        while done < cols:
-            seg_oh[nseg] = col // Wo
-            seg_ow[nseg] = col % Wo
-            seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
-            done += seg_len[nseg]
-            col += seg_len[nseg]
-            nseg += 1
+        nseg = row_segments(j0 + jr, cols, Wo, seg_oh, seg_ow, seg_len)
         # Row p0 of the patch matrix is (c, i, j); later rows step j, then i, then c.
         c = p0 // (kh * kw)
         i = (p0 // kw) % kh
