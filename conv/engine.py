@@ -41,6 +41,11 @@ def round_up(x, m):
     return -(-x // m) * m
 
 
+def balanced_kc(k, kc_max):
+    """KC no larger than ``kc_max`` that cuts ``k`` into equal blocks (no runt last block)."""
+    return -(-k // -(-k // kc_max))
+
+
 def _source_hash(kernel):
     """Hash of every source the generated drivers inline: a change must invalidate the cache."""
     h = hashlib.sha1()

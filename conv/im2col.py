@@ -106,7 +106,7 @@ def _run_nchw(x, w, bias, out, p, act):
     MR, NR = kernel.mr, kernel.nr
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
-    KC = -(-ckk // -(-ckk // blk.kc))      # equal KC blocks, none larger than the blocking's
+    KC = engine.balanced_kc(ckk, blk.kc)
     MC = blk.mc
     # Balance the pixel blocks: NC no larger than the blocking's, as equal as possible.
     n_jc = -(-pixels // blk.nc)

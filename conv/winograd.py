@@ -71,12 +71,6 @@ def _pack_transformed_a(w, KC, MR):
     return buf, Kp
 
 
-def _balanced_kc(C, kc_max):
-    """KC no larger than the blocking's, splitting C into equal blocks."""
-    blocks = -(-C // kc_max)
-    return -(-C // blocks)
-
-
 def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
     """Tiles per block: a multiple of NR with the 16 B slabs and 16 result slabs in ~60% of L2."""
     per_tile = 16 * (min(KC, C) + Kp) * itemsize
@@ -106,7 +100,7 @@ def _run_nchw(x, w, bias, out, p, act):
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
-    KC = _balanced_kc(p.Cg, blk.kc)
+    KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
 
     def build():
