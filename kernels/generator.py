@@ -50,8 +50,8 @@ def _splat(builder, value, vec_type):
 def _fma(builder, a, b, c):
     """``a*b + c`` with one rounding, on vectors (llvmlite's builder.fma is scalar-only)."""
     vec = a.type
-    suffix = f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
-    fn = builder.module.declare_intrinsic(f"llvm.fma.{suffix}", fnty=ir.FunctionType(vec, [vec] * 3))
+    fn = builder.module.declare_intrinsic(f"llvm.fma.{_vec_suffix(vec)}",
+                                          fnty=ir.FunctionType(vec, [vec] * 3))
     return builder.call(fn, [a, b, c])
 
 
@@ -284,17 +284,10 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
 
 def _epilogue(builder, r, flags, bias_row, bias_col, i, v):
     """Bias and activation on one accumulator vector, selected at run time by ``epi``."""
-    vec = r.type
-    zero_v = ir.Constant(vec, [0.0] * vec.count)
-    six_v = ir.Constant(vec, [6.0] * vec.count)
     # select, not fadd of a zero bias: x + 0.0 would turn -0.0 into +0.0.
     r = builder.select(flags["row"], builder.fadd(r, builder.load(bias_row[i])), r)
     r = builder.select(flags["col"], builder.fadd(r, builder.load(bias_col[v])), r)
-    # Compare-and-select keeps NaN (NaN < 0 is false), unlike llvm.maxnum.
-    relu = builder.select(builder.fcmp_ordered("<", r, zero_v), zero_v, r)
-    r = builder.select(builder.or_(flags["relu"], flags["relu6"]), relu, r)
-    r6 = builder.select(builder.fcmp_ordered(">", r, six_v), six_v, r)
-    return builder.select(flags["relu6"], r6, r)
+    return _activation(builder, r, flags["relu"], flags["relu6"])
 
 
 def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize, rows_ok=None, masks=None):
@@ -349,7 +342,12 @@ def _store(builder, value, ptr, esize, mask=None):
 
 
 def _vec_suffix(vec):
+    """LLVM's overload suffix for a float vector type, e.g. ``v16f32``."""
     return f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
+
+
+def _esize(vec):
+    return 4 if isinstance(vec.element, ir.FloatType) else 8
 
 
 # --- Winograd F(2x2, 3x3) transforms over a vector of tiles ----------------------------
@@ -362,29 +360,14 @@ def _vec_suffix(vec):
 # masked, so image borders, short runs of tiles and padding need no special cases.
 
 
-def _float_suffix(vec):
-    return "f32" if isinstance(vec.element, ir.FloatType) else "f64"
-
-
 def _masked_load(builder, base, offset, mask, vec):
     """``vec`` from ``base[offset:]`` where ``mask`` is set, zero elsewhere (masked lanes never touch memory)."""
-    esize = 4 if _float_suffix(vec) == "f32" else 8
-    fn = builder.module.declare_intrinsic(
-        f"llvm.masked.load.v{vec.count}{_float_suffix(vec)}.p0",
-        fnty=ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask.type, vec]))
-    return builder.call(fn, [_vector_ptr(builder, base, offset, vec), ir.Constant(ir.IntType(32), esize),
-                             mask, ir.Constant(vec, [0.0] * vec.count)])
+    return _load(builder, _vector_ptr(builder, base, offset, vec), _esize(vec), mask)
 
 
 def _masked_store(builder, value, base, offset, mask):
     """Store the lanes of ``value`` selected by ``mask`` at ``base[offset:]``; the others are untouched."""
-    vec = value.type
-    esize = 4 if _float_suffix(vec) == "f32" else 8
-    fn = builder.module.declare_intrinsic(
-        f"llvm.masked.store.v{vec.count}{_float_suffix(vec)}.p0",
-        fnty=ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask.type]))
-    builder.call(fn, [value, _vector_ptr(builder, base, offset, vec),
-                      ir.Constant(ir.IntType(32), esize), mask])
+    _store(builder, value, _vector_ptr(builder, base, offset, value.type), _esize(value.type), mask)
 
 
 def _lane_range(builder, first, lo, hi, count):
@@ -398,7 +381,7 @@ def _lane_range(builder, first, lo, hi, count):
 
 
 def _activation(builder, r, relu, relu6):
-    """relu (``relu`` or ``relu6`` set) then the clip at 6 (``relu6``), as in :func:`_epilogue`."""
+    """relu (``relu`` or ``relu6`` set) then the clip at 6 (``relu6``), chosen at run time."""
     vec = r.type
     zero_v = ir.Constant(vec, [0.0] * vec.count)
     six_v = ir.Constant(vec, [6.0] * vec.count)
