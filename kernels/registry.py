@@ -40,10 +40,6 @@ class Kernel:
     module: object
 
     @property
-    def ukernel(self):
-        return self.module.ukernel
-
-    @property
     def no_bias(self):
         """A zero bias the kernels may be handed when there is none (never read then)."""
         return self.module.NO_BIAS
