@@ -20,8 +20,7 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
-                                        make_gemv_kernels, make_microkernel)
-from tilegemm.packing.pack import pack_a, pack_b
+                                        make_gemv_kernels, make_microkernel, make_pack_panel)
 
 # --- configuration ---
 DTYPE = np.float32
@@ -38,6 +37,24 @@ ukernel_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, strided=True, edge
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
+# The packers' inner copies, in vector IR (tilegemm.packing.pack has the same layouts
+# in plain Numba, as the reference).
+pack_a_panel = make_pack_panel(DTYPE, MR, LANES)
+pack_b_panel = make_pack_panel(DTYPE, NR, LANES)
+
+
+@numba.njit(inline='always', **JIT)
+def pack_a(a, off, rs, cs, mc, kc, buf):
+    """Pack an ``mc x kc`` block of A into ``ceil(mc/MR)`` MR-row micro-panels at ``buf[0:]``."""
+    for ir in range(0, mc, MR):
+        pack_a_panel(kc, a, off + ir * rs, rs, cs, min(MR, mc - ir), buf, ir * kc)
+
+
+@numba.njit(inline='always', **JIT)
+def pack_b(b, off, rs, cs, kc, nc, buf):
+    """Pack a ``kc x nc`` block of B into ``ceil(nc/NR)`` NR-column micro-panels at ``buf[0:]``."""
+    for jr in range(0, nc, NR):
+        pack_b_panel(kc, b, off + jr * cs, cs, rs, min(NR, nc - jr), buf, jr * kc)
 
 
 @numba.njit(inline='always', **JIT)
@@ -88,12 +105,12 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
         # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
         for pc in range(0, max(k, 1), KC):
             kc = min(KC, k - pc)
-            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, NR, bpack)
+            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, bpack)
             beta_pc = beta if pc == 0 else DTYPE(1)
             epi_pc = epi if pc + KC >= k else 0
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, MR, apack)
+                pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
                 macro_kernel(mc, nc, kc, apack, bpack, 0, c, c_off + ic * ldc + jc, ldc,
                              alpha, beta_pc, bias, ic, jc, epi_pc)
 
@@ -149,9 +166,9 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
         a_pc = a_off + pc * a_cs
         b_pc = b_off + pc * b_rs
         if m_full < m:
-            pack_a(a, a_pc + m_full * a_rs, a_rs, a_cs, m - m_full, kc, MR, apack)
+            pack_a(a, a_pc + m_full * a_rs, a_rs, a_cs, m - m_full, kc, apack)
         if n_full < n:
-            pack_b(b, b_pc + n_full * b_cs, b_rs, b_cs, kc, n - n_full, NR, bpack)
+            pack_b(b, b_pc + n_full * b_cs, b_rs, b_cs, kc, n - n_full, bpack)
         beta_pc = beta if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= k else 0
         small_tiles(0, tiles, m, n, kc, alpha, a, a_pc, a_rs, a_cs, b, b_pc, b_rs, beta_pc,
