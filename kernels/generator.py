@@ -821,9 +821,15 @@ def make_pack_panel(dtype, panel, lanes):
                          for v in range(nvec)]
                 stores = [_lane_range(builder, ir.Constant(intp, v * lanes), zero_i, width, lanes)
                           for v in range(nvec)]
+                lines = -(-panel * np.dtype(dtype).itemsize // 64)
                 with cgutils.for_range(builder, kc) as loop:
                     p = loop.index
                     row = builder.mul(p, s_k)
+                    # The next panel (``panel`` columns on) packs the same rows next:
+                    # ask for its lines now, the source rows lie far apart in memory.
+                    for q in range(lines):
+                        _prefetch(builder, builder.gep(src_ptr, [builder.add(
+                            row, ir.Constant(intp, panel + q * 64 // np.dtype(dtype).itemsize))]))
                     for v in range(nvec):
                         at = ir.Constant(intp, v * lanes)
                         value = _masked_load(builder, src_ptr, builder.add(row, at), loads[v], vec)
@@ -833,7 +839,8 @@ def make_pack_panel(dtype, panel, lanes):
                         else:
                             _masked_store(builder, value, buf_ptr, target, stores[v])
             with other:
-                _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp)
+                _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp,
+                              builder.mul(ir.Constant(intp, panel), s_in))
                 # Zero the padding columns i in [count, panel).
                 zero = ir.Constant(fl, 0.0)
                 with cgutils.for_range(builder, kc) as loop:
@@ -850,8 +857,11 @@ def make_pack_panel(dtype, panel, lanes):
     return pack_panel
 
 
-def _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp):
-    """Columns ``i < count`` of a panel whose source is not contiguous along i (see make_pack_panel)."""
+def _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp, ahead):
+    """Columns ``i < count`` of a panel whose source is not contiguous along i (see make_pack_panel).
+
+    ``ahead``: elements from a source row to the same row of the next panel, prefetched.
+    """
     lanes = vec.count
     step = ir.Constant(intp, lanes)
     with builder.if_else(builder.icmp_signed("==", s_k, ir.Constant(intp, 1))) as (along_k, scalar):
@@ -864,6 +874,7 @@ def _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp):
                 with cgutils.for_range(builder, blocks) as blk:
                     p0 = builder.mul(blk.index, step)
                     value = builder.load(_vector_ptr(builder, row_ptr, p0, vec), align=_esize(vec))
+                    _prefetch(builder, builder.gep(row_ptr, [builder.add(ahead, p0)]))
                     for l in range(lanes):
                         at = ir.Constant(intp, l)
                         builder.store(builder.extract_element(value, ir.Constant(ir.IntType(32), l)),
