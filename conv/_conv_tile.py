@@ -34,6 +34,7 @@ SOURCE_HASH = ""
 
 _KERNEL = get_kernel(DTYPE, MR, NR, ISA)
 macro_kernel = _KERNEL.module.macro_kernel
+pack_b = _KERNEL.module.pack_b
 LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
@@ -54,6 +55,11 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     sc, s_row = xs[1], xs[2]
+    if kh == 1 and kw == 1 and sy == 1 and sx == 1 and py == 0 and px == 0 and Wo == W \
+            and xs[3] == 1 and s_row == W:
+        # 1x1 over contiguous planes: the patch matrix is the image viewed as (C, H*W).
+        pack_b(x, x_off + p0 * sc + j0, sc, 1, kc, nc, buf)
+        return
     if sx != 1 or xs[3] != 1:
         pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf)
         return

@@ -124,6 +124,8 @@ ODD = {
     "dilation": ((1, 4, 12, 10), (6, 3, 3), dict(dilation=(2, 3), padding=2)),
     "groups": ((2, 12, 7, 8), (18, 3, 3), dict(groups=3, padding=1)),
     "groups_1x1": ((1, 8, 5, 5), (8, 1, 1), dict(groups=4)),
+    # More pixels than any NC block and channels in several KC blocks: 1x1 packs B as a GEMM.
+    "pointwise_large": ((1, 400, 3, 1100), (9, 1, 1), {}),
     "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
     "valid_wide": ((1, 2, 3, 70), (130, 3, 3), dict(padding="valid")),
     "large_stride": ((1, 3, 17, 17), (8, 3, 3), dict(stride=4)),
