@@ -24,6 +24,7 @@ import numpy as np
 
 import tilegemm
 import tilegemm.conv.plan
+from tilegemm import bench
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 
@@ -83,8 +84,12 @@ def parties(ly, x, w, b):
     return out, p
 
 
-def interleaved_best(fns, repeat, min_time=0.05):
-    """Best seconds per callable, calling each once per round (after one warm-up call)."""
+def interleaved_best(fns, repeat, min_time=0.05, settle=0.0):
+    """Best seconds per callable, calling each once per round (after one warm-up call).
+
+    ``settle``: seconds to sleep before each sample, so that a peer's spinning worker
+    threads (OpenMP, OpenBLAS) have gone idle (see ``tilegemm.bench.settle_time``).
+    """
     for f in fns.values():
         f()
     calls = {}
@@ -95,6 +100,7 @@ def interleaved_best(fns, repeat, min_time=0.05):
     best = {name: float("inf") for name in fns}
     for _ in range(repeat):
         for name, f in fns.items():
+            time.sleep(settle)
             t0 = time.perf_counter()
             for _ in range(calls[name]):
                 f()
@@ -113,7 +119,7 @@ def own_flops(p, algorithm):
 def bench_layer(ly, batch, threads, repeat, peak):
     x, w, b = operands(ly, batch)
     fns, p = parties(ly, x, w, b)
-    best = interleaved_best(fns, repeat)
+    best = interleaved_best(fns, repeat, settle=bench.settle_time(threads))
     plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
                               threads=threads)
     rows = []

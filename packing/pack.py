@@ -10,6 +10,13 @@ Layouts (both zero padded to whole panels, so kernels always read full panels):
   ``q*MR*kc`` and holds ``A[q*MR + i, p]`` at ``p*MR + i`` (k-major).
 * packed B: ``ceil(nc/NR)`` micro-panels of ``kc x NR``; panel ``q`` starts at
   ``q*NR*kc`` and holds ``B[p, q*NR + j]`` at ``p*NR + j`` (k-major).
+
+These plain-Numba packers are the readable statement of the layouts and the
+reference the tests hold the engine to.  The engine itself packs through
+``make_pack_panel`` (``kernels/generator.py``, bound in each generated kernel
+module as ``pack_a``/``pack_b``): Numba compiles these flat-index loops through
+its negative-index wraparound into gathers and scatters, several times slower
+than the vector copy.
 """
 import numba
 
