@@ -31,6 +31,9 @@ from numba.extending import intrinsic
 #: k steps per iteration of the micro-kernel's main loop.
 UNROLL = 4
 
+#: Bytes ahead of the current position that the matrix-vector dot products prefetch.
+GEMV_PREFETCH = 1024
+
 EPI_BIAS_ROW = 1
 EPI_BIAS_COL = 2
 EPI_RELU = 4
@@ -630,6 +633,11 @@ def make_gemv_kernels(dtype, lanes, rows=4):
         pairs = builder.sdiv(kv, step)
         with cgutils.for_range(builder, pairs) as loop:
             base = builder.mul(loop.index, step)
+            # The rows stream from memory: ask for their lines well before they are read.
+            for r in range(rows):
+                for half in range(2):
+                    at = builder.add(base, ir.Constant(intp, GEMV_PREFETCH // esize + half * lanes))
+                    _prefetch(builder, builder.gep(row_ptrs[r], [at]))
             for half in range(2):
                 p = builder.add(base, ir.Constant(intp, half * lanes))
                 xv = builder.load(_vector_ptr(builder, x_ptr, p, vec), align=esize)
@@ -661,7 +669,9 @@ def make_gemv_kernels(dtype, lanes, rows=4):
             i = builder.mul(loop.index, step)
             y_vec = _vector_ptr(builder, y_ptr, i, vec)
             total = builder.load(y_vec, align=esize)
+            at = builder.add(i, ir.Constant(intp, GEMV_PREFETCH // esize))
             for c in range(rows):
+                _prefetch(builder, builder.gep(cols[c], [at]))
                 mv = builder.load(_vector_ptr(builder, cols[c], i, vec), align=esize)
                 total = _fma(builder, mv, xs[c], total)
             builder.store(total, y_vec, align=esize)
