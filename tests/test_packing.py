@@ -42,34 +42,28 @@ def operands(dtype, rows, cols, rng):
 
 
 @pytest.mark.parametrize("spec", KERNELS, ids=IDS)
-@pytest.mark.parametrize("mc, kc", [(1, 1), (5, 3), (13, 17), (16, 33), (23, 64), (40, 7)])
-def test_pack_a_matches_reference(spec, mc, kc):
+@pytest.mark.parametrize("operand, rows, cols", [
+    ("A", 1, 1), ("A", 5, 3), ("A", 13, 17), ("A", 16, 33), ("A", 23, 64), ("A", 40, 7),
+    ("B", 1, 1), ("B", 3, 5), ("B", 17, 70), ("B", 33, 16), ("B", 7, 129)])
+def test_packers_match_reference(spec, operand, rows, cols):
+    """A is rows (m) x cols (k) in MR panels; B is rows (k) x cols (n) in NR panels."""
     kern = get_kernel(*spec)
-    MR, dt = kern.mr, kern.dtype
-    rng = np.random.default_rng(mc * 100 + kc)
-    size = -(-mc // MR) * MR * kc
-    for name, a in operands(dt, mc, kc, rng):
-        flat, off, rs, cs = flat_view(a)
+    dt = kern.dtype
+    if operand == "A":
+        panel, count, kc = kern.mr, rows, cols
+        ours = lambda flat, off, rs, cs, buf: kern.module.pack_a(flat, off, rs, cs, rows, cols, buf)
+        ref = lambda flat, off, rs, cs, buf: _ref_a(flat, off, rs, cs, rows, cols, panel, buf)
+    else:
+        panel, count, kc = kern.nr, cols, rows
+        ours = lambda flat, off, rs, cs, buf: kern.module.pack_b(flat, off, rs, cs, rows, cols, buf)
+        ref = lambda flat, off, rs, cs, buf: _ref_b(flat, off, rs, cs, rows, cols, panel, buf)
+    size = -(-count // panel) * panel * kc
+    rng = np.random.default_rng(rows * 1000 + cols)
+    for name, x in operands(dt, rows, cols, rng):
+        flat, off, rs, cs = flat_view(x)
         got = np.full(size + 9, -7.0, dt)
         want = got.copy()
-        kern.module.pack_a(flat, off, rs, cs, mc, kc, got)
-        _ref_a(flat, off, rs, cs, mc, kc, MR, want)
-        assert np.array_equal(got, want), f"{kern.name} pack_a, {name} A {mc}x{kc}"
-        assert np.all(got[size:] == -7.0), f"{kern.name} pack_a wrote past its panels ({name})"
-
-
-@pytest.mark.parametrize("spec", KERNELS, ids=IDS)
-@pytest.mark.parametrize("kc, nc", [(1, 1), (3, 5), (17, 70), (33, 16), (7, 129)])
-def test_pack_b_matches_reference(spec, kc, nc):
-    kern = get_kernel(*spec)
-    NR, dt = kern.nr, kern.dtype
-    rng = np.random.default_rng(kc * 1000 + nc)
-    size = -(-nc // NR) * NR * kc
-    for name, b in operands(dt, kc, nc, rng):
-        flat, off, rs, cs = flat_view(b)
-        got = np.full(size + 9, -7.0, dt)
-        want = got.copy()
-        kern.module.pack_b(flat, off, rs, cs, kc, nc, got)
-        _ref_b(flat, off, rs, cs, kc, nc, NR, want)
-        assert np.array_equal(got, want), f"{kern.name} pack_b, {name} B {kc}x{nc}"
-        assert np.all(got[size:] == -7.0), f"{kern.name} pack_b wrote past its panels ({name})"
+        ours(flat, off, rs, cs, got)
+        ref(flat, off, rs, cs, want)
+        assert np.array_equal(got, want), f"{kern.name} pack_{operand.lower()}, {name} {rows}x{cols}"
+        assert np.all(got[size:] == -7.0), f"{kern.name} pack_{operand.lower()} wrote past its panels ({name})"
