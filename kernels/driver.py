@@ -185,11 +185,12 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     scalar = dtype.type
     args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
     bias = kern.no_bias if bias is None else bias
-    # Work in units worth a thread each: GEMV is bound by reading its matrix once.
+    # Work in units worth a thread each: GEMV is bound by reading its matrix once; from
+    # SERIAL_FLOPS on, a product is shared by two threads (each doing half).
     if m == 1 or n == 1:
         shares = m * n * k // GEMV_SERIAL_ELEMENTS
     else:
-        shares = 2 * m * n * k // SERIAL_FLOPS
+        shares = 2 * (2 * m * n * k) // SERIAL_FLOPS
     if threads is None:
         # Only worth asking when the product is big enough to share.
         threads = numba.get_num_threads() if shares >= 2 else 1
