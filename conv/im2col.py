@@ -185,14 +185,18 @@ def _run_nhwc(x, w, bias, out, p, act):
 
 # --- NCHW without patch panels: B read in place from a padded, stride-split image ---------
 
-#: Largest stride-split image copy (bytes) worth making: it should stay in L2 while
-#: every tap reads it.
-SHIFTED_MAX_BYTES = 3 << 19
-#: Output pixels per image up to which the stride-split path beats packing patches.
-#: Measured (fp32, batch 8, one thread, same runs): faster on ResNet-18 conv4_x (14x14)
-#: and conv5_x (7x7) and on the stride-2 3x3 (14x14 out), slower on conv2_x (56x56)
-#: and conv3_x (28x28), where the patch panels are full and the packed kernel wins.
+#: Largest stride-split image copy (bytes, per thread) the path may make: the bound on
+#: its extra memory, whatever the image size.  Copies past L2 still paid off: a 3.3 MB
+#: copy (64 channels at 112x112) ran 22.1 ms against 27.7 ms packing patches.
+SHIFTED_MAX_BYTES = 4 << 20
+#: Output pixels per image up to which the stride-split path is taken whatever the
+#: channel count (small images: few, short patch panels).
 SHIFTED_MAX_PIXELS = 256
+#: Channels from which it is taken for larger images too.  Each tap's GEMM has k = C,
+#: so with few channels its C updates dominate.  Measured (fp32, batch 8, one thread,
+#: AMD EPYC with 1 MiB L2): 8 channels 2.68 ms vs 1.63 packing, 32 channels 6.7 vs 6.3,
+#: ResNet-18 conv2_x (64 channels, 56x56) 11.5 vs 13.0, 256 channels at 56x56 42.7 vs 50.3.
+SHIFTED_MIN_CHANNELS = 64
 #: Channels per k block: the B micro-panel (SHIFTED_KC x NR) stays in L1 across row panels.
 SHIFTED_KC = 128
 #: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
@@ -212,13 +216,14 @@ def _phase_geometry(p):
 
 
 def shifted_ok(p, dtype=np.float32):
-    """Whether :func:`_run_shifted` serves ``p``: NCHW, one group, small images, not 1x1 s1.
+    """Whether :func:`_run_shifted` serves ``p``: NCHW, one group, not 1x1 stride 1, a small
+    image or many channels, and an image copy of at most ``SHIFTED_MAX_BYTES``.
 
     1x1 stride-1 convolutions need no patches anyway (their packing is a row copy).
     """
     if p.layout != "NCHW" or p.groups != 1 or p.pointwise:
         return False
-    if p.Ho * p.Wo > SHIFTED_MAX_PIXELS:
+    if p.Ho * p.Wo > SHIFTED_MAX_PIXELS and p.Cg < SHIFTED_MIN_CHANNELS:
         return False
     _, _, chan, _ = _phase_geometry(p)
     return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES

@@ -588,6 +588,8 @@ SHIFTED = {
     "dilated_strided": ((2, 8, 12, 13), (9, 3, 3), dict(dilation=2, padding=(1, 2),
                                                        stride=(2, 1))),
     "column_blocks": ((1, 4, 15, 16), (300, 3, 3), dict(padding=1)),
+    # More pixels than SHIFTED_MAX_PIXELS, taken for its channel count.
+    "many_channels": ((2, 64, 19, 23), (10, 3, 3), dict(padding=1)),
 }
 
 
