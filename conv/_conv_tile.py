@@ -18,7 +18,7 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
-                                        make_direct_row, make_winograd_input,
+                                        make_direct_row, make_microkernel, make_winograd_input,
                                         make_winograd_output)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
@@ -39,6 +39,7 @@ LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
+masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
 direct_row = make_direct_row(DTYPE, LANES)
 
 
@@ -406,7 +407,7 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
 # copy is about one image.  The grid is Wq wide, so ``Wq - Wo`` columns per output
 # row are computed and dropped.
 
-ukernel_strided = _KERNEL.module.ukernel_strided
+ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 
 
 @numba.njit(**JIT)
@@ -428,16 +429,23 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
                         xq[dst:dst + Wq] = 0
                         continue
                     src = x_off + c * sc + y * s_row
+                    if sx == 1:
+                        # LANES columns per masked copy, the padding read as zero.
+                        for t in range(0, Wq, LANES):
+                            masked_copy(x, src + t - px, t - px, W, xq, dst + t,
+                                        min(LANES, Wq - t))
+                        continue
+                    if sx == 2:
+                        for t in range(0, Wq, LANES):
+                            col = 2 * t + b - px
+                            masked_copy2(x, src + col, col, W, xq, dst + t, min(LANES, Wq - t))
+                        continue
                     # Columns s with 0 <= s*sx + b - px < W.
                     lo = min(Wq, max(0, (px - b + sx - 1) // sx))
                     hi = max(lo, min(Wq, (W - 1 + px - b) // sx + 1))
                     xq[dst:dst + lo] = 0
-                    if sx == 1:
-                        first = src + b - px
-                        xq[dst + lo:dst + hi] = x[first + lo:first + hi]
-                    else:
-                        for s in range(lo, hi):
-                            xq[dst + s] = x[src + s * sx + b - px]
+                    for s in range(lo, hi):
+                        xq[dst + s] = x[src + s * sx + b - px]
                     xq[dst + hi:dst + Wq] = 0
 
 
@@ -448,28 +456,25 @@ def shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m0, m1, j0, cols
 
     Sums, over KC blocks of channels and over taps, packed A (tap t, block pc at
     ``(t*Cg + pc)*Mp``) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
-    (rows ``chan`` apart).  The usual blocking: an MC x KC block of A stays in L2
-    across the NR-wide B panels, each of which stays in L1 across the block's row
+    (rows ``chan`` apart).  Each tile sums every tap of a KC block in registers
+    (:func:`ukernel_taps`), so C is updated once per KC block, not once per tap.
+    The usual blocking: an MC x KC block of A stays in L2 across the NR-wide
+    column panels, each panel's image rows stay in L1 across the block's row
     panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``;
     ``m0``, ``m1``, ``MC`` are multiples of MR and every panel is NR wide (C and
-    ``xq`` must have room); beta 0 on the first pass, ``epi`` on the last.
+    ``xq`` must have room); beta 0 on the first KC block, ``epi`` on the last.
     """
-    first = True
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
-        for t in range(ntaps):
-            b_base = pc * chan + taps[t] + j0
-            a_base = (t * Cg + pc) * Mp
-            beta = DTYPE(0) if first else DTYPE(1)
-            e = epi if (pc + KC >= Cg and t == ntaps - 1) else 0
-            for ic in range(m0, m1, MC):
-                ic_end = min(ic + MC, m1)
-                for jr in range(0, cols, NR):
-                    for ir in range(ic, ic_end, MR):
-                        ukernel_strided(kc, apack, a_base + ir * kc, 1, MR, xq, b_base + jr,
-                                        chan, c, c_off + (ir - m0) * ldc + jr, ldc, DTYPE(1),
-                                        beta, bias, ir, e)
-            first = False
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        e = epi if pc + KC >= Cg else 0
+        for ic in range(m0, m1, MC):
+            ic_end = min(ic + MC, m1)
+            for jr in range(0, cols, NR):
+                for ir in range(ic, ic_end, MR):
+                    ukernel_taps(kc, apack, pc * Mp + ir * kc, Cg * Mp, xq, pc * chan + j0 + jr,
+                                 chan, taps, ntaps, c, c_off + (ir - m0) * ldc + jr, ldc,
+                                 DTYPE(1), beta, bias, ir, e)
 
 
 @numba.njit(**JIT)

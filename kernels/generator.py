@@ -72,7 +72,7 @@ def _vector_ptr(builder, base, offset, vec_type):
     return builder.bitcast(builder.gep(base, [offset]), vec_type.as_pointer())
 
 
-def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False):
+def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
     Parameters
@@ -95,6 +95,15 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False):
         Add two trailing arguments ``rows, cols``: only ``C[:rows, :cols]`` is read
         and written (rows skipped, columns masked), and the bias is read only
         there.  The kernel still reads full panels of A and B.
+    taps : bool
+        A sum of ``ntaps`` products in one tile, for convolution taps (full tiles only)::
+
+            ukernel(kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, c, c_off, ldc,
+                    alpha, beta, bias, bias_off, epi)
+
+        adds, for each ``t < ntaps``, the packed A panel at ``a_off + t*a_tap`` times
+        the ``kc`` rows of B at ``b_off + taps[t] + p*ldb`` (``nr`` contiguous columns
+        each): the accumulators stay in registers across taps, C is updated once.
 
     Returns
     -------
@@ -105,14 +114,23 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False):
         raise ValueError(f"NR={nr} is not a multiple of the vector width {lanes}")
     nb_float = _NUMBA_FLOAT[dtype]
     shape = (dtype, mr, nr, lanes)
-    flavour = ("strided" if strided else "packed") + ("_edge" if edge else "")
+    if taps and (strided or edge):
+        raise ValueError("the taps flavour reads packed A, strided B and full tiles only")
+    flavour = "taps" if taps else ("strided" if strided else "packed") + ("_edge" if edge else "")
 
     def emit(context, builder, sig, args):
         intp = context.get_value_type(types.intp)
         args = list(args)
         types_ = list(sig.args)
         valid = (args.pop(), args.pop())[::-1] if edge else None
-        if strided:
+        tap_args = None
+        if taps:
+            (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, c, c_off, ldc,
+             alpha, beta, bias, bias_off, epi) = args
+            at, bt, ct, biast = types_[1], types_[4], types_[9], types_[14]
+            a_rs, a_cs = ir.Constant(intp, 1), ir.Constant(intp, mr)
+            tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, ir.Constant(intp, 0)))
+        elif strided:
             (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
             at, bt, ct, biast = types_[1], types_[5], types_[8], types_[13]
@@ -124,12 +142,18 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False):
         ptrs = (_data(context, builder, at, a, a_off), _data(context, builder, bt, b, b_off),
                 _data(context, builder, ct, c, c_off), _data(context, builder, biast, bias, bias_off))
         _call_tile(context, builder, shape, flavour, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
-                   ptrs[2], ldc, alpha, beta, ptrs[3], epi, valid)
+                   ptrs[2], ldc, alpha, beta, ptrs[3], epi, valid, tap_args)
         return context.get_dummy_value()
 
     i = types.intp
     # Numba needs an intrinsic's parameters spelled out, so one typing function per flavour.
-    if strided and edge:
+    if taps:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, c, c_off, ldc,
+                    alpha, beta, bias, bias_off, epi):
+            return types.void(i, a, i, i, b, i, i, taps, i, c, i, i, nb_float, nb_float, bias,
+                              i, i), emit
+    elif strided and edge:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
                     alpha, beta, bias, bias_off, epi, rows, cols):
@@ -161,7 +185,7 @@ def _data(context, builder, array_type, array, offset):
 
 
 def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi, valid=None):
+               alpha, beta, bias_ptr, epi, valid=None, taps=None):
     """Call the tile function, defining it in this LLVM module on first use.
 
     One out-of-line definition per module and flavour, however many call sites a
@@ -173,8 +197,8 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
     module = builder.module
     name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{flavour}"
     args = [kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc, alpha, beta, bias_ptr, epi]
-    if valid is not None:
-        args += list(valid)
+    extra = {"valid": list(valid or ()), "taps": list(taps or ())}
+    args += extra["valid"] + extra["taps"]
     fn = module.globals.get(name)
     if fn is None:
         fnty = ir.FunctionType(ir.VoidType(), [x.type for x in args])
@@ -185,16 +209,21 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
         p = list(fn.args)
         if flavour.startswith("packed"):
             p[2], p[3], p[5] = a_rs, a_cs, ldb
-        _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:]) or None)
+        elif flavour == "taps":
+            p[2], p[3] = a_rs, a_cs
+        n_valid = len(extra["valid"])
+        _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:12 + n_valid]) or None,
+                   taps=tuple(p[12 + n_valid:]) or None)
         body.ret_void()
     builder.call(fn, args)
 
 
 def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi, valid=None):
+               alpha, beta, bias_ptr, epi, valid=None, taps=None):
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
     ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
+    ``taps = (ntaps, a_tap, tap_ptr)`` repeats the k loop once per tap (see make_microkernel).
     """
     dtype, mr, nr, lanes = shape
     nv = nr // lanes
@@ -213,30 +242,43 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         for j in range(0, nr, line):
             _prefetch(builder, builder.gep(c_ptr, [builder.add(row, ir.Constant(intp, j))]))
 
-    a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
-    # The k loop: the whole point of the kernel.
-    def k_step(k):
-        """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
-        b_row = builder.mul(k, ldb)
-        a_col = builder.mul(k, a_cs)
-        bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec),
-                           align=esize) for v in range(nv)]
-        for i in range(mr):
-            a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
-            for v in range(nv):
-                builder.store(_fma(builder, a_splat, bv[v], builder.load(acc[i][v])), acc[i][v])
+    def k_loop(a_ptr, b_ptr):
+        """The whole point of the kernel: ``kc`` rank-1 updates of the accumulators."""
+        a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
 
-    # The k loop, unrolled UNROLL times (fewer loop-control uops between FMAs),
-    # then the remainder one k at a time.
-    unroll = ir.Constant(intp, UNROLL)
-    whole = builder.sdiv(kc, unroll)
-    with cgutils.for_range(builder, whole) as loop:
-        base = builder.mul(loop.index, unroll)
-        for u in range(UNROLL):
-            k_step(builder.add(base, ir.Constant(intp, u)))
-    done = builder.mul(whole, unroll)
-    with cgutils.for_range(builder, builder.sub(kc, done)) as loop:
-        k_step(builder.add(done, loop.index))
+        def k_step(k):
+            """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
+            b_row = builder.mul(k, ldb)
+            a_col = builder.mul(k, a_cs)
+            bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)),
+                                           vec), align=esize) for v in range(nv)]
+            for i in range(mr):
+                a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
+                for v in range(nv):
+                    builder.store(_fma(builder, a_splat, bv[v], builder.load(acc[i][v])), acc[i][v])
+
+        # Unrolled UNROLL times (fewer loop-control uops between FMAs), then the
+        # remainder one k at a time.
+        unroll = ir.Constant(intp, UNROLL)
+        whole = builder.sdiv(kc, unroll)
+        with cgutils.for_range(builder, whole) as loop:
+            base = builder.mul(loop.index, unroll)
+            for u in range(UNROLL):
+                k_step(builder.add(base, ir.Constant(intp, u)))
+        done = builder.mul(whole, unroll)
+        with cgutils.for_range(builder, builder.sub(kc, done)) as loop:
+            k_step(builder.add(done, loop.index))
+
+    if taps is None:
+        k_loop(a_ptr, b_ptr)
+    else:
+        # One k loop per tap, all into the same accumulators: A's panel for tap t lies
+        # t*a_tap further on, B's rows start taps[t] elements from b_ptr.
+        ntaps, a_tap, tap_ptr = taps
+        with cgutils.for_range(builder, ntaps) as loop:
+            t = loop.index
+            k_loop(builder.gep(a_ptr, [builder.mul(t, a_tap)]),
+                   builder.gep(b_ptr, [builder.load(builder.gep(tap_ptr, [t]))]))
 
     alpha_v = _splat(builder, alpha, vec)
     beta_v = _splat(builder, beta, vec)
@@ -548,30 +590,44 @@ def make_winograd_output(dtype, lanes):
     return winograd_output
 
 
-def make_masked_copy(dtype, lanes):
+def make_masked_copy(dtype, lanes, step=1):
     """Build the intrinsic copying up to ``lanes`` elements of an image row, zeros off the row.
 
     Signature (jitted code only)::
 
         masked_copy(x, src, first, W, buf, dst, count)
 
-    For lanes ``l < count``: ``buf[dst + l] = x[src + l]`` when ``0 <= first + l < W``
-    (``first`` is the column of ``x[src]`` in its row of ``W`` pixels), else 0.  Pixels
-    off the row are never loaded and ``buf`` past ``count`` is untouched: the implicit
-    im2col packer's stride-1 row segments, padding included, in one vector each.
+    For lanes ``l < count``: ``buf[dst + l] = x[src + l*step]`` when ``0 <= first + l*step
+    < W`` (``first`` is the column of ``x[src]`` in its row of ``W`` pixels), else 0.
+    Pixels off the row are never loaded and ``buf`` past ``count`` is untouched: the
+    implicit im2col packer's stride-1 row segments, padding included, in one vector
+    each.  ``step`` is 1 or 2 (two loads and an even-lane shuffle: a stride-2 row).
     """
     dtype = np.dtype(dtype).type
     nb_float = _NUMBA_FLOAT[dtype]
+    if step not in (1, 2):
+        raise ValueError(f"masked_copy reads every pixel or every other one, not step={step}")
 
     def emit(context, builder, sig, args):
         x, src, first, W, buf, dst, count = args
         intp = context.get_value_type(types.intp)
         vec = ir.VectorType(context.get_value_type(nb_float), lanes)
         zero_i = ir.Constant(intp, 0)
+        x_ptr = _data(context, builder, sig.args[0], x, zero_i)
         wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
-        inside = builder.and_(wanted, _lane_range(builder, first, zero_i, W, lanes))
-        value = _masked_load(builder, _data(context, builder, sig.args[0], x, zero_i), src,
-                             inside, vec)
+        if step == 1:
+            inside = builder.and_(wanted, _lane_range(builder, first, zero_i, W, lanes))
+            value = _masked_load(builder, x_ptr, src, inside, vec)
+        else:
+            # Source elements j < 2*count - 1 of the row, in two vectors; keep the even ones.
+            needed = builder.sub(builder.mul(count, ir.Constant(intp, 2)), ir.Constant(intp, 1))
+            halves = []
+            for h in range(2):
+                at = ir.Constant(intp, h * lanes)
+                mask = builder.and_(_lane_range(builder, at, zero_i, needed, lanes),
+                                    _lane_range(builder, builder.add(first, at), zero_i, W, lanes))
+                halves.append(_masked_load(builder, x_ptr, builder.add(src, at), mask, vec))
+            value = _shuffle(builder, halves[0], halves[1], list(range(0, 2 * lanes, 2)))
         _masked_store(builder, value, _data(context, builder, sig.args[4], buf, zero_i), dst,
                       wanted)
         return context.get_dummy_value()
