@@ -41,6 +41,7 @@ winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
 masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
 direct_row = make_direct_row(DTYPE, LANES)
+direct_row_out = make_direct_row(DTYPE, LANES, to_output=True)
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
@@ -362,6 +363,20 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
     k0 = g * Kg + (task % blocks) * KB
     kn = min(KB, (g + 1) * Kg - k0)
     lda = (Wo + LANES - 1) // LANES * LANES
+    if Cg == 1:
+        # One input channel per output channel (depthwise): each vector of the row is
+        # summed, biased and activated in a register and stored straight to out.
+        epi = act | (EPI_BIAS_ROW if has_bias else 0)
+        for oh in range(Ho):
+            y0 = oh * sy - py
+            for kk in range(kn):
+                src = ((n * C + g * Cg) * H + y0) * W - px
+                dst = ((n * K + k0 + kk) * Ho + oh) * Wo
+                b = bias[k0 + kk] if has_bias else DTYPE(0)
+                for t in range(0, Wo, LANES):
+                    direct_row_out(x, src + t, W, y0, H, t - px, W, min(LANES, Wo - t), w,
+                                   (k0 + kk) * kh * kw, kh, kw, dy, dx, out, dst + t, b, epi)
+        return
     for oh in range(Ho):
         acc[:kn * lda] = 0
         y0 = oh * sy - py

@@ -785,7 +785,7 @@ def make_masked_fma(dtype, lanes):
     return masked_fma
 
 
-def make_direct_row(dtype, lanes):
+def make_direct_row(dtype, lanes, to_output=False):
     """Build the intrinsic adding one channel's whole kernel window into ``lanes`` output pixels.
 
     Signature (jitted code only)::
@@ -796,12 +796,21 @@ def make_direct_row(dtype, lanes):
     x[src + i*dy*s_row + j*dx + l]``, a pixel reading as 0 unless its row ``y0 + i*dy``
     lies in ``[0, H)`` and its column ``first + j*dx + l`` in ``[0, W)``.  The sum stays
     in a register across the kernel window: one load and one store of ``acc`` per call.
+
+    With ``to_output`` the sum starts from zero and is finished in the register
+    instead (one input channel per output channel: depthwise layers)::
+
+        direct_row(x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx,
+                   out, o_off, bias, epi)
+
+    stores ``sum + bias`` (``EPI_BIAS_ROW`` in ``epi``) through ``EPI_RELU`` /
+    ``EPI_RELU6`` at ``out[o_off + l]``, lanes ``l < count``.
     """
     dtype = np.dtype(dtype).type
     nb_float = _NUMBA_FLOAT[dtype]
 
     def emit(context, builder, sig, args):
-        x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off = args
+        x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off = args[:16]
         intp = context.get_value_type(types.intp)
         vec = ir.VectorType(context.get_value_type(nb_float), lanes)
         zero_i = ir.Constant(intp, 0)
@@ -809,7 +818,9 @@ def make_direct_row(dtype, lanes):
         w_ptr = _data(context, builder, sig.args[8], w, w_off)
         acc_ptr = _data(context, builder, sig.args[14], acc, zero_i)
         wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
-        total = cgutils.alloca_once_value(builder, _masked_load(builder, acc_ptr, a_off, wanted, vec))
+        start = (ir.Constant(vec, [0.0] * lanes) if to_output
+                 else _masked_load(builder, acc_ptr, a_off, wanted, vec))
+        total = cgutils.alloca_once_value(builder, start)
         no_lanes = ir.Constant(wanted.type, [0] * lanes)
         with cgutils.for_range(builder, kh) as row_loop:
             i = row_loop.index
@@ -826,16 +837,32 @@ def make_direct_row(dtype, lanes):
                 weight = builder.load(builder.gep(w_ptr, [builder.add(builder.mul(i, kw), j)]))
                 builder.store(_fma(builder, _splat(builder, weight, vec), pixels,
                                    builder.load(total)), total)
-        _masked_store(builder, builder.load(total), acc_ptr, a_off, wanted)
+        result = builder.load(total)
+        if to_output:
+            bias, epi = args[16:]
+            flag = {name: builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
+                                              ir.Constant(epi.type, 0))
+                    for name, bit in (("bias", EPI_BIAS_ROW), ("relu", EPI_RELU), ("relu6", EPI_RELU6))}
+            # select, not the add of a zero bias: -0.0 + 0.0 would be +0.0.
+            result = builder.select(flag["bias"], builder.fadd(result, _splat(builder, bias, vec)),
+                                    result)
+            result = _activation(builder, result, flag["relu"], flag["relu6"])
+        _masked_store(builder, result, acc_ptr, a_off, wanted)
         return context.get_dummy_value()
 
-    @intrinsic
-    def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx,
-                   acc, a_off):
-        i = types.intp
-        return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, acc, i), emit
+    i = types.intp
+    if to_output:
+        @intrinsic
+        def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy,
+                       dx, out, o_off, bias, epi):
+            return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, out, i, nb_float, i), emit
+    else:
+        @intrinsic
+        def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy,
+                       dx, acc, a_off):
+            return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, acc, i), emit
 
-    direct_row.__name__ = f"{np.dtype(dtype).char}_direct_row_{lanes}"
+    direct_row.__name__ = f"{np.dtype(dtype).char}_direct_row_{lanes}{'_out' if to_output else ''}"
     return direct_row
 
 

@@ -125,6 +125,9 @@ ODD = {
     "dilation": ((1, 4, 12, 10), (6, 3, 3), dict(dilation=(2, 3), padding=2)),
     "groups": ((2, 12, 7, 8), (18, 3, 3), dict(groups=3, padding=1)),
     "groups_1x1": ((1, 8, 5, 5), (8, 1, 1), dict(groups=4)),
+    "depthwise_multiplier": ((2, 6, 9, 21), (12, 3, 3), dict(groups=6, padding=1)),
+    "depthwise_dilated_rows": ((1, 5, 11, 40), (5, 3, 5), dict(groups=5, padding=(2, 3),
+                                                              dilation=(2, 1), stride=(2, 1))),
     # More pixels than any NC block and channels in several KC blocks: 1x1 packs B as a GEMM.
     "pointwise_large": ((1, 400, 3, 1100), (9, 1, 1), {}),
     "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
