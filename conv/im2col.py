@@ -121,7 +121,7 @@ def _run_nchw(x, w, bias, out, p, act):
     Mp = packed[0][1]
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
-    threads = engine.threads_for(p.flops, 1 << 30)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     # With few (image, pixel block) pairs, split the output channels too so every thread works.
     msplit = 1
     if p.N * n_jc < threads:
@@ -154,7 +154,7 @@ def _run_nhwc(x, w, bias, out, p, act):
     m = p.N * p.Ho * p.Wo
     KC = min(blk.kc, ckk)
     NC = min(blk.nc, engine.round_up(p.Kg, NR))
-    threads = engine.threads_for(p.flops, 1 << 30)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     # Enough row blocks to keep every thread busy, MC from the blocking at most.
     MC = min(blk.mc, engine.round_up(-(-m // max(threads, 1)), MR))
     ntasks = -(-m // MC)

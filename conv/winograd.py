@@ -110,7 +110,7 @@ def _run_nchw(x, w, bias, out, p, act):
     Kp = packed[0][1]
     TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
     tiles_total = p.N * TH * TW
-    threads = engine.threads_for(p.flops, 1 << 30)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
     NB = max(NR, min(NB, engine.round_up(-(-tiles_total // threads), NR)))
@@ -148,7 +148,7 @@ def _run_nhwc(x, w, bias, out, p, act):
     NC = min(blk.nc, Kp)
     TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
     tiles_total = p.N * TH * TW
-    threads = engine.threads_for(p.flops, 1 << 30)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     MT = tile_block(p.Cg, Kp, KC, MR, detect().l2_bytes, out.itemsize)
     # At least a few blocks per thread so that uneven blocks balance out.
     MT = max(MR, min(MT, engine.round_up(-(-tiles_total // (4 * threads)), MR)))
