@@ -50,10 +50,11 @@ direct_row_out = make_direct_row(DTYPE, LANES, to_output=True)
 def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
     """:func:`pack_b_im2col` for NR-wide panels, with vector copies when stride and image rows allow.
 
-    With a horizontal stride of 1 and contiguous image rows, each panel row is a few
-    runs of one image row (one per output row the panel's columns cross), copied
-    LANES at a time by :func:`masked_copy` with the padding read as zero.  Other
-    geometries go to the scalar packer.  Same layout and assumptions.
+    With a horizontal stride of 1 or 2 and contiguous image rows, each panel row is a
+    few runs of one image row (one per output row the panel's columns cross), copied
+    LANES at a time by :func:`masked_copy` (every other pixel: :func:`masked_copy2`)
+    with the padding read as zero.  Other geometries go to the scalar packer.  Same
+    layout and assumptions.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     sc, s_row = xs[1], xs[2]
@@ -62,7 +63,7 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
         # 1x1 over contiguous planes: the patch matrix is the image viewed as (C, H*W).
         pack_b(x, x_off + p0 * sc + j0, sc, 1, kc, nc, buf)
         return
-    if sx != 1 or xs[3] != 1:
+    if sx > 2 or xs[3] != 1:
         pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf)
         return
     seg_oh = np.empty(NR, np.int64)
@@ -80,12 +81,17 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
             for s in range(nseg):
                 seg = seg_len[s]
                 ih = seg_oh[s] * sy + i * dy - py
-                iw0 = seg_ow[s] + j * dx - px
+                iw0 = seg_ow[s] * sx + j * dx - px
                 # A row outside the image reads as zeros: a row "width" of 0 masks every load.
                 width = W if 0 <= ih < H else 0
                 src = x_off + c * sc + ih * s_row + iw0
-                for t in range(0, seg, LANES):
-                    masked_copy(x, src + t, iw0 + t, width, buf, out + t, min(LANES, seg - t))
+                if sx == 1:
+                    for t in range(0, seg, LANES):
+                        masked_copy(x, src + t, iw0 + t, width, buf, out + t, min(LANES, seg - t))
+                else:
+                    for t in range(0, seg, LANES):
+                        masked_copy2(x, src + 2 * t, iw0 + 2 * t, width, buf, out + t,
+                                     min(LANES, seg - t))
                 out += seg
             if cols < NR:
                 masked_copy(x, 0, 0, 0, buf, dst + cols, NR - cols)
@@ -493,25 +499,31 @@ def shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m0, m1, j0, cols
 
 
 @numba.njit(**JIT)
-def shifted_task(n, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out, o_off, os, bias,
-                 epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
-    """Image ``n``: stride-split copy into ``xq``, then blocks of the output grid.
+def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out,
+                 o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+    """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
 
-    ``taps`` holds each kernel tap's offset within a channel of ``xq``; ``cbuf`` is an
+    With ``copy`` the image is first split into ``xq`` (a thread whose previous task
+    had the same image skips it).  ``taps`` holds each kernel tap's offset within a channel of ``xq``; ``cbuf`` is an
     ``Mp x NCB`` block of C (``NCB`` a multiple of NR).  When the grid has no dropped
     columns (``Wq == Wo``) and whole NR panels, the complete row panels go
     straight into ``out`` and only the last, partial row panel through ``cbuf``;
     otherwise every row does, and the valid columns are copied out.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
-    phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan, xq)
+    if copy:
+        phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan,
+                    xq)
     co = o_off + n * os[0]
     sk = os[1]
     grid = Ho * Wq
     m_full = M // MR * MR
     # Straight into out only when no column is dropped and every panel is whole.
     direct = Wq == Wo and grid % NR == 0
-    for j0 in range(0, grid, NCB):
+    blocks = (grid + NCB - 1) // NCB
+    per_part = (blocks + parts - 1) // parts
+    for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
+        j0 = blk * NCB
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
         if direct:
@@ -543,9 +555,12 @@ def shifted_task(n, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out, o_of
 
 
 @numba.njit(**JIT)
-def shifted_tasks(first, step, ntasks, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out,
-                  o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
-    """Images ``first, first+step, ...`` of :func:`shifted_task` on the calling thread."""
-    for n in range(first, ntasks, step):
-        shifted_task(n, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out, o_off, os, bias,
-                     epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf)
+def shifted_tasks(first, step, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M,
+                  out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+    """Tasks ``first, first+step, ...`` on the calling thread; task = image * parts + part."""
+    last = -1
+    for task in range(first, ntasks, step):
+        n = task // parts
+        shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
+                     apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf)
+        last = n

@@ -93,8 +93,7 @@ def run(x, w, bias, out, p, act):
     ``act`` the activation's epilogue flags.
     """
     if p.layout == "NCHW":
-        # Tasks of the stride-split path are images: with fewer, threads would idle.
-        if shifted_ok(p, out.dtype) and p.N >= engine.threads_for(p.flops, 1 << 30):
+        if shifted_ok(p, out.dtype):
             return _run_shifted(x, w, bias, out, p, act)
         return _run_nchw(x, w, bias, out, p, act)
     return _run_nhwc(x, w, bias, out, p, act)
@@ -244,7 +243,8 @@ def _run_shifted(x, w, bias, out, p, act):
     """Convolution as one GEMM per kernel tap on a stride-split copy of each image.
 
     See the section "im2col without patches" of ``conv/_conv_tile.py``.  Tasks are
-    images; each thread copies its image into its own buffer.
+    images, or parts of an image's column blocks when there are fewer images than
+    threads; each thread copies the image it works on into its own buffer.
     """
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
@@ -258,16 +258,22 @@ def _run_shifted(x, w, bias, out, p, act):
     grid = p.Ho * Wq
     # Whole NR panels from the last channel may read past the copy: zeroed slack.
     size = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
-    # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES.
+    threads = engine.threads_for(p.flops, 1 << 30)
+    # Fewer images than threads: each image's column blocks are shared out in parts.
+    parts = -(-threads // p.N) if p.N < threads else 1
+    # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES,
+    # at least one per part.
     ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
-    blocks = -(-grid // ncb)
+    blocks = max(-(-grid // ncb), parts)
     NCB = engine.round_up(-(-grid // blocks), NR)
-    threads = min(engine.threads_for(p.flops, p.N), p.N)
+    parts = min(parts, -(-grid // NCB))
+    ntasks = p.N * parts
+    threads = min(threads, ntasks)
     xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
                                        (size, Mp * NCB), out.dtype)
     xqs[:, p.Cg * chan:size] = 0        # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
-    args = (p.N, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), apack, Mp, p.K,
+    args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), apack, Mp, p.K,
             out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB, Hq, Wq, chan)
     engine.launch(lambda t, step: mod.shifted_tasks(t, step, *args, xqs[t], cbufs[t]), threads)
     return out

@@ -133,6 +133,8 @@ ODD = {
     "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
     "valid_wide": ((1, 2, 3, 70), (130, 3, 3), dict(padding="valid")),
     "large_stride": ((1, 3, 17, 17), (8, 3, 3), dict(stride=4)),
+    # Stride 2 with few channels and many pixels: patches packed with stride-2 copies.
+    "stride2_packed": ((1, 5, 40, 37), (6, 3, 3), dict(stride=2, padding=1)),
     "wide_tiles": ((3, 5, 6, 75), (9, 3, 3), dict(padding=1)),
     "narrow_tiles": ((5, 9, 11, 3), (13, 3, 3), dict(padding=(0, 1))),
 }
@@ -369,6 +371,10 @@ def test_pack_b_im2col_matches_explicit(geom):
     dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), W=9),
     dict(kernel=(3, 2), stride=(1, 1), padding=(2, 0, 3, 1), dilation=(2, 3), W=40),
     dict(kernel=(2, 5), stride=(2, 3), padding=(0, 1, 2, 1), dilation=(2, 1), W=9),
+    # Horizontal stride 2: every-other-pixel vector copies, runs longer than a vector.
+    dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1, 1, 1), dilation=(1, 1), W=75),
+    dict(kernel=(7, 7), stride=(2, 2), padding=(3, 3, 3, 3), dilation=(1, 1), W=40),
+    dict(kernel=(3, 2), stride=(1, 2), padding=(0, 2, 1, 0), dilation=(1, 3), W=38),
 ])
 def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
     """The generated NCHW packer (vector row copies) writes the explicit patch matrix."""
@@ -605,6 +611,22 @@ def test_shifted_im2col(name, monkeypatch):
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
     assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+
+
+@pytest.mark.parametrize("name", ["many_channels", "direct_rows", "two_k_blocks"])
+@pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
+def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypatch):
+    """One image, all threads: each takes a part of the image's column blocks."""
+    from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
+    (_, C, H, W), (K, kh, kw), kw_args = SHIFTED[name]
+    shape = ((1, C, H, W), (K, kh, kw), kw_args)
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu6")
+    finally:
+        numba.set_num_threads(saved)
 
 
 def test_conv_plan_rejects_malformed_shapes_and_threads():
