@@ -9,9 +9,8 @@ validated 2-D float arrays of one dtype.  It chooses between
 * the five-loop driver over packed panels otherwise.
 
 Threads: C is cut into one block per thread along its longer side (whole MR or
-NR multiples) and each block runs the serial path on its own Python thread (the
-calling thread and the workers of :mod:`tilegemm.kernels.crew`); the jitted
-drivers release the GIL.  When C has too few tiles for that and k is long,
+NR multiples) and each block runs the serial path on its own Python thread; the
+jitted drivers release the GIL.  When C has too few tiles for that and k is long,
 k is cut instead and the partial products are summed at the end.  Each thread packs its own panels into its own
 buffers, so there is no barrier inside a call: the price is that every thread
 packs the operand it shares (A for a column split), m*k copies against
@@ -19,12 +18,12 @@ packs the operand it shares (A for a column split), m*k copies against
 machinery: no threading-layer constraints on concurrent calls from several
 Python threads, and seconds less compile time.
 """
+import concurrent.futures
 import threading
 
 import numba
 import numpy as np
 
-from tilegemm.kernels.crew import run_shares
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
@@ -42,6 +41,33 @@ GEMV_SERIAL_ELEMENTS = 1 << 20
 SPLIT_K_MIN = 1024
 
 _workspace = threading.local()
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def executor():
+    """The process-wide pool that runs the shares of a product beyond the caller's own.
+
+    Created once, with as many workers as Numba could ever be asked for minus one
+    (the calling thread takes a share itself); workers start only when used.  It
+    is never replaced, so a caller can never be handed a pool another thread shut.
+    """
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                    thread_name_prefix="tilegemm")
+    return _pool
+
+
+def run_shares(fn, shares):
+    """Run ``fn(*share)`` for every share: the first on this thread, the rest on the pool."""
+    futures = [executor().submit(fn, *share) for share in shares[1:]]
+    fn(*shares[0])
+    for f in futures:
+        f.result()
 
 
 def _buffers(key, sizes, dtype):
