@@ -504,8 +504,9 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, apac
     """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
 
     With ``copy`` the image is first split into ``xq`` (a thread whose previous task
-    had the same image skips it).  ``taps`` holds each kernel tap's offset within a channel of ``xq``; ``cbuf`` is an
-    ``Mp x NCB`` block of C (``NCB`` a multiple of NR).  When the grid has no dropped
+    had the same image skips it).  ``taps`` holds each kernel tap's offset within a
+    channel of ``xq``; ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a multiple of
+    NR); the column blocks are cut into ``parts`` runs.  When the grid has no dropped
     columns (``Wq == Wo``) and whole NR panels, the complete row panels go
     straight into ``out`` and only the last, partial row panel through ``cbuf``;
     otherwise every row does, and the valid columns are copied out.

@@ -148,3 +148,52 @@ def test_agrees_with_plain_numba_reference(spec, rng):
         expected = 1.5 * tile.astype(np.float64) + C0
         assert_close(got, expected, 3 * error_bound(A, B, k, dt, extra=C0),
                      f"{kern.name} against the plain-Numba tile, k={k}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kc, ntaps", [(1, 1), (7, 3), (33, 9)])
+@pytest.mark.parametrize("beta, epi", [(0.0, 0), (0.5, 0), (1.0, EPI_BIAS_ROW | EPI_RELU)])
+def test_taps_flavour(dtype, kc, ntaps, beta, epi):
+    """The convolution's taps kernel: sum over taps of packed A times B rows at tap offsets."""
+    import numba
+    from tilegemm.conv import engine
+    mod = engine.conv_module(dtype)
+    MR, NR = mod.MR, mod.NR
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(kc * 10 + ntaps)
+    a_tap = MR * kc + 5                                  # panels of successive taps, apart
+    apack = rng.standard_normal(a_off := 3 + ntaps * a_tap).astype(dt)
+    ldb = NR + 11
+    taps = rng.integers(0, 40, ntaps).astype(np.int64)
+    b = rng.standard_normal(2 + 40 + kc * ldb + NR).astype(dt)
+    ldc = NR + 2
+    c = np.full(MR * ldc, np.nan if beta == 0 else 0.0, dt)
+    if beta != 0:
+        c[:] = rng.standard_normal(c.size)
+    c0 = c.copy()
+    bias = rng.standard_normal(MR + 4).astype(dt)
+
+    @numba.njit
+    def run(kc, apack, b, taps, ntaps, c, bias, beta, epi):
+        mod.ukernel_taps(kc, apack, 3, a_tap, b, 2, ldb, taps, ntaps, c, 0, ldc, dt.type(1.5),
+                         beta, bias, 1, epi)
+
+    run(kc, apack, b, taps, ntaps, c, bias, dt.type(beta), epi)
+    want = np.zeros((MR, NR))
+    for t in range(ntaps):
+        A = apack[3 + t * a_tap:3 + t * a_tap + MR * kc].reshape(kc, MR).T.astype(np.float64)
+        rows = np.array([b[2 + taps[t] + p * ldb:2 + taps[t] + p * ldb + NR] for p in range(kc)])
+        want += A @ rows.astype(np.float64)
+    want *= 1.5
+    tile0 = c0.reshape(MR, ldc)[:, :NR].astype(np.float64)
+    if beta != 0:
+        want += beta * tile0
+    if epi & EPI_BIAS_ROW:
+        want += bias[1:1 + MR, None]
+    if epi & EPI_RELU:
+        want = np.maximum(want, 0)
+    got = c.reshape(MR, ldc)
+    bound = 4 * kc * ntaps * np.finfo(dt).eps * (1 + np.abs(want))
+    assert_close(got[:, :NR], want, bound, f"taps kernel {dt.name} kc={kc} ntaps={ntaps}")
+    assert np.array_equal(got[:, NR:], c0.reshape(MR, ldc)[:, NR:], equal_nan=True), \
+        "the taps kernel wrote outside its tile"
