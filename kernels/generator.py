@@ -335,19 +335,30 @@ def _epilogue(builder, r, flags, bias_row, bias_col, i, v):
     return _activation(builder, r, flags["relu"], flags["relu6"])
 
 
+def _epi_flags(builder, epi):
+    """The run-time epilogue flags of ``epi`` as i1 values: row, col, relu, relu6."""
+    def flag(bit):
+        return builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
+                                   ir.Constant(epi.type, 0))
+
+    return {"row": flag(EPI_BIAS_ROW), "col": flag(EPI_BIAS_COL),
+            "relu": flag(EPI_RELU), "relu6": flag(EPI_RELU6)}
+
+
+def _finish_scalar_bias(builder, r, flags, bias_v):
+    """``r + bias_v`` when the row-bias flag is set, then the activation."""
+    # select, not the add of a zero bias: r + 0.0 would turn -0.0 into +0.0.
+    r = builder.select(flags["row"], builder.fadd(r, bias_v), r)
+    return _activation(builder, r, flags["relu"], flags["relu6"])
+
+
 def _load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize, rows_ok=None, masks=None):
     """Read the bias into allocas, each load guarded by its flag so an absent bias is never read.
 
     With ``rows_ok``/``masks`` (an edge tile) only the bias of valid rows and columns is read.
     """
     lanes = vec.count
-
-    def flag(bit):
-        return builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
-                                   ir.Constant(epi.type, 0))
-
-    flags = {"row": flag(EPI_BIAS_ROW), "col": flag(EPI_BIAS_COL),
-             "relu": flag(EPI_RELU), "relu6": flag(EPI_RELU6)}
+    flags = _epi_flags(builder, epi)
     zero = ir.Constant(vec, [0.0] * lanes)
     bias_row = [cgutils.alloca_once_value(builder, zero) for _ in range(mr)]
     bias_col = [cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
@@ -548,15 +559,11 @@ def make_winograd_output(dtype, lanes):
             return (builder.fadd(builder.fadd(r[0], r[1]), r[2]),
                     builder.fsub(builder.fsub(r[1], r[2]), r[3]))
 
-        flags = {name: builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
-                                           ir.Constant(epi.type, 0))
-                 for name, bit in (("row", EPI_BIAS_ROW), ("relu", EPI_RELU), ("relu6", EPI_RELU6))}
+        flags = _epi_flags(builder, epi)
         bias_v = _splat(builder, bias, vec)
 
         def finish(y):
-            # select, not the add of a zero bias: y + 0.0 would turn -0.0 into +0.0.
-            y = builder.select(flags["row"], builder.fadd(y, bias_v), y)
-            return _activation(builder, y, flags["relu"], flags["relu6"])
+            return _finish_scalar_bias(builder, y, flags, bias_v)
 
         zero_i = ir.Constant(intp, 0)
         first = list(range(lanes // 2))
@@ -840,13 +847,8 @@ def make_direct_row(dtype, lanes, to_output=False):
         result = builder.load(total)
         if to_output:
             bias, epi = args[16:]
-            flag = {name: builder.icmp_signed("!=", builder.and_(epi, ir.Constant(epi.type, bit)),
-                                              ir.Constant(epi.type, 0))
-                    for name, bit in (("bias", EPI_BIAS_ROW), ("relu", EPI_RELU), ("relu6", EPI_RELU6))}
-            # select, not the add of a zero bias: -0.0 + 0.0 would be +0.0.
-            result = builder.select(flag["bias"], builder.fadd(result, _splat(builder, bias, vec)),
-                                    result)
-            result = _activation(builder, result, flag["relu"], flag["relu6"])
+            result = _finish_scalar_bias(builder, result, _epi_flags(builder, epi),
+                                         _splat(builder, bias, vec))
         _masked_store(builder, result, acc_ptr, a_off, wanted)
         return context.get_dummy_value()
 
