@@ -44,6 +44,15 @@ direct_row = make_direct_row(DTYPE, LANES)
 direct_row_out = make_direct_row(DTYPE, LANES, to_output=True)
 
 
+@numba.njit(inline='always', **JIT)
+def copy_run(x, src, first, W, buf, dst, count, step):
+    """:func:`masked_copy` of ``count <= LANES`` pixels ``step`` (1 or 2) apart."""
+    if step == 1:
+        masked_copy(x, src, first, W, buf, dst, count)
+    else:
+        masked_copy2(x, src, first, W, buf, dst, count)
+
+
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
 
 @numba.njit(**JIT)
@@ -85,13 +94,9 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
                 # A row outside the image reads as zeros: a row "width" of 0 masks every load.
                 width = W if 0 <= ih < H else 0
                 src = x_off + c * sc + ih * s_row + iw0
-                if sx == 1:
-                    for t in range(0, seg, LANES):
-                        masked_copy(x, src + t, iw0 + t, width, buf, out + t, min(LANES, seg - t))
-                else:
-                    for t in range(0, seg, LANES):
-                        masked_copy2(x, src + 2 * t, iw0 + 2 * t, width, buf, out + t,
-                                     min(LANES, seg - t))
+                for t in range(0, seg, LANES):
+                    copy_run(x, src + sx * t, iw0 + sx * t, width, buf, out + t,
+                             min(LANES, seg - t), sx)
                 out += seg
             if cols < NR:
                 masked_copy(x, 0, 0, 0, buf, dst + cols, NR - cols)
@@ -450,16 +455,11 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
                         xq[dst:dst + Wq] = 0
                         continue
                     src = x_off + c * sc + y * s_row
-                    if sx == 1:
+                    if sx <= 2:
                         # LANES columns per masked copy, the padding read as zero.
                         for t in range(0, Wq, LANES):
-                            masked_copy(x, src + t - px, t - px, W, xq, dst + t,
-                                        min(LANES, Wq - t))
-                        continue
-                    if sx == 2:
-                        for t in range(0, Wq, LANES):
-                            col = 2 * t + b - px
-                            masked_copy2(x, src + col, col, W, xq, dst + t, min(LANES, Wq - t))
+                            col = sx * t + b - px
+                            copy_run(x, src + col, col, W, xq, dst + t, min(LANES, Wq - t), sx)
                         continue
                     # Columns s with 0 <= s*sx + b - px < W.
                     lo = min(Wq, max(0, (px - b + sx - 1) // sx))
