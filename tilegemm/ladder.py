@@ -119,8 +119,8 @@ def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack):
 
     Change: before they are used, the ``MC x KC`` block of A is copied into
     ``MR``-row micro-panels and the ``KC x NC`` panel of B into ``NR``-column
-    micro-panels, both k-major (the reference packers of ``tilegemm.packing.pack``).  The inner
-    loops (jr, ir, then one ``MR x NR`` tile) now read memory strictly in order:
+    micro-panels, both k-major (the reference packers of ``tilegemm.packing.pack``).
+    The inner loops (jr, ir, then one ``MR x NR`` tile) now read memory strictly in order:
     one micro-panel of A (``MR*KC``) and one of B (``KC*NR``) together fit L1, the
     hardware prefetchers see plain streams and no access crosses a page needlessly.
     The copy costs O(mk + kn) per block against O(mnk) arithmetic.  The C tile is
