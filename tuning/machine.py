@@ -78,6 +78,8 @@ def _procfs_cpuinfo():
                     info["brand_raw"] = value
                 elif key == "flags" and "flags" not in info:
                     info["flags"] = value.split()
+                elif key == "cpu MHz" and "mhz" not in info:
+                    info["mhz"] = value
                 elif not line.strip() and info:
                     break  # the first processor's block is enough
     except OSError:
@@ -86,6 +88,12 @@ def _procfs_cpuinfo():
     if "@" in brand and brand.rstrip().endswith("GHz"):
         try:
             info["hz_advertised"] = [float(brand.rsplit("@", 1)[1].strip()[:-3]) * 1e9, 0]
+        except ValueError:
+            pass
+    if "hz_advertised" not in info and "mhz" in info:
+        # No clock in the brand string (AMD EPYC, many VMs): the kernel's reported clock.
+        try:
+            info["hz_advertised"] = [float(info["mhz"]) * 1e6, 0]
         except ValueError:
             pass
     return info
