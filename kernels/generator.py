@@ -401,6 +401,13 @@ def _load(builder, ptr, esize, mask=None):
     return phi
 
 
+def _any_set(builder, mask):
+    """Whether any lane of ``mask`` is set."""
+    return builder.call(builder.module.declare_intrinsic(
+        f"llvm.vector.reduce.or.v{mask.type.count}i1",
+        fnty=ir.FunctionType(ir.IntType(1), [mask.type])), [mask])
+
+
 def _all_set(builder, mask):
     """Whether every lane of ``mask`` is set (expected to be: full vectors are the common case)."""
     i1 = ir.IntType(1)
@@ -432,7 +439,8 @@ def _store(builder, value, ptr, esize, mask=None):
         with full:
             builder.store(value, ptr, align=esize)
         with partial:
-            builder.call(fn, [value, ptr, ir.Constant(ir.IntType(32), esize), mask])
+            with builder.if_then(_any_set(builder, mask)):
+                builder.call(fn, [value, ptr, ir.Constant(ir.IntType(32), esize), mask])
 
 
 def _vec_suffix(vec):
