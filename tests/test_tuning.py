@@ -25,6 +25,13 @@ def test_register_tiles_fit_the_register_file(registers, lanes):
         assert mr * nr // lanes + nr // lanes + 1 <= registers
 
 
+@pytest.mark.parametrize("registers,lanes,best", [(32, 16, (6, 64)), (32, 8, (6, 32)),
+                                                  (16, 8, (6, 16)), (16, 4, (6, 8))])
+def test_preferred_tile_has_six_rows(registers, lanes, best):
+    """AVX-512 keeps 6x64 (nv = 4); AVX2 takes BLIS's 6x16 over the 4x24 that loads less."""
+    assert register_tiles(registers, lanes)[0] == best
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_blocking_follows_the_formulas(dtype):
     m = detect()
