@@ -292,8 +292,12 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
             g = runs[r, 0]
             # Column g of packed B: panel g // NR, row p of the panel, column g % NR.
             dst = (g // NR) * NR * kc + p * NR + g % NR
+            # Lanes from the run's first to the group's last are written: the group's
+            # next run (runs go left to right) rewrites those past this one, and the
+            # driver zeroes any past the block's last tile.  A run starting at lane 0
+            # then stores whole vectors, never the slow partial ones.
             winograd_input(x, src + runs[r, 3], s_row, runs[r, 4], H, runs[r, 5], W,
-                           runs[r, 1], runs[r, 2], buf, dst, slab)
+                           runs[r, 1], LANES, buf, dst, slab)
 
 
 @numba.njit(**JIT)
