@@ -40,8 +40,11 @@ winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
 masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
-direct_row = make_direct_row(DTYPE, LANES)
-direct_row_out = make_direct_row(DTYPE, LANES, to_output=True)
+#: Vectors of an output row per direct-convolution call (independent FMA chains).
+ROW_VECTORS = 4
+ROW = ROW_VECTORS * LANES
+direct_row = make_direct_row(DTYPE, LANES, vectors=ROW_VECTORS)
+direct_row_out = make_direct_row(DTYPE, LANES, to_output=True, vectors=ROW_VECTORS)
 
 
 @numba.njit(inline='always', **JIT)
@@ -366,7 +369,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
     As ``tilegemm.conv.direct._nchw_task``, with LANES output pixels of a row at a
     time through a channel's whole kernel window in one register (:func:`direct_row`,
-    padding read as zero); needs a horizontal stride of 1.  ``acc`` holds KB*Wo rounded up to LANES elements
+    padding read as zero); needs a horizontal stride of 1.  ``acc`` holds KB*Wo rounded up to ROW elements
     per channel; ``shape = (N, C, K, groups)``; flat C-contiguous arrays.
     """
     N, C, K, groups = shape
@@ -377,7 +380,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
     g = (task // blocks) % groups
     k0 = g * Kg + (task % blocks) * KB
     kn = min(KB, (g + 1) * Kg - k0)
-    lda = (Wo + LANES - 1) // LANES * LANES
+    lda = (Wo + ROW - 1) // ROW * ROW
     if Cg == 1:
         # One input channel per output channel (depthwise): each vector of the row is
         # summed, biased and activated in a register and stored straight to out.
@@ -388,8 +391,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
                 src = ((n * C + g * Cg) * H + y0) * W - px
                 dst = ((n * K + k0 + kk) * Ho + oh) * Wo
                 b = bias[k0 + kk] if has_bias else DTYPE(0)
-                for t in range(0, Wo, LANES):
-                    direct_row_out(x, src + t, W, y0, H, t - px, W, min(LANES, Wo - t), w,
+                for t in range(0, Wo, ROW):
+                    direct_row_out(x, src + t, W, y0, H, t - px, W, min(ROW, Wo - t), w,
                                    (k0 + kk) * kh * kw, kh, kw, dy, dx, out, dst + t, b, epi)
         return
     for oh in range(Ho):
@@ -399,8 +402,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
             src = ((n * C + g * Cg + c) * H + y0) * W - px
             for kk in range(kn):
                 w_off = ((k0 + kk) * Cg + c) * kh * kw
-                for t in range(0, Wo, LANES):
-                    direct_row(x, src + t, W, y0, H, t - px, W, min(LANES, Wo - t), w, w_off,
+                for t in range(0, Wo, ROW):
+                    direct_row(x, src + t, W, y0, H, t - px, W, min(ROW, Wo - t), w, w_off,
                                kh, kw, dy, dx, acc, kk * lda + t)
         for kk in range(kn):
             dst = ((n * K + k0 + kk) * Ho + oh) * Wo

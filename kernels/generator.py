@@ -838,17 +838,20 @@ def make_masked_fma(dtype, lanes):
     return masked_fma
 
 
-def make_direct_row(dtype, lanes, to_output=False):
-    """Build the intrinsic adding one channel's whole kernel window into ``lanes`` output pixels.
+def make_direct_row(dtype, lanes, to_output=False, vectors=1):
+    """Build the intrinsic adding one channel's whole kernel window into ``vectors*lanes`` output pixels.
 
     Signature (jitted code only)::
 
         direct_row(x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off)
 
-    For lanes ``l < count``: ``acc[a_off + l] += sum_{i<kh, j<kw} w[w_off + i*kw + j] *
-    x[src + i*dy*s_row + j*dx + l]``, a pixel reading as 0 unless its row ``y0 + i*dy``
-    lies in ``[0, H)`` and its column ``first + j*dx + l`` in ``[0, W)``.  The sum stays
-    in a register across the kernel window: one load and one store of ``acc`` per call.
+    For lanes ``l < count`` (at most ``vectors*lanes``): ``acc[a_off + l] += sum_{i<kh, j<kw}
+    w[w_off + i*kw + j] * x[src + i*dy*s_row + j*dx + l]``, a pixel reading as 0 unless
+    its row ``y0 + i*dy`` lies in ``[0, H)`` and its column ``first + j*dx + l`` in
+    ``[0, W)``.  The sums stay in registers across the kernel window: one load and one
+    store of ``acc`` per vector and call.  The ``vectors`` sums are independent FMA
+    chains sharing each weight's broadcast: one chain alone waits on the FMA latency
+    at every tap.
 
     With ``to_output`` the sum starts from zero and is finished in the register
     instead (one input channel per output channel: depthwise layers)::
@@ -870,32 +873,36 @@ def make_direct_row(dtype, lanes, to_output=False):
         x_ptr = _data(context, builder, sig.args[0], x, zero_i)
         w_ptr = _data(context, builder, sig.args[8], w, w_off)
         acc_ptr = _data(context, builder, sig.args[14], acc, zero_i)
-        wanted = _lane_range(builder, zero_i, zero_i, count, lanes)
-        start = (ir.Constant(vec, [0.0] * lanes) if to_output
-                 else _masked_load(builder, acc_ptr, a_off, wanted, vec))
-        total = cgutils.alloca_once_value(builder, start)
-        no_lanes = ir.Constant(wanted.type, [0] * lanes)
+        at = [ir.Constant(intp, v * lanes) for v in range(vectors)]
+        wanted = [_lane_range(builder, at[v], zero_i, count, lanes) for v in range(vectors)]
+        totals = [cgutils.alloca_once_value(
+            builder, ir.Constant(vec, [0.0] * lanes) if to_output
+            else _masked_load(builder, acc_ptr, builder.add(a_off, at[v]), wanted[v], vec))
+            for v in range(vectors)]
+        no_lanes = ir.Constant(wanted[0].type, [0] * lanes)
         with cgutils.for_range(builder, kh) as row_loop:
             i = row_loop.index
             ya = builder.add(y0, builder.mul(i, dy))
             inside = builder.and_(builder.icmp_signed(">=", ya, zero_i), builder.icmp_signed("<", ya, H))
-            row_mask = builder.select(inside, wanted, no_lanes)
             row_src = builder.add(src, builder.mul(builder.mul(i, dy), s_row))
             with cgutils.for_range(builder, kw) as col_loop:
                 j = col_loop.index
                 shift = builder.mul(j, dx)
-                mask = builder.and_(row_mask,
-                                    _lane_range(builder, builder.add(first, shift), zero_i, W, lanes))
-                pixels = _masked_load(builder, x_ptr, builder.add(row_src, shift), mask, vec)
-                weight = builder.load(builder.gep(w_ptr, [builder.add(builder.mul(i, kw), j)]))
-                builder.store(_fma(builder, _splat(builder, weight, vec), pixels,
-                                   builder.load(total)), total)
-        result = builder.load(total)
-        if to_output:
-            bias, epi = args[16:]
-            result = _finish_scalar_bias(builder, result, _epi_flags(builder, epi),
-                                         _splat(builder, bias, vec))
-        _masked_store(builder, result, acc_ptr, a_off, wanted)
+                weight = _splat(builder, builder.load(builder.gep(w_ptr, [builder.add(builder.mul(i, kw), j)])),
+                                vec)
+                for v in range(vectors):
+                    mask = builder.and_(builder.select(inside, wanted[v], no_lanes), _lane_range(
+                        builder, builder.add(builder.add(first, shift), at[v]), zero_i, W, lanes))
+                    pixels = _masked_load(builder, x_ptr, builder.add(builder.add(row_src, shift), at[v]),
+                                          mask, vec)
+                    builder.store(_fma(builder, weight, pixels, builder.load(totals[v])), totals[v])
+        for v in range(vectors):
+            result = builder.load(totals[v])
+            if to_output:
+                bias, epi = args[16:]
+                result = _finish_scalar_bias(builder, result, _epi_flags(builder, epi),
+                                             _splat(builder, bias, vec))
+            _masked_store(builder, result, acc_ptr, builder.add(a_off, at[v]), wanted[v])
         return context.get_dummy_value()
 
     i = types.intp
@@ -910,7 +917,8 @@ def make_direct_row(dtype, lanes, to_output=False):
                        dx, acc, a_off):
             return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, acc, i), emit
 
-    direct_row.__name__ = f"{np.dtype(dtype).char}_direct_row_{lanes}{'_out' if to_output else ''}"
+    direct_row.__name__ = (f"{np.dtype(dtype).char}_direct_row_{lanes}x{vectors}"
+                           f"{'_out' if to_output else ''}")
     return direct_row
 
 
