@@ -43,8 +43,19 @@ def test_blocking_follows_the_formulas(dtype):
     assert b.kc <= m.l1d_bytes // (b.nr * size) < b.kc + 8
     # MC: the A block is about two L1s.
     assert b.mc * b.kc * size <= 2 * m.l1d_bytes < (b.mc + b.mr) * b.kc * size
-    assert b.nc * b.kc * size <= m.l2_bytes - m.l1d_bytes
+    # NC: the B panel in a quarter of a core's L3 share, or in L2 - L1d if larger.
+    panel = max(m.l2_bytes - m.l1d_bytes, m.l3_bytes // (4 * m.cores))
+    assert b.nc * b.kc * size <= panel < (b.nc + b.nr) * b.kc * size
     assert set(b.source.values()) == {"derived"}
+
+
+def test_nc_falls_back_to_l2_without_l3():
+    from dataclasses import replace
+    m = replace(detect(), l1d_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=0)
+    b = blocking(np.float32, machine=m, kc=256, nr=16)
+    assert b.nc == (480 << 10) // (256 * 4) // 16 * 16
+    b = blocking(np.float32, machine=replace(m, l3_bytes=32 << 20, cores=2), kc=256, nr=16)
+    assert b.nc == (4 << 20) // (256 * 4)
 
 
 def test_blocking_overrides(monkeypatch):

@@ -15,7 +15,12 @@
 * MC = 2 * L1d / (KC * sizeof): the packed A block is about two L1s, so it stays
   in L2 next to the B panel.  Against an A block filling half of L2 (MC ~ 1500),
   small blocks measured 0.90-0.95x numpy against 0.77x.
-* NC = (L2 - L1d) / (KC * sizeof), rounded to NR: the B panel in what L2 has left.
+* NC: the B panel (KC x NC) in a quarter of one core's share of L3, or in what L2
+  has left after L1d when that is larger; rounded to NR.  Each NC block repacks A,
+  so a panel bounded by a small L2 (NC = 240 from Zen 3's 512 KiB) repacks A every
+  240 columns: float32 at n = 1024-4096 on a Zen 3 measured 0.84-0.93x numpy with
+  NC = 240 against 0.89-1.03x with NC = 2048 (4 MiB of L3), while NC = 4096 fell to
+  0.78x at n = 4096 (two threads' panels then fill half of a shared L3).
 
 Every value can be overridden by keyword or by ``TILEGEMM_{MR,NR,KC,MC,NC}``
 (the environment applies to both dtypes).
@@ -48,6 +53,11 @@ class Blocking:
 
 def _round_down(x, m):
     return max(m, (x // m) * m)
+
+
+def _b_panel_bytes(m):
+    """Bytes for the KC x NC panel of B: a quarter of a core's L3 share, at least L2 - L1d."""
+    return max(m.l2_bytes - m.l1d_bytes, m.l3_bytes // (4 * max(1, m.cores)))
 
 
 #: Rows a preferred register tile has at least (see the module docstring).
@@ -116,6 +126,6 @@ def blocking(dtype=np.float32, *, mr=None, nr=None, kc=None, mc=None, nc=None, m
         raise ValueError(f"NR={nr} must be a multiple of the vector width ({lanes} {dtype.name} lanes)")
     kc = pick("kc", kc, lambda: _round_down(m.l1d_bytes // (nr * size), 8))
     mc = pick("mc", mc, lambda: _round_down(2 * m.l1d_bytes // (kc * size), mr))
-    nc = pick("nc", nc, lambda: _round_down((m.l2_bytes - m.l1d_bytes) // (kc * size), nr))
+    nc = pick("nc", nc, lambda: _round_down(_b_panel_bytes(m) // (kc * size), nr))
     return Blocking(dtype=dtype.name, mr=mr, nr=nr, kc=kc, mc=_round_down(mc, mr),
                     nc=_round_down(nc, nr), lanes=lanes, isa=m.isa, source=source)
