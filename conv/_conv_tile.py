@@ -427,7 +427,7 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
         direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
-# --- im2col without patches, NCHW: B read in place from a padded, stride-split image ----
+# --- im2col without patches, NCHW: B read in place from a copy of the image -----------
 #
 # With the image zero padded and split into its sy*sx stride phases
 # (``xq[c, a, b, r, s] = xpad[c, r*sy + a, s*sx + b]``, each phase Hq x Wq), the
@@ -438,7 +438,14 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
 # micro-kernel reads B straight from ``xq`` and one GEMM per tap accumulates into
 # the output tile: the 9x (kh*kw) blow-up of packing patches never happens; the
 # copy is about one image.  The grid is Wq wide, so ``Wq - Wo`` columns per output
-# row are computed and dropped.
+# row are computed and dropped, and C goes through a buffer.
+#
+# Stride 1 with Wo == W needs no split and no padding columns: each channel is
+# copied whole (``flat_copy``), rows W apart with zero rows between channels, so
+# the grid is the output plane itself (``q = oh*Wo + ow``) and tiles store straight
+# into the output.  A tap that reads ``j*dx - px`` columns to the side would wrap
+# round to the neighbouring row at the image's edges; the micro-kernel masks those
+# lanes to zero (``column_masks``).
 
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 
@@ -478,20 +485,61 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
 
 
 @numba.njit(**JIT)
-def shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m0, m1, j0, cols, c, c_off,
-                  ldc, bias, epi):
+def flat_copy(x, x_off, sc, s_row, C, H, W, origin, chan, xq):
+    """Channels ``0:C`` of one image into ``xq`` unpadded: ``xq[origin + c*chan + r*W + s]``.
+
+    ``origin`` zeros come first and the ``chan - H*W`` values after each channel are
+    zero: the rows a tap reads above or below the image.  Assumes contiguous rows.
+    """
+    xq[:origin] = 0
+    plane = H * W
+    for c in range(C):
+        dst = origin + c * chan
+        src = x_off + c * sc
+        if s_row == W:
+            xq[dst:dst + plane] = x[src:src + plane]
+        else:
+            for r in range(H):
+                xq[dst + r * W:dst + (r + 1) * W] = x[src + r * s_row:src + r * s_row + W]
+        xq[dst + plane:dst + chan] = 0
+
+
+@numba.njit(**JIT)
+def _unmasked_columns(masks, per_phase, grid_w):
+    """(lo, hi): panels starting at row column lo..hi have every mask lane on."""
+    lo, hi = grid_w, -1
+    for phase in range(grid_w):
+        if np.all(masks[phase * per_phase:(phase + 1) * per_phase] != 0):
+            lo = min(lo, phase)
+            hi = max(hi, phase)
+    return lo, hi
+
+
+@numba.njit(**JIT)
+def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, apack, Mp,
+                  m0, m1, j0, cols, c, c_off, ldc, tail, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
     Sums, over KC blocks of channels and over taps, packed A (tap t, block pc at
     ``(t*Cg + pc)*Mp``) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
     (rows ``chan`` apart).  Each tile sums every tap of a KC block in registers
     (:func:`ukernel_taps`), so C is updated once per KC block, not once per tap.
+    Taps with ``tap_masks[t] >= 0`` take their lane masks from
+    ``masks[(q % grid_w)*kw*NR + tap_masks[t]:]`` for a panel starting at grid column q,
+    unless every lane of that panel is on.
     The usual blocking: an MC x KC block of A stays in L2 across the NR-wide
     column panels, each panel's image rows stay in L1 across the block's row
-    panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``;
-    ``m0``, ``m1``, ``MC`` are multiples of MR and every panel is NR wide (C and
-    ``xq`` must have room); beta 0 on the first KC block, ``epi`` on the last.
+    panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``, but
+    a last panel narrower than NR goes whole into ``tail`` (``(m1 - m0) x NR``), so
+    that A streams once for all panels.  ``m0``, ``m1``, ``MC`` are multiples of MR;
+    ``xq`` must have room for whole panels; beta 0 on the first KC block, ``epi``
+    on the last.
     """
+    per_phase = masks.size // grid_w
+    full = cols // NR * NR
+    # A panel that crosses no image row edge needs no masks: its taps run plain.
+    plain = np.full(ntaps, -1, np.int64)
+    safe_lo, safe_hi = _unmasked_columns(masks, per_phase, grid_w)
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
@@ -499,54 +547,76 @@ def shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m0, m1, j0, cols
         for ic in range(m0, m1, MC):
             ic_end = min(ic + MC, m1)
             for jr in range(0, cols, NR):
+                phase = (j0 + jr) % grid_w
+                m_off = phase * per_phase
+                tm = plain if safe_lo <= phase <= safe_hi else tap_masks
+                dst, at, ld = c, c_off + jr, ldc
+                if jr == full:
+                    dst, at, ld = tail, 0, NR
                 for ir in range(ic, ic_end, MR):
-                    ukernel_taps(kc, apack, pc * Mp + ir * kc, Cg * Mp, xq, pc * chan + j0 + jr,
-                                 chan, taps, ntaps, c, c_off + (ir - m0) * ldc + jr, ldc,
-                                 DTYPE(1), beta, bias, ir, e)
+                    ukernel_taps(kc, apack, pc * Mp + ir * kc, Cg * Mp, xq,
+                                 pc * chan + j0 + jr, chan, taps, ntaps, masks, m_off, tm,
+                                 dst, at + (ir - m0) * ld, ld, DTYPE(1), beta, bias, ir, e)
 
 
 @numba.njit(**JIT)
-def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M, out,
-                 o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
+    """``out[dst + k*ldo : +cols] = cbuf[k*ldb : +cols]`` for ``k < rows``."""
+    for k in range(rows):
+        out[dst + k * ldo:dst + k * ldo + cols] = cbuf[k * ldb:k * ldb + cols]
+
+
+@numba.njit(**JIT)
+def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, tap_masks,
+                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, origin,
+                 chan, xq, cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
 
-    With ``copy`` the image is first split into ``xq`` (a thread whose previous task
-    had the same image skips it).  ``taps`` holds each kernel tap's offset within a
-    channel of ``xq``; ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a multiple of
-    NR); the column blocks are cut into ``parts`` runs.  When the grid has no dropped
-    columns (``Wq == Wo``) and whole NR panels, the complete row panels go
-    straight into ``out`` and only the last, partial row panel through ``cbuf``;
-    otherwise every row does, and the valid columns are copied out.
+    With ``copy`` the image is first copied into ``xq`` (a thread whose previous task
+    had the same image skips it): split by stride phase, or with ``flat`` whole by
+    :func:`flat_copy` (channels from ``origin``, masked taps).  ``taps`` holds each
+    kernel tap's offset from a grid position; ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a multiple of NR); the
+    column blocks are cut into ``parts`` runs.  When the grid is the output plane,
+    the complete row panels go straight into ``out`` and only the last, partial row
+    panel and column panel through ``cbuf``; otherwise every row does, and the
+    valid columns are copied out.  ``cbuf`` holds ``Mp x NCB``, and ``MR*NCB + m*NR``
+    for ``m`` rows, as ``NCB >= NR``.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     if copy:
-        phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan,
-                    xq)
+        if flat:
+            flat_copy(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, origin, chan, xq)
+        else:
+            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq,
+                        chan, xq)
+    xo = xq[origin:]
     co = o_off + n * os[0]
     sk = os[1]
     grid = Ho * Wq
     m_full = M // MR * MR
-    # Straight into out only when no column is dropped and every panel is whole.
-    direct = Wq == Wo and grid % NR == 0
     blocks = (grid + NCB - 1) // NCB
     per_part = (blocks + parts - 1) // parts
     for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
         j0 = blk * NCB
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
-        if direct:
-            shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, 0, m_full, j0,
-                          panels, out, co + j0, sk, bias, epi)
+        if Wq == Wo:
+            # The grid is the output plane: whole row panels straight in, the last
+            # column panel (if partial) into the head of cbuf, the partial row panel
+            # after it.
+            shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
+                          0, m_full, j0, cols, out, co + j0, sk, cbuf, bias, epi)
+            full = cols // NR * NR
+            if full < cols:
+                _copy_rows(cbuf, NR, out, co + j0 + full, sk, m_full, cols - full)
             if m_full < M:
-                shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, m_full, Mp,
-                              j0, panels, cbuf, 0, NCB, bias, epi)
-                for k in range(m_full, M):
-                    dst = co + k * sk + j0
-                    src = (k - m_full) * NCB
-                    out[dst:dst + cols] = cbuf[src:src + cols]
+                rest = cbuf[m_full * NR:]
+                shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack,
+                              Mp, m_full, Mp, j0, panels, rest, 0, NCB, rest, bias, epi)
+                _copy_rows(rest, NCB, out, co + m_full * sk + j0, sk, M - m_full, cols)
             continue
-        shifted_block(xq, chan, taps, ntaps, Cg, KC, MC, apack, Mp, 0, Mp, j0, panels,
-                      cbuf, 0, NCB, bias, epi)
+        shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
+                      0, Mp, j0, panels, cbuf, 0, NCB, cbuf, bias, epi)
         # The valid columns, one output-row run at a time.
         q = j0
         while q < j0 + cols:
@@ -554,21 +624,19 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, apac
             ow = q % Wq
             run = min(Wq - ow, j0 + cols - q)
             if ow < Wo:
-                valid = min(run, Wo - ow)
-                for k in range(M):
-                    dst = co + k * sk + oh * Wo + ow
-                    src = k * NCB + q - j0
-                    out[dst:dst + valid] = cbuf[src:src + valid]
+                _copy_rows(cbuf[q - j0:], NCB, out, co + oh * Wo + ow, sk, M, min(run, Wo - ow))
             q += run
 
 
 @numba.njit(**JIT)
-def shifted_tasks(first, step, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, apack, Mp, M,
-                  out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf):
+def shifted_tasks(first, step, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
+                  tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq,
+                  flat, origin, chan, xq, cbuf):
     """Tasks ``first, first+step, ...`` on the calling thread; task = image * parts + part."""
     last = -1
     for task in range(first, ntasks, step):
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
-                     apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, chan, xq, cbuf)
+                     masks, tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
+                     Hq, Wq, flat, origin, chan, xq, cbuf)
         last = n

@@ -195,8 +195,25 @@ SHIFTED_MIN_CHANNELS = 64
 SHIFTED_C_BYTES = 1 << 19
 
 
+def _flat(p):
+    """Whether the stride-1 layout serves ``p``: no stride split, the output as wide as the image."""
+    return p.sy == 1 and p.sx == 1 and p.Wo == p.W
+
+
 def _phase_geometry(p):
-    """(Hq, Wq, chan, taps) of the stride-split padded image (see ``conv/_conv_tile.py``)."""
+    """(Hq, Wq, origin, chan, taps) of the image copy (see ``conv/_conv_tile.py``).
+
+    The grid is ``Wq`` wide; tap ``t`` reads ``taps[t]`` elements from a grid position
+    of channel 0, whose data start ``origin`` elements into the copy.
+    """
+    if _flat(p):
+        # Zero rows between channels cover the rows read above and below the image.
+        below = max(0, (p.Ho - 1) + (p.kh - 1) * p.dy - p.top - (p.H - 1))
+        chan = (p.H + max(p.top, below)) * p.W
+        origin = p.top * p.W + p.left
+        taps = np.array([(i * p.dy - p.top) * p.W + j * p.dx - p.left
+                         for i in range(p.kh) for j in range(p.kw)], np.int64)
+        return p.H, p.W, origin, chan, taps
     Hp = (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1
     Wp = (p.Wo - 1) * p.sx + (p.kw - 1) * p.dx + 1
     Hq, Wq = -(-Hp // p.sy), -(-Wp // p.sx)
@@ -204,7 +221,28 @@ def _phase_geometry(p):
     taps = np.array([((i * p.dy % p.sy) * p.sx + j * p.dx % p.sx) * Hq * Wq
                      + (i * p.dy // p.sy) * Wq + j * p.dx // p.sx
                      for i in range(p.kh) for j in range(p.kw)], np.int64)
-    return Hq, Wq, chan, taps
+    return Hq, Wq, 0, chan, taps
+
+
+def column_masks(p, nr, dtype):
+    """Lane masks of the stride-1 layout: (masks, tap_masks).
+
+    A panel of ``nr`` grid columns starting at column ``s`` of an image row takes
+    tap ``t``'s masks at ``s*kw*nr + tap_masks[t]``: lane ``l`` is on (-1) when
+    column ``(s + l) % W`` shifted by the tap's ``j*dx - px`` stays in the row.
+    ``tap_masks[t] = -1`` for taps that read their own column (no mask).  Other
+    layouts get no masks.
+    """
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    if not _flat(p):
+        return np.zeros(1, itype), np.full(p.kh * p.kw, -1, np.int64)
+    shift = np.arange(p.kw) * p.dx - p.left                      # per tap column j
+    col = (np.arange(p.W)[:, None] + np.arange(nr)[None, :]) % p.W
+    inside = (col[:, None, :] + shift[None, :, None] >= 0) & (col[:, None, :] + shift[None, :, None] < p.W)
+    masks = np.where(inside, -1, 0).astype(itype).reshape(-1)
+    tap_masks = np.array([-1 if shift[j] == 0 else j * nr
+                          for i in range(p.kh) for j in range(p.kw)], np.int64)
+    return masks, tap_masks
 
 
 def shifted_ok(p, dtype=np.float32):
@@ -217,8 +255,8 @@ def shifted_ok(p, dtype=np.float32):
         return False
     if p.Ho * p.Wo > SHIFTED_MAX_PIXELS and p.Cg < SHIFTED_MIN_CHANNELS:
         return False
-    _, _, chan, _ = _phase_geometry(p)
-    return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
+    _, _, origin, chan, _ = _phase_geometry(p)
+    return (origin + p.Cg * chan) * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
 
 
 def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
@@ -262,10 +300,12 @@ def _run_shifted(x, w, bias, out, p, act):
                                 lambda: _pack_weights_taps(w, KC, MR))
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
-    Hq, Wq, chan, taps = _phase_geometry(p)
+    Hq, Wq, origin, chan, taps = _phase_geometry(p)
+    masks, tap_masks = column_masks(p, NR, out.dtype)
     grid = p.Ho * Wq
     # Whole NR panels from the last channel may read past the copy: zeroed slack.
-    size = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
+    end = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
+    size = origin + end
     threads = engine.threads_for(p.flops, 1 << 30)
     # Fewer images than threads: each image's column blocks are shared out in parts.
     parts = -(-threads // p.N) if p.N < threads else 1
@@ -279,9 +319,10 @@ def _run_shifted(x, w, bias, out, p, act):
     threads = min(threads, ntasks)
     xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
                                        (size, Mp * NCB), out.dtype)
-    xqs[:, p.Cg * chan:size] = 0        # keep the slack finite (dropped columns read it)
+    xqs[:, origin + p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
-    args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), apack, Mp, p.K,
-            out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB, Hq, Wq, chan)
+    args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
+            tap_masks, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
+            Hq, Wq, _flat(p), origin, chan)
     engine.launch(lambda t, step: mod.shifted_tasks(t, step, *args, xqs[t], cbufs[t]), threads)
     return out

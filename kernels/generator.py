@@ -98,12 +98,16 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     taps : bool
         A sum of ``ntaps`` products in one tile, for convolution taps (full tiles only)::
 
-            ukernel(kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, c, c_off, ldc,
-                    alpha, beta, bias, bias_off, epi)
+            ukernel(kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
+                    tap_masks, c, c_off, ldc, alpha, beta, bias, bias_off, epi)
 
         adds, for each ``t < ntaps``, the packed A panel at ``a_off + t*a_tap`` times
         the ``kc`` rows of B at ``b_off + taps[t] + p*ldb`` (``nr`` contiguous columns
         each): the accumulators stay in registers across taps, C is updated once.
+        Where ``tap_masks[t] >= 0``, the B rows of tap ``t`` are first ANDed with the
+        ``nr`` lanes at ``masks[mask_off + tap_masks[t]:]`` (an integer array of the
+        float's width, each lane 0 or -1): columns that would read across an image
+        row's edge read as zero.  Taps with ``tap_masks[t] < 0`` run unmasked.
 
     Returns
     -------
@@ -125,11 +129,14 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         valid = (args.pop(), args.pop())[::-1] if edge else None
         tap_args = None
         if taps:
-            (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, c, c_off, ldc,
-             alpha, beta, bias, bias_off, epi) = args
-            at, bt, ct, biast = types_[1], types_[4], types_[9], types_[14]
+            (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, masks, mask_off, tap_masks,
+             c, c_off, ldc, alpha, beta, bias, bias_off, epi) = args
+            at, bt, ct, biast = types_[1], types_[4], types_[12], types_[17]
             a_rs, a_cs = ir.Constant(intp, 1), ir.Constant(intp, mr)
-            tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, ir.Constant(intp, 0)))
+            zero = ir.Constant(intp, 0)
+            tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, zero),
+                        _data(context, builder, types_[9], masks, mask_off),
+                        _data(context, builder, types_[11], tap_masks, zero))
         elif strided:
             (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
@@ -149,10 +156,12 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     # Numba needs an intrinsic's parameters spelled out, so one typing function per flavour.
     if taps:
         @intrinsic
-        def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, c, c_off, ldc,
-                    alpha, beta, bias, bias_off, epi):
-            return types.void(i, a, i, i, b, i, i, taps, i, c, i, i, nb_float, nb_float, bias,
-                              i, i), emit
+        def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
+                    tap_masks, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
+            if masks.dtype.bitwidth != 8 * np.dtype(dtype).itemsize:
+                raise TypeError(f"masks must be {8 * np.dtype(dtype).itemsize}-bit integers")
+            return types.void(i, a, i, i, b, i, i, taps, i, masks, i, tap_masks, c, i, i,
+                              nb_float, nb_float, bias, i, i), emit
     elif strided and edge:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
@@ -223,7 +232,8 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
     ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
-    ``taps = (ntaps, a_tap, tap_ptr)`` repeats the k loop once per tap (see make_microkernel).
+    ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, tap_mask_ptr)`` repeats the k loop once per
+    tap, masked or not (see make_microkernel).
     """
     dtype, mr, nr, lanes = shape
     nv = nr // lanes
@@ -242,8 +252,11 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         for j in range(0, nr, line):
             _prefetch(builder, builder.gep(c_ptr, [builder.add(row, ir.Constant(intp, j))]))
 
-    def k_loop(a_ptr, b_ptr):
-        """The whole point of the kernel: ``kc`` rank-1 updates of the accumulators."""
+    def k_loop(a_ptr, b_ptr, b_mask=None):
+        """The whole point of the kernel: ``kc`` rank-1 updates of the accumulators.
+
+        ``b_mask``: pointer to one integer vector per B vector, ANDed with every row of B.
+        """
         a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
 
         def k_step(k):
@@ -252,6 +265,18 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
             a_col = builder.mul(k, a_cs)
             bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)),
                                            vec), align=esize) for v in range(nv)]
+            if b_mask is not None:
+                # The masks are re-read from L1 every k: held in registers they would
+                # take two of the 16 AVX2 registers and spill an accumulator.  The
+                # empty asm hides the address from LLVM, which would otherwise hoist
+                # the loads out of the loop.
+                m_ptr = builder.asm(ir.FunctionType(b_mask.type, [b_mask.type]), "", "=r,0",
+                                    [b_mask], True)
+                ivec = b_mask.type.pointee
+                bv = [builder.bitcast(builder.and_(
+                          builder.bitcast(x, ivec),
+                          builder.load(builder.gep(m_ptr, [ir.Constant(intp, v)]), align=esize)), vec)
+                      for v, x in enumerate(bv)]
             for i in range(mr):
                 a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
                 for v in range(nv):
@@ -274,11 +299,21 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     else:
         # One k loop per tap, all into the same accumulators: A's panel for tap t lies
         # t*a_tap further on, B's rows start taps[t] elements from b_ptr.
-        ntaps, a_tap, tap_ptr = taps
+        # Taps with a mask (tap_masks[t] >= 0) run a second copy of the loop that ANDs
+        # each B vector with it, so unmasked taps pay nothing.
+        ntaps, a_tap, tap_ptr, mask_ptr, tap_mask_ptr = taps
+        ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
         with cgutils.for_range(builder, ntaps) as loop:
             t = loop.index
-            k_loop(builder.gep(a_ptr, [builder.mul(t, a_tap)]),
-                   builder.gep(b_ptr, [builder.load(builder.gep(tap_ptr, [t]))]))
+            a_t = builder.gep(a_ptr, [builder.mul(t, a_tap)])
+            b_t = builder.gep(b_ptr, [builder.load(builder.gep(tap_ptr, [t]))])
+            m_off = builder.load(builder.gep(tap_mask_ptr, [t]))
+            masked = builder.icmp_signed(">=", m_off, ir.Constant(m_off.type, 0))
+            with builder.if_else(masked) as (then_masked, then_plain):
+                with then_masked:
+                    k_loop(a_t, b_t, builder.bitcast(builder.gep(mask_ptr, [m_off]), ivec.as_pointer()))
+                with then_plain:
+                    k_loop(a_t, b_t)
 
     alpha_v = _splat(builder, alpha, vec)
     beta_v = _splat(builder, beta, vec)

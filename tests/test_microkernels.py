@@ -172,17 +172,25 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
         c[:] = rng.standard_normal(c.size)
     c0 = c.copy()
     bias = rng.standard_normal(MR + 4).astype(dt)
+    # Lane masks: tap t uses the NR lanes at 5 + tap_masks[t] (even taps), or none (-1).
+    itype = np.int32 if dt == np.float32 else np.int64
+    masks = -rng.integers(0, 2, 5 + 3 * NR).astype(itype)
+    tap_masks = np.where(np.arange(ntaps) % 2 == 0, rng.integers(0, 2 * NR, ntaps), -1)
 
     @numba.njit
-    def run(kc, apack, b, taps, ntaps, c, bias, beta, epi):
-        mod.ukernel_taps(kc, apack, 3, a_tap, b, 2, ldb, taps, ntaps, c, 0, ldc, dt.type(1.5),
-                         beta, bias, 1, epi)
+    def run(kc, apack, b, taps, ntaps, masks, tap_masks, c, bias, beta, epi):
+        mod.ukernel_taps(kc, apack, 3, a_tap, b, 2, ldb, taps, ntaps, masks, 5, tap_masks,
+                         c, 0, ldc, dt.type(1.5), beta, bias, 1, epi)
 
-    run(kc, apack, b, taps, ntaps, c, bias, dt.type(beta), epi)
+    b_in = b.copy()
+    run(kc, apack, b, taps, ntaps, masks, tap_masks, c, bias, dt.type(beta), epi)
+    assert np.array_equal(b, b_in)
     want = np.zeros((MR, NR))
     for t in range(ntaps):
         A = apack[3 + t * a_tap:3 + t * a_tap + MR * kc].reshape(kc, MR).T.astype(np.float64)
         rows = np.array([b[2 + taps[t] + p * ldb:2 + taps[t] + p * ldb + NR] for p in range(kc)])
+        if tap_masks[t] >= 0:
+            rows = np.where(masks[5 + tap_masks[t]:5 + tap_masks[t] + NR] != 0, rows, 0)
         want += A @ rows.astype(np.float64)
     want *= 1.5
     tile0 = c0.reshape(MR, ldc)[:, :NR].astype(np.float64)
@@ -197,3 +205,30 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
     assert_close(got[:, :NR], want, bound, f"taps kernel {dt.name} kc={kc} ntaps={ntaps}")
     assert np.array_equal(got[:, NR:], c0.reshape(MR, ldc)[:, NR:], equal_nan=True), \
         "the taps kernel wrote outside its tile"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_taps_mask_zeroes_lanes_before_the_product(dtype):
+    """An Inf or NaN in a masked-out lane of B never reaches C (masking is not 0 * value)."""
+    import numba
+    from tilegemm.conv import engine
+    mod = engine.conv_module(dtype)
+    MR, NR = mod.MR, mod.NR
+    dt = np.dtype(dtype)
+    kc = 5
+    apack = np.ones(MR * kc, dt)
+    lane_on = np.arange(NR) % 3 != 0
+    b = np.where(lane_on, 2.0, np.inf).astype(dt)
+    b = np.tile(b, kc)
+    b[NR] = np.nan                                       # row 1, lane 0 (masked out)
+    masks = np.where(lane_on, -1, 0).astype(np.int32 if dt == np.float32 else np.int64)
+    c = np.full((MR, NR), np.nan, dt)
+
+    @numba.njit
+    def run(apack, b, masks, c):
+        mod.ukernel_taps(kc, apack, 0, 0, b, 0, NR, np.zeros(1, np.int64), 1, masks, 0,
+                         np.zeros(1, np.int64), c, 0, NR, dt.type(1), dt.type(0), apack, 0, 0)
+
+    run(apack, b, masks, c)
+    want = np.where(lane_on, 2.0 * kc, 0.0)
+    assert np.array_equal(c, np.broadcast_to(want, (MR, NR)).astype(dt))
