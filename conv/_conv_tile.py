@@ -520,8 +520,8 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
                   m0, m1, j0, cols, c, c_off, ldc, tail, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
-    Sums, over KC blocks of channels and over taps, packed A (tap t, block pc at
-    ``(t*Cg + pc)*Mp``) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
+    Sums, over KC blocks of channels and over taps, packed A (block pc at
+    ``pc*Mp*ntaps``, each row panel's taps one after another) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
     (rows ``chan`` apart).  Each tile sums every tap of a KC block in registers
     (:func:`ukernel_taps`), so C is updated once per KC block, not once per tap.
     Taps with ``tap_masks[t] >= 0`` take their lane masks from
@@ -554,7 +554,7 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
                 if jr == full:
                     dst, at, ld = tail, 0, NR
                 for ir in range(ic, ic_end, MR):
-                    ukernel_taps(kc, apack, pc * Mp + ir * kc, Cg * Mp, xq,
+                    ukernel_taps(kc, apack, (pc * Mp + ir * kc) * ntaps, MR * kc, xq,
                                  pc * chan + j0 + jr, chan, taps, ntaps, masks, m_off, tm,
                                  dst, at + (ir - m0) * ld, ld, DTYPE(1), beta, bias, ir, e)
 

@@ -275,13 +275,24 @@ def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
 
 
 def _pack_weights_taps(w, KC, MR):
-    """Pack each tap's (K x C) weight matrix as A: tap t, channel block pc at ``(t*C + pc)*Mp``."""
+    """Pack the weights as A for the taps kernel: per channel block, per row panel, per tap.
+
+    Block ``pc`` starts at ``pc*Mp*T`` (``T = kh*kw``); in it, the ``MR x kc`` panel of
+    rows ``ir:ir+MR`` for tap ``t`` (its k steps of MR values) lies at
+    ``ir*kc*T + t*MR*kc``.  A tile's every tap is then one contiguous run: read in
+    order, where per-tap matrices would be ``C*Mp`` apart (9 streams 1 MB apart for
+    512 channels).
+    """
     K, C, kh, kw = w.shape
+    T = kh * kw
     Mp = engine.round_up(K, MR)
-    buf = np.zeros(kh * kw * C * Mp + 1, w.dtype)
-    for t in range(kh * kw):
-        tap, _ = _pack_weights_a(np.ascontiguousarray(w[:, :, t // kw, t % kw]), KC, MR)
-        buf[t * C * Mp:(t + 1) * C * Mp] = tap[:C * Mp]
+    per_tap = [_pack_weights_a(np.ascontiguousarray(w[:, :, t // kw, t % kw]), KC, MR)[0]
+               for t in range(T)]
+    buf = np.zeros(T * C * Mp + 1, w.dtype)
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        panels = [tap[pc * Mp:(pc + kc) * Mp].reshape(Mp // MR, kc * MR) for tap in per_tap]
+        buf[pc * Mp * T:(pc + kc) * Mp * T] = np.stack(panels, axis=1).reshape(-1)
     return buf, Mp
 
 
