@@ -448,6 +448,9 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
 # lanes to zero (``column_masks``).
 
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
+#: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
+#: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).
+ukernel_taps_narrow = make_microkernel(DTYPE, MR, LANES, LANES, taps=True)
 
 
 @numba.njit(**JIT)
@@ -531,7 +534,8 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
     column panels, each panel's image rows stay in L1 across the block's row
     panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``, but
     a last panel narrower than NR goes whole into ``tail`` (``(m1 - m0) x NR``), so
-    that A streams once for all panels.  ``m0``, ``m1``, ``MC`` are multiples of MR;
+    that A streams once for all panels; one of at most LANES columns runs the
+    one-vector kernel.  ``m0``, ``m1``, ``MC`` are multiples of MR;
     ``xq`` must have room for whole panels; beta 0 on the first KC block, ``epi``
     on the last.
     """
@@ -553,10 +557,18 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
                 dst, at, ld = c, c_off + jr, ldc
                 if jr == full:
                     dst, at, ld = tail, 0, NR
+                narrow = jr == full and cols - full <= LANES < NR
                 for ir in range(ic, ic_end, MR):
-                    ukernel_taps(kc, apack, (pc * Mp + ir * kc) * ntaps, MR * kc, xq,
-                                 pc * chan + j0 + jr, chan, taps, ntaps, masks, m_off, tm,
-                                 dst, at + (ir - m0) * ld, ld, DTYPE(1), beta, bias, ir, e)
+                    a_at = (pc * Mp + ir * kc) * ntaps
+                    b_at = pc * chan + j0 + jr
+                    c_at = at + (ir - m0) * ld
+                    if narrow:
+                        ukernel_taps_narrow(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
+                                            masks, m_off, tm, dst, c_at, ld, DTYPE(1), beta,
+                                            bias, ir, e)
+                    else:
+                        ukernel_taps(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
+                                     masks, m_off, tm, dst, c_at, ld, DTYPE(1), beta, bias, ir, e)
 
 
 @numba.njit(**JIT)

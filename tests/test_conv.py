@@ -629,6 +629,41 @@ def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypa
         numba.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("W", [1, 2, 5, 7, 8, 9, 14, 16, 17, 23, 31, 33])
+@pytest.mark.parametrize("kernel, kw_args", [
+    ((3, 3), dict(padding=1)),                      # masks left and right
+    ((1, 5), dict(padding=(0, 2))),                 # wider masks, no rows above or below
+    ((3, 3), dict(padding=2, dilation=2)),
+    ((2, 4), dict(padding="same")),                 # asymmetric: more right than left
+    ((3, 1), dict(padding=(1, 0))),                 # no masks at all
+])
+def test_flat_layout_every_panel_phase(dtype, W, kernel, kw_args):
+    """Stride 1 with Wo == W: unpadded copy, masked taps, tiles straight into the output.
+
+    The widths put panels at every phase of an image row, whole and partial last
+    panels (one vector or wider), and rows narrower than a panel; 10 output
+    channels leave a partial row panel.
+    """
+    from tilegemm.conv import im2col as im2col_mod
+    shape = ((2, 5, 4, W), (10,) + kernel, kw_args)
+    p = conv_params(*_shapes(shape), **kw_args)
+    assert p.Wo == W and im2col_mod._flat(p) and im2col_mod.shifted_ok(p, dtype)
+    run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
+
+
+def test_column_masks_mark_row_edges():
+    from tilegemm.conv import im2col as im2col_mod
+    p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)
+    masks, tap_masks = im2col_mod.column_masks(p, 8, np.float32)
+    assert masks.dtype == np.int32 and masks.size == 5 * 3 * 8
+    assert list(tap_masks) == [0, -1, 16] * 3          # the middle column needs no mask
+    table = masks.reshape(5, 3, 8)
+    # A panel starting at column 3: lanes are columns 3 4 0 1 2 3 4 0.
+    assert list(table[3, 0]) == [-1, -1, 0, -1, -1, -1, -1, 0]   # reads column - 1
+    assert list(table[3, 2]) == [-1, 0, -1, -1, -1, -1, 0, -1]   # reads column + 1
+
+
 def test_conv_plan_rejects_malformed_shapes_and_threads():
     """Shapes must be tuples of non-negative ints and threads a positive int."""
     good_w = (4, 4, 3, 3)
