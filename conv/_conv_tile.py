@@ -520,24 +520,26 @@ def _unmasked_columns(masks, per_phase, grid_w):
 
 @numba.njit(**JIT)
 def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, apack, Mp,
-                  m0, m1, j0, cols, c, c_off, ldc, tail, bias, epi):
+                  m0, m1, rows_full, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
     Sums, over KC blocks of channels and over taps, packed A (block pc at
-    ``pc*Mp*ntaps``, each row panel's taps one after another) times B read in place at ``xq[pc*chan + taps[t] + j0:]``
-    (rows ``chan`` apart).  Each tile sums every tap of a KC block in registers
-    (:func:`ukernel_taps`), so C is updated once per KC block, not once per tap.
-    Taps with ``tap_masks[t] >= 0`` take their lane masks from
-    ``masks[(q % grid_w)*kw*NR + tap_masks[t]:]`` for a panel starting at grid column q,
-    unless every lane of that panel is on.
-    The usual blocking: an MC x KC block of A stays in L2 across the NR-wide
-    column panels, each panel's image rows stay in L1 across the block's row
-    panels.  Row ``m0 + i``, column ``j0 + j`` goes to ``c[c_off + i*ldc + j]``, but
-    a last panel narrower than NR goes whole into ``tail`` (``(m1 - m0) x NR``), so
-    that A streams once for all panels; one of at most LANES columns runs the
-    one-vector kernel.  ``m0``, ``m1``, ``MC`` are multiples of MR;
-    ``xq`` must have room for whole panels; beta 0 on the first KC block, ``epi``
-    on the last.
+    ``pc*Mp*ntaps``, each row panel's taps one after another) times B read in place
+    at ``xq[pc*chan + taps[t] + j0:]`` (rows ``chan`` apart).  Each tile sums every
+    tap of a KC block in registers (:func:`ukernel_taps`), so C is updated once per
+    KC block, not once per tap.  Taps with ``tap_masks[t] >= 0`` take their lane
+    masks from ``masks[(q % grid_w)*kw*NR + tap_masks[t]:]`` for a panel starting at
+    grid column q, unless every lane of that panel is on.  The usual blocking: an
+    MC x KC block of A stays in L2 across the NR-wide column panels, each panel's
+    image rows stay in L1 across the block's row panels.
+
+    Tiles of rows below ``rows_full`` and whole NR columns go to C (row ``m0 + i``,
+    column ``j0 + j`` at ``c[c_off + i*ldc + j]``); the others (a partial row panel,
+    a partial last column panel) whole into ``tail`` at ``i*tail_ld + j``, in the
+    same pass over A and B.  A last panel of at most LANES columns runs the
+    one-vector kernel.  ``m0``, ``m1``, ``rows_full`` and ``MC`` are multiples of
+    MR; ``xq`` must have room for whole panels; beta 0 on the first KC block,
+    ``epi`` on the last.
     """
     per_phase = masks.size // grid_w
     full = cols // NR * NR
@@ -554,14 +556,14 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
                 phase = (j0 + jr) % grid_w
                 m_off = phase * per_phase
                 tm = plain if safe_lo <= phase <= safe_hi else tap_masks
-                dst, at, ld = c, c_off + jr, ldc
-                if jr == full:
-                    dst, at, ld = tail, 0, NR
                 narrow = jr == full and cols - full <= LANES < NR
+                b_at = pc * chan + j0 + jr
                 for ir in range(ic, ic_end, MR):
                     a_at = (pc * Mp + ir * kc) * ntaps
-                    b_at = pc * chan + j0 + jr
-                    c_at = at + (ir - m0) * ld
+                    if ir < rows_full and jr < full:
+                        dst, c_at, ld = c, c_off + (ir - m0) * ldc + jr, ldc
+                    else:
+                        dst, c_at, ld = tail, (ir - m0) * tail_ld + jr, tail_ld
                     if narrow:
                         ukernel_taps_narrow(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
                                             masks, m_off, tm, dst, c_at, ld, DTYPE(1), beta,
@@ -587,12 +589,11 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
     With ``copy`` the image is first copied into ``xq`` (a thread whose previous task
     had the same image skips it): split by stride phase, or with ``flat`` whole by
     :func:`flat_copy` (channels from ``origin``, masked taps).  ``taps`` holds each
-    kernel tap's offset from a grid position; ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a multiple of NR); the
-    column blocks are cut into ``parts`` runs.  When the grid is the output plane,
-    the complete row panels go straight into ``out`` and only the last, partial row
-    panel and column panel through ``cbuf``; otherwise every row does, and the
-    valid columns are copied out.  ``cbuf`` holds ``Mp x NCB``, and ``MR*NCB + m*NR``
-    for ``m`` rows, as ``NCB >= NR``.
+    kernel tap's offset from a grid position; ``cbuf`` is an ``Mp x NCB`` block of C
+    (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.  When
+    the grid is the output plane, whole tiles go straight into ``out`` and only the
+    partial row panel and last column panel through ``cbuf``; otherwise every tile
+    does, and the valid columns are copied out.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     if copy:
@@ -613,22 +614,19 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
         if Wq == Wo:
-            # The grid is the output plane: whole row panels straight in, the last
-            # column panel (if partial) into the head of cbuf, the partial row panel
-            # after it.
+            # The grid is the output plane: whole tiles straight in, the partial row
+            # panel and last column panel through cbuf.
             shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
-                          0, m_full, j0, cols, out, co + j0, sk, cbuf, bias, epi)
+                          0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
             full = cols // NR * NR
             if full < cols:
-                _copy_rows(cbuf, NR, out, co + j0 + full, sk, m_full, cols - full)
+                _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
             if m_full < M:
-                rest = cbuf[m_full * NR:]
-                shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack,
-                              Mp, m_full, Mp, j0, panels, rest, 0, NCB, rest, bias, epi)
-                _copy_rows(rest, NCB, out, co + m_full * sk + j0, sk, M - m_full, cols)
+                _copy_rows(cbuf[m_full * NCB:], NCB, out, co + m_full * sk + j0, sk, M - m_full,
+                           cols)
             continue
         shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
-                      0, Mp, j0, panels, cbuf, 0, NCB, cbuf, bias, epi)
+                      0, Mp, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
         # The valid columns, one output-row run at a time.
         q = j0
         while q < j0 + cols:
