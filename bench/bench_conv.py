@@ -3,7 +3,7 @@
 Usage (hold the machine's bench lock)::
 
     flock /tmp/tilegemm-bench.lock python bench/bench_conv.py [--threads 1] [--batch 8]
-        [--layers resnet18_conv2_x,...] [--repeat 5] [--no-memory]
+        [--layers resnet18_conv2_x,...] [--repeat 5] [--no-memory] [--scaling]
 
 For every layer it prints effective GFLOPS (direct-convolution flops / time) of
 ``torch.nn.functional.conv2d`` and of each tilegemm algorithm, our speed as a
@@ -12,6 +12,11 @@ ratio of torch's, and % of the measured peak on the algorithm's *own* flop count
 round (torch, im2col, winograd, ...) and the best round is kept, so the ratios
 survive a noisy machine.  ``--memory`` (default on) compares the peak extra
 memory of implicit im2col with the explicit patch matrix on VGG conv1_2.
+
+``--scaling`` instead times every party at 1 thread and at ``--threads`` threads
+in the same rounds (1 thread, then N, per party, best of ``--repeat``) and prints
+the speed-up: on a shared machine, figures from separate runs drift more than
+the speed-up being measured.
 
 :func:`conv_layers` returns the layer list for other tools to reuse.
 """
@@ -134,6 +139,32 @@ def bench_layer(ly, batch, threads, repeat, peak):
     return rows
 
 
+def bench_scaling(ly, batch, threads, repeat):
+    """Rows of (party, seconds at 1 thread, seconds at ``threads``), timed in the same rounds."""
+    x, w, b = operands(ly, batch)
+    fns, _ = parties(ly, x, w, b)
+
+    torch = bench.torch_module()
+
+    def at(n, f):
+        def call():
+            # Set directly: threadpoolctl's limits (bench.pinned_threads) cost
+            # milliseconds per entry, inside the timed loop.
+            numba.set_num_threads(n)
+            if torch is not None:
+                torch.set_num_threads(n)
+            return f()
+        return call
+
+    timed = {}
+    for name, f in fns.items():
+        timed[(name, 1)] = at(1, f)
+        timed[(name, threads)] = at(threads, f)
+    best = interleaved_best(timed, repeat, settle=bench.settle_time(threads))
+    return [dict(layer=ly["name"], party=name, one=best[(name, 1)], many=best[(name, threads)])
+            for name in fns]
+
+
 def im2col_memory(ly, batch=1):
     """Peak bytes allocated during implicit im2col (output excluded) and the explicit matrix."""
     x, w, b = operands(ly, batch)
@@ -156,7 +187,21 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layers", default=None, help="comma-separated layer names")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--scaling", action="store_true",
+                    help="speed-up of --threads threads over 1, timed in the same rounds")
     args = ap.parse_args(argv)
+    wanted = set(args.layers.split(",")) if args.layers else None
+    if args.scaling:
+        print(f"float32, batch {args.batch}: 1 thread against {args.threads}, same rounds")
+        print(f"{'layer':18s} {'party':9s} {'1 thread ms':>11s} {f'{args.threads} threads ms':>13s} "
+              f"{'speed-up':>8s}")
+        for ly in conv_layers():
+            if wanted and ly["name"] not in wanted:
+                continue
+            for r in bench_scaling(ly, args.batch, args.threads, args.repeat):
+                print(f"{r['layer']:18s} {r['party']:9s} {r['one'] * 1e3:11.2f} "
+                      f"{r['many'] * 1e3:13.2f} {r['one'] / r['many']:7.2f}x", flush=True)
+        return
     numba.set_num_threads(args.threads)
     try:
         import torch
@@ -168,7 +213,6 @@ def main(argv=None):
     print(f"float32, batch {args.batch}, {args.threads} thread(s), measured peak {peak:.0f} GFLOPS")
     print(f"{'layer':18s} {'party':9s} {'algorithm':9s} {'ms':>9s} {'eff GF':>8s} "
           f"{'vs torch':>8s} {'% peak':>7s}")
-    wanted = set(args.layers.split(",")) if args.layers else None
     for ly in conv_layers():
         if wanted and ly["name"] not in wanted:
             continue
