@@ -427,7 +427,7 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
         direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
-# --- im2col without patches, NCHW: B read in place from a copy of the image -----------
+# --- im2col without patches, NCHW: B read in place from the image --------------------
 #
 # With the image zero padded and split into its sy*sx stride phases
 # (``xq[c, a, b, r, s] = xpad[c, r*sy + a, s*sx + b]``, each phase Hq x Wq), the
@@ -440,12 +440,13 @@ def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape
 # copy is about one image.  The grid is Wq wide, so ``Wq - Wo`` columns per output
 # row are computed and dropped, and C goes through a buffer.
 #
-# Stride 1 with Wo == W needs no split and no padding columns: each channel is
-# copied whole (``flat_copy``), rows W apart with zero rows between channels, so
-# the grid is the output plane itself (``q = oh*Wo + ow``) and tiles store straight
-# into the output.  A tap that reads ``j*dx - px`` columns to the side would wrap
-# round to the neighbouring row at the image's edges; the micro-kernel masks those
-# lanes to zero (``column_masks``).
+# Stride 1 with Wo == W needs no copy at all: the grid is the image plane and the
+# output plane (``q = oh*W + ow``), tap (i, j) of a grid position reads
+# ``(i*dy - py)*W + j*dx - px`` elements away in the image itself, and tiles store
+# straight into the output.  Where that would wrap round to the neighbouring row
+# (left and right edges), leave the image plane (top and bottom rows) or pass the
+# last grid position, the micro-kernel's masked loads read zero instead, without
+# touching the memory (``panel_masks`` in ``conv/im2col.py``).
 
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
@@ -488,64 +489,28 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
 
 
 @numba.njit(**JIT)
-def flat_copy(x, x_off, sc, s_row, C, H, W, origin, chan, xq):
-    """Channels ``0:C`` of one image into ``xq`` unpadded: ``xq[origin + c*chan + r*W + s]``.
-
-    ``origin`` zeros come first and the ``chan - H*W`` values after each channel are
-    zero: the rows a tap reads above or below the image.  Assumes contiguous rows.
-    """
-    xq[:origin] = 0
-    plane = H * W
-    for c in range(C):
-        dst = origin + c * chan
-        src = x_off + c * sc
-        if s_row == W:
-            xq[dst:dst + plane] = x[src:src + plane]
-        else:
-            for r in range(H):
-                xq[dst + r * W:dst + (r + 1) * W] = x[src + r * s_row:src + r * s_row + W]
-        xq[dst + plane:dst + chan] = 0
-
-
-@numba.njit(**JIT)
-def _unmasked_columns(masks, per_phase, grid_w):
-    """(lo, hi): panels starting at row column lo..hi have every mask lane on."""
-    lo, hi = grid_w, -1
-    for phase in range(grid_w):
-        if np.all(masks[phase * per_phase:(phase + 1) * per_phase] != 0):
-            lo = min(lo, phase)
-            hi = max(hi, phase)
-    return lo, hi
-
-
-@numba.njit(**JIT)
-def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, apack, Mp,
+def shifted_block(xq, b_base, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, apack, Mp,
                   m0, m1, rows_full, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
     Sums, over KC blocks of channels and over taps, packed A (block pc at
     ``pc*Mp*ntaps``, each row panel's taps one after another) times B read in place
-    at ``xq[pc*chan + taps[t] + j0:]`` (rows ``chan`` apart).  Each tile sums every
-    tap of a KC block in registers (:func:`ukernel_taps`), so C is updated once per
-    KC block, not once per tap.  Taps with ``tap_masks[t] >= 0`` take their lane
-    masks from ``masks[(q % grid_w)*kw*NR + tap_masks[t]:]`` for a panel starting at
-    grid column q, unless every lane of that panel is on.  The usual blocking: an
-    MC x KC block of A stays in L2 across the NR-wide column panels, each panel's
-    image rows stay in L1 across the block's row panels.
+    at ``xq[b_base + pc*chan + taps[t] + j0:]`` (rows ``chan`` apart).  Each tile
+    sums every tap of a KC block in registers (:func:`ukernel_taps`), so C is
+    updated once per KC block, not once per tap.  The panel starting at grid column
+    ``q`` reads tap ``t`` through the load mask at ``masks[tap_masks[q // NR, t]:]``
+    when that is not -1.  The usual blocking: an MC x KC block of A stays in L2
+    across the NR-wide column panels, each panel's image rows stay in L1 across the
+    block's row panels.
 
     Tiles of rows below ``rows_full`` and whole NR columns go to C (row ``m0 + i``,
     column ``j0 + j`` at ``c[c_off + i*ldc + j]``); the others (a partial row panel,
     a partial last column panel) whole into ``tail`` at ``i*tail_ld + j``, in the
     same pass over A and B.  A last panel of at most LANES columns runs the
-    one-vector kernel.  ``m0``, ``m1``, ``rows_full`` and ``MC`` are multiples of
-    MR; ``xq`` must have room for whole panels; beta 0 on the first KC block,
-    ``epi`` on the last.
+    one-vector kernel.  ``j0``, ``m0``, ``m1``, ``rows_full`` and ``MC`` are
+    multiples of NR or MR; beta 0 on the first KC block, ``epi`` on the last.
     """
-    per_phase = masks.size // grid_w
     full = cols // NR * NR
-    # A panel that crosses no image row edge needs no masks: its taps run plain.
-    plain = np.full(ntaps, -1, np.int64)
-    safe_lo, safe_hi = _unmasked_columns(masks, per_phase, grid_w)
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
@@ -553,11 +518,9 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
         for ic in range(m0, m1, MC):
             ic_end = min(ic + MC, m1)
             for jr in range(0, cols, NR):
-                phase = (j0 + jr) % grid_w
-                m_off = phase * per_phase
-                tm = plain if safe_lo <= phase <= safe_hi else tap_masks
+                tm = tap_masks[(j0 + jr) // NR]
                 narrow = jr == full and cols - full <= LANES < NR
-                b_at = pc * chan + j0 + jr
+                b_at = b_base + pc * chan + j0 + jr
                 for ir in range(ic, ic_end, MR):
                     a_at = (pc * Mp + ir * kc) * ntaps
                     if ir < rows_full and jr < full:
@@ -566,11 +529,11 @@ def shifted_block(xq, chan, taps, ntaps, masks, tap_masks, grid_w, Cg, KC, MC, a
                         dst, c_at, ld = tail, (ir - m0) * tail_ld + jr, tail_ld
                     if narrow:
                         ukernel_taps_narrow(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                            masks, m_off, tm, dst, c_at, ld, DTYPE(1), beta,
-                                            bias, ir, e)
+                                            masks, 0, tm, dst, c_at, ld, DTYPE(1), beta, bias,
+                                            ir, e)
                     else:
                         ukernel_taps(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                     masks, m_off, tm, dst, c_at, ld, DTYPE(1), beta, bias, ir, e)
+                                     masks, 0, tm, dst, c_at, ld, DTYPE(1), beta, bias, ir, e)
 
 
 @numba.njit(**JIT)
@@ -582,27 +545,25 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 @numba.njit(**JIT)
 def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, tap_masks,
-                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, origin,
-                 chan, xq, cbuf):
+                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, chan, xq,
+                 cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
 
-    With ``copy`` the image is first copied into ``xq`` (a thread whose previous task
-    had the same image skips it): split by stride phase, or with ``flat`` whole by
-    :func:`flat_copy` (channels from ``origin``, masked taps).  ``taps`` holds each
-    kernel tap's offset from a grid position; ``cbuf`` is an ``Mp x NCB`` block of C
-    (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.  When
-    the grid is the output plane, whole tiles go straight into ``out`` and only the
-    partial row panel and last column panel through ``cbuf``; otherwise every tile
-    does, and the valid columns are copied out.
+    With ``flat`` (stride 1 and ``Wq == Wo == W``: the grid is the image plane and
+    the output plane) B is read from ``x`` itself, channels ``chan`` apart, and
+    whole tiles go straight into ``out``; only the partial row panel and last
+    column panel go through ``cbuf``.  Otherwise,
+    with ``copy``, the image is first split by stride phase into ``xq`` (a thread
+    whose previous task had the same image skips it), every tile goes through
+    ``cbuf`` and the valid columns are copied out.  ``taps`` holds each kernel
+    tap's offset from a grid position, ``masks`` and ``tap_masks`` the load masks
+    (see :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a
+    multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
-    if copy:
-        if flat:
-            flat_copy(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, origin, chan, xq)
-        else:
-            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq,
-                        chan, xq)
-    xo = xq[origin:]
+    if copy and not flat:
+        phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan,
+                    xq)
     co = o_off + n * os[0]
     sk = os[1]
     grid = Ho * Wq
@@ -613,11 +574,12 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         j0 = blk * NCB
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
-        if Wq == Wo:
+        if flat:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
-            shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
-                          0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
+            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, tap_masks, Cg, KC, MC,
+                          apack, Mp, 0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias,
+                          epi)
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
@@ -625,8 +587,8 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
                 _copy_rows(cbuf[m_full * NCB:], NCB, out, co + m_full * sk + j0, sk, M - m_full,
                            cols)
             continue
-        shifted_block(xo, chan, taps, ntaps, masks, tap_masks, Wq, Cg, KC, MC, apack, Mp,
-                      0, Mp, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+        shifted_block(xq, 0, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, apack, Mp, 0, Mp,
+                      0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
         # The valid columns, one output-row run at a time.
         q = j0
         while q < j0 + cols:
@@ -640,13 +602,13 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 @numba.njit(**JIT)
 def shifted_tasks(first, step, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
-                  tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq,
-                  flat, origin, chan, xq, cbuf):
+                  tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
+                  chan, xq, cbuf):
     """Tasks ``first, first+step, ...`` on the calling thread; task = image * parts + part."""
     last = -1
     for task in range(first, ntasks, step):
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
-                     Hq, Wq, flat, origin, chan, xq, cbuf)
+                     Hq, Wq, flat, chan, xq, cbuf)
         last = n

@@ -11,6 +11,8 @@ bias is per column.
 A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
 viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
 """
+import functools
+
 import numpy as np
 
 from tilegemm.conv import engine
@@ -181,7 +183,8 @@ def _run_nhwc(x, w, bias, out, p, act):
 
 #: Largest stride-split image copy (bytes, per thread) the path may make: the bound on
 #: its extra memory, whatever the image size.  Copies past L2 still paid off: a 3.3 MB
-#: copy (64 channels at 112x112) ran 22.1 ms against 27.7 ms packing patches.
+#: copy (64 channels at 112x112) ran 22.1 ms against 27.7 ms packing patches.  Also
+#: the largest image read in place by the stride-1 layout (see :func:`shifted_ok`).
 SHIFTED_MAX_BYTES = 4 << 20
 #: Output pixels per image up to which the stride-split path is taken whatever the
 #: channel count (small images: few, short patch panels).
@@ -196,24 +199,21 @@ SHIFTED_C_BYTES = 1 << 19
 
 
 def _flat(p):
-    """Whether the stride-1 layout serves ``p``: no stride split, the output as wide as the image."""
+    """Whether B is read from the image itself: stride 1, the output as wide as the image."""
     return p.sy == 1 and p.sx == 1 and p.Wo == p.W
 
 
 def _phase_geometry(p):
-    """(Hq, Wq, origin, chan, taps) of the image copy (see ``conv/_conv_tile.py``).
+    """(Hq, Wq, chan, taps) of the grid B is read on (see ``conv/_conv_tile.py``).
 
-    The grid is ``Wq`` wide; tap ``t`` reads ``taps[t]`` elements from a grid position
-    of channel 0, whose data start ``origin`` elements into the copy.
+    The grid is ``Wq`` wide; tap ``t`` reads ``taps[t]`` elements from a grid
+    position; channels are ``chan`` apart (the image's own channel stride for the
+    stride-1 layout, else the stride-split copy's).
     """
     if _flat(p):
-        # Zero rows between channels cover the rows read above and below the image.
-        below = max(0, (p.Ho - 1) + (p.kh - 1) * p.dy - p.top - (p.H - 1))
-        chan = (p.H + max(p.top, below)) * p.W
-        origin = p.top * p.W + p.left
         taps = np.array([(i * p.dy - p.top) * p.W + j * p.dx - p.left
                          for i in range(p.kh) for j in range(p.kw)], np.int64)
-        return p.H, p.W, origin, chan, taps
+        return p.Ho, p.W, p.input_strides()[1], taps
     Hp = (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1
     Wp = (p.Wo - 1) * p.sx + (p.kw - 1) * p.dx + 1
     Hq, Wq = -(-Hp // p.sy), -(-Wp // p.sx)
@@ -221,33 +221,48 @@ def _phase_geometry(p):
     taps = np.array([((i * p.dy % p.sy) * p.sx + j * p.dx % p.sx) * Hq * Wq
                      + (i * p.dy // p.sy) * Wq + j * p.dx // p.sx
                      for i in range(p.kh) for j in range(p.kw)], np.int64)
-    return Hq, Wq, 0, chan, taps
+    return Hq, Wq, chan, taps
 
 
-def column_masks(p, nr, dtype):
-    """Lane masks of the stride-1 layout: (masks, tap_masks).
+def panel_masks(p, nr, dtype):
+    """Load masks of the stride-1 layout: (masks, tap_masks).
 
-    A panel of ``nr`` grid columns starting at column ``s`` of an image row takes
-    tap ``t``'s masks at ``s*kw*nr + tap_masks[t]``: lane ``l`` is on (-1) when
-    column ``(s + l) % W`` shifted by the tap's ``j*dx - px`` stays in the row.
-    ``tap_masks[t] = -1`` for taps that read their own column (no mask).  Other
-    layouts get no masks.
+    Panel ``q // nr`` (grid columns ``q:q+nr``) reads tap ``t`` through the ``nr``
+    lanes at ``masks[tap_masks[q // nr, t]:]``, or unmasked where that is -1.  A
+    lane is on (-1) when the pixel the tap reads for it lies in the image: its row
+    and column inside, so nothing wraps round a row's edge, and its grid column
+    before the end of the grid.  ``masks`` holds each distinct lane pattern once.
+    Other layouts read a padded copy: every tap unmasked.
     """
-    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    npanels = -(-p.Ho * p.W // nr) if _flat(p) else -(-p.Ho * _phase_geometry(p)[1] // nr)
     if not _flat(p):
-        return np.zeros(1, itype), np.full(p.kh * p.kw, -1, np.int64)
-    shift = np.arange(p.kw) * p.dx - p.left                      # per tap column j
-    col = (np.arange(p.W)[:, None] + np.arange(nr)[None, :]) % p.W
-    inside = (col[:, None, :] + shift[None, :, None] >= 0) & (col[:, None, :] + shift[None, :, None] < p.W)
-    masks = np.where(inside, -1, 0).astype(itype).reshape(-1)
-    tap_masks = np.array([-1 if shift[j] == 0 else j * nr
-                          for i in range(p.kh) for j in range(p.kw)], np.int64)
-    return masks, tap_masks
+        itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+        return np.zeros(1, itype), np.full((npanels, p.kh * p.kw), -1, np.int64)
+    return _panel_masks(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left, nr,
+                        np.dtype(dtype).itemsize)
+
+
+@functools.lru_cache(maxsize=64)
+def _panel_masks(H, W, Ho, kh, kw, dy, dx, top, left, nr, itemsize):
+    grid = Ho * W
+    npanels = -(-grid // nr)
+    q = np.arange(npanels * nr).reshape(npanels, 1, nr)
+    i = np.repeat(np.arange(kh), kw)[None, :, None]
+    j = np.tile(np.arange(kw), kh)[None, :, None]
+    row = q // W + i * dy - top
+    col = q % W + j * dx - left
+    on = (q < grid) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
+    lanes = on.reshape(-1, nr)
+    patterns, which = np.unique(lanes, axis=0, return_inverse=True)
+    tap_masks = np.where(lanes.all(axis=1), -1, which.reshape(-1) * nr).reshape(npanels, kh * kw)
+    masks = np.where(patterns, -1, 0).astype(np.int32 if itemsize == 4 else np.int64).reshape(-1)
+    return masks, tap_masks            # cached: shared by every call with this geometry
 
 
 def shifted_ok(p, dtype=np.float32):
     """Whether :func:`_run_shifted` serves ``p``: NCHW, one group, not 1x1 stride 1, a small
-    image or many channels, and an image copy of at most ``SHIFTED_MAX_BYTES``.
+    image or many channels, and an image (stride 1) or its copy of at most
+    ``SHIFTED_MAX_BYTES``.
 
     1x1 stride-1 convolutions need no patches anyway (their packing is a row copy).
     """
@@ -255,8 +270,13 @@ def shifted_ok(p, dtype=np.float32):
         return False
     if p.Ho * p.Wo > SHIFTED_MAX_PIXELS and p.Cg < SHIFTED_MIN_CHANNELS:
         return False
-    _, _, origin, chan, _ = _phase_geometry(p)
-    return (origin + p.Cg * chan) * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
+    if _flat(p):
+        # B is read from the image itself (no copy), but channels of a larger image lie
+        # so far apart that a panel's rows touch a page each: VGG-16 conv1_2 (12.8 MB
+        # an image) ran 88 ms against 82 ms packing patches.
+        return p.Cg * p.H * p.W * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
+    _, _, chan, _ = _phase_geometry(p)
+    return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
 
 
 def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
@@ -311,12 +331,14 @@ def _run_shifted(x, w, bias, out, p, act):
                                 lambda: _pack_weights_taps(w, KC, MR))
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
-    Hq, Wq, origin, chan, taps = _phase_geometry(p)
-    masks, tap_masks = column_masks(p, NR, out.dtype)
+    Hq, Wq, chan, taps = _phase_geometry(p)
+    masks, tap_masks = panel_masks(p, NR, out.dtype)
     grid = p.Ho * Wq
-    # Whole NR panels from the last channel may read past the copy: zeroed slack.
-    end = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
-    size = origin + end
+    if _flat(p):
+        size = 1                       # B is read from the image: no copy
+    else:
+        # Whole NR panels from the last channel may read past the copy: zeroed slack.
+        size = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
     threads = engine.threads_for(p.flops, 1 << 30)
     # Fewer images than threads: each image's column blocks are shared out in parts.
     parts = -(-threads // p.N) if p.N < threads else 1
@@ -330,10 +352,11 @@ def _run_shifted(x, w, bias, out, p, act):
     threads = min(threads, ntasks)
     xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
                                        (size, Mp * NCB), out.dtype)
-    xqs[:, origin + p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
+    if not _flat(p):
+        xqs[:, p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             tap_masks, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, _flat(p), origin, chan)
+            Hq, Wq, _flat(p), chan)
     engine.launch(lambda t, step: mod.shifted_tasks(t, step, *args, xqs[t], cbufs[t]), threads)
     return out

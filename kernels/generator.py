@@ -104,10 +104,11 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         adds, for each ``t < ntaps``, the packed A panel at ``a_off + t*a_tap`` times
         the ``kc`` rows of B at ``b_off + taps[t] + p*ldb`` (``nr`` contiguous columns
         each): the accumulators stay in registers across taps, C is updated once.
-        Where ``tap_masks[t] >= 0``, the B rows of tap ``t`` are first ANDed with the
-        ``nr`` lanes at ``masks[mask_off + tap_masks[t]:]`` (an integer array of the
-        float's width, each lane 0 or -1): columns that would read across an image
-        row's edge read as zero.  Taps with ``tap_masks[t] < 0`` run unmasked.
+        Where ``tap_masks[t] >= 0``, the B rows of tap ``t`` are read with the ``nr``
+        lanes at ``masks[mask_off + tap_masks[t]:]`` (an integer array of the float's
+        width, each lane 0 or -1) as a load mask: lanes off read as zero and their
+        memory is never touched (columns across an image row's edge, rows outside
+        the image).  Taps with ``tap_masks[t] < 0`` run unmasked.
 
     Returns
     -------
@@ -255,7 +256,8 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     def k_loop(a_ptr, b_ptr, b_mask=None):
         """The whole point of the kernel: ``kc`` rank-1 updates of the accumulators.
 
-        ``b_mask``: pointer to one integer vector per B vector, ANDed with every row of B.
+        ``b_mask``: pointer to one integer vector per B vector: every row of B is read
+        through it by masked loads (lanes off read as zero and never touch memory).
         """
         a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
 
@@ -263,20 +265,29 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
             """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
             b_row = builder.mul(k, ldb)
             a_col = builder.mul(k, a_cs)
-            bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)),
-                                           vec), align=esize) for v in range(nv)]
-            if b_mask is not None:
+            if b_mask is None:
+                bv = [builder.load(_vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)),
+                                               vec), align=esize) for v in range(nv)]
+            else:
                 # The masks are re-read from L1 every k: held in registers they would
                 # take two of the 16 AVX2 registers and spill an accumulator.  The
                 # empty asm hides the address from LLVM, which would otherwise hoist
-                # the loads out of the loop.
+                # the loads out of the loop.  Masked loads, not loads ANDed with the
+                # mask: lanes off may lie outside the image's memory.
                 m_ptr = builder.asm(ir.FunctionType(b_mask.type, [b_mask.type]), "", "=r,0",
                                     [b_mask], True)
                 ivec = b_mask.type.pointee
-                bv = [builder.bitcast(builder.and_(
-                          builder.bitcast(x, ivec),
-                          builder.load(builder.gep(m_ptr, [ir.Constant(intp, v)]), align=esize)), vec)
-                      for v, x in enumerate(bv)]
+                fn = builder.module.declare_intrinsic(
+                    f"llvm.masked.load.{_vec_suffix(vec)}.p0",
+                    fnty=ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32),
+                                               ir.VectorType(ir.IntType(1), lanes), vec]))
+                none = ir.Constant(ivec, [0] * lanes)
+                bv = []
+                for v in range(nv):
+                    m = builder.load(builder.gep(m_ptr, [ir.Constant(intp, v)]), align=esize)
+                    ptr = _vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec)
+                    bv.append(builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize),
+                                                builder.icmp_signed("<", m, none), zero]))
             for i in range(mr):
                 a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
                 for v in range(nv):

@@ -1,4 +1,5 @@
 """conv2d: every algorithm against a float64 direct reference, transforms, packers, errors."""
+import sys
 import threading
 
 import numba
@@ -652,16 +653,26 @@ def test_flat_layout_every_panel_phase(dtype, W, kernel, kw_args):
     run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
 
 
-def test_column_masks_mark_row_edges():
+def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
-    p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)
-    masks, tap_masks = im2col_mod.column_masks(p, 8, np.float32)
-    assert masks.dtype == np.int32 and masks.size == 5 * 3 * 8
-    assert list(tap_masks) == [0, -1, 16] * 3          # the middle column needs no mask
-    table = masks.reshape(5, 3, 8)
-    # A panel starting at column 3: lanes are columns 3 4 0 1 2 3 4 0.
-    assert list(table[3, 0]) == [-1, -1, 0, -1, -1, -1, -1, 0]   # reads column - 1
-    assert list(table[3, 2]) == [-1, 0, -1, -1, -1, -1, 0, -1]   # reads column + 1
+    p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
+    masks, tap_masks = im2col_mod.panel_masks(p, 8, np.float32)
+    assert masks.dtype == np.int32 and tap_masks.shape == (2, 9)
+
+    def lanes(panel, tap):
+        at = tap_masks[panel, tap]
+        return [1] * 8 if at < 0 else list(masks[at:at + 8] != 0)
+
+    # Panel 0: grid columns 0-7 = row 0 (columns 0-4), row 1 (columns 0-2).
+    assert lanes(0, 4) == [1] * 8                                 # centre tap
+    assert lanes(0, 3) == [0, 1, 1, 1, 1, 0, 1, 1]               # reads column - 1
+    assert lanes(0, 5) == [1, 1, 1, 1, 0, 1, 1, 1]               # reads column + 1
+    assert lanes(0, 1) == [0, 0, 0, 0, 0, 1, 1, 1]               # reads the row above
+    # Panel 1: grid columns 8-15 = row 1 (3, 4), row 2 (0-4), then past the grid.
+    assert lanes(1, 4) == [1, 1, 1, 1, 1, 1, 1, 0]
+    assert lanes(1, 7) == [1, 1, 0, 0, 0, 0, 0, 0]               # reads the row below
+    # Patterns are stored once each.
+    assert len({tuple(masks[i:i + 8]) for i in range(0, masks.size, 8)}) == masks.size // 8
 
 
 def test_conv_plan_rejects_malformed_shapes_and_threads():
@@ -696,3 +707,46 @@ def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px):
             got = xq[:C * chan].reshape(C, sy * sx, Hq, Wq)[:, a * sx + b]
             np.testing.assert_array_equal(got, padded[:, a::sy, b::sx], err_msg=f"phase ({a}, {b})")
     assert np.all(xq[C * chan:] == 9.0), "phase_split wrote past its channels"
+
+
+def _guarded(shape, dtype):
+    """An array filling whole pages, between two pages that fault on any access."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    assert nbytes % page == 0
+    buf = mmap.mmap(-1, nbytes + 2 * page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    arr = np.frombuffer(buf, dtype, count=int(np.prod(shape)), offset=page).reshape(shape)
+    for at in (addr, addr + page + nbytes):
+        if libc.mprotect(at, page, 0) != 0:
+            pytest.skip("mprotect is not available")
+    return arr, buf
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages via mprotect")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct"])
+def test_reads_stay_inside_the_input(dtype, layout, algorithm):
+    """Masked and edge loads never touch memory outside the image (a fault would crash).
+
+    The image fills whole pages with unreadable pages on both sides; padding 1
+    makes the stride-1 im2col read rows above and below and columns to the side
+    through load masks.
+    """
+    C = 4096 // (16 * 16 * np.dtype(dtype).itemsize)
+    shape = (1, C, 16, 16) if layout == "NCHW" else (1, 16, 16, C)
+    x, buf = _guarded(shape, dtype)
+    x[...] = np.random.default_rng(0).standard_normal(shape)
+    w = np.random.default_rng(1).standard_normal((5, C, 3, 3)).astype(dtype)
+    xr = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    for padding in (0, 1, 2):
+        got = tilegemm.conv2d(x, w, padding=padding, algorithm=algorithm, layout=layout)
+        if layout == "NHWC":
+            got = got.transpose(0, 3, 1, 2)
+        want = reference_conv(xr.astype(np.float64), w.astype(np.float64), padding=padding)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
