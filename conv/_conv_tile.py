@@ -9,9 +9,10 @@ rewrites the module and invalidates Numba's on-disk cache.  Importable as is
 (float32 6x64).
 
 Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
-runs tasks ``first, first+step, ...``, so thread ``t`` of ``T`` Python threads
-takes ``first=t, step=T`` with its own pack buffers (the code releases the GIL).  The packed weights are
-prepared once by the caller and shared read-only.
+runs tasks taken one at a time from a counter shared by the Python threads of a
+call (:func:`next_task`), each thread with its own pack buffers (the code
+releases the GIL).  The packed weights are prepared once by the caller and shared
+read-only.
 """
 import numba
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
                                         make_direct_row, make_microkernel, make_winograd_input,
-                                        make_winograd_output)
+                                        make_winograd_output, next_task)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -158,10 +159,13 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
 
 
 @numba.njit(**JIT)
-def im2col_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
+def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
                       n_jc, out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
-    """Tasks ``first, first+step, ...`` of :func:`im2col_nchw_task` on the calling thread."""
-    for task in range(first, ntasks, step):
+    """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
                          out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge)
 
@@ -191,10 +195,13 @@ def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out,
 
 
 @numba.njit(**JIT)
-def im2col_nhwc_tasks(first, step, ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
+def im2col_nhwc_tasks(counter, ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
                        bias, epi, KC, MC, NC, m, apack, tile):
-    """Tasks ``first, first+step, ...`` of :func:`im2col_nhwc_task` on the calling thread."""
-    for task in range(first, ntasks, step):
+    """Tasks of :func:`im2col_nhwc_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
                          bias, epi, KC, MC, NC, m, apack, tile)
 
@@ -228,10 +235,13 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
 
 
 @numba.njit(**JIT)
-def winograd_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
+def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
                     os, bias, has_bias, act, KC, NC, apack, mbuf, tile, v):
-    """Tasks ``first, first+step, ...`` of :func:`winograd_task` on the calling thread."""
-    for task in range(first, ntasks, step):
+    """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
                       bias, has_bias, act, KC, NC, apack, mbuf, tile, v)
 
@@ -351,11 +361,14 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
 
 
 @numba.njit(**JIT)
-def winograd_nchw_tasks(first, step, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
+def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
                         tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf,
                         tile, runs):
-    """Tasks ``first, first+step, ...`` of :func:`winograd_nchw_task` on the calling thread."""
-    for task in range(first, ntasks, step):
+    """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out,
                            o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs)
 
@@ -421,9 +434,12 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
 @numba.njit(**JIT)
-def direct_nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
-    """Tasks ``first, first+step, ...`` of :func:`direct_nchw_task` on the calling thread."""
-    for task in range(first, ntasks, step):
+def direct_nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
+    """Tasks of :func:`direct_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
@@ -601,12 +617,15 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 
 @numba.njit(**JIT)
-def shifted_tasks(first, step, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
+def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
                   chan, xq, cbuf):
-    """Tasks ``first, first+step, ...`` on the calling thread; task = image * parts + part."""
+    """Tasks taken from ``counter`` until ``ntasks`` are out; task = image * parts + part."""
     last = -1
-    for task in range(first, ntasks, step):
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,

@@ -21,6 +21,7 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.conv import engine
+from tilegemm.kernels.generator import next_task
 from tilegemm.packing.im2col import _valid_range
 from tilegemm.packing.winograd import _activate
 
@@ -74,8 +75,12 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
 
 
 @numba.njit(**JIT)
-def _nchw_tasks(first, step, ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
-    for task in range(first, ntasks, step):
+def _nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
+    """Tasks of :func:`_nchw_task` taken from ``counter`` until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc)
 
 
@@ -124,8 +129,12 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
 
 
 @numba.njit(**JIT)
-def _nhwc_tasks(first, step, ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
-    for task in range(first, ntasks, step):
+def _nhwc_tasks(counter, ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
+    """Tasks of :func:`_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
         _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc)
 
 
@@ -146,7 +155,7 @@ def run(x, w, bias, out, p, act):
                                         (KB * engine.round_up(p.Wo, 64),), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom, KB)
-        engine.launch(lambda t, step: mod.direct_nchw_tasks(t, step, *args, accs[t]), threads)
+        engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
         return out
     if p.layout == "NCHW":
         ntasks = p.N * p.groups * -(-p.Kg // KB)
@@ -161,5 +170,5 @@ def run(x, w, bias, out, p, act):
         wf = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
         tasks = _nhwc_tasks
     args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom)
-    engine.launch(lambda t, step: tasks(t, step, *args, accs[t]), threads)
+    engine.launch(lambda t, counter: tasks(counter, *args, accs[t]), threads)
     return out

@@ -162,15 +162,18 @@ def threads_for(flops, tasks):
 
 
 def launch(run, threads):
-    """``run(t, threads)`` for ``t`` in ``range(threads)``, each on its own Python thread.
+    """``run(t, counter)`` for ``t`` in ``range(threads)``, each on its own Python thread.
 
-    The jitted task loops release the GIL, so the threads run in parallel; the
+    ``counter`` is a fresh one-element int64 array from which the jitted task loops
+    take their tasks (see ``next_task``), so a thread the machine slows down takes
+    fewer.  The task loops release the GIL, so the threads run in parallel; the
     calling thread takes ``t = 0`` itself.  Python threads rather than Numba's
     parallel loops keep concurrent calls from several Python threads safe, as in
     the GEMM driver.
     """
+    counter = np.zeros(1, np.int64)
     if threads <= 1:
-        run(0, 1)
+        run(0, counter)
         return
     # The GEMM driver's pool: created once, never replaced, shared by every caller.
-    run_shares(run, [(t, threads) for t in range(threads)])
+    run_shares(run, [(t, counter) for t in range(threads)])

@@ -136,7 +136,7 @@ def _run_nchw(x, w, bias, out, p, act):
         apack, Mp = packed[g]
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, ckk, apack, Mp, p.Kg, msplit, mstep,
                 n_jc, of, g * p.Kg * os_[1], os_, biases[g], epi, KC, MC, NC)
-        engine.launch(lambda t, step: mod.im2col_nchw_tasks(t, step, *args, bpacks[t], tiles[t],
+        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(counter, *args, bpacks[t], tiles[t],
                                                             edges[t]),
                       threads)
     return out
@@ -174,7 +174,7 @@ def _run_nhwc(x, w, bias, out, p, act):
         bpack, Np = packed[g]
         args = (ntasks, xf, g * p.Cg, xs, geom, p.Cg, ckk, bpack, Np, p.Kg, of, g * p.Kg, p.K,
                 biases[g], epi, KC, MC, NC, m)
-        engine.launch(lambda t, step: mod.im2col_nhwc_tasks(t, step, *args, apacks[t], tiles[t]),
+        engine.launch(lambda t, counter: mod.im2col_nhwc_tasks(counter, *args, apacks[t], tiles[t]),
                       threads)
     return out
 
@@ -358,5 +358,5 @@ def _run_shifted(x, w, bias, out, p, act):
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             tap_masks, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
             Hq, Wq, _flat(p), chan)
-    engine.launch(lambda t, step: mod.shifted_tasks(t, step, *args, xqs[t], cbufs[t]), threads)
+    engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t]), threads)
     return out

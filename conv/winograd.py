@@ -131,7 +131,7 @@ def _run_nchw(x, w, bias, out, p, act):
              else np.zeros(1, out.dtype))
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, tiles_total,
                 of, g * Kg * os_[1], os_, b, epi, KC, b_slab, m_slab)
-        engine.launch(lambda t, step: mod.winograd_nchw_tasks(t, step, *args, bpacks[t], mbufs[t],
+        engine.launch(lambda t, counter: mod.winograd_nchw_tasks(counter, *args, bpacks[t], mbufs[t],
                                                               tiles[t], runs[t]),
                       threads)
     return out
@@ -167,7 +167,7 @@ def _run_nhwc(x, w, bias, out, p, act):
              else np.zeros(1, out.dtype))
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, p.Kg, MT, tiles_total,
                 of, g * p.Kg * os_[1], os_, b, has_bias, act, KC, NC)
-        engine.launch(lambda t, step: mod.winograd_tasks(t, step, *args, apacks[t], mbufs[t],
+        engine.launch(lambda t, counter: mod.winograd_tasks(counter, *args, apacks[t], mbufs[t],
                                                          tiles[t], vs[t]),
                       threads)
     return out

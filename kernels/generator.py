@@ -194,6 +194,24 @@ def _data(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
+@intrinsic
+def next_task(typingctx, counter):
+    """``counter[0]``, incremented atomically: the next task of a loop shared by threads.
+
+    Threads that take tasks from one counter as they finish the previous ones end
+    together however the machine slows one of them down, where a fixed share per
+    thread waits for the slowest.
+    """
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        raise TypeError("next_task needs an int64 array")
+
+    def emit(context, builder, sig, args):
+        ptr = _data(context, builder, sig.args[0], args[0], ir.Constant(ir.IntType(64), 0))
+        return builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return types.int64(counter), emit
+
+
 def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
                alpha, beta, bias_ptr, epi, valid=None, taps=None):
     """Call the tile function, defining it in this LLVM module on first use.
