@@ -653,6 +653,15 @@ def test_flat_layout_every_panel_phase(dtype, W, kernel, kw_args):
     run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K", [1, 2, 4, 5, 6, 8, 14, 16, 20])
+@pytest.mark.parametrize("W", [9, 16])
+def test_flat_layout_last_row_panel(dtype, K, W):
+    """Output channels leaving 0-5 rows in the last row panel (2 and 4 run short kernels)."""
+    shape = ((2, 7, 5, W), (K, 3, 3), dict(padding=1))
+    run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6")
+
+
 def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
