@@ -19,8 +19,8 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
-                                        make_direct_row, make_microkernel, make_winograd_input,
-                                        make_winograd_output, next_task)
+                                        make_depthwise_rows, make_direct_row, make_microkernel,
+                                        make_winograd_input, make_winograd_output, next_task)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -46,6 +46,11 @@ ROW_VECTORS = 4
 ROW = ROW_VECTORS * LANES
 direct_row = make_direct_row(DTYPE, LANES, vectors=ROW_VECTORS)
 direct_row_out = make_direct_row(DTYPE, LANES, to_output=True, vectors=ROW_VECTORS)
+#: Depthwise rows per call from a zero-padded channel: two rows of ROW_VECTORS vectors
+#: are eight independent FMA chains.
+DW_ROWS = 2
+depthwise_rows = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, DW_ROWS)
+depthwise_row = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, 1)
 
 
 @numba.njit(inline='always', **JIT)
@@ -377,6 +382,19 @@ def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB
 # --- direct convolution, NCHW, horizontal stride 1: vectors along the output row ---------
 
 @numba.njit(**JIT)
+def depthwise_plane(geom):
+    """(rows, row stride) of a channel zero padded for :func:`depthwise_rows`.
+
+    Every vector of every output row reads whole: ``ROW`` columns rounded up past the
+    last output column, plus the kernel's reach to the right.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    rows = (Ho - 1) * sy + (kh - 1) * dy + 1
+    cols = (Wo + ROW - 1) // ROW * ROW + (kw - 1) * dx
+    return rows, (cols + LANES - 1) // LANES * LANES
+
+
+@numba.njit(**JIT)
 def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
     """One (image, group, block of <= KB output channels): every output row.
 
@@ -394,6 +412,27 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
     k0 = g * Kg + (task % blocks) * KB
     kn = min(KB, (g + 1) * Kg - k0)
     lda = (Wo + ROW - 1) // ROW * ROW
+    if Cg == 1 and kn == 1:
+        # One input channel per output channel (depthwise): the channel is copied zero
+        # padded into acc, so the row loads need no masks; each vector of the row is
+        # summed, biased and activated in a register and stored straight to out.
+        epi = act | (EPI_BIAS_ROW if has_bias else 0)
+        Hp, Wp = depthwise_plane(geom)
+        # The zero-padded copy of one channel: phase_split with a single phase.
+        phase_split(x, (n * C + g) * H * W, H * W, W, 1, H, W, 1, 1, py, px, Hp, Wp, Hp * Wp,
+                    acc)
+        dst = (n * K + k0) * Ho * Wo
+        b = bias[k0] if has_bias else DTYPE(0)
+        whole = Ho // DW_ROWS * DW_ROWS
+        for t in range(0, Wo, ROW):
+            count = min(ROW, Wo - t)
+            for oh in range(0, whole, DW_ROWS):
+                depthwise_rows(acc, oh * sy * Wp + t, Wp, sy * Wp, count, w, k0 * kh * kw, kh, kw,
+                               dy, dx, out, dst + oh * Wo + t, Wo, b, epi)
+            for oh in range(whole, Ho):
+                depthwise_row(acc, oh * sy * Wp + t, Wp, sy * Wp, count, w, k0 * kh * kw, kh, kw,
+                              dy, dx, out, dst + oh * Wo + t, Wo, b, epi)
+        return
     if Cg == 1:
         # One input channel per output channel (depthwise): each vector of the row is
         # summed, biased and activated in a register and stored straight to out.

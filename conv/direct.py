@@ -151,8 +151,11 @@ def run(x, w, bias, out, p, act):
         mod = engine.conv_module(out.dtype)
         ntasks = p.N * p.groups * -(-p.Kg // KB)
         threads = engine.threads_for(p.flops, ntasks)
+        # Depthwise layers copy each channel zero padded into acc (see direct_nchw_task).
+        Hp, Wp = mod.depthwise_plane(geom)
         (accs,) = engine.thread_buffers("direct_nchw_vec", max(threads, 1),
-                                        (KB * engine.round_up(p.Wo, 64),), out.dtype)
+                                        (max(KB * engine.round_up(p.Wo, 64), Hp * Wp),),
+                                        out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom, KB)
         engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)

@@ -986,6 +986,77 @@ def make_direct_row(dtype, lanes, to_output=False, vectors=1):
     return direct_row
 
 
+def make_depthwise_rows(dtype, lanes, vectors, rows):
+    """Build the intrinsic computing ``rows`` output rows of one depthwise channel.
+
+    Signature (jitted code only)::
+
+        depthwise_rows(xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx,
+                       out, o_off, o_row, bias, epi)
+
+    For ``r < rows`` and lanes ``l < count`` (at most ``vectors*lanes``)::
+
+        out[o_off + r*o_row + l] = act(bias + sum_{i<kh, j<kw} w[w_off + i*kw + j]
+                                       * xp[src + r*row_step + i*dy*s_row + j*dx + l])
+
+    with the bias added when ``EPI_BIAS_ROW`` is in ``epi``, then ``EPI_RELU`` /
+    ``EPI_RELU6``.  ``xp`` is a zero-padded copy of the channel with room for whole
+    vectors, so the loads take no masks; only the stores are masked by ``count``.
+    The ``rows*vectors`` sums are independent FMA chains sharing each weight's
+    broadcast: a 3x3 window is a chain of 9 dependent FMAs per vector, so one row
+    of a narrow image alone waits on the FMA latency.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+
+    def emit(context, builder, sig, args):
+        (xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx, out, o_off, o_row,
+         bias, epi) = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        zero_i = ir.Constant(intp, 0)
+        x_ptr = _data(context, builder, sig.args[0], xp, zero_i)
+        w_ptr = _data(context, builder, sig.args[5], w, w_off)
+        out_ptr = _data(context, builder, sig.args[11], out, zero_i)
+        at = [ir.Constant(intp, v * lanes) for v in range(vectors)]
+        row_at = [builder.mul(ir.Constant(intp, r), row_step) for r in range(rows)]
+        sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
+                 for _ in range(vectors)] for _ in range(rows)]
+        with cgutils.for_range(builder, kh) as row_loop:
+            i = row_loop.index
+            tap_row = builder.add(src, builder.mul(builder.mul(i, dy), s_row))
+            with cgutils.for_range(builder, kw) as col_loop:
+                j = col_loop.index
+                weight = _splat(builder, builder.load(builder.gep(w_ptr, [builder.add(builder.mul(i, kw), j)])),
+                                vec)
+                base = builder.add(tap_row, builder.mul(j, dx))
+                for r in range(rows):
+                    for v in range(vectors):
+                        at_rv = builder.add(builder.add(base, row_at[r]), at[v])
+                        pixels = builder.load(_vector_ptr(builder, x_ptr, at_rv, vec), align=esize)
+                        builder.store(_fma(builder, weight, pixels, builder.load(sums[r][v])), sums[r][v])
+        flags = _epi_flags(builder, epi)
+        bias_v = _splat(builder, bias, vec)
+        for v in range(vectors):
+            wanted = _lane_range(builder, at[v], zero_i, count, lanes)
+            for r in range(rows):
+                result = _finish_scalar_bias(builder, builder.load(sums[r][v]), flags, bias_v)
+                dst = builder.add(builder.add(o_off, builder.mul(ir.Constant(intp, r), o_row)), at[v])
+                _masked_store(builder, result, out_ptr, dst, wanted)
+        return context.get_dummy_value()
+
+    i = types.intp
+
+    @intrinsic
+    def depthwise_rows(typingctx, xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx,
+                       out, o_off, o_row, bias, epi):
+        return types.void(xp, i, i, i, i, w, i, i, i, i, i, out, i, i, nb_float, i), emit
+
+    depthwise_rows.__name__ = f"{np.dtype(dtype).char}_depthwise_rows_{lanes}x{vectors}x{rows}"
+    return depthwise_rows
+
+
 def make_pack_panel(dtype, panel, lanes):
     """Build the intrinsic packing one k-major micro-panel ``panel`` values wide.
 

@@ -662,6 +662,22 @@ def test_flat_layout_last_row_panel(dtype, K, W):
     run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H, W", [(1, 1), (5, 7), (6, 33), (9, 40), (4, 65)])
+@pytest.mark.parametrize("kernel, kw_args", [
+    ((3, 3), dict(padding=1)),
+    ((3, 3), dict(padding=1, stride=(2, 1))),       # rows 2 apart in the padded copy
+    ((5, 5), dict(padding=4, dilation=2)),
+    ((2, 4), dict(padding="same")),
+    ((1, 3), dict(padding=(0, 2))),                 # output wider than the image
+])
+def test_depthwise_direct_rows(dtype, H, W, kernel, kw_args):
+    """Depthwise direct: padded channel copy, two output rows per call, odd last row,
+    whole and partial row vectors."""
+    shape = ((2, 3, H, W), (3,) + kernel, dict(kw_args, groups=3))
+    run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
+
+
 def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
