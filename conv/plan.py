@@ -133,9 +133,13 @@ def choose(p, dtype=np.float32, threads=None):
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col" and p.layout == "NCHW":
-        from tilegemm.conv.im2col import shifted_ok
-        path = ("im2col (one GEMM per tap on a stride-split image copy, B read in place)"
-                if shifted_ok(p, dtype) else "im2col (implicit: B panels packed from the image)")
+        from tilegemm.conv.im2col import _flat, shifted_ok
+        if not shifted_ok(p, dtype):
+            path = "im2col (implicit: B panels packed from the image)"
+        elif _flat(p):
+            path = "im2col (all taps per tile, B read in place from the image through load masks)"
+        else:
+            path = "im2col (all taps per tile, B read in place from a stride-split image copy)"
     elif algorithm == "im2col":
         path = "im2col (implicit: A panels packed from the image)"
     return ConvPlan(algorithm, path, est, p, threads, reason)
