@@ -317,11 +317,13 @@ def _pack_weights_taps(w, KC, MR):
 
 
 def _run_shifted(x, w, bias, out, p, act):
-    """Convolution as one GEMM per kernel tap on a stride-split copy of each image.
+    """Convolution with every kernel tap summed per tile, B read in place.
 
-    See the section "im2col without patches" of ``conv/_conv_tile.py``.  Tasks are
-    images, or parts of an image's column blocks when there are fewer images than
-    threads; each thread copies the image it works on into its own buffer.
+    From the image itself with stride 1 and ``Wo == W`` (:func:`_flat`), else from a
+    stride-split copy of each image; see the section "im2col without patches" of
+    ``conv/_conv_tile.py``.  Tasks are images, or parts of an image's column blocks
+    when there are fewer images than threads; a thread that copies keeps the image
+    it works on in its own buffer.
     """
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
