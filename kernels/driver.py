@@ -29,10 +29,17 @@ from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import detect
+from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
-#: pool thread costs ~65 us here (wake-up); 256^3 ran 0.6-1.1x of one thread on two.
+#: pool thread costs ~65 us (wake-up); on an AVX-512 core 256^3 ran 0.6-1.1x of one
+#: thread on two.
 SERIAL_FLOPS = 2 * 320 ** 3
+#: ... or below this many seconds of one core at its nominal peak, when that is fewer
+#: flops: the handoff costs the same time on a slower core, so it shares smaller
+#: products.  On a Zen 3 core (AVX2, 78 GFLOPS nominal) 256^3 on two threads ran
+#: 1.5x one thread (121 against 79 GFLOPS).
+SERIAL_SECONDS = 200e-6
 
 #: A matrix-vector product is shared only when its matrix has this many elements per thread.
 GEMV_SERIAL_ELEMENTS = 1 << 20
@@ -190,7 +197,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     if m == 1 or n == 1:
         shares = m * n * k // GEMV_SERIAL_ELEMENTS
     else:
-        shares = 2 * (2 * m * n * k) // SERIAL_FLOPS
+        shares = int(2 * (2 * m * n * k) // _serial_flops(dtype))
     if threads is None:
         # Only worth asking when the product is big enough to share.
         threads = numba.get_num_threads() if shares >= 2 else 1
@@ -200,6 +207,11 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     else:
         _threaded(kern, blk, m, n, k, args, bias, epi, threads)
     return c
+
+
+def _serial_flops(dtype):
+    """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``)."""
+    return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * nominal_peak_gflops(dtype) * 1e9))
 
 
 #: Products up to this many flops may take :func:`matmul_small`.

@@ -247,7 +247,7 @@ def threaded(a, b, c, threads=None):
     panel are spread over the threads; each thread owns its A buffer and its L1/L2,
     and all threads share the packed B panel.  The driver also keeps its pack
     buffers between calls, and chooses its own paths: one thread for small products
-    (``SERIAL_FLOPS``) and no packing when the operands already fit in L2 (see
+    (``SERIAL_FLOPS``, ``SERIAL_SECONDS``) and no packing when the operands already fit in L2 (see
     ``kernels/driver.py``).  With ``threads`` cores the ceiling is
     ``threads`` times a core's peak.
     """
