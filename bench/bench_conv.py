@@ -191,13 +191,12 @@ def main(argv=None):
                     help="speed-up of --threads threads over 1, timed in the same rounds")
     args = ap.parse_args(argv)
     wanted = set(args.layers.split(",")) if args.layers else None
+    layers = [ly for ly in conv_layers() if not wanted or ly["name"] in wanted]
     if args.scaling:
         print(f"float32, batch {args.batch}: 1 thread against {args.threads}, same rounds")
         print(f"{'layer':18s} {'party':9s} {'1 thread ms':>11s} {f'{args.threads} threads ms':>13s} "
               f"{'speed-up':>8s}")
-        for ly in conv_layers():
-            if wanted and ly["name"] not in wanted:
-                continue
+        for ly in layers:
             for r in bench_scaling(ly, args.batch, args.threads, args.repeat):
                 print(f"{r['layer']:18s} {r['party']:9s} {r['one'] * 1e3:11.2f} "
                       f"{r['many'] * 1e3:13.2f} {r['one'] / r['many']:7.2f}x", flush=True)
@@ -213,9 +212,7 @@ def main(argv=None):
     print(f"float32, batch {args.batch}, {args.threads} thread(s), measured peak {peak:.0f} GFLOPS")
     print(f"{'layer':18s} {'party':9s} {'algorithm':9s} {'ms':>9s} {'eff GF':>8s} "
           f"{'vs torch':>8s} {'% peak':>7s}")
-    for ly in conv_layers():
-        if wanted and ly["name"] not in wanted:
-            continue
+    for ly in layers:
         for r in bench_layer(ly, args.batch, args.threads, args.repeat, peak):
             vs = f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-"
             print(f"{r['layer']:18s} {r['party']:9s} {r['algorithm']:9s} {r['seconds'] * 1e3:9.2f} "
