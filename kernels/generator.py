@@ -294,18 +294,12 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
                 # mask: lanes off may lie outside the image's memory.
                 m_ptr = builder.asm(ir.FunctionType(b_mask.type, [b_mask.type]), "", "=r,0",
                                     [b_mask], True)
-                ivec = b_mask.type.pointee
-                fn = builder.module.declare_intrinsic(
-                    f"llvm.masked.load.{_vec_suffix(vec)}.p0",
-                    fnty=ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32),
-                                               ir.VectorType(ir.IntType(1), lanes), vec]))
-                none = ir.Constant(ivec, [0] * lanes)
+                none = ir.Constant(b_mask.type.pointee, [0] * lanes)
                 bv = []
                 for v in range(nv):
                     m = builder.load(builder.gep(m_ptr, [ir.Constant(intp, v)]), align=esize)
                     ptr = _vector_ptr(builder, b_ptr, builder.add(b_row, ir.Constant(intp, v * lanes)), vec)
-                    bv.append(builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize),
-                                                builder.icmp_signed("<", m, none), zero]))
+                    bv.append(_masked_load_call(builder, ptr, esize, builder.icmp_signed("<", m, none)))
             for i in range(mr):
                 a_splat = _splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
                 for v in range(nv):
@@ -328,8 +322,8 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     else:
         # One k loop per tap, all into the same accumulators: A's panel for tap t lies
         # t*a_tap further on, B's rows start taps[t] elements from b_ptr.
-        # Taps with a mask (tap_masks[t] >= 0) run a second copy of the loop that ANDs
-        # each B vector with it, so unmasked taps pay nothing.
+        # Taps with a mask (tap_masks[t] >= 0) run a second copy of the loop, whose B
+        # loads are masked, so unmasked taps pay nothing.
         ntaps, a_tap, tap_ptr, mask_ptr, tap_mask_ptr = taps
         ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
         with cgutils.for_range(builder, ntaps) as loop:
@@ -446,23 +440,29 @@ def _load(builder, ptr, esize, mask=None):
     if mask is None:
         return builder.load(ptr, align=esize)
     vec = ptr.type.pointee
-    fn = builder.module.declare_intrinsic(
-        f"llvm.masked.load.{_vec_suffix(vec)}.p0",
-        fnty=ir.FunctionType(vec, [ptr.type, ir.IntType(32), mask.type, vec]))
-    args = [ptr, ir.Constant(ir.IntType(32), esize), mask, ir.Constant(vec, [0.0] * vec.count)]
     if isinstance(mask, ir.Constant) or vec.count * esize >= 64:
-        return builder.call(fn, args)
+        return _masked_load_call(builder, ptr, esize, mask)
     with builder.if_else(_all_set(builder, mask)) as (full, partial):
         with full:
             plain = builder.load(ptr, align=esize)
             full_block = builder.block
         with partial:
-            masked = builder.call(fn, args)
+            masked = _masked_load_call(builder, ptr, esize, mask)
             partial_block = builder.block
     phi = builder.phi(vec)
     phi.add_incoming(plain, full_block)
     phi.add_incoming(masked, partial_block)
     return phi
+
+
+def _masked_load_call(builder, ptr, esize, mask):
+    """``llvm.masked.load`` of the vector at ``ptr``: lanes off read zero, never touching memory."""
+    vec = ptr.type.pointee
+    fn = builder.module.declare_intrinsic(
+        f"llvm.masked.load.{_vec_suffix(vec)}.p0",
+        fnty=ir.FunctionType(vec, [ptr.type, ir.IntType(32), mask.type, vec]))
+    return builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize), mask,
+                             ir.Constant(vec, [0.0] * vec.count)])
 
 
 def _any_set(builder, mask):
