@@ -166,7 +166,8 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
 @numba.njit(**JIT)
 def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
                       n_jc, out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
-    """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -202,7 +203,8 @@ def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out,
 @numba.njit(**JIT)
 def im2col_nhwc_tasks(counter, ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
                        bias, epi, KC, MC, NC, m, apack, tile):
-    """Tasks of :func:`im2col_nhwc_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    """Tasks of :func:`im2col_nhwc_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -242,7 +244,8 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
 @numba.njit(**JIT)
 def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
                     os, bias, has_bias, act, KC, NC, apack, mbuf, tile, v):
-    """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -369,7 +372,8 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
 def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
                         tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf,
                         tile, runs):
-    """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -474,7 +478,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 @numba.njit(**JIT)
 def direct_nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
-    """Tasks of :func:`direct_nchw_task` taken from ``counter`` (:func:`next_task`) until ``ntasks`` are out."""
+    """Tasks of :func:`direct_nchw_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
