@@ -612,10 +612,10 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
     With ``flat`` (stride 1 and ``Wq == Wo == W``: the grid is the image plane and
     the output plane) B is read from ``x`` itself, channels ``chan`` apart, and
     whole tiles go straight into ``out``; only the partial row panel and last
-    column panel go through ``cbuf``.  Otherwise,
-    with ``copy``, the image is first split by stride phase into ``xq`` (a thread
-    whose previous task had the same image skips it), every tile goes through
-    ``cbuf`` and the valid columns are copied out.  ``taps`` holds each kernel
+    column panel go through ``cbuf``.  Otherwise, with ``copy``, the image is first
+    split by stride phase into ``xq`` (a thread whose previous task had the same
+    image skips it), every tile goes through ``cbuf`` and the valid columns are
+    copied out.  ``taps`` holds each kernel
     tap's offset from a grid position, ``masks`` and ``tap_masks`` the load masks
     (see :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a
     multiple of NR); the column blocks are cut into ``parts`` runs.

@@ -234,8 +234,8 @@ def panel_masks(p, nr, dtype):
     before the end of the grid.  ``masks`` holds each distinct lane pattern once.
     Other layouts read a padded copy: every tap unmasked.
     """
-    npanels = -(-p.Ho * p.W // nr) if _flat(p) else -(-p.Ho * _phase_geometry(p)[1] // nr)
     if not _flat(p):
+        npanels = -(-p.Ho * _phase_geometry(p)[1] // nr)
         itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
         return np.zeros(1, itype), np.full((npanels, p.kh * p.kw), -1, np.int64)
     return _panel_masks(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left, nr,
@@ -336,7 +336,8 @@ def _run_shifted(x, w, bias, out, p, act):
     Hq, Wq, chan, taps = _phase_geometry(p)
     masks, tap_masks = panel_masks(p, NR, out.dtype)
     grid = p.Ho * Wq
-    if _flat(p):
+    flat = _flat(p)
+    if flat:
         size = 1                       # B is read from the image: no copy
     else:
         # Whole NR panels from the last channel may read past the copy: zeroed slack.
@@ -354,11 +355,11 @@ def _run_shifted(x, w, bias, out, p, act):
     threads = min(threads, ntasks)
     xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
                                        (size, Mp * NCB), out.dtype)
-    if not _flat(p):
+    if not flat:
         xqs[:, p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             tap_masks, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, _flat(p), chan)
+            Hq, Wq, flat, chan)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t]), threads)
     return out
