@@ -506,7 +506,8 @@ def direct_nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, ge
 # straight into the output.  Where that would wrap round to the neighbouring row
 # (left and right edges), leave the image plane (top and bottom rows) or pass the
 # last grid position, the micro-kernel's masked loads read zero instead, without
-# touching the memory (``panel_masks`` in ``conv/im2col.py``).
+# touching the memory; taps whose reads all stay in the image may instead read
+# unmasked and have their sum masked once (``panel_masks`` in ``conv/im2col.py``).
 
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
@@ -549,7 +550,7 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
 
 
 @numba.njit(**JIT)
-def shifted_block(xq, b_base, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, apack, Mp,
+def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
                   m0, m1, rows_full, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
@@ -558,8 +559,8 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, a
     at ``xq[b_base + pc*chan + taps[t] + j0:]`` (rows ``chan`` apart).  Each tile
     sums every tap of a KC block in registers (:func:`ukernel_taps`), so C is
     updated once per KC block, not once per tap.  The panel starting at grid column
-    ``q`` reads tap ``t`` through the load mask at ``masks[tap_masks[q // NR, t]:]``
-    when that is not -1.  The usual blocking: an MC x KC block of A stays in L2
+    ``q`` orders and masks its taps by the schedule ``sched[q // NR]`` (see
+    ``make_microkernel``).  The usual blocking: an MC x KC block of A stays in L2
     across the NR-wide column panels, each panel's image rows stay in L1 across the
     block's row panels.
 
@@ -578,7 +579,7 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, a
         for ic in range(m0, m1, MC):
             ic_end = min(ic + MC, m1)
             for jr in range(0, cols, NR):
-                tm = tap_masks[(j0 + jr) // NR]
+                tm = sched[(j0 + jr) // NR]
                 narrow = jr == full and cols - full <= LANES < NR
                 b_at = b_base + pc * chan + j0 + jr
                 for ir in range(ic, ic_end, MR):
@@ -604,7 +605,7 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 
 @numba.njit(**JIT)
-def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, tap_masks,
+def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
                  apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, chan, xq,
                  cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
@@ -615,9 +616,9 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
     column panel go through ``cbuf``.  Otherwise, with ``copy``, the image is first
     split by stride phase into ``xq`` (a thread whose previous task had the same
     image skips it), every tile goes through ``cbuf`` and the valid columns are
-    copied out.  ``taps`` holds each kernel
-    tap's offset from a grid position, ``masks`` and ``tap_masks`` the load masks
-    (see :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a
+    copied out.  ``taps`` holds each kernel tap's offset from a grid position,
+    ``masks`` and ``sched`` the masks and each panel's tap schedule (see
+    :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a
     multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
@@ -637,7 +638,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         if flat:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
-            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, tap_masks, Cg, KC, MC,
+            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, sched, Cg, KC, MC,
                           apack, Mp, 0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias,
                           epi)
             full = cols // NR * NR
@@ -647,7 +648,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
                 _copy_rows(cbuf[m_full * NCB:], NCB, out, co + m_full * sk + j0, sk, M - m_full,
                            cols)
             continue
-        shifted_block(xq, 0, chan, taps, ntaps, masks, tap_masks, Cg, KC, MC, apack, Mp, 0, Mp,
+        shifted_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp, 0, Mp,
                       0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
         # The valid columns, one output-row run at a time.
         q = j0
@@ -662,7 +663,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
-                  tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
+                  sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
                   chan, xq, cbuf):
     """Tasks taken from ``counter`` until ``ntasks`` are out; task = image * parts + part."""
     last = -1
@@ -672,6 +673,6 @@ def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, m
             break
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
-                     masks, tap_masks, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
+                     masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
                      Hq, Wq, flat, chan, xq, cbuf)
         last = n

@@ -203,6 +203,16 @@ def _flat(p):
     return p.sy == 1 and p.sx == 1 and p.Wo == p.W
 
 
+def _tap_rows_cols(kh, kw):
+    """(i, j): kernel row and column of each tap, in the taps' order (column by column).
+
+    Column by column, the taps reading left of a grid position come first: in the
+    stride-1 layout they share one mask at a row's start, so the micro-kernel can
+    mask their sum once instead of every load (see :func:`panel_masks`).
+    """
+    return np.tile(np.arange(kh), kw), np.repeat(np.arange(kw), kh)
+
+
 def _phase_geometry(p):
     """(Hq, Wq, chan, taps) of the grid B is read on (see ``conv/_conv_tile.py``).
 
@@ -210,53 +220,65 @@ def _phase_geometry(p):
     position; channels are ``chan`` apart (the image's own channel stride for the
     stride-1 layout, else the stride-split copy's).
     """
+    i, j = _tap_rows_cols(p.kh, p.kw)
     if _flat(p):
-        taps = np.array([(i * p.dy - p.top) * p.W + j * p.dx - p.left
-                         for i in range(p.kh) for j in range(p.kw)], np.int64)
-        return p.Ho, p.W, p.input_strides()[1], taps
+        taps = (i * p.dy - p.top) * p.W + j * p.dx - p.left
+        return p.Ho, p.W, p.input_strides()[1], taps.astype(np.int64)
     Hp = (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1
     Wp = (p.Wo - 1) * p.sx + (p.kw - 1) * p.dx + 1
     Hq, Wq = -(-Hp // p.sy), -(-Wp // p.sx)
     chan = p.sy * p.sx * Hq * Wq
-    taps = np.array([((i * p.dy % p.sy) * p.sx + j * p.dx % p.sx) * Hq * Wq
-                     + (i * p.dy // p.sy) * Wq + j * p.dx // p.sx
-                     for i in range(p.kh) for j in range(p.kw)], np.int64)
-    return Hq, Wq, chan, taps
+    taps = (((i * p.dy % p.sy) * p.sx + j * p.dx % p.sx) * Hq * Wq
+            + (i * p.dy // p.sy) * Wq + j * p.dx // p.sx)
+    return Hq, Wq, chan, taps.astype(np.int64)
 
 
-def panel_masks(p, nr, dtype):
-    """Load masks of the stride-1 layout: (masks, tap_masks).
+def panel_masks(p, nr, dtype, group=True):
+    """Load masks of the stride-1 layout: (masks, sched).
 
-    Panel ``q // nr`` (grid columns ``q:q+nr``) reads tap ``t`` through the ``nr``
-    lanes at ``masks[tap_masks[q // nr, t]:]``, or unmasked where that is -1.  A
-    lane is on (-1) when the pixel the tap reads for it lies in the image: its row
-    and column inside, so nothing wraps round a row's edge, and its grid column
-    before the end of the grid.  ``masks`` holds each distinct lane pattern once.
-    Other layouts read a padded copy: every tap unmasked.
+    Panel ``q // nr`` (grid columns ``q:q+nr``) masks its taps as the schedule
+    ``sched[q // nr]`` says (see ``make_microkernel``).  A tap's lane is on (-1)
+    when the pixel it reads for that lane lies in the image: its row and column
+    inside, so nothing wraps round a row's edge, and its grid column before the end
+    of the grid.  Taps with every lane on read unmasked.  With ``group`` (finite
+    weights only), the longest run of first taps that share one pattern and read
+    only inside the image plane (a wrap reads the neighbouring row) read unmasked,
+    and their sum is masked once; other taps with lanes off use masked loads.
+    ``masks`` holds each distinct pattern once.  Other layouts read a padded copy:
+    every tap unmasked.
     """
+    T = p.kh * p.kw
     if not _flat(p):
         npanels = -(-p.Ho * _phase_geometry(p)[1] // nr)
         itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
-        return np.zeros(1, itype), np.full((npanels, p.kh * p.kw), -1, np.int64)
+        return np.zeros(1, itype), np.tile(np.r_[np.full(T, -1), 0, 0], (npanels, 1))
     return _panel_masks(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left, nr,
-                        np.dtype(dtype).itemsize)
+                        np.dtype(dtype).itemsize, group)
 
 
 @functools.lru_cache(maxsize=64)
-def _panel_masks(H, W, Ho, kh, kw, dy, dx, top, left, nr, itemsize):
+def _panel_masks(H, W, Ho, kh, kw, dy, dx, top, left, nr, itemsize, group):
     grid = Ho * W
+    T = kh * kw
     npanels = -(-grid // nr)
     q = np.arange(npanels * nr).reshape(npanels, 1, nr)
-    i = np.repeat(np.arange(kh), kw)[None, :, None]
-    j = np.tile(np.arange(kw), kh)[None, :, None]
+    i, j = _tap_rows_cols(kh, kw)
+    i, j = i[None, :, None], j[None, :, None]
     row = q // W + i * dy - top
     col = q % W + j * dx - left
     on = (q < grid) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
-    lanes = on.reshape(-1, nr)
-    patterns, which = np.unique(lanes, axis=0, return_inverse=True)
-    tap_masks = np.where(lanes.all(axis=1), -1, which.reshape(-1) * nr).reshape(npanels, kh * kw)
+    read = q + (i * dy - top) * W + j * dx - left           # unmasked, in the channel
+    safe = ((read >= 0) & (read < H * W)).all(axis=2)
+    patterns, which = np.unique(on.reshape(-1, nr), axis=0, return_inverse=True)
+    which = which.reshape(npanels, T)
+    masked = ~on.all(axis=2)
+    # The group: taps 0..n-1, all masked, safe and of tap 0's pattern.
+    same = masked & safe & (which == which[:, :1])
+    n_and = np.where(group, np.cumprod(same, axis=1).sum(axis=1), 0)
+    offs = np.where(masked & (np.arange(T) >= n_and[:, None]), which * nr, -1)
+    sched = np.column_stack([offs, n_and, which[:, 0] * nr]).astype(np.int64)
     masks = np.where(patterns, -1, 0).astype(np.int32 if itemsize == 4 else np.int64).reshape(-1)
-    return masks, tap_masks            # cached: shared by every call with this geometry
+    return masks, sched                # cached: shared by every call with this geometry
 
 
 def shifted_ok(p, dtype=np.float32):
@@ -306,8 +328,8 @@ def _pack_weights_taps(w, KC, MR):
     K, C, kh, kw = w.shape
     T = kh * kw
     Mp = engine.round_up(K, MR)
-    per_tap = [_pack_weights_a(np.ascontiguousarray(w[:, :, t // kw, t % kw]), KC, MR)[0]
-               for t in range(T)]
+    per_tap = [_pack_weights_a(np.ascontiguousarray(w[:, :, i, j]), KC, MR)[0]
+               for i, j in zip(*_tap_rows_cols(kh, kw))]
     buf = np.zeros(T * C * Mp + 1, w.dtype)
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
@@ -329,12 +351,14 @@ def _run_shifted(x, w, bias, out, p, act):
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = shifted_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)
-    apack, Mp = engine.prepared("im2col_shifted", w, (KC, MR),
-                                lambda: _pack_weights_taps(w, KC, MR))
+    # Finite weights allow masking a sum of taps instead of their loads (panel_masks).
+    apack, Mp, finite = engine.prepared(
+        "im2col_shifted", w, (KC, MR),
+        lambda: _pack_weights_taps(w, KC, MR) + (bool(np.isfinite(w).all()),))
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     Hq, Wq, chan, taps = _phase_geometry(p)
-    masks, tap_masks = panel_masks(p, NR, out.dtype)
+    masks, sched = panel_masks(p, NR, out.dtype, group=finite)
     grid = p.Ho * Wq
     flat = _flat(p)
     if flat:
@@ -359,7 +383,7 @@ def _run_shifted(x, w, bias, out, p, act):
         xqs[:, p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
-            tap_masks, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
+            sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
             Hq, Wq, flat, chan)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t]), threads)
     return out

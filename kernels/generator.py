@@ -99,16 +99,21 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         A sum of ``ntaps`` products in one tile, for convolution taps (full tiles only)::
 
             ukernel(kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
-                    tap_masks, c, c_off, ldc, alpha, beta, bias, bias_off, epi)
+                    sched, c, c_off, ldc, alpha, beta, bias, bias_off, epi)
 
         adds, for each ``t < ntaps``, the packed A panel at ``a_off + t*a_tap`` times
         the ``kc`` rows of B at ``b_off + taps[t] + p*ldb`` (``nr`` contiguous columns
         each): the accumulators stay in registers across taps, C is updated once.
-        Where ``tap_masks[t] >= 0``, the B rows of tap ``t`` are read with the ``nr``
-        lanes at ``masks[mask_off + tap_masks[t]:]`` (an integer array of the float's
-        width, each lane 0 or -1) as a load mask: lanes off read as zero and their
-        memory is never touched (columns across an image row's edge, rows outside
-        the image).  Taps with ``tap_masks[t] < 0`` run unmasked.
+        ``sched`` (``ntaps + 2`` integers) masks the taps.  Where ``sched[t] >= 0``,
+        the B rows of tap ``t`` are read with the ``nr`` lanes at
+        ``masks[mask_off + sched[t]:]`` (an integer array of the float's width,
+        each lane 0 or -1) as a load mask: lanes off read as zero and their memory
+        is never touched (columns across an image row's edge, rows outside the
+        image); taps with ``sched[t] < 0`` run unmasked.  The sum of the first
+        ``sched[ntaps]`` taps is then ANDed with the lanes at
+        ``masks[mask_off + sched[ntaps + 1]:]``: a cheaper mask for taps whose
+        every read stays in memory.  Only for finite weights: zero padding times an
+        infinite weight is NaN, which a masked load gives and the AND would not.
 
     Returns
     -------
@@ -130,14 +135,14 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         valid = (args.pop(), args.pop())[::-1] if edge else None
         tap_args = None
         if taps:
-            (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, masks, mask_off, tap_masks,
+            (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, masks, mask_off, sched,
              c, c_off, ldc, alpha, beta, bias, bias_off, epi) = args
             at, bt, ct, biast = types_[1], types_[4], types_[12], types_[17]
             a_rs, a_cs = ir.Constant(intp, 1), ir.Constant(intp, mr)
             zero = ir.Constant(intp, 0)
             tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, zero),
                         _data(context, builder, types_[9], masks, mask_off),
-                        _data(context, builder, types_[11], tap_masks, zero))
+                        _data(context, builder, types_[11], sched, zero))
         elif strided:
             (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
@@ -158,10 +163,10 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     if taps:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
-                    tap_masks, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
+                    sched, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
             if masks.dtype.bitwidth != 8 * np.dtype(dtype).itemsize:
                 raise TypeError(f"masks must be {8 * np.dtype(dtype).itemsize}-bit integers")
-            return types.void(i, a, i, i, b, i, i, taps, i, masks, i, tap_masks, c, i, i,
+            return types.void(i, a, i, i, b, i, i, taps, i, masks, i, sched, c, i, i,
                               nb_float, nb_float, bias, i, i), emit
     elif strided and edge:
         @intrinsic
@@ -251,7 +256,7 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
     ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
-    ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, tap_mask_ptr)`` repeats the k loop once per
+    ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, sched_ptr)`` repeats the k loop once per
     tap, masked or not (see make_microkernel).
     """
     dtype, mr, nr, lanes = shape
@@ -321,22 +326,37 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         k_loop(a_ptr, b_ptr)
     else:
         # One k loop per tap, all into the same accumulators: A's panel for tap t lies
-        # t*a_tap further on, B's rows start taps[t] elements from b_ptr.
-        # Taps with a mask (tap_masks[t] >= 0) run a second copy of the loop, whose B
-        # loads are masked, so unmasked taps pay nothing.
-        ntaps, a_tap, tap_ptr, mask_ptr, tap_mask_ptr = taps
+        # t*a_tap further on, B's rows start taps[t] elements from b_ptr.  Taps with
+        # a load mask run a second copy of the loop, whose B loads are masked, so
+        # unmasked taps pay nothing.  The taps stay in the order A is packed in: the
+        # hardware prefetcher follows A as one stream (out of order measured up to
+        # 30% slower).
+        ntaps, a_tap, tap_ptr, mask_ptr, sched_ptr = taps
         ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
+        n_and = builder.load(builder.gep(sched_ptr, [ntaps]))
+        and_off = builder.load(builder.gep(sched_ptr, [builder.add(ntaps, ir.Constant(ntaps.type, 1))]))
         with cgutils.for_range(builder, ntaps) as loop:
             t = loop.index
             a_t = builder.gep(a_ptr, [builder.mul(t, a_tap)])
             b_t = builder.gep(b_ptr, [builder.load(builder.gep(tap_ptr, [t]))])
-            m_off = builder.load(builder.gep(tap_mask_ptr, [t]))
+            m_off = builder.load(builder.gep(sched_ptr, [t]))
             masked = builder.icmp_signed(">=", m_off, ir.Constant(m_off.type, 0))
             with builder.if_else(masked) as (then_masked, then_plain):
                 with then_masked:
                     k_loop(a_t, b_t, builder.bitcast(builder.gep(mask_ptr, [m_off]), ivec.as_pointer()))
                 with then_plain:
                     k_loop(a_t, b_t)
+            # The first n_and taps read unmasked (in bounds, but some lanes wrap round
+            # a row's edge): their sum is masked once, here, instead of every load.
+            group_done = builder.icmp_signed("==", builder.add(t, ir.Constant(t.type, 1)), n_and)
+            with builder.if_then(group_done):
+                keep = builder.bitcast(builder.gep(mask_ptr, [and_off]), ivec.as_pointer())
+                keep = [builder.load(builder.gep(keep, [ir.Constant(intp, v)]), align=esize)
+                        for v in range(nv)]
+                for i in range(mr):
+                    for v in range(nv):
+                        bits = builder.and_(builder.bitcast(builder.load(acc[i][v]), ivec), keep[v])
+                        builder.store(builder.bitcast(bits, vec), acc[i][v])
 
     alpha_v = _splat(builder, alpha, vec)
     beta_v = _splat(builder, beta, vec)

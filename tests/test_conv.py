@@ -681,23 +681,75 @@ def test_depthwise_direct_rows(dtype, H, W, kernel, kw_args):
 def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
-    masks, tap_masks = im2col_mod.panel_masks(p, 8, np.float32)
-    assert masks.dtype == np.int32 and tap_masks.shape == (2, 9)
+    masks, sched = im2col_mod.panel_masks(p, 8, np.float32, group=False)
+    assert masks.dtype == np.int32 and sched.shape == (2, 9 + 2)
+    assert (sched[:, 9] == 0).all()                               # no masked sum
 
+    # Taps column by column: tap j*3 + i is kernel row i, column j.
     def lanes(panel, tap):
-        at = tap_masks[panel, tap]
+        at = sched[panel, tap]
         return [1] * 8 if at < 0 else list(masks[at:at + 8] != 0)
 
     # Panel 0: grid columns 0-7 = row 0 (columns 0-4), row 1 (columns 0-2).
     assert lanes(0, 4) == [1] * 8                                 # centre tap
-    assert lanes(0, 3) == [0, 1, 1, 1, 1, 0, 1, 1]               # reads column - 1
-    assert lanes(0, 5) == [1, 1, 1, 1, 0, 1, 1, 1]               # reads column + 1
-    assert lanes(0, 1) == [0, 0, 0, 0, 0, 1, 1, 1]               # reads the row above
+    assert lanes(0, 1) == [0, 1, 1, 1, 1, 0, 1, 1]               # reads column - 1
+    assert lanes(0, 7) == [1, 1, 1, 1, 0, 1, 1, 1]               # reads column + 1
+    assert lanes(0, 3) == [0, 0, 0, 0, 0, 1, 1, 1]               # reads the row above
     # Panel 1: grid columns 8-15 = row 1 (3, 4), row 2 (0-4), then past the grid.
     assert lanes(1, 4) == [1, 1, 1, 1, 1, 1, 1, 0]
-    assert lanes(1, 7) == [1, 1, 0, 0, 0, 0, 0, 0]               # reads the row below
+    assert lanes(1, 5) == [1, 1, 0, 0, 0, 0, 0, 0]               # reads the row below
     # Patterns are stored once each.
     assert len({tuple(masks[i:i + 8]) for i in range(0, masks.size, 8)}) == masks.size // 8
+
+
+def test_panel_masks_mask_the_sum_of_the_left_column_where_its_reads_stay_inside():
+    from tilegemm.conv import im2col as im2col_mod
+    p = conv_params((1, 2, 6, 5), (4, 2, 3, 3), padding=1)      # grid: 6 rows of 5
+    masks, sched = im2col_mod.panel_masks(p, 8, np.float32)
+    _, loads = im2col_mod.panel_masks(p, 8, np.float32, group=False)
+    # Panel 0 holds row 0, whose row above lies outside the image: no masked sum.
+    # Panel 1 (rows 1-3, row starts at grid columns 10 and 15): taps 0-2 (column - 1)
+    # wrap only into rows 0-4, share one pattern, and are summed then masked once.
+    assert sched[0, 9] == 0 and (sched[0, :9] == loads[0, :9]).all()
+    assert sched[1, 9] == 3
+    assert (sched[1, :3] == -1).all() and (sched[1, 3:9] == loads[1, 3:9]).all()
+    assert list(masks[sched[1, 10]:sched[1, 10] + 8] != 0) == [1, 1, 0, 1, 1, 1, 1, 0]
+    assert (sched[1, 10] == loads[1, :3]).all()
+
+
+@pytest.mark.parametrize("H, W", [(9, 13), (7, 7), (14, 14), (5, 3)])
+@pytest.mark.parametrize("column", [0, -1])
+def test_wrapped_reads_never_reach_the_output(H, W, column):
+    """Inf and NaN in an image's first (last) column: in the stride-1 layout the taps
+    left (right) of the other end of the neighbouring rows read them through the row's
+    edge, and those outputs must stay finite."""
+    x = RNG.standard_normal((2, 64, H, W)).astype(np.float32)
+    x[:, ::3, :, column] = np.inf
+    x[:, 1::3, 1:, column] = np.nan
+    x[:, 2::3, ::2, column] = -np.inf
+    w = RNG.standard_normal((8, 64, 3, 3)).astype(np.float32)
+    expected = reference_conv(x, w, padding=1)
+    got = tilegemm.conv2d(x, w, padding=1, algorithm="im2col")
+    assert np.isfinite(expected[:, :, :, -1 - column]).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("value", [np.inf, np.nan])
+def test_non_finite_weight_meets_the_padding_as_zero_padding_does(value):
+    """Inf or NaN times zero padding is NaN, as with an explicitly padded input."""
+    x = RNG.standard_normal((1, 64, 9, 11)).astype(np.float32)
+    w = RNG.standard_normal((6, 64, 3, 3)).astype(np.float32)
+    w[2, 5, 1, 0] = value                      # column - 1: reads the padding at column 0
+    expected = reference_conv(x, w, padding=1)
+    got = tilegemm.conv2d(x, w, padding=1, algorithm="im2col")
+    assert np.isnan(expected[0, 2, :, 0]).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
 
 
 def test_conv_plan_rejects_malformed_shapes_and_threads():

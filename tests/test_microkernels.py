@@ -172,18 +172,22 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
         c[:] = rng.standard_normal(c.size)
     c0 = c.copy()
     bias = rng.standard_normal(MR + 4).astype(dt)
-    # Lane masks: tap t uses the NR lanes at 5 + tap_masks[t] (even taps), or none (-1).
+    # Lane masks: tap t loads through the NR lanes at 5 + sched[t] (even taps), or
+    # none (-1); the sum of the first n_and taps is ANDed with the lanes at 5 + and_at.
     itype = np.int32 if dt == np.float32 else np.int64
     masks = -rng.integers(0, 2, 5 + 3 * NR).astype(itype)
+    n_and, and_at = min(ntaps - 1, 2), int(rng.integers(0, 2 * NR))
     tap_masks = np.where(np.arange(ntaps) % 2 == 0, rng.integers(0, 2 * NR, ntaps), -1)
+    tap_masks[:n_and] = -1
+    sched = np.r_[tap_masks, n_and, and_at].astype(np.int64)
 
     @numba.njit
-    def run(kc, apack, b, taps, ntaps, masks, tap_masks, c, bias, beta, epi):
-        mod.ukernel_taps(kc, apack, 3, a_tap, b, 2, ldb, taps, ntaps, masks, 5, tap_masks,
+    def run(kc, apack, b, taps, ntaps, masks, sched, c, bias, beta, epi):
+        mod.ukernel_taps(kc, apack, 3, a_tap, b, 2, ldb, taps, ntaps, masks, 5, sched,
                          c, 0, ldc, dt.type(1.5), beta, bias, 1, epi)
 
     b_in = b.copy()
-    run(kc, apack, b, taps, ntaps, masks, tap_masks, c, bias, dt.type(beta), epi)
+    run(kc, apack, b, taps, ntaps, masks, sched, c, bias, dt.type(beta), epi)
     assert np.array_equal(b, b_in)
     want = np.zeros((MR, NR))
     for t in range(ntaps):
@@ -192,6 +196,8 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
         if tap_masks[t] >= 0:
             rows = np.where(masks[5 + tap_masks[t]:5 + tap_masks[t] + NR] != 0, rows, 0)
         want += A @ rows.astype(np.float64)
+        if t + 1 == n_and:
+            want = np.where(masks[5 + and_at:5 + and_at + NR] != 0, want, 0)
     want *= 1.5
     tile0 = c0.reshape(MR, ldc)[:, :NR].astype(np.float64)
     if beta != 0:
@@ -208,8 +214,10 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_taps_mask_zeroes_lanes_before_the_product(dtype):
-    """An Inf or NaN in a masked-out lane of B never reaches C (masking is not 0 * value)."""
+@pytest.mark.parametrize("where", ["loads", "sum"])
+def test_taps_mask_zeroes_lanes_before_the_product(dtype, where):
+    """An Inf or NaN in a masked-out lane of B never reaches C (masking is not 0 * value),
+    whether the mask applies to the loads or to the sum of the taps."""
     import numba
     from tilegemm.conv import engine
     mod = engine.conv_module(dtype)
@@ -224,11 +232,13 @@ def test_taps_mask_zeroes_lanes_before_the_product(dtype):
     masks = np.where(lane_on, -1, 0).astype(np.int32 if dt == np.float32 else np.int64)
     c = np.full((MR, NR), np.nan, dt)
 
-    @numba.njit
-    def run(apack, b, masks, c):
-        mod.ukernel_taps(kc, apack, 0, 0, b, 0, NR, np.zeros(1, np.int64), 1, masks, 0,
-                         np.zeros(1, np.int64), c, 0, NR, dt.type(1), dt.type(0), apack, 0, 0)
+    sched = np.array([0, 0, 0] if where == "loads" else [-1, 1, 0], np.int64)
 
-    run(apack, b, masks, c)
+    @numba.njit
+    def run(apack, b, masks, sched, c):
+        mod.ukernel_taps(kc, apack, 0, 0, b, 0, NR, np.zeros(1, np.int64), 1, masks, 0,
+                         sched, c, 0, NR, dt.type(1), dt.type(0), apack, 0, 0)
+
+    run(apack, b, masks, sched, c)
     want = np.where(lane_on, 2.0 * kc, 0.0)
     assert np.array_equal(c, np.broadcast_to(want, (MR, NR)).astype(dt))
