@@ -606,9 +606,10 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 @numba.njit(**JIT)
 def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
-                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, chan, xq,
-                 cbuf):
-    """Part ``part`` of ``parts`` of image ``n``: its share of the output grid's column blocks.
+                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, chan, q_end,
+                 xq, cbuf):
+    """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
+    output grid's first ``q_end`` columns.
 
     With ``flat`` (stride 1 and ``Wq == Wo == W``: the grid is the image plane and
     the output plane) B is read from ``x`` itself, channels ``chan`` apart, and
@@ -627,7 +628,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
                     xq)
     co = o_off + n * os[0]
     sk = os[1]
-    grid = Ho * Wq
+    grid = q_end
     m_full = M // MR * MR
     blocks = (grid + NCB - 1) // NCB
     per_part = (blocks + parts - 1) // parts
@@ -662,17 +663,78 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 
 @numba.njit(**JIT)
+def pack_tails(x, x_off, xs0, N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack):
+    """B of :func:`shifted_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
+
+    Column ``j = n*tail + i`` is grid column ``q0 + i`` of image ``n``; row
+    ``t*kc + k`` is what tap ``t`` reads there in channel ``pc + k``, zero where
+    ``on[t, i]`` is 0 (outside the image).  Columns past ``N*tail`` are zero.
+    """
+    ncols = N * tail
+    rows = ntaps * kc
+    for jp in range(0, ncols, NR):
+        panel = bpack[jp * rows:(jp + NR) * rows]
+        for j in range(NR):
+            if jp + j >= ncols:
+                for r in range(rows):
+                    panel[r * NR + j] = 0
+                continue
+            n, i = (jp + j) // tail, (jp + j) % tail
+            base = x_off + n * xs0 + pc * chan + q0 + i
+            for t in range(ntaps):
+                src = base + taps[t]
+                for k in range(kc):
+                    panel[(t * kc + k) * NR + j] = x[src + k * chan] if on[t, i] else 0
+
+
+@numba.njit(**JIT)
+def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apack, Mp, M, out,
+                  o_off, os, bias, epi, bpack, cbuf):
+    """Grid columns ``q0:q0+tail`` (the part of a panel after the last whole one) of
+    every image, as one GEMM with columns from all the images.
+
+    Each image's own tail panel would run mostly idle lanes (ResNet-18 conv4_x: 4
+    of 16 columns, 5% of the layer's time; conv5_x: 1 column, 19%).  A is the taps
+    kernel's (each row panel's taps are one packed panel of ``ntaps*kc``), B is
+    packed by :func:`pack_tails`, C goes through ``cbuf`` into each image.
+    """
+    ldc = (N * tail + NR - 1) // NR * NR
+    for pc in range(0, Cg, KC):
+        kc = min(KC, Cg - pc)
+        pack_tails(x, x_off, xs[0], N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack)
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        e = epi if pc + KC >= Cg else 0
+        macro_kernel(Mp, ldc, ntaps * kc, apack[pc * Mp * ntaps:], bpack, 0, cbuf, 0, ldc,
+                     DTYPE(1), beta, bias, 0, 0, e)
+    for n in range(N):
+        _copy_rows(cbuf[n * tail:], ldc, out, o_off + n * os[0] + q0, os[1], M, tail)
+
+
+@numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
-                  chan, xq, cbuf):
-    """Tasks taken from ``counter`` until ``ntasks`` are out; task = image * parts + part."""
+                  chan, q_end, on, xq, cbuf, bpack):
+    """Tasks taken from ``counter`` until ``ntasks`` are out.
+
+    With ``q_end`` short of the grid (flat layout), task 0 runs
+    :func:`shifted_tails` over the columns from ``q_end`` on (``on``: their taps'
+    lanes in the image); the others are image * parts + part, up to ``q_end``.
+    """
+    grid = geom[2] * Wq
+    tails = 1 if q_end < grid else 0
     last = -1
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
+        if task < tails:
+            shifted_tails(x, x_off, xs, (ntasks - tails) // parts, Cg, taps, ntaps, on, q_end,
+                          grid - q_end, chan, KC, apack, Mp, M, out, o_off, os, bias, epi,
+                          bpack, cbuf)
+            continue
+        task -= tails
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
-                     Hq, Wq, flat, chan, xq, cbuf)
+                     Hq, Wq, flat, chan, q_end, xq, cbuf)
         last = n

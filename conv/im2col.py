@@ -256,18 +256,27 @@ def panel_masks(p, nr, dtype, group=True):
                         np.dtype(dtype).itemsize, group)
 
 
+def _lanes_on(H, W, Ho, kh, kw, dy, dx, top, left, q):
+    """Whether tap t's read for grid column q lies in the image: ``[..., t, q]``.
+
+    ``q`` is an array whose last axis is the columns (the taps' axis is put before
+    it); columns past the grid are off.
+    """
+    i, j = (a[:, None] for a in _tap_rows_cols(kh, kw))
+    row = q[..., None, :] // W + i * dy - top
+    col = q[..., None, :] % W + j * dx - left
+    return (q[..., None, :] < Ho * W) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
+
+
 @functools.lru_cache(maxsize=64)
 def _panel_masks(H, W, Ho, kh, kw, dy, dx, top, left, nr, itemsize, group):
     grid = Ho * W
     T = kh * kw
     npanels = -(-grid // nr)
-    q = np.arange(npanels * nr).reshape(npanels, 1, nr)
-    i, j = _tap_rows_cols(kh, kw)
-    i, j = i[None, :, None], j[None, :, None]
-    row = q // W + i * dy - top
-    col = q % W + j * dx - left
-    on = (q < grid) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
-    read = q + (i * dy - top) * W + j * dx - left           # unmasked, in the channel
+    q = np.arange(npanels * nr).reshape(npanels, nr)
+    on = _lanes_on(H, W, Ho, kh, kw, dy, dx, top, left, q)          # (panel, tap, lane)
+    i, j = (a[:, None] for a in _tap_rows_cols(kh, kw))
+    read = q[:, None, :] + (i * dy - top) * W + j * dx - left      # unmasked, in the channel
     safe = ((read >= 0) & (read < H * W)).all(axis=2)
     patterns, which = np.unique(on.reshape(-1, nr), axis=0, return_inverse=True)
     which = which.reshape(npanels, T)
@@ -361,6 +370,14 @@ def _run_shifted(x, w, bias, out, p, act):
     masks, sched = panel_masks(p, NR, out.dtype, group=finite)
     grid = p.Ho * Wq
     flat = _flat(p)
+    # The columns after the last whole panel of every image, as one GEMM of their own
+    # (shifted_tails), when there are several images to share its panels.
+    q_end = grid // NR * NR
+    if not flat or p.N == 1:
+        q_end = grid
+    on = _lanes_on(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left,
+                   np.arange(q_end, max(grid, q_end + 1))).astype(np.uint8)
+    tail_ld = engine.round_up(p.N * (grid - q_end), NR)
     if flat:
         size = 1                       # B is read from the image: no copy
     else:
@@ -372,18 +389,20 @@ def _run_shifted(x, w, bias, out, p, act):
     # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES,
     # at least one per part.
     ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
-    blocks = max(-(-grid // ncb), parts)
-    NCB = engine.round_up(-(-grid // blocks), NR)
-    parts = min(parts, -(-grid // NCB))
-    ntasks = p.N * parts
+    blocks = max(-(-q_end // ncb), parts)
+    NCB = max(NR, engine.round_up(-(-q_end // blocks), NR))
+    parts = max(1, min(parts, -(-q_end // NCB)))
+    ntasks = p.N * parts + (q_end < grid)
     threads = min(threads, ntasks)
-    xqs, cbufs = engine.thread_buffers(("im2col_shifted", kernel.name), max(threads, 1),
-                                       (size, Mp * NCB), out.dtype)
+    xqs, cbufs, bpacks = engine.thread_buffers(
+        ("im2col_shifted", kernel.name), max(threads, 1),
+        (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC)), out.dtype)
     if not flat:
         xqs[:, p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, flat, chan)
-    engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t]), threads)
+            Hq, Wq, flat, chan, q_end, on)
+    engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
+                                                       bpacks[t]), threads)
     return out

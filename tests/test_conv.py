@@ -737,6 +737,28 @@ def test_wrapped_reads_never_reach_the_output(H, W, column):
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("N, H, W", [(2, 7, 7), (3, 9, 13), (5, 14, 14), (2, 3, 5), (4, 1, 17),
+                                     (1, 7, 9)])
+@pytest.mark.parametrize("C, K", [(64, 13), (80, 6)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_im2col_batched_tails(N, H, W, C, K, threads):
+    """The grid columns after each image's last whole panel, run as one GEMM over the
+    batch: partial row panels, several channel blocks, bias and activation fused on
+    the last, grids shorter than a panel, one thread or two."""
+    import numba
+    x = RNG.standard_normal((N, C, H, W)).astype(np.float32)
+    w = RNG.standard_normal((K, C, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(K).astype(np.float32)
+    expected = reference_conv(x, w, b, padding=1, activation="relu6")
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        got = tilegemm.conv2d(x, w, b, padding=1, activation="relu6", algorithm="im2col")
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 def test_non_finite_weight_meets_the_padding_as_zero_padding_does(value):
     """Inf or NaN times zero padding is NaN, as with an explicitly padded input."""
@@ -802,6 +824,24 @@ def _guarded(shape, dtype):
         if libc.mprotect(at, page, 0) != 0:
             pytest.skip("mprotect is not available")
     return arr, buf
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages via mprotect")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_im2col_batch_reads_stay_inside_the_input(dtype):
+    """Stride-1 im2col over a batch with a partial last panel per image: the left
+    column's unmasked loads (masked sum), the batched tails' packing and the masked
+    loads all stay inside the images (a fault would crash)."""
+    C = 2048 // np.dtype(dtype).itemsize                    # 2*C*9*13 values fill pages
+    shape = (2, C, 9, 13)
+    x, buf = _guarded(shape, dtype)
+    x[...] = np.random.default_rng(0).standard_normal(shape)
+    w = np.random.default_rng(1).standard_normal((7, C, 3, 3)).astype(dtype)
+    for padding in (1, (2, 1), "same"):
+        got = tilegemm.conv2d(x, w, padding=padding, algorithm="im2col")
+        pad = 1 if padding == "same" else padding
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), padding=pad)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages via mprotect")
