@@ -678,6 +678,20 @@ def test_depthwise_direct_rows(dtype, H, W, kernel, kw_args):
     run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
 
 
+def test_shifted_kc_counts_the_rows_each_channel_reads():
+    from tilegemm.conv import im2col as im2col_mod
+    s1 = conv_params((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    s2 = conv_params((8, 64, 56, 56), (128, 64, 3, 3), stride=2, padding=1)
+    # 6x16 float32 tile, 32 KiB L1d, half of it per block.  Stride 1: 3 rows of 18
+    # values (+ a line) and 6*9 weights = 624 bytes a channel, 26 -> 3 blocks of 22.
+    assert im2col_mod.shifted_kc(s1, 6, 16, 4, 32768) == 22
+    # Stride 2: six rows of 17 values in the phase planes = 1008 bytes, 16 channels.
+    assert im2col_mod.shifted_kc(s2, 6, 16, 4, 32768) == 16
+    # 7x7: 2240 bytes a channel would give 7; never below 8.
+    big = conv_params((1, 100, 9, 9), (4, 100, 7, 7), padding=3)
+    assert im2col_mod.shifted_kc(big, 6, 16, 4, 32768) == 8
+
+
 def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
