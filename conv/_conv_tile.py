@@ -688,10 +688,11 @@ def pack_tails(x, x_off, xs0, N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack)
 
 
 @numba.njit(**JIT)
-def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apack, Mp, M, out,
-                  o_off, os, bias, epi, bpack, cbuf):
-    """Grid columns ``q0:q0+tail`` (the part of a panel after the last whole one) of
-    every image, as one GEMM with columns from all the images.
+def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apack, Mp, M, m0, m1,
+                  out, o_off, os, bias, epi, bpack, cbuf):
+    """Rows ``m0:m1`` (MR multiples) of grid columns ``q0:q0+tail`` (the part of a panel
+    after the last whole one) of every image, as one GEMM with columns from all the
+    images.
 
     Each image's own tail panel would run mostly idle lanes (ResNet-18 conv4_x: 4
     of 16 columns, 5% of the layer's time; conv5_x: 1 column, 19%).  A is the taps
@@ -704,35 +705,39 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
         pack_tails(x, x_off, xs[0], N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
-        macro_kernel(Mp, ldc, ntaps * kc, apack[pc * Mp * ntaps:], bpack, 0, cbuf, 0, ldc,
-                     DTYPE(1), beta, bias, 0, 0, e)
+        macro_kernel(m1 - m0, ldc, ntaps * kc, apack[(pc * Mp + m0 * kc) * ntaps:], bpack, 0,
+                     cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, m0, 0, e)
     for n in range(N):
-        _copy_rows(cbuf[n * tail:], ldc, out, o_off + n * os[0] + q0, os[1], M, tail)
+        _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * os[0] + m0 * os[1] + q0,
+                   os[1], min(m1, M) - m0, tail)
 
 
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
-                  chan, q_end, on, xq, cbuf, bpack):
+                  chan, q_end, on, tail_parts, xq, cbuf, bpack):
     """Tasks taken from ``counter`` until ``ntasks`` are out.
 
-    With ``q_end`` short of the grid (flat layout), task 0 runs
-    :func:`shifted_tails` over the columns from ``q_end`` on (``on``: their taps'
-    lanes in the image); the others are image * parts + part, up to ``q_end``.
+    The first ``tail_parts`` tasks run :func:`shifted_tails` over the grid columns
+    from ``q_end`` on (``on``: their taps' lanes in the image), each on its share of
+    the row panels, so threads split that work too; the others are
+    image * parts + part, up to ``q_end``.
     """
     grid = geom[2] * Wq
-    tails = 1 if q_end < grid else 0
     last = -1
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        if task < tails:
-            shifted_tails(x, x_off, xs, (ntasks - tails) // parts, Cg, taps, ntaps, on, q_end,
-                          grid - q_end, chan, KC, apack, Mp, M, out, o_off, os, bias, epi,
-                          bpack, cbuf)
+        if task < tail_parts:
+            per = (Mp // MR + tail_parts - 1) // tail_parts * MR
+            m0 = task * per
+            if m0 < Mp:
+                shifted_tails(x, x_off, xs, (ntasks - tail_parts) // parts, Cg, taps, ntaps, on,
+                              q_end, grid - q_end, chan, KC, apack, Mp, M, m0, min(Mp, m0 + per),
+                              out, o_off, os, bias, epi, bpack, cbuf)
             continue
-        task -= tails
+        task -= tail_parts
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,

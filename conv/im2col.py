@@ -398,7 +398,9 @@ def _run_shifted(x, w, bias, out, p, act):
     blocks = max(-(-q_end // ncb), parts)
     NCB = max(NR, engine.round_up(-(-q_end // blocks), NR))
     parts = max(1, min(parts, -(-q_end // NCB)))
-    ntasks = p.N * parts + (q_end < grid)
+    # The tails' rows shared out between the threads (of at least one row panel each).
+    tail_parts = min(threads, Mp // MR) if q_end < grid else 0
+    ntasks = p.N * parts + tail_parts
     threads = min(threads, ntasks)
     xqs, cbufs, bpacks = engine.thread_buffers(
         ("im2col_shifted", kernel.name), max(threads, 1),
@@ -408,7 +410,7 @@ def _run_shifted(x, w, bias, out, p, act):
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, flat, chan, q_end, on)
+            Hq, Wq, flat, chan, q_end, on, tail_parts)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
                                                        bpacks[t]), threads)
     return out
