@@ -569,6 +569,32 @@ def test_concurrent_python_threads():
     assert not errors, errors
 
 
+def test_concurrent_python_threads_on_the_taps_layout():
+    """Stride-1 im2col read in place, masked sums and batched tails, from several Python
+    threads at once, some sharing one weight array (and its prepared packing)."""
+    x = RNG.standard_normal((3, 64, 9, 13)).astype(np.float32)
+    ws = [RNG.standard_normal((20, 64, 3, 3)).astype(np.float32) for _ in range(2)]
+    b = RNG.standard_normal(20).astype(np.float32)
+    expected = [reference_conv(x, w, b, padding=1, activation="relu") for w in ws]
+    errors = []
+
+    def work(i):
+        try:
+            for rep in range(4):
+                got = tilegemm.conv2d(x, ws[i % 2], b, padding=1, activation="relu",
+                                      algorithm="im2col")
+                np.testing.assert_allclose(got, expected[i % 2], rtol=1e-4, atol=1e-4)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 # --- torch cross-check ----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["resnet18_conv2", "resnet50_1x1", "mobilenet_dw_s2", "same",
