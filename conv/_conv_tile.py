@@ -715,29 +715,32 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
-                  chan, q_end, on, tail_parts, xq, cbuf, bpack):
+                  chan, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf, bpack):
     """Tasks taken from ``counter`` until ``ntasks`` are out.
 
-    The first ``tail_parts`` tasks run :func:`shifted_tails` over the grid columns
-    from ``q_end`` on (``on``: their taps' lanes in the image), each on its share of
-    the row panels, so threads split that work too; the others are
-    image * parts + part, up to ``q_end``.
+    The first ``tail_tasks`` run :func:`shifted_tails` over the grid columns from
+    ``q_end`` on (``on``: their taps' lanes in the image): ``tail_imgs`` images per
+    GEMM, each cut into ``tail_parts`` shares of its row panels so threads split that
+    work too.  The others are image * parts + part, up to ``q_end``.
     """
     grid = geom[2] * Wq
+    N = (ntasks - tail_tasks) // parts
     last = -1
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        if task < tail_parts:
+        if task < tail_tasks:
+            n0 = task // tail_parts * tail_imgs
             per = (Mp // MR + tail_parts - 1) // tail_parts * MR
-            m0 = task * per
+            m0 = task % tail_parts * per
             if m0 < Mp:
-                shifted_tails(x, x_off, xs, (ntasks - tail_parts) // parts, Cg, taps, ntaps, on,
-                              q_end, grid - q_end, chan, KC, apack, Mp, M, m0, min(Mp, m0 + per),
-                              out, o_off, os, bias, epi, bpack, cbuf)
+                shifted_tails(x, x_off + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, taps, ntaps,
+                              on, q_end, grid - q_end, chan, KC, apack, Mp, M, m0,
+                              min(Mp, m0 + per), out, o_off + n0 * os[0], os, bias, epi, bpack,
+                              cbuf)
             continue
-        task -= tail_parts
+        task -= tail_tasks
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,

@@ -196,6 +196,8 @@ SHIFTED_MAX_PIXELS = 256
 SHIFTED_MIN_CHANNELS = 64
 #: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
 SHIFTED_C_BYTES = 1 << 19
+#: Columns per GEMM over the images' tail columns (see ``shifted_tails``): eight panels.
+SHIFTED_TAIL_COLUMNS = 128
 
 
 def _flat(p):
@@ -383,7 +385,10 @@ def _run_shifted(x, w, bias, out, p, act):
         q_end = grid
     on = _lanes_on(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left,
                    np.arange(q_end, max(grid, q_end + 1))).astype(np.uint8)
-    tail_ld = engine.round_up(p.N * (grid - q_end), NR)
+    # Up to SHIFTED_TAIL_COLUMNS columns (whole images) per tails GEMM: its buffers do
+    # not grow with the batch.
+    tail_imgs = max(1, SHIFTED_TAIL_COLUMNS // max(1, grid - q_end))
+    tail_ld = engine.round_up(min(p.N, tail_imgs) * (grid - q_end), NR)
     if flat:
         size = 1                       # B is read from the image: no copy
     else:
@@ -398,9 +403,10 @@ def _run_shifted(x, w, bias, out, p, act):
     blocks = max(-(-q_end // ncb), parts)
     NCB = max(NR, engine.round_up(-(-q_end // blocks), NR))
     parts = max(1, min(parts, -(-q_end // NCB)))
-    # The tails' rows shared out between the threads (of at least one row panel each).
-    tail_parts = min(threads, Mp // MR) if q_end < grid else 0
-    ntasks = p.N * parts + tail_parts
+    # Each tails GEMM's rows shared out between the threads (a row panel at least).
+    tail_parts = min(threads, Mp // MR)
+    tail_tasks = -(-p.N // tail_imgs) * tail_parts if q_end < grid else 0
+    ntasks = p.N * parts + tail_tasks
     threads = min(threads, ntasks)
     xqs, cbufs, bpacks = engine.thread_buffers(
         ("im2col_shifted", kernel.name), max(threads, 1),
@@ -410,7 +416,7 @@ def _run_shifted(x, w, bias, out, p, act):
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, flat, chan, q_end, on, tail_parts)
+            Hq, Wq, flat, chan, q_end, on, tail_tasks, tail_parts, tail_imgs)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
                                                        bpacks[t]), threads)
     return out

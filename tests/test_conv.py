@@ -778,13 +778,14 @@ def test_wrapped_reads_never_reach_the_output(H, W, column):
 
 
 @pytest.mark.parametrize("N, H, W", [(2, 7, 7), (3, 9, 13), (5, 14, 14), (2, 3, 5), (4, 1, 17),
-                                     (1, 7, 9)])
+                                     (1, 7, 9), (20, 3, 5)])
 @pytest.mark.parametrize("C, K", [(64, 13), (80, 6)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_im2col_batched_tails(N, H, W, C, K, threads):
-    """The grid columns after each image's last whole panel, run as one GEMM over the
+    """The grid columns after each image's last whole panel, run as GEMMs over the
     batch: partial row panels, several channel blocks, bias and activation fused on
-    the last, grids shorter than a panel, one thread or two."""
+    the last, grids shorter than a panel, several GEMMs (20 images of 15 columns),
+    one thread or two."""
     import numba
     x = RNG.standard_normal((N, C, H, W)).astype(np.float32)
     w = RNG.standard_normal((K, C, 3, 3)).astype(np.float32)
