@@ -713,6 +713,14 @@ def test_shifted_kc_counts_the_rows_each_channel_reads():
     assert im2col_mod.shifted_kc(s1, 6, 16, 4, 32768) == 22
     # Stride 2: six rows of 17 values in the phase planes = 1008 bytes, 16 channels.
     assert im2col_mod.shifted_kc(s2, 6, 16, 4, 32768) == 16
+    # Channels a whole number of pages apart fall on the same L1 sets: 8 ways, 8
+    # channels (VGG-16 conv1_2); 200x200 channels are 160000 bytes apart, their rows
+    # on 16 set positions, so the L1 budget decides.
+    vgg = conv_params((1, 64, 224, 224), (64, 64, 3, 3), padding=1)
+    assert im2col_mod.shifted_kc(vgg, 6, 16, 4, 32768) == 8
+    assert im2col_mod.shifted_kc(vgg, 6, 16, 4, 49152) == 11   # 12 ways: 6 blocks of <= 11
+    wide = conv_params((1, 64, 200, 200), (64, 64, 3, 3), padding=1)
+    assert im2col_mod.shifted_kc(wide, 6, 16, 4, 32768) == 22
     # 7x7: 2240 bytes a channel would give 7; never below 8.
     big = conv_params((1, 100, 9, 9), (4, 100, 7, 7), padding=3)
     assert im2col_mod.shifted_kc(big, 6, 16, 4, 32768) == 8
