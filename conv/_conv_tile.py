@@ -606,15 +606,15 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 @numba.njit(**JIT)
 def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
-                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, chan, q_end,
-                 xq, cbuf):
+                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, direct, chan,
+                 q_end, xq, cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
     output grid's first ``q_end`` columns.
 
     With ``flat`` (stride 1 and ``Wq == Wo == W``: the grid is the image plane and
     the output plane) B is read from ``x`` itself, channels ``chan`` apart, and
-    whole tiles go straight into ``out``; only the partial row panel and last
-    column panel go through ``cbuf``.  Otherwise, with ``copy``, the image is first
+    with ``direct`` whole tiles go straight into ``out``, only the partial row panel
+    and last column panel through ``cbuf``; without, C goes through ``cbuf``.  Otherwise, with ``copy``, the image is first
     split by stride phase into ``xq`` (a thread whose previous task had the same
     image skips it), every tile goes through ``cbuf`` and the valid columns are
     copied out.  ``taps`` holds each kernel tap's offset from a grid position,
@@ -636,6 +636,13 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         j0 = blk * NCB
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
+        if flat and not direct:
+            # A tile's rows would share L1 sets in out (channels a whole number of pages
+            # apart): C goes through cbuf, copied out once.
+            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, sched, Cg, KC, MC,
+                          apack, Mp, 0, Mp, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+            _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
+            continue
         if flat:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
@@ -715,7 +722,7 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
-                  chan, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf, bpack):
+                  direct, chan, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf, bpack):
     """Tasks taken from ``counter`` until ``ntasks`` are out.
 
     The first ``tail_tasks`` run :func:`shifted_tails` over the grid columns from
@@ -744,5 +751,5 @@ def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, m
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
-                     Hq, Wq, flat, chan, q_end, xq, cbuf)
+                     Hq, Wq, flat, direct, chan, q_end, xq, cbuf)
         last = n

@@ -726,6 +726,32 @@ def test_shifted_kc_counts_the_rows_each_channel_reads():
     assert im2col_mod.shifted_kc(big, 6, 16, 4, 32768) == 8
 
 
+@pytest.mark.parametrize("N, H, W", [(2, 32, 32), (3, 16, 32), (2, 16, 64)])
+@pytest.mark.parametrize("K", [13, 64])
+def test_im2col_output_channels_a_page_apart(N, H, W, K):
+    """Output channels a whole number of 2 or 4 KiB apart: a tile's rows would share L1
+    sets, so C goes through a buffer and is copied out (bias, relu6, partial row
+    panels)."""
+    from tilegemm.conv import im2col as im2col_mod
+    assert im2col_mod._aliasing(H * W * 4, 6)
+    x = RNG.standard_normal((N, 64, H, W)).astype(np.float32)
+    w = RNG.standard_normal((K, 64, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(K).astype(np.float32)
+    expected = reference_conv(x, w, b, padding=1, activation="relu6")
+    got = tilegemm.conv2d(x, w, b, padding=1, activation="relu6", algorithm="im2col")
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_aliasing_counts_rows_on_the_same_sets():
+    from tilegemm.conv import im2col as im2col_mod
+    assert im2col_mod._alias_period(224 * 224 * 4) == 1            # 49 pages apart
+    assert im2col_mod._alias_period(112 * 112 * 4) == 4            # 12.25 pages
+    assert im2col_mod._alias_period(56 * 56 * 4) == 16
+    assert im2col_mod._aliasing(224 * 224 * 4, 6)                  # six rows on one set
+    assert not im2col_mod._aliasing(112 * 112 * 4, 6)             # two per set
+    assert not im2col_mod._aliasing(56 * 56 * 4, 6)
+
+
 def test_panel_masks_mark_what_lies_outside_the_image():
     from tilegemm.conv import im2col as im2col_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
