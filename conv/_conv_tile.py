@@ -477,14 +477,17 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
 @numba.njit(**JIT)
-def direct_nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
-    """Tasks of :func:`direct_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out."""
+def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, shape, geom,
+                      KB, acc):
+    """Tasks of :func:`direct_nchw_task`, ``per_tick`` at a time taken from ``counter``
+    (:func:`next_task`) until ``ntasks`` are out: a small depthwise channel is a
+    microsecond of work, less than threads contending for the counter cost."""
     while True:
-        task = next_task(counter)
-        if task >= ntasks:
+        first = next_task(counter) * per_tick
+        if first >= ntasks:
             break
-        direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
+        for task in range(first, min(ntasks, first + per_tick)):
+            direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
 # --- im2col without patches, NCHW: B read in place from the image --------------------

@@ -27,6 +27,8 @@ from tilegemm.packing.winograd import _activate
 
 #: Output channels accumulated together in NCHW (each input row is read once per block).
 KB = 8
+#: Outputs per task taken from the shared counter, at least (whole tasks).
+TICK_OUTPUTS = 1 << 14
 
 
 @numba.njit(**JIT)
@@ -157,7 +159,8 @@ def run(x, w, bias, out, p, act):
                                         (max(KB * engine.round_up(p.Wo, 64), Hp * Wp),),
                                         out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom, KB)
+        per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo * min(KB, p.Kg)))
+        args = (ntasks, per_tick, xf, wf, b, has_bias, act, of, shape, geom, KB)
         engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
         return out
     if p.layout == "NCHW":
