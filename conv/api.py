@@ -3,8 +3,11 @@
 Everything is validated here in plain Python; the algorithms below receive
 C-contiguous arrays of one float dtype and a :class:`~tilegemm.conv.params.ConvParams`.
 """
+import functools
 import numbers
+import os
 
+import numba
 import numpy as np
 
 from tilegemm.conv import direct, im2col, winograd
@@ -14,6 +17,14 @@ from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
+
+
+@functools.lru_cache(maxsize=256)
+def _auto(p, dtype, threads, forced):
+    """The algorithm "auto" runs for ``p``: the cost model costs tens of microseconds, a
+    whole depthwise layer two milliseconds.  ``forced`` (the environment override)
+    is part of the key so that setting it takes effect."""
+    return choose(p, np.dtype(dtype), threads).algorithm
 
 
 def _float_array(x, name, func):
@@ -116,7 +127,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     if p.Cg == 0:
         return _trivial(x, b, out, p, act)
     if algorithm == "auto":
-        algorithm = choose(p, dtype).algorithm
+        algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
+                          os.environ.get("TILEGEMM_CONV_ALGORITHM"))
     if algorithm == "winograd":
         return winograd.run(x, w, b, out, p, act)
     if algorithm == "direct":
