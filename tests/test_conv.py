@@ -546,27 +546,36 @@ def test_thread_counts_agree(algorithm):
         np.testing.assert_allclose(r, results[0], rtol=1e-5, atol=1e-5)
 
 
-def test_concurrent_python_threads():
-    x = RNG.standard_normal((4, 16, 20, 20)).astype(np.float32)
-    ws = [RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) for _ in range(3)]
-    expected = [reference_conv(x, w, padding=1) for w in ws]
+def _in_threads(work, n):
+    """``work(i)`` on ``n`` Python threads at once; fails with their exceptions."""
     errors = []
 
-    def work(i):
+    def run(i):
         try:
-            for rep in range(3):
-                alg = ("im2col", "winograd", "direct")[(i + rep) % 3]
-                got = tilegemm.conv2d(x, ws[i], padding=1, algorithm=alg)
-                np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-3)
+            work(i)
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_python_threads():
+    x = RNG.standard_normal((4, 16, 20, 20)).astype(np.float32)
+    ws = [RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) for _ in range(3)]
+    expected = [reference_conv(x, w, padding=1) for w in ws]
+
+    def work(i):
+        for rep in range(3):
+            alg = ("im2col", "winograd", "direct")[(i + rep) % 3]
+            got = tilegemm.conv2d(x, ws[i], padding=1, algorithm=alg)
+            np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-3)
+
+    _in_threads(work, 3)
 
 
 def test_concurrent_python_threads_on_the_taps_layout():
@@ -576,23 +585,14 @@ def test_concurrent_python_threads_on_the_taps_layout():
     ws = [RNG.standard_normal((20, 64, 3, 3)).astype(np.float32) for _ in range(2)]
     b = RNG.standard_normal(20).astype(np.float32)
     expected = [reference_conv(x, w, b, padding=1, activation="relu") for w in ws]
-    errors = []
 
     def work(i):
-        try:
-            for rep in range(4):
-                got = tilegemm.conv2d(x, ws[i % 2], b, padding=1, activation="relu",
-                                      algorithm="im2col")
-                np.testing.assert_allclose(got, expected[i % 2], rtol=1e-4, atol=1e-4)
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        for rep in range(4):
+            got = tilegemm.conv2d(x, ws[i % 2], b, padding=1, activation="relu",
+                                  algorithm="im2col")
+            np.testing.assert_allclose(got, expected[i % 2], rtol=1e-4, atol=1e-4)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    _in_threads(work, 4)
 
 
 # --- torch cross-check ----------------------------------------------------------------
