@@ -512,6 +512,10 @@ def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out,
 # touching the memory; taps whose reads all stay in the image may instead read
 # unmasked and have their sum masked once (``panel_masks`` in ``conv/im2col.py``).
 
+#: Where the taps kernel reads B (``layout`` of the shifted drivers): a zero-padded
+#: stride-split copy whose grid is wider than the output; the image itself (stride 1,
+#: ``Wo == W``); an unpadded stride-split copy whose planes are as wide as the output.
+PADDED, FLAT, PHASED = 0, 1, 2
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
 #: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).
@@ -609,26 +613,37 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 @numba.njit(**JIT)
 def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
-                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat, direct, chan,
-                 q_end, xq, cbuf):
+                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, layout, direct,
+                 chan, slack, q_end, xq, cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
     output grid's first ``q_end`` columns.
 
-    With ``flat`` (stride 1 and ``Wq == Wo == W``: the grid is the image plane and
-    the output plane) B is read from ``x`` itself, channels ``chan`` apart, and
-    with ``direct`` whole tiles go straight into ``out``, only the partial row panel
-    and last column panel through ``cbuf``; without, C goes through ``cbuf``.  Otherwise, with ``copy``, the image is first
-    split by stride phase into ``xq`` (a thread whose previous task had the same
-    image skips it), every tile goes through ``cbuf`` and the valid columns are
-    copied out.  ``taps`` holds each kernel tap's offset from a grid position,
-    ``masks`` and ``sched`` the masks and each panel's tap schedule (see
-    :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C (``NCB`` a
-    multiple of NR); the column blocks are cut into ``parts`` runs.
+    ``layout`` FLAT (stride 1 and ``Wq == Wo == W``): the grid is the image plane and
+    the output plane, B is read from ``x`` itself, channels ``chan`` apart.  PHASED:
+    the same grid (``Wq == Wo``), B read from an unpadded stride-split copy in
+    ``xq`` after ``slack`` zeros.  For both, with ``direct`` whole tiles go straight
+    into ``out``, only the partial row panel and last column panel through
+    ``cbuf``; without, C goes through ``cbuf``.  PADDED: the image is split by
+    stride phase, zero padded, into ``xq``, every tile goes through ``cbuf`` and the
+    valid columns are copied out.  A thread whose previous task had the same image
+    skips the copy (``copy`` False).  ``taps`` holds each kernel tap's offset from
+    a grid position, ``masks`` and ``sched`` the masks and each panel's tap
+    schedule (see :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C
+    (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
-    if copy and not flat:
-        phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq, chan,
-                    xq)
+    if layout == PHASED:
+        # Unpadded planes (the taps reach across their edges through masks), after
+        # ``slack`` zeros: B starts there.
+        if copy:
+            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, 0, 0, Hq, Wq,
+                        chan, xq[slack:])
+        src, src_off = xq, slack
+    else:
+        if copy and layout == PADDED:
+            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq,
+                        chan, xq)
+        src, src_off = x, x_off + n * xs[0]
     co = o_off + n * os[0]
     sk = os[1]
     grid = q_end
@@ -639,19 +654,18 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         j0 = blk * NCB
         cols = min(NCB, grid - j0)
         panels = (cols + NR - 1) // NR * NR
-        if flat and not direct:
+        if layout != PADDED and not direct:
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
-            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, sched, Cg, KC, MC,
-                          apack, Mp, 0, Mp, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
+                          0, Mp, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
-        if flat:
+        if layout != PADDED:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
-            shifted_block(x, x_off + n * xs[0], chan, taps, ntaps, masks, sched, Cg, KC, MC,
-                          apack, Mp, 0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias,
-                          epi)
+            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
+                          0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
@@ -724,8 +738,9 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
 
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
-                  sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, flat,
-                  direct, chan, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf, bpack):
+                  sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, layout,
+                  direct, chan, slack, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf,
+                  bpack):
     """Tasks taken from ``counter`` until ``ntasks`` are out.
 
     The first ``tail_tasks`` run :func:`shifted_tails` over the grid columns from
@@ -754,5 +769,5 @@ def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, m
         n = task // parts
         shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
-                     Hq, Wq, flat, direct, chan, q_end, xq, cbuf)
+                     Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
         last = n

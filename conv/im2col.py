@@ -206,6 +206,19 @@ def _flat(p):
     return p.sy == 1 and p.sx == 1 and p.Wo == p.W
 
 
+#: Layouts of the taps kernel's B (as in ``conv/_conv_tile.py``).
+PADDED, FLAT, PHASED = 0, 1, 2
+
+
+def _layout(p):
+    """FLAT: the image itself.  PHASED: an unpadded stride-split copy whose planes are
+    as wide as the output, so its grid is the output plane too.  PADDED: a zero-padded
+    stride-split copy, wider than the output."""
+    if _flat(p):
+        return FLAT
+    return PHASED if -(-p.W // p.sx) == p.Wo else PADDED
+
+
 def _tap_rows_cols(kh, kw):
     """(i, j): kernel row and column of each tap, in the taps' order (column by column).
 
@@ -224,9 +237,12 @@ def _phase_geometry(p):
     stride-1 layout, else the stride-split copy's).
     """
     i, j = _tap_rows_cols(p.kh, p.kw)
-    if _flat(p):
-        taps = (i * p.dy - p.top) * p.W + j * p.dx - p.left
-        return p.Ho, p.W, p.input_strides()[1], taps.astype(np.int64)
+    layout = _layout(p)
+    if layout != PADDED:
+        Hq, Wq = -(-p.H // p.sy), -(-p.W // p.sx)
+        chan = p.input_strides()[1] if layout == FLAT else p.sy * p.sx * Hq * Wq
+        return Hq, Wq, chan, _tap_offsets(p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left,
+                                          Hq, Wq)
     Hp = (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1
     Wp = (p.Wo - 1) * p.sx + (p.kw - 1) * p.dx + 1
     Hq, Wq = -(-Hp // p.sy), -(-Wp // p.sx)
@@ -236,8 +252,22 @@ def _phase_geometry(p):
     return Hq, Wq, chan, taps.astype(np.int64)
 
 
+def _tap_offsets(kh, kw, sy, sx, dy, dx, top, left, Hq, Wq):
+    """Each tap's offset from a grid position in unpadded stride-phase planes.
+
+    Tap (i, j) reads pixel ``(oy*sy + i*dy - top, ox*sx + j*dx - left)``: in plane
+    ``(a, b)`` (those offsets modulo the strides), ``r`` rows and ``c`` columns away
+    (their floor quotients, negative above and left).  With stride 1 that is the
+    image itself.
+    """
+    i, j = _tap_rows_cols(kh, kw)
+    a, r = np.divmod(i * dy - top, sy)[::-1]
+    b, c = np.divmod(j * dx - left, sx)[::-1]
+    return ((a * sx + b) * Hq * Wq + r * Wq + c).astype(np.int64)
+
+
 def panel_masks(p, nr, dtype, group=True):
-    """Load masks of the stride-1 layout: (masks, sched).
+    """Load masks of the layouts whose grid is the output plane: (masks, sched).
 
     Panel ``q // nr`` (grid columns ``q:q+nr``) masks its taps as the schedule
     ``sched[q // nr]`` says (see ``make_microkernel``).  A tap's lane is on (-1)
@@ -245,42 +275,47 @@ def panel_masks(p, nr, dtype, group=True):
     inside, so nothing wraps round a row's edge, and its grid column before the end
     of the grid.  Taps with every lane on read unmasked.  With ``group`` (finite
     weights only), the longest run of first taps that share one pattern and read
-    only inside the image plane (a wrap reads the neighbouring row) read unmasked,
+    only inside memory (the image plane, or the copy and its slack) read unmasked,
     and their sum is masked once; other taps with lanes off use masked loads.
-    ``masks`` holds each distinct pattern once.  Other layouts read a padded copy:
-    every tap unmasked.
+    ``masks`` holds each distinct pattern once.  The padded copy needs no masks.
     """
     T = p.kh * p.kw
-    if not _flat(p):
+    layout = _layout(p)
+    if layout == PADDED:
         npanels = -(-p.Ho * _phase_geometry(p)[1] // nr)
         itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
         return np.zeros(1, itype), np.tile(np.r_[np.full(T, -1), 0, 0], (npanels, 1))
-    return _panel_masks(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left, nr,
-                        np.dtype(dtype).itemsize, group)
+    return _panel_masks(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top,
+                        p.left, nr, np.dtype(dtype).itemsize, group, layout == FLAT)
 
 
-def _lanes_on(H, W, Ho, kh, kw, dy, dx, top, left, q):
-    """Whether tap t's read for grid column q lies in the image: ``[..., t, q]``.
+def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
+    """Whether tap t's read for grid column q (output pixel ``q // Wo, q % Wo``) lies in
+    the image: ``[..., t, q]``.
 
     ``q`` is an array whose last axis is the columns (the taps' axis is put before
     it); columns past the grid are off.
     """
     i, j = (a[:, None] for a in _tap_rows_cols(kh, kw))
-    row = q[..., None, :] // W + i * dy - top
-    col = q[..., None, :] % W + j * dx - left
-    return (q[..., None, :] < Ho * W) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
+    row = q[..., None, :] // Wo * sy + i * dy - top
+    col = q[..., None, :] % Wo * sx + j * dx - left
+    return (q[..., None, :] < Ho * Wo) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
 
 
 @functools.lru_cache(maxsize=64)
-def _panel_masks(H, W, Ho, kh, kw, dy, dx, top, left, nr, itemsize, group):
-    grid = Ho * W
+def _panel_masks(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nr, itemsize, group, in_image):
+    grid = Ho * Wo
     T = kh * kw
     npanels = -(-grid // nr)
     q = np.arange(npanels * nr).reshape(npanels, nr)
-    on = _lanes_on(H, W, Ho, kh, kw, dy, dx, top, left, q)          # (panel, tap, lane)
-    i, j = (a[:, None] for a in _tap_rows_cols(kh, kw))
-    read = q[:, None, :] + (i * dy - top) * W + j * dx - left      # unmasked, in the channel
-    safe = ((read >= 0) & (read < H * W)).all(axis=2)
+    on = _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q)   # (panel, tap, lane)
+    if in_image:
+        # Unmasked reads must stay in the channel's plane (the image may end there).
+        offsets = _tap_offsets(kh, kw, sy, sx, dy, dx, top, left, H, W)
+        read = q[:, None, :] + offsets[None, :, None]
+        safe = ((read >= 0) & (read < H * W)).all(axis=2)
+    else:
+        safe = np.ones((npanels, T), bool)                 # a copy with zeroed slack around
     patterns, which = np.unique(on.reshape(-1, nr), axis=0, return_inverse=True)
     which = which.reshape(npanels, T)
     masked = ~on.all(axis=2)
@@ -304,7 +339,7 @@ def shifted_ok(p, dtype=np.float32):
         return False
     if p.Ho * p.Wo > SHIFTED_MAX_PIXELS and p.Cg < SHIFTED_MIN_CHANNELS:
         return False
-    if _flat(p):
+    if _layout(p) == FLAT:
         return True                    # B is read from the image itself: no copy
     _, _, chan, _ = _phase_geometry(p)
     return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
@@ -403,24 +438,26 @@ def _run_shifted(x, w, bias, out, p, act):
     Hq, Wq, chan, taps = _phase_geometry(p)
     masks, sched = panel_masks(p, NR, out.dtype, group=finite)
     grid = p.Ho * Wq
-    flat = _flat(p)
+    layout = _layout(p)
     direct = not _aliasing(p.output_strides()[1] * out.itemsize, MR)
     # The columns after the last whole panel of every image, as one GEMM of their own
-    # (shifted_tails), when there are several images to share its panels.
+    # (shifted_tails, which reads the images), when there are several images.
     q_end = grid // NR * NR
-    if not flat or p.N == 1:
+    if layout != FLAT or p.N == 1:
         q_end = grid
-    on = _lanes_on(p.H, p.W, p.Ho, p.kh, p.kw, p.dy, p.dx, p.top, p.left,
+    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left,
                    np.arange(q_end, max(grid, q_end + 1))).astype(np.uint8)
     # Up to SHIFTED_TAIL_COLUMNS columns (whole images) per tails GEMM: its buffers do
     # not grow with the batch.
     tail_imgs = max(1, SHIFTED_TAIL_COLUMNS // max(1, grid - q_end))
     tail_ld = engine.round_up(min(p.N, tail_imgs) * (grid - q_end), NR)
-    if flat:
+    # The copy: whole NR panels of taps reach before (PHASED) and after it: zeroed slack.
+    slack = int(max(0, -taps.min())) + NR if layout == PHASED else 0
+    if layout == FLAT:
         size = 1                       # B is read from the image: no copy
     else:
-        # Whole NR panels from the last channel may read past the copy: zeroed slack.
-        size = max(p.Cg * chan, (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
+        size = slack + max(p.Cg * chan,
+                           (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
     threads = engine.threads_for(p.flops, 1 << 30)
     # Fewer images than threads: each image's column blocks are shared out in parts.
     parts = -(-threads // p.N) if p.N < threads else 1
@@ -438,12 +475,13 @@ def _run_shifted(x, w, bias, out, p, act):
     xqs, cbufs, bpacks = engine.thread_buffers(
         ("im2col_shifted", kernel.name), max(threads, 1),
         (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC)), out.dtype)
-    if not flat:
-        xqs[:, p.Cg * chan:size] = 0   # keep the slack finite (dropped columns read it)
+    if layout != FLAT:
+        xqs[:, :slack] = 0             # keep the slack finite (dropped columns read it)
+        xqs[:, slack + p.Cg * chan:size] = 0
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, flat, direct, chan, q_end, on, tail_tasks, tail_parts, tail_imgs)
+            Hq, Wq, layout, direct, chan, slack, q_end, on, tail_tasks, tail_parts, tail_imgs)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
                                                        bpacks[t]), threads)
     return out

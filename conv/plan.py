@@ -133,11 +133,14 @@ def choose(p, dtype=np.float32, threads=None):
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col" and p.layout == "NCHW":
-        from tilegemm.conv.im2col import _flat, shifted_ok
+        from tilegemm.conv.im2col import FLAT, PHASED, _layout, shifted_ok
         if not shifted_ok(p, dtype):
             path = "im2col (implicit: B panels packed from the image)"
-        elif _flat(p):
+        elif _layout(p) == FLAT:
             path = "im2col (all taps per tile, B read in place from the image through load masks)"
+        elif _layout(p) == PHASED:
+            path = ("im2col (all taps per tile, B read in place from an unpadded stride-split "
+                    "image copy through load masks)")
         else:
             path = "im2col (all taps per tile, B read in place from a stride-split image copy)"
     elif algorithm == "im2col":

@@ -834,6 +834,54 @@ def test_im2col_batched_tails(N, H, W, C, K, threads):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape, kw_args", [
+    ((2, 64, 56, 56), dict(stride=2, padding=1)),
+    ((3, 64, 23, 19), dict(stride=2, padding=1)),
+    ((2, 64, 24, 20), dict(stride=2, padding=2, dilation=2)),
+    ((2, 64, 21, 21), dict(stride=3, padding=1)),
+    ((2, 64, 16, 16), dict(stride=(2, 1), padding=1)),
+    ((2, 64, 16, 17), dict(stride=(1, 2), padding=1)),
+    ((1, 64, 2, 2), dict(stride=2, padding=1)),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_im2col_unpadded_phase_copy(shape, kw_args, threads):
+    """Strided layers whose phase planes are as wide as the output: an unpadded copy read
+    through load masks and masked sums, tiles stored straight into the output."""
+    import numba
+    from tilegemm.conv import im2col as im2col_mod
+    K = 13
+    p = conv_params(shape, (K, shape[1], 3, 3), **kw_args)
+    assert im2col_mod._layout(p) == im2col_mod.PHASED and im2col_mod.shifted_ok(p)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    w = RNG.standard_normal((K, shape[1], 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(K).astype(np.float32)
+    expected = reference_conv(x, w, b, activation="relu6", **kw_args)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        got = tilegemm.conv2d(x, w, b, activation="relu6", algorithm="im2col", **kw_args)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("column", [0, 1, -1, -2])
+def test_wrapped_reads_never_reach_the_output_of_a_strided_layer(column):
+    """Inf and NaN in one image column of a stride-2 layer: the unpadded phase planes'
+    masked sums read neighbouring rows' values, which must not reach the output."""
+    x = RNG.standard_normal((2, 64, 14, 18)).astype(np.float32)
+    x[:, ::2, :, column] = np.inf
+    x[:, 1::2, 1:, column] = np.nan
+    w = RNG.standard_normal((8, 64, 3, 3)).astype(np.float32)
+    expected = reference_conv(x, w, stride=2, padding=1)
+    got = tilegemm.conv2d(x, w, stride=2, padding=1, algorithm="im2col")
+    assert np.isfinite(expected).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("value", [np.inf, np.nan])
 def test_non_finite_weight_meets_the_padding_as_zero_padding_does(value):
     """Inf or NaN times zero padding is NaN, as with an explicitly padded input."""
@@ -904,18 +952,19 @@ def _guarded(shape, dtype):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages via mprotect")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_im2col_batch_reads_stay_inside_the_input(dtype):
-    """Stride-1 im2col over a batch with a partial last panel per image: the left
-    column's unmasked loads (masked sum), the batched tails' packing and the masked
-    loads all stay inside the images (a fault would crash)."""
+    """im2col over a batch with a partial last panel per image: the left column's
+    unmasked loads (masked sum), the batched tails' packing, the masked loads and the
+    stride-split copies all stay inside the images (a fault would crash)."""
     C = 2048 // np.dtype(dtype).itemsize                    # 2*C*9*13 values fill pages
     shape = (2, C, 9, 13)
     x, buf = _guarded(shape, dtype)
     x[...] = np.random.default_rng(0).standard_normal(shape)
     w = np.random.default_rng(1).standard_normal((7, C, 3, 3)).astype(dtype)
-    for padding in (1, (2, 1), "same"):
-        got = tilegemm.conv2d(x, w, padding=padding, algorithm="im2col")
+    for stride, padding in ((1, 1), (1, (2, 1)), (1, "same"), (2, 1), ((1, 2), 1)):
+        got = tilegemm.conv2d(x, w, stride=stride, padding=padding, algorithm="im2col")
         pad = 1 if padding == "same" else padding
-        want = reference_conv(x.astype(np.float64), w.astype(np.float64), padding=pad)
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), stride=stride,
+                              padding=pad)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
