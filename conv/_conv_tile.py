@@ -687,12 +687,13 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 
 @numba.njit(**JIT)
-def pack_tails(x, x_off, xs0, N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack):
+def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
     """B of :func:`shifted_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
 
-    Column ``j = n*tail + i`` is grid column ``q0 + i`` of image ``n``; row
-    ``t*kc + k`` is what tap ``t`` reads there in channel ``pc + k``, zero where
-    ``on[t, i]`` is 0 (outside the image).  Columns past ``N*tail`` are zero.
+    Column ``j = n*tail + i`` is tail column ``i`` of image ``n``; row ``t*kc + k``
+    is what tap ``t`` reads there in channel ``pc + k``: the pixel ``reads[t, i]``
+    elements into the channel, zero where that is -1 (outside the image).  Columns
+    past ``N*tail`` are zero.
     """
     ncols = N * tail
     rows = ntaps * kc
@@ -704,16 +705,16 @@ def pack_tails(x, x_off, xs0, N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack)
                     panel[r * NR + j] = 0
                 continue
             n, i = (jp + j) // tail, (jp + j) % tail
-            base = x_off + n * xs0 + pc * chan + q0 + i
+            base = x_off + n * xs0 + pc * xs1
             for t in range(ntaps):
-                src = base + taps[t]
+                src = base + reads[t, i]
                 for k in range(kc):
-                    panel[(t * kc + k) * NR + j] = x[src + k * chan] if on[t, i] else 0
+                    panel[(t * kc + k) * NR + j] = x[src + k * xs1] if reads[t, i] >= 0 else 0
 
 
 @numba.njit(**JIT)
-def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apack, Mp, M, m0, m1,
-                  out, o_off, os, bias, epi, bpack, cbuf):
+def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, Mp, M, m0, m1, out,
+                  o_off, os, bias, epi, bpack, cbuf):
     """Rows ``m0:m1`` (MR multiples) of grid columns ``q0:q0+tail`` (the part of a panel
     after the last whole one) of every image, as one GEMM with columns from all the
     images.
@@ -721,12 +722,13 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
     Each image's own tail panel would run mostly idle lanes (ResNet-18 conv4_x: 4
     of 16 columns, 5% of the layer's time; conv5_x: 1 column, 19%).  A is the taps
     kernel's (each row panel's taps are one packed panel of ``ntaps*kc``), B is
-    packed by :func:`pack_tails`, C goes through ``cbuf`` into each image.
+    packed from the images by :func:`pack_tails`, C goes through ``cbuf`` into
+    each image.
     """
     ldc = (N * tail + NR - 1) // NR * NR
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
-        pack_tails(x, x_off, xs[0], N, chan, taps, ntaps, on, q0, tail, pc, kc, bpack)
+        pack_tails(x, x_off, xs[0], xs[1], N, reads, ntaps, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
         macro_kernel(m1 - m0, ldc, ntaps * kc, apack[(pc * Mp + m0 * kc) * ntaps:], bpack, 0,
@@ -739,12 +741,12 @@ def shifted_tails(x, x_off, xs, N, Cg, taps, ntaps, on, q0, tail, chan, KC, apac
 @numba.njit(**JIT)
 def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
                   sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, layout,
-                  direct, chan, slack, q_end, on, tail_tasks, tail_parts, tail_imgs, xq, cbuf,
+                  direct, chan, slack, q_end, reads, tail_tasks, tail_parts, tail_imgs, xq, cbuf,
                   bpack):
     """Tasks taken from ``counter`` until ``ntasks`` are out.
 
     The first ``tail_tasks`` run :func:`shifted_tails` over the grid columns from
-    ``q_end`` on (``on``: their taps' lanes in the image): ``tail_imgs`` images per
+    ``q_end`` on (``reads``: where their taps read in a channel): ``tail_imgs`` images per
     GEMM, each cut into ``tail_parts`` shares of its row panels so threads split that
     work too.  The others are image * parts + part, up to ``q_end``.
     """
@@ -760,10 +762,9 @@ def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, m
             per = (Mp // MR + tail_parts - 1) // tail_parts * MR
             m0 = task % tail_parts * per
             if m0 < Mp:
-                shifted_tails(x, x_off + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, taps, ntaps,
-                              on, q_end, grid - q_end, chan, KC, apack, Mp, M, m0,
-                              min(Mp, m0 + per), out, o_off + n0 * os[0], os, bias, epi, bpack,
-                              cbuf)
+                shifted_tails(x, x_off + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
+                              q_end, grid - q_end, KC, apack, Mp, M, m0, min(Mp, m0 + per), out,
+                              o_off + n0 * os[0], os, bias, epi, bpack, cbuf)
             continue
         task -= tail_tasks
         n = task // parts

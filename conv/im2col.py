@@ -302,6 +302,16 @@ def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
     return (q[..., None, :] < Ho * Wo) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
 
 
+def _tail_reads(p, q):
+    """Where each tap reads for output grid columns ``q`` in a channel of the image
+    (``[t, i]``, elements), or -1 outside it."""
+    i, j = (a[:, None] for a in _tap_rows_cols(p.kh, p.kw))
+    row = q[None, :] // p.Wo * p.sy + i * p.dy - p.top
+    col = q[None, :] % p.Wo * p.sx + j * p.dx - p.left
+    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, q)
+    return np.where(on, row * p.input_strides()[2] + col, -1).astype(np.int64)
+
+
 @functools.lru_cache(maxsize=64)
 def _panel_masks(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nr, itemsize, group, in_image):
     grid = Ho * Wo
@@ -441,12 +451,11 @@ def _run_shifted(x, w, bias, out, p, act):
     layout = _layout(p)
     direct = not _aliasing(p.output_strides()[1] * out.itemsize, MR)
     # The columns after the last whole panel of every image, as one GEMM of their own
-    # (shifted_tails, which reads the images), when there are several images.
+    # (shifted_tails), when there are several images.
     q_end = grid // NR * NR
-    if layout != FLAT or p.N == 1:
+    if layout == PADDED or p.N == 1:
         q_end = grid
-    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left,
-                   np.arange(q_end, max(grid, q_end + 1))).astype(np.uint8)
+    reads = _tail_reads(p, np.arange(q_end, max(grid, q_end + 1)))
     # Up to SHIFTED_TAIL_COLUMNS columns (whole images) per tails GEMM: its buffers do
     # not grow with the batch.
     tail_imgs = max(1, SHIFTED_TAIL_COLUMNS // max(1, grid - q_end))
@@ -481,7 +490,7 @@ def _run_shifted(x, w, bias, out, p, act):
     xs, os_ = p.input_strides(), p.output_strides()
     args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
             sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
-            Hq, Wq, layout, direct, chan, slack, q_end, on, tail_tasks, tail_parts, tail_imgs)
+            Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts, tail_imgs)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
                                                        bpacks[t]), threads)
     return out
