@@ -229,12 +229,14 @@ def _tap_rows_cols(kh, kw):
     return np.tile(np.arange(kh), kw), np.repeat(np.arange(kw), kh)
 
 
+@functools.lru_cache(maxsize=256)
 def _phase_geometry(p):
     """(Hq, Wq, chan, taps) of the grid B is read on (see ``conv/_conv_tile.py``).
 
     The grid is ``Wq`` wide; tap ``t`` reads ``taps[t]`` elements from a grid
     position; channels are ``chan`` apart (the image's own channel stride for the
-    stride-1 layout, else the stride-split copy's).
+    stride-1 layout, else the stride-split copy's).  Cached per geometry: the
+    arrays are shared, never written.
     """
     i, j = _tap_rows_cols(p.kh, p.kw)
     layout = _layout(p)
@@ -302,9 +304,12 @@ def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
     return (q[..., None, :] < Ho * Wo) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
 
 
-def _tail_reads(p, q):
-    """Where each tap reads for output grid columns ``q`` in a channel of the image
-    (``[t, i]``, elements), or -1 outside it."""
+@functools.lru_cache(maxsize=256)
+def _tail_reads(p, q0, q1):
+    """Where each tap reads for output grid columns ``q0:q1`` in a channel of the image
+    (``[t, i]``, elements), or -1 outside it.  Cached per geometry: shared, never
+    written."""
+    q = np.arange(q0, q1)
     i, j = (a[:, None] for a in _tap_rows_cols(p.kh, p.kw))
     row = q[None, :] // p.Wo * p.sy + i * p.dy - p.top
     col = q[None, :] % p.Wo * p.sx + j * p.dx - p.left
@@ -375,6 +380,7 @@ def _aliasing(stride_bytes, rows):
     return -(-rows // _alias_period(stride_bytes)) > 2
 
 
+@functools.lru_cache(maxsize=256)
 def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
     """Channels per k block of the taps kernel's layouts, in equal blocks.
 
@@ -455,7 +461,7 @@ def _run_shifted(x, w, bias, out, p, act):
     q_end = grid // NR * NR
     if layout == PADDED or p.N == 1:
         q_end = grid
-    reads = _tail_reads(p, np.arange(q_end, max(grid, q_end + 1)))
+    reads = _tail_reads(p, q_end, max(grid, q_end + 1))
     # Up to SHIFTED_TAIL_COLUMNS columns (whole images) per tails GEMM: its buffers do
     # not grow with the batch.
     tail_imgs = max(1, SHIFTED_TAIL_COLUMNS // max(1, grid - q_end))
