@@ -511,6 +511,11 @@ def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out,
 # last grid position, the micro-kernel's masked loads read zero instead, without
 # touching the memory; taps whose reads all stay in the image may instead read
 # unmasked and have their sum masked once (``panel_masks`` in ``conv/im2col.py``).
+#
+# Other strides whose phase planes are exactly as wide as the output
+# (``ceil(W/sx) == Wo``) get the same grid from an unpadded phase copy: tap (i, j)
+# reads plane ((i*dy - py) mod sy, (j*dx - px) mod sx), rows and columns away by the
+# floor quotients (negative above and left), through the same masks.
 
 #: Where the taps kernel reads B (``layout`` of the shifted drivers): a zero-padded
 #: stride-split copy whose grid is wider than the output; the image itself (stride 1,
