@@ -435,11 +435,13 @@ def _pack_weights_taps(w, KC, MR):
 def _run_shifted(x, w, bias, out, p, act):
     """Convolution with every kernel tap summed per tile, B read in place.
 
-    From the image itself with stride 1 and ``Wo == W`` (:func:`_flat`), else from a
-    stride-split copy of each image; see the section "im2col without patches" of
+    From the image itself with stride 1 and ``Wo == W``, else from a stride-split
+    copy of each image, unpadded where its planes are as wide as the output
+    (:func:`_layout`); see the section "im2col without patches" of
     ``conv/_conv_tile.py``.  Tasks are images, or parts of an image's column blocks
-    when there are fewer images than threads; a thread that copies keeps the image
-    it works on in its own buffer.
+    when there are fewer images than threads, plus the batched tails
+    (``shifted_tails``); a thread that copies keeps the image it works on in its
+    own buffer.
     """
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
