@@ -20,7 +20,8 @@ import numpy as np
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
                                         make_depthwise_rows, make_direct_row, make_microkernel,
-                                        make_winograd_input, make_winograd_output, next_task)
+                                        make_winograd_input, make_winograd_output, next_task,
+                                        prefetch)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
@@ -49,6 +50,7 @@ direct_row_out = make_direct_row(DTYPE, LANES, to_output=True, vectors=ROW_VECTO
 #: Depthwise rows per call from a zero-padded channel: two rows of ROW_VECTORS vectors
 #: are eight independent FMA chains.
 DW_ROWS = 2
+PF_NEXT = True
 depthwise_rows = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, DW_ROWS)
 depthwise_row = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, 1)
 
@@ -425,6 +427,11 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
         # The zero-padded copy of one channel: phase_split with a single phase.
         phase_split(x, (n * C + g) * H * W, H * W, W, 1, H, W, 1, 1, py, px, Hp, Wp, Hp * Wp,
                     acc)
+        # Ask for the start of the next channel now: a small channel is a few short
+        # rows, too short for the hardware prefetcher to pick up before they are read.
+        if PF_NEXT and (n * C + g + 1) * H * W < x.size:
+            for q in range(0, min(H * W, 4096 // x.itemsize), 64 // x.itemsize):
+                prefetch(x, (n * C + g + 1) * H * W + q)
         dst = (n * K + k0) * Ho * Wo
         b = bias[k0] if has_bias else DTYPE(0)
         whole = Ho // DW_ROWS * DW_ROWS

@@ -217,6 +217,20 @@ def next_task(typingctx, counter):
     return types.int64(counter), emit
 
 
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask for the cache line holding ``array[index]``: a hint, never a fault."""
+    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+        raise TypeError("prefetch needs an array and an integer index")
+
+    def emit(context, builder, sig, args):
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        _prefetch(builder, _data(context, builder, sig.args[0], args[0], idx))
+        return context.get_dummy_value()
+
+    return types.void(array, index), emit
+
+
 def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
                alpha, beta, bias_ptr, epi, valid=None, taps=None):
     """Call the tile function, defining it in this LLVM module on first use.
