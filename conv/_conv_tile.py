@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from tilegemm.config import JIT
+from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
                                         make_depthwise_rows, make_direct_row, make_microkernel,
                                         make_winograd_input, make_winograd_output, next_task,
@@ -524,10 +525,6 @@ def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out,
 # reads plane ((i*dy - py) mod sy, (j*dx - px) mod sx), rows and columns away by the
 # floor quotients (negative above and left), through the same masks.
 
-#: Where the taps kernel reads B (``layout`` of the shifted drivers): a zero-padded
-#: stride-split copy whose grid is wider than the output; the image itself (stride 1,
-#: ``Wo == W``); an unpadded stride-split copy whose planes are as wide as the output.
-PADDED, FLAT, PHASED = 0, 1, 2
 ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
 #: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).

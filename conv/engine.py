@@ -49,7 +49,7 @@ def balanced_kc(k, kc_max):
 def _source_hash(kernel):
     """Hash of every source the generated drivers inline: a change must invalidate the cache."""
     h = hashlib.sha1()
-    paths = [kernel.module.__file__, _TEMPLATE]
+    paths = [kernel.module.__file__, _TEMPLATE, os.path.join(_HERE, "params.py")]
     paths += [os.path.join(_PACKING, f) for f in ("pack.py", "im2col.py", "winograd.py")]
     for path in paths:
         with open(path, "rb") as f:

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from tilegemm.conv import engine
+from tilegemm.conv.params import FLAT, PADDED, PHASED
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.packing import pack_a, pack_b
@@ -206,8 +207,6 @@ def _flat(p):
     return p.sy == 1 and p.sx == 1 and p.Wo == p.W
 
 
-#: Layouts of the taps kernel's B (as in ``conv/_conv_tile.py``).
-PADDED, FLAT, PHASED = 0, 1, 2
 
 
 def _layout(p):

@@ -9,6 +9,11 @@ from tilegemm.packing.im2col import conv_output_size
 LAYOUTS = ("NCHW", "NHWC")
 ACTIVATIONS = (None, "relu", "relu6")
 ALGORITHMS = ("auto", "im2col", "winograd", "direct")
+#: Where the im2col taps kernel reads B (the drivers in ``conv/_conv_tile.py`` and the
+#: planning in ``conv/im2col.py``): a zero-padded stride-split copy whose grid is wider
+#: than the output; the image itself (stride 1, ``Wo == W``); an unpadded stride-split
+#: copy whose planes are as wide as the output.
+PADDED, FLAT, PHASED = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ def choose(p, dtype=np.float32, threads=None):
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col" and p.layout == "NCHW":
-        from tilegemm.conv.im2col import FLAT, PHASED, _layout, shifted_ok
+        from tilegemm.conv.im2col import _layout, shifted_ok
+        from tilegemm.conv.params import FLAT, PHASED
         if not shifted_ok(p, dtype):
             path = "im2col (implicit: B panels packed from the image)"
         elif _layout(p) == FLAT:
