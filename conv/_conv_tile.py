@@ -51,7 +51,6 @@ direct_row_out = make_direct_row(DTYPE, LANES, to_output=True, vectors=ROW_VECTO
 #: Depthwise rows per call from a zero-padded channel: two rows of ROW_VECTORS vectors
 #: are eight independent FMA chains.
 DW_ROWS = 2
-PF_NEXT = True
 depthwise_rows = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, DW_ROWS)
 depthwise_row = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, 1)
 
@@ -430,7 +429,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
                     acc)
         # Ask for the start of the next channel now: a small channel is a few short
         # rows, too short for the hardware prefetcher to pick up before they are read.
-        if PF_NEXT and (n * C + g + 1) * H * W < x.size:
+        if (n * C + g + 1) * H * W < x.size:
             for q in range(0, min(H * W, 4096 // x.itemsize), 64 // x.itemsize):
                 prefetch(x, (n * C + g + 1) * H * W + q)
         dst = (n * K + k0) * Ho * Wo
