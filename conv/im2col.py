@@ -290,16 +290,22 @@ def panel_masks(p, nr, dtype, group=True):
                         p.left, nr, np.dtype(dtype).itemsize, group, layout == FLAT)
 
 
-def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
-    """Whether tap t's read for grid column q (output pixel ``q // Wo, q % Wo``) lies in
-    the image: ``[..., t, q]``.
+def _tap_pixels(Wo, kh, kw, sy, sx, dy, dx, top, left, q):
+    """(row, col): the image pixel tap t reads for grid column q (output pixel
+    ``q // Wo, q % Wo``), as arrays ``[..., t, q]``.
 
-    ``q`` is an array whose last axis is the columns (the taps' axis is put before
-    it); columns past the grid are off.
+    ``q`` is an array whose last axis is the columns (the taps' axis is put before it).
     """
     i, j = (a[:, None] for a in _tap_rows_cols(kh, kw))
     row = q[..., None, :] // Wo * sy + i * dy - top
     col = q[..., None, :] % Wo * sx + j * dx - left
+    return row, col
+
+
+def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
+    """Whether tap t's read for grid column q lies in the image: ``[..., t, q]``; columns
+    past the grid are off (see :func:`_tap_pixels`)."""
+    row, col = _tap_pixels(Wo, kh, kw, sy, sx, dy, dx, top, left, q)
     return (q[..., None, :] < Ho * Wo) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
 
 
@@ -309,10 +315,9 @@ def _tail_reads(p, q0, q1):
     (``[t, i]``, elements), or -1 outside it.  Cached per geometry: shared, never
     written."""
     q = np.arange(q0, q1)
-    i, j = (a[:, None] for a in _tap_rows_cols(p.kh, p.kw))
-    row = q[None, :] // p.Wo * p.sy + i * p.dy - p.top
-    col = q[None, :] % p.Wo * p.sx + j * p.dx - p.left
-    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, q)
+    geometry = (p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, q)
+    row, col = _tap_pixels(p.Wo, *geometry)
+    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, *geometry)
     return np.where(on, row * p.input_strides()[2] + col, -1).astype(np.int64)
 
 
