@@ -656,6 +656,32 @@ def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypa
         numba.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
+def test_shifted_im2col_cuts_a_batch_into_parts(c_bytes, monkeypatch):
+    """Several images read in place, all threads: images are cut into parts for balance."""
+    from tilegemm.conv import engine
+    from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
+    mod = engine.conv_module(np.float32)
+    parts = []
+
+    def spy(counter, ntasks, n_parts, *rest):
+        parts.append(n_parts)
+        return real(counter, ntasks, n_parts, *rest)
+
+    real = mod.shifted_tasks
+    monkeypatch.setattr(mod, "shifted_tasks", spy)
+    _, (K, kh, kw), kw_args = SHIFTED["many_channels"]
+    shape = ((3, 64, 19, 23), (K, kh, kw), kw_args)
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+    finally:
+        numba.set_num_threads(saved)
+    assert parts and all(n > 1 for n in parts) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("W", [1, 2, 5, 7, 8, 9, 14, 16, 17, 23, 31, 33])
 @pytest.mark.parametrize("kernel, kw_args", [
