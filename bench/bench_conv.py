@@ -29,7 +29,7 @@ import numpy as np
 
 import tilegemm
 import tilegemm.conv.plan
-from tilegemm import bench
+from tilegemm import bench, bench_conv
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 
@@ -37,25 +37,13 @@ ALGORITHMS = ("im2col", "winograd", "direct", "auto")
 
 
 def conv_layers():
-    """The benchmark layers as dicts: name, C, H, W, K, kh, kw, stride, padding, groups.
+    """The benchmark layers (``tilegemm.bench_conv.LAYERS``, shared with the report) as dicts.
 
-    ResNet-18 conv2_x..conv5_x 3x3, VGG-16 conv1_2 at 224x224, a ResNet-50 1x1,
-    a stride-2 3x3 and a MobileNet depthwise 3x3 (batch is chosen by the caller).
+    Keys: name, C, H, W, K, kh, kw, stride, padding, groups; the batch is the caller's.
     """
-    def layer(name, C, H, K, k, stride=1, padding=0, groups=1):
-        return dict(name=name, C=C, H=H, W=H, K=K, kh=k, kw=k, stride=stride, padding=padding,
-                    groups=groups)
-
-    return [
-        layer("resnet18_conv2_x", 64, 56, 64, 3, padding=1),
-        layer("resnet18_conv3_x", 128, 28, 128, 3, padding=1),
-        layer("resnet18_conv4_x", 256, 14, 256, 3, padding=1),
-        layer("resnet18_conv5_x", 512, 7, 512, 3, padding=1),
-        layer("vgg16_conv1_2", 64, 224, 64, 3, padding=1),
-        layer("resnet50_1x1", 256, 56, 64, 1),
-        layer("resnet18_3x3_s2", 128, 28, 256, 3, stride=2, padding=1),
-        layer("mobilenet_dw", 256, 28, 256, 3, padding=1, groups=256),
-    ]
+    return [dict(name=ly.name, C=ly.c, H=ly.h, W=ly.w, K=ly.k, kh=ly.kh, kw=ly.kw,
+                 stride=ly.stride, padding=ly.padding, groups=ly.groups)
+            for ly in bench_conv.LAYERS]
 
 
 def operands(ly, batch, dtype=np.float32, seed=0):
