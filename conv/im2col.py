@@ -12,7 +12,6 @@ A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
 viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
 """
 import functools
-import math
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from tilegemm.conv.params import FLAT, PADDED, PHASED
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.packing import pack_a, pack_b
-from tilegemm.tuning.machine import detect
+from tilegemm.tuning.machine import detect, l1_alias_period
 
 
 def _pack_weights_a(w2, KC, MR):
@@ -373,15 +372,6 @@ def shifted_ok(p, dtype=np.float32):
     return p.Cg * chan * np.dtype(dtype).itemsize <= SHIFTED_MAX_BYTES
 
 
-def _alias_period(stride_bytes):
-    """Every how many rows ``stride_bytes`` apart the same L1 sets come back.
-
-    An x86 L1d is indexed within a 4 KiB page, so rows ``4096 / gcd(stride, 4096)``
-    apart fall on the same sets.
-    """
-    return 4096 // math.gcd(stride_bytes, 4096)
-
-
 def _aliasing(stride_bytes, rows):
     """Whether more than two of ``rows`` rows ``stride_bytes`` apart (a tile of C) share
     L1 sets.
@@ -390,7 +380,7 @@ def _aliasing(stride_bytes, rows):
     sets (224x224 channels) ran 13% faster through a buffer; two per set (112x112)
     1% slower.
     """
-    return -(-rows // _alias_period(stride_bytes)) > 2
+    return -(-rows // l1_alias_period(stride_bytes)) > 2
 
 
 @functools.lru_cache(maxsize=256)
@@ -419,7 +409,7 @@ def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
     reach = (p.kw - 1) * p.dx // p.sx
     per_channel = len(rows) * ((nr + reach) * itemsize + 64) + mr * p.kh * p.kw * itemsize
     kc = max(8, l1d_bytes // 2 // per_channel)
-    kc = max(1, min(kc, l1d_bytes // 4096 * _alias_period(_phase_geometry(p)[2] * itemsize)))
+    kc = max(1, min(kc, l1d_bytes // 4096 * l1_alias_period(_phase_geometry(p)[2] * itemsize)))
     return -(-p.Cg // -(-p.Cg // kc))
 
 

@@ -28,7 +28,7 @@ from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
-from tilegemm.tuning.machine import detect
+from tilegemm.tuning.machine import detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
@@ -247,28 +247,38 @@ def _serial(kern, blk, m, n, k, args, bias, epi):
     """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
     if m == 1 or n == 1:
         _gemv(kern, m, n, k, args, bias, epi)
-    elif args[8] == 1 and _fits_unpacked(kern, m, n, k):
+    elif args[8] == 1 and _fits_unpacked(kern, m, n, k, args[7]):
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
 
 
-def _fits_unpacked(kern, m, n, k):
-    """Whether to skip packing: one column of tiles, or B and A's k block fit in L2.
+def _fits_unpacked(kern, m, n, k, ldb):
+    """Whether to skip packing: one column of tiles, or B and A's k block fit in cache.
 
     Per KC block the unpacked path walks C by columns of tiles: each B micro-panel
     is read in place down its column and A's block (m x KC) is re-read for every
     column.  With a single column nothing is re-read.  Otherwise both must sit in
-    cache: measured (float32, one run each) unpacked against packed 1.08x vs 0.87x
+    L2: measured (float32, one run each) unpacked against packed 1.08x vs 0.87x
     numpy at 512^3 and 0.78x vs 0.59x at 200^3 (B <= L2/2), but 0.68x vs 1.26x at
     256x3136x1152 and 0.32x vs 0.96x at 1024^3, where B streams from memory
     through rows a page or more apart.
+
+    And the micro-panel's rows, ``ldb`` elements apart, must spread over L1's sets
+    (see :func:`~tilegemm.tuning.machine.l1_alias_period`), or every tile down the
+    column reloads them from L2.  Measured on a Zen 3 (float32, 1 thread, median of
+    7 alternated rounds), packed against unpacked: 256^3 (rows 1 KiB apart) 1.17x,
+    256x256x64 1.14x, 96x512x96 1.20x, 192^3 1.07x; 224^3 and 300x300x100, whose
+    rows spread, 0.96-0.98x.
     """
     if n <= kern.nr:
         return True
     budget = _small_bytes() // 2
     size = kern.dtype.itemsize
-    return k * n * size <= budget and m * min(k, UNPACKED_KC) * size <= budget
+    kc = min(k, UNPACKED_KC)
+    l1 = detect().l1d_bytes
+    return (k * n * size <= budget and m * kc * size <= budget
+            and kc <= l1 // 4096 * l1_alias_period(ldb * size))
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):

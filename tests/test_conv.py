@@ -770,9 +770,10 @@ def test_im2col_output_channels_a_page_apart(N, H, W, K):
 
 def test_aliasing_counts_rows_on_the_same_sets():
     from tilegemm.conv import im2col as im2col_mod
-    assert im2col_mod._alias_period(224 * 224 * 4) == 1            # 49 pages apart
-    assert im2col_mod._alias_period(112 * 112 * 4) == 4            # 12.25 pages
-    assert im2col_mod._alias_period(56 * 56 * 4) == 16
+    from tilegemm.tuning.machine import l1_alias_period
+    assert l1_alias_period(224 * 224 * 4) == 1                     # 49 pages apart
+    assert l1_alias_period(112 * 112 * 4) == 4                     # 12.25 pages
+    assert l1_alias_period(56 * 56 * 4) == 16
     assert im2col_mod._aliasing(224 * 224 * 4, 6)                  # six rows on one set
     assert not im2col_mod._aliasing(112 * 112 * 4, 6)             # two per set
     assert not im2col_mod._aliasing(56 * 56 * 4, 6)

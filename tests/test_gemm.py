@@ -357,3 +357,15 @@ def test_subclasses_and_flags(rng):
         tilegemm.gemm(a.astype(np.float32), a.astype(np.float32), alpha=1e300)
     with pytest.raises(TypeError, match="gemm: c has dtype"):
         tilegemm.gemm(a, a, np.zeros((4, 4), np.float32))
+
+
+def test_unpacked_path_needs_b_rows_spread_over_l1_sets():
+    """B read in place down a column of tiles must stay in L1: rows 1 KiB apart share
+    L1's sets every 4 rows, so only (L1 / 4 KiB ways) x 4 of them fit."""
+    from tilegemm.tuning.machine import detect
+    kern, _ = driver._plan(np.dtype(np.float32), 256)
+    rows = detect().l1d_bytes // 4096 * 4
+    assert driver._fits_unpacked(kern, 64, 256, rows, 256)
+    assert not driver._fits_unpacked(kern, 64, 256, rows + 8, 256)
+    # 300 floats (1200 bytes) apart: the same sets only every 256 rows.
+    assert driver._fits_unpacked(kern, 64, 300, rows + 8, 300)

@@ -1,5 +1,6 @@
 """What this CPU is: per-core caches, SIMD ISA, vector width, register count, cores."""
 import functools
+import math
 import os
 from dataclasses import dataclass, asdict
 
@@ -197,3 +198,13 @@ def detect():
 
 #: ISA -> (vector bits, architectural vector registers).
 ISA_SHAPE = {"avx512": (512, 32), "avx2": (256, 16), "generic": (128, 16)}
+
+
+def l1_alias_period(stride_bytes):
+    """Every how many rows ``stride_bytes`` apart the same L1d sets come back.
+
+    An x86 L1d is indexed within a 4 KiB page, so rows ``4096 / gcd(stride, 4096)``
+    apart fall on the same sets; with ``l1d_bytes / 4096`` ways, L1 holds at most
+    ``l1d_bytes / 4096 * period`` such rows.
+    """
+    return 4096 // math.gcd(int(stride_bytes), 4096)
