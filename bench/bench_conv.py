@@ -77,11 +77,12 @@ def parties(ly, x, w, b):
     return out, p
 
 
-def interleaved_best(fns, repeat, min_time=0.05, settle=0.0):
+def interleaved_best(fns, repeat, min_time=0.05, settle=0.0, ramp=0.0):
     """Best seconds per callable, calling each once per round (after one warm-up call).
 
     ``settle``: seconds to sleep before each sample, so that a peer's spinning worker
-    threads (OpenMP, OpenBLAS) have gone idle (see ``tilegemm.bench.settle_time``).
+    threads (OpenMP, OpenBLAS) have gone idle (see ``tilegemm.bench.settle_time``);
+    ``ramp``: seconds of untimed calls after it (``tilegemm.bench.ramp_time``).
     """
     for f in fns.values():
         f()
@@ -93,7 +94,7 @@ def interleaved_best(fns, repeat, min_time=0.05, settle=0.0):
     best = {name: float("inf") for name in fns}
     for _ in range(repeat):
         for name, f in fns.items():
-            time.sleep(settle)
+            bench.before_sample(f, settle, ramp)
             t0 = time.perf_counter()
             for _ in range(calls[name]):
                 f()
@@ -112,7 +113,8 @@ def own_flops(p, algorithm):
 def bench_layer(ly, batch, threads, repeat, peak):
     x, w, b = operands(ly, batch)
     fns, p = parties(ly, x, w, b)
-    best = interleaved_best(fns, repeat, settle=bench.settle_time(threads))
+    best = interleaved_best(fns, repeat, settle=bench.settle_time(threads),
+                              ramp=bench.ramp_time(threads))
     plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
                               threads=threads)
     rows = []
@@ -148,7 +150,8 @@ def bench_scaling(ly, batch, threads, repeat):
     for name, f in fns.items():
         timed[(name, 1)] = at(1, f)
         timed[(name, threads)] = at(threads, f)
-    best = interleaved_best(timed, repeat, settle=bench.settle_time(threads))
+    best = interleaved_best(timed, repeat, settle=bench.settle_time(threads),
+                              ramp=bench.ramp_time(threads))
     return [dict(layer=ly["name"], party=name, one=best[(name, 1)], many=best[(name, threads)])
             for name in fns]
 

@@ -17,6 +17,9 @@ The rules (see docs/reports.md):
   ``calls`` chosen per party so that a sample lasts at least ``min_time``.
 * **Threads pinned.**  Every party runs with the same thread count: Numba's
   ``set_num_threads``, OpenBLAS through threadpoolctl, ``torch.set_num_threads``.
+  With more than one thread each sample follows a pause (:func:`settle_time`, so
+  the previous party's spinning workers stop) and a ramp of untimed calls
+  (:func:`ramp_time`, so the machine is back to speed).
 * **GFLOPS = 2·M·N·K / t**, and % of the *measured* FMA peak for the same thread
   count (:func:`tilegemm.tuning.peak.measured_peak_gflops`).
 """
@@ -168,7 +171,30 @@ def settle_time(threads):
     return 0.15 if threads > 1 else 0.0
 
 
-def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_calls=None):
+def ramp_time(threads):
+    """Seconds of untimed calls after the pause, before each sample is timed.
+
+    After an idle pause a virtual machine's cores can stay slow for a while: on the
+    2-vCPU Zen 3 machine of ``bench/results``, a 256^3 product on 2 threads took
+    0.6-0.7 ms a call for the first 60 ms after a 0.15 s pause and 0.35 ms from then
+    on, and a 50 ms sample taken at once measured a spell of the host rather than
+    the code (ours 0.56x numpy there, 0.65x after 0.1 s of calls; at 384^3, 0.78x
+    and 1.02x).  Every party gets the same ramp, so each is timed as a loop of calls
+    runs in steady state.  One thread showed no such effect.
+    """
+    return 0.1 if threads > 1 else 0.0
+
+
+def before_sample(fn, settle, ramp):
+    """Sleep ``settle`` seconds, then call ``fn`` for ``ramp`` seconds (untimed)."""
+    time.sleep(settle)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < ramp:
+        fn()
+
+
+def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_calls=None,
+                ramp=0.0):
     """Time several implementations of the same work, best of ``reps``, interleaved.
 
     Parameters
@@ -188,6 +214,9 @@ def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_c
     first_calls : dict of str -> float, optional
         First-call times already measured by the caller; those parties skip
         the warm-up call here.
+    ramp : float
+        Seconds of untimed calls after each pause, before the sample (see
+        :func:`ramp_time`).
 
     Returns
     -------
@@ -211,7 +240,7 @@ def interleaved(parties, reps=5, min_time=0.05, settle=0.0, budget=None, first_c
             t = timings[name]
             if len(t.samples_s) >= party_reps[name]:
                 continue
-            time.sleep(settle)
+            before_sample(parties[name], settle, ramp)
             t.samples_s.append(_time_calls(parties[name], t.calls) / t.calls)
     return timings
 

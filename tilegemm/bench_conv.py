@@ -205,7 +205,8 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
             name = f"tilegemm:{algo}"
             parties[name], first[name], outputs[name] = fn, seconds, result
         timings = bench.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=bench.settle_time(case.threads), budget=budget,
+                                    settle=bench.settle_time(case.threads),
+                                    ramp=bench.ramp_time(case.threads), budget=budget,
                                     first_calls=first)
         peak = bench.peak_gflops(case.dtype, case.threads)
         chosen = auto_choice(case, x, w) if "tilegemm:auto" in parties else None

@@ -142,7 +142,8 @@ def run_gemm_case(case, reps=5, min_time=0.05, peers=("numpy", "torch")):
     with bench.pinned_threads(case.threads):
         parties, outputs = gemm_parties(case, a, b, peers)
         timings = bench.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=bench.settle_time(case.threads))
+                                    settle=bench.settle_time(case.threads),
+                                    ramp=bench.ramp_time(case.threads))
         peak = bench.peak_gflops(case.dtype, case.threads)
     results = bench.summarise(timings, case.flops, peak)
     ours = results["tilegemm"]["gflops"]
