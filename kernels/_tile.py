@@ -20,7 +20,8 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
-                                        make_gemv_kernels, make_microkernel, make_pack_panel)
+                                        acquire, make_gemv_kernels, make_microkernel,
+                                        make_pack_panel, next_task, publish)
 
 # --- configuration ---
 DTYPE = np.float32
@@ -113,6 +114,58 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
                 macro_kernel(mc, nc, kc, apack, bpack, 0, c, c_off + ic * ldc + jc, ldc,
                              alpha, beta_pc, bias, ic, jc, epi_pc)
+
+
+@numba.njit(**JIT)
+def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
+    """Pack all of B, block by block: block (jc, pc) starts at ``jc*k + pc*round_up(nc, NR)``."""
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        ncp = (nc + NR - 1) // NR * NR
+        for pc in range(0, k, KC):
+            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, min(KC, k - pc), nc,
+                   bpack[jc * k + pc * ncp:])
+
+
+@numba.njit(**JIT)
+def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs,
+               b_cs, beta, c, c_off, ldc, bias, epi, KC, MC, NC, apack, shared_b, own_b):
+    """One thread's part of a product shared through one packed copy of B.
+
+    The ``packer`` (the calling thread) packs all of B into ``shared_b`` and
+    :func:`publish`es ``ready[0]``; a thread that finds it set reads that copy, one
+    that comes earlier packs its own into ``own_b`` rather than wait.  Then tasks
+    (an MC-row block of C in an NC-column block, over all of k) are taken from
+    ``counter``, so a thread that starts late takes fewer.  Each task packs its
+    own A blocks: A is packed once in all, and so is B unless a thread came early.
+    """
+    if packer:
+        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, shared_b)
+        publish(ready, 0, 1)
+        bsrc = shared_b
+    elif acquire(ready, 0) == 1:
+        bsrc = shared_b
+    else:
+        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, own_b)
+        bsrc = own_b
+    blocks_m = (m + MC - 1) // MC
+    ntasks = blocks_m * ((n + NC - 1) // NC)
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        ic = (task % blocks_m) * MC
+        jc = (task // blocks_m) * NC
+        mc = min(MC, m - ic)
+        nc = min(NC, n - jc)
+        ncp = (nc + NR - 1) // NR * NR
+        # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
+        for pc in range(0, max(k, 1), KC):
+            kc = min(KC, k - pc)
+            pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
+            macro_kernel(mc, nc, kc, apack, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
+                         ldc, alpha, beta if pc == 0 else DTYPE(1), bias, ic, jc,
+                         epi if pc + KC >= k else 0)
 
 
 @numba.njit(**JIT)

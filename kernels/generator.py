@@ -217,6 +217,45 @@ def next_task(typingctx, counter):
     return types.int64(counter), emit
 
 
+def _flag_ptr(context, builder, sig, args):
+    idx = context.cast(builder, args[1], sig.args[1], types.intp)
+    return _data(context, builder, sig.args[0], args[0], idx)
+
+
+def _check_flags(flags, index, name):
+    if not (isinstance(flags, types.Array) and flags.dtype == types.int64
+            and isinstance(index, types.Integer)):
+        raise TypeError(f"{name} needs an int64 array and an integer index")
+
+
+@intrinsic
+def publish(typingctx, flags, index, value):
+    """``flags[index] = value`` after every store before it (an atomic release store).
+
+    The thread that reads the value with :func:`acquire` then sees those stores too:
+    one thread packs a panel, sets a flag, another reads the panel.
+    """
+    _check_flags(flags, index, "publish")
+
+    def emit(context, builder, sig, args):
+        value = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(value, _flag_ptr(context, builder, sig, args), "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(flags, index, value), emit
+
+
+@intrinsic
+def acquire(typingctx, flags, index):
+    """``flags[index]``, read so that the stores before its :func:`publish` are seen."""
+    _check_flags(flags, index, "acquire")
+
+    def emit(context, builder, sig, args):
+        return builder.load_atomic(_flag_ptr(context, builder, sig, args), "acquire", 8)
+
+    return types.int64(flags, index), emit
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
     """Ask for the cache line holding ``array[index]``: a hint, never a fault."""

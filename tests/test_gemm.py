@@ -292,15 +292,19 @@ def test_concurrent_calls_from_python_threads():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(32, 32, 20000), (7, 40, 9000), (1, 3000, 3000), (3000, 1, 3000),
-                                   (300, 700, 200), (700, 300, 200)])
+                                   (300, 700, 200), (700, 300, 200), (60, 2000, 100),
+                                   (400, 1000, 1100)])
 @pytest.mark.parametrize("epi_name", ["none", "bias_row_relu", "bias_col_relu6"])
 def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch):
-    """Two threads: split over rows, columns or k (small C, long k), GEMV split, fused epilogue."""
+    """Two threads: B packed once and shared, split over rows, columns or k (small C,
+    long k), GEMV split, fused epilogue."""
     from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
     splits = []
     real_split_k, real_run = driver._split_k, driver.run_shares
     monkeypatch.setattr(driver, "_split_k", lambda *a: (splits.append("k"), real_split_k(*a)))
+    real_shared_b = driver._shared_b
+    monkeypatch.setattr(driver, "_shared_b", lambda *a: (splits.append("b"), real_shared_b(*a)))
     monkeypatch.setattr(driver, "run_shares",
                         lambda fn, jobs: (splits.append(len(jobs)), real_run(fn, jobs)))
     m, n, k = shape
@@ -321,6 +325,10 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     kern, _ = driver._plan(np.dtype(dtype), n)
     few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
     assert ("k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
+    kern, blk = driver._plan(np.dtype(dtype), n)
+    shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr
+              and k * -(-n // kern.nr) * kern.nr <= blk.kc * blk.nc)
+    assert ("b" in splits) == shared, "B is shared exactly when it is the larger side and fits"
     extra = np.abs(c0) + (0 if bias is None else np.abs(bias).max())
     assert_close(c, ref, 4 * error_bound(a, b, k, dtype, extra=extra), f"{shape} {epi_name} threads=2")
 
@@ -369,3 +377,32 @@ def test_unpacked_path_needs_b_rows_spread_over_l1_sets():
     assert not driver._fits_unpacked(kern, 64, 256, rows + 8, 256)
     # 300 floats (1200 bytes) apart: the same sets only every 256 rows.
     assert driver._fits_unpacked(kern, 64, 300, rows + 8, 300)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
+    """``gemm_tasks`` alone: as the packer, as a thread finding B ready (its own buffer
+    holds NaN, so reading it would show), and as one coming before B is ready."""
+    kern, blk = driver._plan(np.dtype(dtype), 100)
+    mod = kern.module
+    m, n, k = 70, 100, 45
+    KC, MC, NC = 16, 2 * kern.mr, 2 * kern.nr       # several k, row and column blocks
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    bias = rng.standard_normal(m).astype(dtype)
+    from tilegemm.kernels.generator import EPI_BIAS_ROW, EPI_RELU
+    epi = EPI_BIAS_ROW | EPI_RELU
+    expected = np.maximum(2.0 * ref_gemm(a, b) + bias[:, None], 0)
+    size = k * -(-n // kern.nr) * kern.nr
+    shared = np.full(size, np.nan, dtype)
+    for packer, ready in ((True, 0), (False, 1), (False, 0)):
+        c = np.full((m, n), np.nan, dtype)
+        own = np.full(size, np.nan, dtype)
+        apack = np.empty(MC * KC, dtype)
+        flags = np.array([ready], np.int64)
+        mod.gemm_tasks(np.zeros(1, np.int64), flags, packer, m, n, k, dtype(2), a.reshape(-1), 0,
+                       k, 1, b.reshape(-1), 0, n, 1, dtype(0), c.reshape(-1), 0, n, bias, epi,
+                       KC, MC, NC, apack, shared, own)
+        assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
+        assert flags[0] == (1 if packer else ready)
+        assert np.isnan(own).all() == (packer or ready == 1)
