@@ -528,6 +528,21 @@ ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
 #: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).
 ukernel_taps_narrow = make_microkernel(DTYPE, MR, LANES, LANES, taps=True)
+#: The last row panel of C when the output channels are not a multiple of MR, written
+#: straight to the output by kernels of 4 and 2 rows over the first rows of MR-row
+#: packed panels: every power-of-two channel count from 8 on leaves 2 or 4 rows of a
+#: 6-row tile (ResNet-18 conv2_x: 64 = 10*6 + 4).  Other counts take a whole tile
+#: through the C buffer.
+ukernel_taps_4 = (make_microkernel(DTYPE, 4, NR, LANES, taps=True, a_step=MR) if MR > 4
+                  else ukernel_taps)
+ukernel_taps_2 = (make_microkernel(DTYPE, 2, NR, LANES, taps=True, a_step=MR) if MR > 2
+                  else ukernel_taps)
+
+
+@numba.njit(inline='always', **JIT)
+def short_rows(rows):
+    """Rows of the last row panel that a short kernel writes straight to C, else 0."""
+    return rows if (rows == 4 and MR > 4) or (rows == 2 and MR > 2) else 0
 
 
 @numba.njit(**JIT)
@@ -566,7 +581,7 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
 
 @numba.njit(**JIT)
 def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                  m0, m1, rows_full, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
+                  m0, m1, rows_full, short, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
     Sums, over KC blocks of channels and over taps, packed A (block pc at
@@ -580,10 +595,11 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack
     block's row panels.
 
     Tiles of rows below ``rows_full`` and whole NR columns go to C (row ``m0 + i``,
-    column ``j0 + j`` at ``c[c_off + i*ldc + j]``); the others (a partial row panel,
-    a partial last column panel) whole into ``tail`` at ``i*tail_ld + j``, in the
-    same pass over A and B.  A last panel of at most LANES columns runs the
-    one-vector kernel.  ``j0``, ``m0``, ``m1``, ``rows_full`` and ``MC`` are
+    column ``j0 + j`` at ``c[c_off + i*ldc + j]``), and so do the first ``short``
+    rows (:func:`short_rows`) of the row panel at ``rows_full`` in whole NR columns;
+    the others (a partial row panel, a partial last column panel) whole into
+    ``tail`` at ``i*tail_ld + j``, in the same pass over A and B.  A last panel of
+    at most LANES columns runs the one-vector kernel.  ``j0``, ``m0``, ``m1``, ``rows_full`` and ``MC`` are
     multiples of NR or MR; beta 0 on the first KC block, ``epi`` on the last.
     """
     full = cols // NR * NR
@@ -601,6 +617,15 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack
                     a_at = (pc * Mp + ir * kc) * ntaps
                     if ir < rows_full and jr < full:
                         dst, c_at, ld = c, c_off + (ir - m0) * ldc + jr, ldc
+                    elif ir == rows_full and short and jr < full:
+                        c_at = c_off + (ir - m0) * ldc + jr
+                        if short == 4:
+                            ukernel_taps_4(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, ir, e)
+                        else:
+                            ukernel_taps_2(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, ir, e)
+                        continue
                     else:
                         dst, c_at, ld = tail, (ir - m0) * tail_ld + jr, tail_ld
                     if narrow:
@@ -666,23 +691,25 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
             shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                          0, Mp, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+                          0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
         if layout != PADDED:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
+            short = short_rows(M - m_full)
             shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                          0, Mp, m_full, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
+                          0, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
             if m_full < M:
-                _copy_rows(cbuf[m_full * NCB:], NCB, out, co + m_full * sk + j0, sk, M - m_full,
-                           cols)
+                done = full if short else 0     # whole columns the short kernel wrote
+                _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
+                           M - m_full, cols - done)
             continue
         shifted_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp, 0, Mp,
-                      0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+                      0, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
         # The valid columns, one output-row run at a time.
         q = j0
         while q < j0 + cols:

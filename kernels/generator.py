@@ -72,7 +72,7 @@ def _vector_ptr(builder, base, offset, vec_type):
     return builder.bitcast(builder.gep(base, [offset]), vec_type.as_pointer())
 
 
-def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False):
+def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False, a_step=None):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
     Parameters
@@ -114,6 +114,10 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         ``masks[mask_off + sched[ntaps + 1]:]``: a cheaper mask for taps whose
         every read stays in memory.  Only for finite weights: zero padding times an
         infinite weight is NaN, which a masked load gives and the AND would not.
+    a_step : int, optional
+        Taps flavour only: A's packed panels hold ``a_step`` values per k (default
+        ``mr``), so a kernel of fewer rows can run the first ``mr`` rows of panels
+        packed for a taller one (the last, partial row panel of C).
 
     Returns
     -------
@@ -126,7 +130,12 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     shape = (dtype, mr, nr, lanes)
     if taps and (strided or edge):
         raise ValueError("the taps flavour reads packed A, strided B and full tiles only")
+    if a_step is not None and (not taps or a_step < mr):
+        raise ValueError(f"a_step={a_step} needs the taps flavour and at least mr={mr} rows")
+    a_step = mr if a_step is None else a_step
     flavour = "taps" if taps else ("strided" if strided else "packed") + ("_edge" if edge else "")
+    if a_step != mr:
+        flavour += f"_a{a_step}"       # the A stride is folded into the tile's body
 
     def emit(context, builder, sig, args):
         intp = context.get_value_type(types.intp)
@@ -138,7 +147,7 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
             (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, masks, mask_off, sched,
              c, c_off, ldc, alpha, beta, bias, bias_off, epi) = args
             at, bt, ct, biast = types_[1], types_[4], types_[12], types_[17]
-            a_rs, a_cs = ir.Constant(intp, 1), ir.Constant(intp, mr)
+            a_rs, a_cs = ir.Constant(intp, 1), ir.Constant(intp, a_step)
             zero = ir.Constant(intp, 0)
             tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, zero),
                         _data(context, builder, types_[9], masks, mask_off),
@@ -295,7 +304,7 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
         p = list(fn.args)
         if flavour.startswith("packed"):
             p[2], p[3], p[5] = a_rs, a_cs, ldb
-        elif flavour == "taps":
+        elif flavour.startswith("taps"):
             p[2], p[3] = a_rs, a_cs
         n_valid = len(extra["valid"])
         _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:12 + n_valid]) or None,

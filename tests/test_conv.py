@@ -1018,3 +1018,18 @@ def test_reads_stay_inside_the_input(dtype, layout, algorithm):
             got = got.transpose(0, 3, 1, 2)
         want = reference_conv(xr.astype(np.float64), w.astype(np.float64), padding=padding)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("K", [8, 10, 14, 16, 9, 11])
+@pytest.mark.parametrize("N", [1, 2])
+def test_shifted_im2col_last_row_panel(K, N):
+    """Output channels leaving 2 or 4 rows of a 6-row tile (8, 10, 14, 16) take the short
+    kernels straight into the output, others (9, 11) the C buffer; with a partial last
+    column panel (13x13 grid: 169 columns) for one image, batched tails for two."""
+    C, H = 64, 13
+    x = RNG.standard_normal((N, C, H, H)).astype(np.float32)
+    w = RNG.standard_normal((K, C, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(K).astype(np.float32)
+    expected = reference_conv(x, w, b, padding=1, activation="relu6")
+    got = tilegemm.conv2d(x, w, b, padding=1, activation="relu6", algorithm="im2col")
+    assert np.abs(got - expected).max() <= _tolerance(x, w, np.float32)
