@@ -107,6 +107,12 @@ def _run_nchw(x, w, bias, out, p, act):
     MC = blk.mc
     # Balance the pixel blocks: NC no larger than the blocking's, as equal as possible.
     n_jc = -(-pixels // blk.nc)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
+    if threads > 1:
+        # Finer pixel blocks for enough tasks to balance the threads (see
+        # TASKS_PER_THREAD), none under IM2COL_PART_COLUMNS: each task streams all of A.
+        n_jc = max(n_jc, min(-(-TASKS_PER_THREAD * threads // p.N),
+                             pixels // IM2COL_PART_COLUMNS))
     NC = engine.round_up(-(-pixels // n_jc), NR)
     n_jc = -(-pixels // NC)
 
@@ -118,7 +124,6 @@ def _run_nchw(x, w, bias, out, p, act):
     Mp = packed[0][1]
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
-    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     # With few (image, pixel block) pairs, split the output channels too so every thread works.
     msplit = 1
     if p.N * n_jc < threads:
@@ -199,15 +204,18 @@ SHIFTED_MIN_CHANNELS = 64
 SHIFTED_C_BYTES = 1 << 19
 #: Columns per GEMM over the images' tail columns (see ``shifted_tails``): eight panels.
 SHIFTED_TAIL_COLUMNS = 128
-#: With several threads, images read in place are cut into parts until there are this
-#: many tasks per thread: tasks are taken from a shared counter, so finer ones even out
-#: threads the machine slows down or starts late.  ResNet-18 conv3_x, batch 8, 2 threads:
-#: 1.50-1.81x one thread with a task per image, 1.59-1.87x with four parts per image
-#: (median of 11 alternated rounds, three runs).  Layers read from a copy lost 3-5%: every
-#: thread taking a part of an image copies all of it.
-SHIFTED_TASKS_PER_THREAD = 16
+#: With several threads, images are cut into column parts (pixel blocks) until there
+#: are this many tasks per thread: tasks are taken from a shared counter, so finer ones
+#: even out threads the machine slows down or starts late.  Batch 8, 2 threads, median
+#: of 11 alternated rounds: ResNet-18 conv3_x 1.50-1.81x one thread with a task per
+#: image, 1.59-1.87x with four parts per image (three runs); ResNet-50's 256->64 1x1
+#: 1.66x -> 1.90x.  Not for layers the taps path reads from a copy (3-5% slower):
+#: every thread taking a part of an image copies all of it.
+TASKS_PER_THREAD = 16
 #: ... but a part keeps at least this many columns: every part streams all of A.
 SHIFTED_PART_COLUMNS = 48
+#: The same for the pixel blocks of the packing path, whose tasks also pack B.
+IM2COL_PART_COLUMNS = 256
 
 
 def _flat(p):
@@ -442,7 +450,7 @@ def _run_shifted(x, w, bias, out, p, act):
     copy of each image, unpadded where its planes are as wide as the output
     (:func:`_layout`); see the section "im2col without patches" of
     ``conv/_conv_tile.py``.  Tasks are images, or parts of an image's column blocks
-    (to balance the threads, see ``SHIFTED_TASKS_PER_THREAD``), plus the batched tails
+    (to balance the threads, see ``TASKS_PER_THREAD``), plus the batched tails
     (``shifted_tails``); a thread that copies keeps the image it works on in its
     own buffer.
     """
@@ -484,7 +492,7 @@ def _run_shifted(x, w, bias, out, p, act):
     # thread taking a part of an image copies all of it).
     parts = -(-threads // p.N)
     if layout == FLAT and threads > 1:
-        parts = max(parts, min(-(-SHIFTED_TASKS_PER_THREAD * threads // p.N),
+        parts = max(parts, min(-(-TASKS_PER_THREAD * threads // p.N),
                                q_end // SHIFTED_PART_COLUMNS))
     # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES,
     # at least one per part.
