@@ -1033,3 +1033,26 @@ def test_shifted_im2col_last_row_panel(K, N):
     expected = reference_conv(x, w, b, padding=1, activation="relu6")
     got = tilegemm.conv2d(x, w, b, padding=1, activation="relu6", algorithm="im2col")
     assert np.abs(got - expected).max() <= _tolerance(x, w, np.float32)
+
+
+@pytest.mark.parametrize("shape", [((3, 32, 24, 24), (20, 1, 1), {}),
+                                   ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
+def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
+    """All threads: the packing path's images are cut into several pixel blocks."""
+    from tilegemm.conv import engine
+    mod = engine.conv_module(np.float32)
+    blocks = []
+
+    def spy(counter, ntasks, *rest):
+        blocks.append(rest[10])                      # n_jc
+        return real(counter, ntasks, *rest)
+
+    real = mod.im2col_nchw_tasks
+    monkeypatch.setattr(mod, "im2col_nchw_tasks", spy)
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+    finally:
+        numba.set_num_threads(saved)
+    assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
