@@ -1,4 +1,5 @@
 """conv2d: every algorithm against a float64 direct reference, transforms, packers, errors."""
+import contextlib
 import sys
 import threading
 
@@ -640,6 +641,31 @@ def test_shifted_im2col(name, monkeypatch):
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
 
 
+@contextlib.contextmanager
+def _threads(n):
+    """Numba's thread count set to ``n`` (capped by the machine's) for the block."""
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
+
+
+def _record_arg(monkeypatch, name, index):
+    """Wrap the float32 conv module's task loop ``name``: each call records its argument
+    ``index`` in the list returned."""
+    mod = engine.conv_module(np.float32)
+    real, seen = getattr(mod, name), []
+
+    def spy(*args):
+        seen.append(args[index])
+        return real(*args)
+
+    monkeypatch.setattr(mod, name, spy)
+    return seen
+
+
 @pytest.mark.parametrize("name", ["many_channels", "direct_rows", "two_k_blocks"])
 @pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
 def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypatch):
@@ -648,37 +674,20 @@ def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypa
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
     (_, C, H, W), (K, kh, kw), kw_args = SHIFTED[name]
     shape = ((1, C, H, W), (K, kh, kw), kw_args)
-    saved = numba.get_num_threads()
-    try:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu6")
-    finally:
-        numba.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
 def test_shifted_im2col_cuts_a_batch_into_parts(c_bytes, monkeypatch):
     """Several images read in place, all threads: images are cut into parts for balance."""
-    from tilegemm.conv import engine
     from tilegemm.conv import im2col as im2col_mod
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
-    mod = engine.conv_module(np.float32)
-    parts = []
-
-    def spy(counter, ntasks, n_parts, *rest):
-        parts.append(n_parts)
-        return real(counter, ntasks, n_parts, *rest)
-
-    real = mod.shifted_tasks
-    monkeypatch.setattr(mod, "shifted_tasks", spy)
+    parts = _record_arg(monkeypatch, "shifted_tasks", 2)
     _, (K, kh, kw), kw_args = SHIFTED["many_channels"]
-    shape = ((3, 64, 19, 23), (K, kh, kw), kw_args)
-    saved = numba.get_num_threads()
-    try:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
-    finally:
-        numba.set_num_threads(saved)
+    with _threads(numba.config.NUMBA_NUM_THREADS):
+        run_case(((3, 64, 19, 23), (K, kh, kw), kw_args), "im2col", "NCHW", np.float32,
+                 bias=True, activation="relu")
     assert parts and all(n > 1 for n in parts) == (numba.config.NUMBA_NUM_THREADS > 1)
 
 
@@ -1039,20 +1048,7 @@ def test_shifted_im2col_last_row_panel(K, N):
                                    ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
-    from tilegemm.conv import engine
-    mod = engine.conv_module(np.float32)
-    blocks = []
-
-    def spy(counter, ntasks, *rest):
-        blocks.append(rest[10])                      # n_jc
-        return real(counter, ntasks, *rest)
-
-    real = mod.im2col_nchw_tasks
-    monkeypatch.setattr(mod, "im2col_nchw_tasks", spy)
-    saved = numba.get_num_threads()
-    try:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
+    with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
-    finally:
-        numba.set_num_threads(saved)
     assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
