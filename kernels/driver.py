@@ -132,6 +132,11 @@ def reset_plans():
 #: k block of the unpacked path (its tiles read A and B in place, KC columns of A at a time).
 UNPACKED_KC = 512
 
+#: Up to this many rows of C the unpacked path ignores how B's rows fall on L1's sets:
+#: its panel is re-read from L2 by a few row panels only, and packing, a pass over A
+#: and B per use of each value m or n times, costs the more (see _fits_unpacked).
+UNPACKED_FEW_ROWS = 48
+
 #: Cache bytes the unpacked path may count on (see _fits_unpacked); None means the L2 size.
 SMALL_BYTES = None
 
@@ -256,31 +261,34 @@ def _serial(kern, blk, m, n, k, args, bias, epi):
 
 
 def _fits_unpacked(kern, m, n, k, ldb):
-    """Whether to skip packing: one column of tiles, or B and A's k block fit in cache.
+    """Whether to skip packing: one column of tiles, or B's and A's k blocks fit in cache.
 
     Per KC block the unpacked path walks C by columns of tiles: each B micro-panel
     is read in place down its column and A's block (m x KC) is re-read for every
-    column.  With a single column nothing is re-read.  Otherwise both must sit in
-    L2: measured (float32, one run each) unpacked against packed 1.08x vs 0.87x
-    numpy at 512^3 and 0.78x vs 0.59x at 200^3 (B <= L2/2), but 0.68x vs 1.26x at
+    column.  With a single column nothing is re-read.  Otherwise both k blocks must
+    sit in L2: measured (float32, one run each) unpacked against packed 1.08x vs
+    0.87x numpy at 512^3 and 0.78x vs 0.59x at 200^3, but 0.68x vs 1.26x at
     256x3136x1152 and 0.32x vs 0.96x at 1024^3, where B streams from memory
-    through rows a page or more apart.
+    through rows a page or more apart.  A long k alone does not matter, and there
+    packing costs most (a pass over A and B for every m or n uses of a value):
+    32x32x32768 ran 1.35x faster unpacked, 100x100x10000 1.05x.
 
     And the micro-panel's rows, ``ldb`` elements apart, must spread over L1's sets
     (see :func:`~tilegemm.tuning.machine.l1_alias_period`), or every tile down the
-    column reloads them from L2.  Measured on a Zen 3 (float32, 1 thread, median of
-    7 alternated rounds), packed against unpacked: 256^3 (rows 1 KiB apart) 1.17x,
+    column reloads them from L2 -- unless C has only a few row panels
+    (``UNPACKED_FEW_ROWS``).  Measured on a Zen 3 (float32, 1 thread, median of 7
+    alternated rounds), packed against unpacked: 256^3 (rows 1 KiB apart) 1.17x,
     256x256x64 1.14x, 96x512x96 1.20x, 192^3 1.07x; 224^3 and 300x300x100, whose
-    rows spread, 0.96-0.98x.
+    rows spread, 0.96-0.98x; 32 rows, 0.7-0.8x whatever the rows' spacing.
     """
     if n <= kern.nr:
         return True
     budget = _small_bytes() // 2
     size = kern.dtype.itemsize
     kc = min(k, UNPACKED_KC)
-    l1 = detect().l1d_bytes
-    return (k * n * size <= budget and m * kc * size <= budget
-            and kc <= l1 // 4096 * l1_alias_period(ldb * size))
+    spread = kc <= detect().l1d_bytes // 4096 * l1_alias_period(ldb * size)
+    return (kc * n * size <= budget and m * kc * size <= budget
+            and (spread or m <= UNPACKED_FEW_ROWS))
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):

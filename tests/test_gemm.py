@@ -377,6 +377,15 @@ def test_unpacked_path_needs_b_rows_spread_over_l1_sets():
     assert not driver._fits_unpacked(kern, 64, 256, rows + 8, 256)
     # 300 floats (1200 bytes) apart: the same sets only every 256 rows.
     assert driver._fits_unpacked(kern, 64, 300, rows + 8, 300)
+    # A few rows of C re-read the panel a few times only.
+    assert driver._fits_unpacked(kern, driver.UNPACKED_FEW_ROWS, 256, rows + 8, 256)
+
+
+def test_unpacked_path_counts_b_per_k_block():
+    """A long k does not keep the unpacked path away: only a KC block of B must fit."""
+    kern, _ = driver._plan(np.dtype(np.float32), 32)
+    assert driver._fits_unpacked(kern, 32, 32, 32768, 32)
+    assert not driver._fits_unpacked(kern, 32, 4096, 32768, 4096)   # its KC block does not fit
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
