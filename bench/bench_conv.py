@@ -114,7 +114,7 @@ def bench_layer(ly, batch, threads, repeat, peak):
     x, w, b = operands(ly, batch)
     fns, p = parties(ly, x, w, b)
     best = interleaved_best(fns, repeat, settle=bench.settle_time(threads),
-                              ramp=bench.ramp_time(threads))
+                            ramp=bench.ramp_time(threads))
     plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
                               threads=threads)
     rows = []
@@ -151,7 +151,7 @@ def bench_scaling(ly, batch, threads, repeat):
         timed[(name, 1)] = at(1, f)
         timed[(name, threads)] = at(threads, f)
     best = interleaved_best(timed, repeat, settle=bench.settle_time(threads),
-                              ramp=bench.ramp_time(threads))
+                            ramp=bench.ramp_time(threads))
     return [dict(layer=ly["name"], party=name, one=best[(name, 1)], many=best[(name, threads)])
             for name in fns]
 

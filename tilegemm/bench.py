@@ -180,7 +180,7 @@ def ramp_time(threads):
     on, and a 50 ms sample taken at once measured a spell of the host rather than
     the code (ours 0.56x numpy there, 0.65x after 0.1 s of calls; at 384^3, 0.78x
     and 1.02x).  Every party gets the same ramp, so each is timed as a loop of calls
-    runs in steady state.  One thread showed no such effect.
+    runs in steady state.  Single-thread samples take neither the pause nor the ramp.
     """
     return 0.1 if threads > 1 else 0.0
 
