@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -119,13 +120,46 @@ _prepared = collections.OrderedDict()
 _prepared_lock = threading.Lock()
 
 
+class Frozen:
+    """A read-only weight array and what has been built from it, kept together.
+
+    Made by :class:`tilegemm.ConvWeights`, which owns the array and this object:
+    the array never changes, so :func:`prepared` returns what it built before
+    without comparing anything, and nothing is evicted while the owner lives.
+    """
+
+    __slots__ = ("array", "built", "__weakref__")
+
+    def __init__(self, array):
+        self.array, self.built = array, {}
+
+
+#: id(array) -> Frozen, for as long as the Frozen object lives.
+_frozen = weakref.WeakValueDictionary()
+
+
+def freeze(array):
+    """Register ``array`` (read-only, owned by the caller) as never changing (:class:`Frozen`)."""
+    holder = Frozen(array)
+    _frozen[id(array)] = holder
+    return holder
+
+
 def prepared(kind, weight, params, build):
     """``build()`` for this weight array, cached.
 
-    The key is ``(kind, id(weight), params)``; a hit also compares the weight with
-    the copy taken when it was built, so an array modified in place (or a new
-    array at a recycled id) is rebuilt.  Keeps the last ``_PREPARED_MAX`` entries.
+    For an array registered by :func:`freeze`, kept with it, and never compared.
+    Otherwise the key is ``(kind, id(weight), params)``; a hit also compares the
+    weight with the copy taken when it was built, so an array modified in place
+    (or a new array at a recycled id) is rebuilt.  Keeps the last
+    ``_PREPARED_MAX`` entries.
     """
+    holder = _frozen.get(id(weight))
+    if holder is not None and holder.array is weight:
+        value = holder.built.get((kind, params))
+        if value is None:
+            value = holder.built.setdefault((kind, params), build())
+        return value
     key = (kind, id(weight), weight.shape, weight.dtype.str, params)
     with _prepared_lock:
         hit = _prepared.get(key)

@@ -1052,3 +1052,78 @@ def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
     assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct", "auto"])
+@pytest.mark.parametrize("C", [8, 64])
+def test_conv_weights_match_plain_weights(algorithm, C):
+    """ConvWeights gives exactly what the plain array gives, call after call."""
+    x = RNG.standard_normal((2, C, 9, 11)).astype(np.float32)
+    w = RNG.standard_normal((10, C, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(10).astype(np.float32)
+    cw = tilegemm.ConvWeights(w)
+    assert cw.shape == w.shape and cw.dtype == w.dtype
+    expected = tilegemm.conv2d(x, w, b, padding=1, activation="relu", algorithm=algorithm)
+    for _ in range(2):
+        got = tilegemm.conv2d(x, cw, b, padding=1, activation="relu", algorithm=algorithm)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_conv_weights_hold_their_own_copy():
+    x = RNG.standard_normal((1, 64, 8, 8)).astype(np.float32)
+    w = RNG.standard_normal((6, 64, 3, 3)).astype(np.float32)
+    expected = reference_conv(x, w, padding=1)
+    cw = tilegemm.ConvWeights(w)
+    w += 1.0                                                  # after preparing: no effect
+    for algorithm in ("im2col", "winograd", "direct"):
+        got = tilegemm.conv2d(x, cw, padding=1, algorithm=algorithm)
+        assert np.abs(got - expected).max() <= _tolerance(x, w, np.float32)
+
+
+def test_conv_weights_are_never_compared_nor_evicted(monkeypatch):
+    """Built once per object and algorithm, kept however many objects there are, and
+    never compared with anything (a plain array is, on every call)."""
+    from tilegemm.conv import winograd as winograd_mod
+    builds, compares = [], []
+    real_build, real_equal = winograd_mod._pack_transformed_a, np.array_equal
+    monkeypatch.setattr(winograd_mod, "_pack_transformed_a",
+                        lambda *a: (builds.append(1), real_build(*a))[1])
+    monkeypatch.setattr(engine.np, "array_equal",
+                        lambda *a, **k: (compares.append(1), real_equal(*a, **k))[1])
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    layers = [tilegemm.ConvWeights(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32))
+              for _ in range(engine._PREPARED_MAX + 8)]
+    for _ in range(2):
+        for cw in layers:
+            tilegemm.conv2d(x, cw, padding=1, algorithm="winograd")
+    assert len(builds) == len(layers)
+    assert not compares
+    plain = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    for _ in range(2):
+        tilegemm.conv2d(x, plain, padding=1, algorithm="winograd")
+    assert len(builds) == len(layers) + 1 and len(compares) == 1
+
+
+def test_conv_weights_bad_input():
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.ConvWeights(np.ones((2, 2, 3, 3), np.int32))
+    with pytest.raises(ValueError, match="4-D"):
+        tilegemm.ConvWeights(np.ones((3, 3), np.float32))
+    cw = tilegemm.ConvWeights(np.ones((2, 3, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="channel"):
+        tilegemm.conv2d(np.ones((1, 4, 5, 5), np.float32), cw)
+
+
+def test_conv_weights_shared_by_python_threads():
+    x = RNG.standard_normal((2, 64, 10, 10)).astype(np.float32)
+    w = RNG.standard_normal((12, 64, 3, 3)).astype(np.float32)
+    cw = tilegemm.ConvWeights(w)
+    expected = reference_conv(x, w, padding=1)
+
+    def work(i):
+        algorithm = ("im2col", "winograd", "direct")[i % 3]
+        for _ in range(3):
+            got = tilegemm.conv2d(x, cw, padding=1, algorithm=algorithm)
+            assert np.abs(got - expected).max() <= _tolerance(x, w, np.float32)
+
+    _in_threads(work, 6)
