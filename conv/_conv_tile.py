@@ -599,8 +599,9 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack
     rows (:func:`short_rows`) of the row panel at ``rows_full`` in whole NR columns;
     the others (a partial row panel, a partial last column panel) whole into
     ``tail`` at ``i*tail_ld + j``, in the same pass over A and B.  A last panel of
-    at most LANES columns runs the one-vector kernel.  ``j0``, ``m0``, ``m1``, ``rows_full`` and ``MC`` are
-    multiples of NR or MR; beta 0 on the first KC block, ``epi`` on the last.
+    at most LANES columns runs the one-vector kernel.  ``j0``, ``m0``, ``m1``,
+    ``rows_full`` and ``MC`` are multiples of NR or MR; beta 0 on the first KC block,
+    ``epi`` on the last.
     """
     full = cols // NR * NR
     for pc in range(0, Cg, KC):
