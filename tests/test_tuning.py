@@ -98,3 +98,28 @@ def test_peaks_are_positive_and_plausible():
     # A turbo clock can beat the nominal one, but not by 3x.
     assert measured < 3 * nominal
     assert measured_peak_gflops(np.float64, seconds=0.05) < measured * 1.2
+
+
+@pytest.mark.parametrize("scaling, attempts", [(0.0, 1), (10.0, 3)])
+def test_several_thread_peak_measured_again_when_below_one_thread(scaling, attempts, monkeypatch):
+    """A 2-thread peak under PEAK_SCALING x 2 x the 1-thread peak is measured again, up to
+    PEAK_ATTEMPTS times (a scaling of 10 can never be reached; 0 always is)."""
+    import threading
+    import time as time_mod
+    from tilegemm.tuning import peak
+    main_calls = []
+
+    def fake_kernel(iters, x):
+        if threading.current_thread() is threading.main_thread():
+            main_calls.append(iters)
+        time_mod.sleep(iters * 1e-9)
+
+    monkeypatch.setattr(peak, "_fma_kernel", lambda dtype: fake_kernel)
+    monkeypatch.setattr(peak, "_measured", {})
+    monkeypatch.setattr(peak, "PEAK_SCALING", scaling)
+    peak.measured_peak_gflops(np.float32, 1, seconds=0.004)
+    del main_calls[:]
+    gflops = peak.measured_peak_gflops(np.float32, 2, seconds=0.004)
+    # The calibration's last run, then five timed runs per attempt, all of that length.
+    assert main_calls.count(main_calls[-1]) == 1 + 5 * attempts
+    assert gflops > 0 and peak._measured[("float32", 2)] == gflops

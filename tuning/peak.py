@@ -81,6 +81,15 @@ _measured = {}
 _measured_lock = threading.Lock()
 
 
+#: A several-thread peak below this share of ``threads`` x the one-thread peak is measured
+#: again, up to ``PEAK_ATTEMPTS`` times in all, and the best kept: on a shared virtual
+#: machine both threads can land on one host core for a while (a 2-thread float64
+#: peak once came out at 49 GFLOPS, the one-thread figure, and GEMMs then ran at
+#: "110% of peak").  What the machine still gives after that is what is reported.
+PEAK_SCALING = 0.75
+PEAK_ATTEMPTS = 3
+
+
 def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
     """FMA throughput measured on this machine, cached for the process.
 
@@ -99,6 +108,11 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
         GFLOPS.
     """
     key = (np.dtype(dtype).name, int(threads))
+    with _measured_lock:
+        if key in _measured:
+            return _measured[key]
+    # Several threads are measured against one: see PEAK_ATTEMPTS.
+    single = measured_peak_gflops(dtype, 1, seconds) if threads > 1 else None
     with _measured_lock:
         if key in _measured:
             return _measured[key]
@@ -121,6 +135,11 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
         iters = 100_000
         while run(iters) < seconds / 4:
             iters *= 2
-        best = min(run(iters) for _ in range(5))
-        _measured[key] = threads * iters * flops_per_iter / best / 1e9
-        return _measured[key]
+        best = float("inf")
+        for _ in range(PEAK_ATTEMPTS):
+            best = min(best, min(run(iters) for _ in range(5)))
+            gflops = threads * iters * flops_per_iter / best / 1e9
+            if single is None or gflops >= PEAK_SCALING * threads * single:
+                break
+        _measured[key] = gflops
+        return gflops
