@@ -91,29 +91,28 @@ class ConvWeights:
     and cached like a plain array.
     """
 
-    __slots__ = ("_array", "_frozen")
+    __slots__ = ("_frozen",)     # the copy and what is built from it (engine.Frozen)
 
     def __init__(self, weight):
         if isinstance(weight, ConvWeights):
-            weight = weight._array
+            weight = weight._frozen.array
         w = _float_array(weight, "weight", "ConvWeights")
         if w.ndim != 4:
             raise ValueError(f"ConvWeights: weight must be 4-D (K, C/groups, kh, kw), "
                              f"got shape {w.shape}")
         w = np.array(w, order="C", copy=True)
         w.flags.writeable = False
-        self._array = w
         self._frozen = engine.freeze(w)
 
     @property
     def shape(self):
         """(K, C/groups, kh, kw)."""
-        return self._array.shape
+        return self._frozen.array.shape
 
     @property
     def dtype(self):
         """float32 or float64."""
-        return self._array.dtype
+        return self._frozen.array.dtype
 
     def __repr__(self):
         return f"ConvWeights(shape={self.shape}, dtype={self.dtype})"
@@ -164,7 +163,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     """
     func = "conv2d"
     if isinstance(weight, ConvWeights):
-        weight = weight._array
+        weight = weight._frozen.array
     _check_choice(algorithm, ALGORITHMS, "algorithm", func)
     _check_choice(activation, ACTIVATIONS, "activation", func)
     x = _float_array(input, "input", func)

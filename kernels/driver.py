@@ -301,13 +301,12 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
         _split_k(kern, blk, m, n, k, args, bias, epi, threads)
         return
+    by_rows = m / kern.mr >= n / kern.nr
     # B the larger side (matrix-vector products keep their own path) and one B block.
-    if (min(m, n) > 1 and m / kern.mr >= n / kern.nr
-            and k * _round_up(n, kern.nr) <= blk.kc * blk.nc):
+    if min(m, n) > 1 and by_rows and k * _round_up(n, kern.nr) <= blk.kc * blk.nc:
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
-    by_rows = m / kern.mr >= n / kern.nr
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
     step = _round_up(-(-length // threads), unit)

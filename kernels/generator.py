@@ -226,7 +226,8 @@ def next_task(typingctx, counter):
     return types.int64(counter), emit
 
 
-def _flag_ptr(context, builder, sig, args):
+def _element_ptr(context, builder, sig, args):
+    """Pointer to ``array[index]`` for an intrinsic called as ``f(array, index, ...)``."""
     idx = context.cast(builder, args[1], sig.args[1], types.intp)
     return _data(context, builder, sig.args[0], args[0], idx)
 
@@ -248,7 +249,7 @@ def publish(typingctx, flags, index, value):
 
     def emit(context, builder, sig, args):
         value = context.cast(builder, args[2], sig.args[2], types.int64)
-        builder.store_atomic(value, _flag_ptr(context, builder, sig, args), "release", 8)
+        builder.store_atomic(value, _element_ptr(context, builder, sig, args), "release", 8)
         return context.get_dummy_value()
 
     return types.void(flags, index, value), emit
@@ -260,7 +261,7 @@ def acquire(typingctx, flags, index):
     _check_flags(flags, index, "acquire")
 
     def emit(context, builder, sig, args):
-        return builder.load_atomic(_flag_ptr(context, builder, sig, args), "acquire", 8)
+        return builder.load_atomic(_element_ptr(context, builder, sig, args), "acquire", 8)
 
     return types.int64(flags, index), emit
 
@@ -272,8 +273,7 @@ def prefetch(typingctx, array, index):
         raise TypeError("prefetch needs an array and an integer index")
 
     def emit(context, builder, sig, args):
-        idx = context.cast(builder, args[1], sig.args[1], types.intp)
-        _prefetch(builder, _data(context, builder, sig.args[0], args[0], idx))
+        _prefetch(builder, _element_ptr(context, builder, sig, args))
         return context.get_dummy_value()
 
     return types.void(array, index), emit
