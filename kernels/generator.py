@@ -31,6 +31,12 @@ from numba.extending import intrinsic
 #: k steps per iteration of the micro-kernel's main loop.
 UNROLL = 4
 
+#: Independent accumulators a k loop needs to keep the FMA units busy: FMA latency
+#: (4 cycles on Zen 3 and Skylake) times FMA ports (2).  Tiles with fewer accumulators
+#: (2x16 or 6x8 with 8 lanes) keep several sets, alternated by k step and added up
+#: after the loop: one 2x16 set ran at half the 6x16 tile's speed.
+FMA_CHAINS = 8
+
 #: Bytes ahead of the current position that the matrix-vector dot products prefetch.
 GEMV_PREFETCH = 1024
 
@@ -329,7 +335,11 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
     intp = context.get_value_type(types.intp)
 
     zero = ir.Constant(vec, [0.0] * lanes)
-    acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+    # sets[s][i][v]: partial sums over the k steps with k % len(sets) == s (see FMA_CHAINS).
+    n_sets = min(UNROLL, -(-FMA_CHAINS // (mr * nv)))
+    sets = [[[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+            for _ in range(n_sets)]
+    acc = sets[0]
 
     # C is read only after the k loop: start bringing its lines in now.
     line = 64 // esize
@@ -346,7 +356,7 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         """
         a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
 
-        def k_step(k):
+        def k_step(k, acc):
             """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
             b_row = builder.mul(k, ldb)
             a_col = builder.mul(k, a_cs)
@@ -379,10 +389,10 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         with cgutils.for_range(builder, whole) as loop:
             base = builder.mul(loop.index, unroll)
             for u in range(UNROLL):
-                k_step(builder.add(base, ir.Constant(intp, u)))
+                k_step(builder.add(base, ir.Constant(intp, u)), sets[u % n_sets])
         done = builder.mul(whole, unroll)
         with cgutils.for_range(builder, builder.sub(kc, done)) as loop:
-            k_step(builder.add(done, loop.index))
+            k_step(builder.add(done, loop.index), sets[0])
 
     if taps is None:
         k_loop(a_ptr, b_ptr)
@@ -415,10 +425,18 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
                 keep = builder.bitcast(builder.gep(mask_ptr, [and_off]), ivec.as_pointer())
                 keep = [builder.load(builder.gep(keep, [ir.Constant(intp, v)]), align=esize)
                         for v in range(nv)]
-                for i in range(mr):
-                    for v in range(nv):
-                        bits = builder.and_(builder.bitcast(builder.load(acc[i][v]), ivec), keep[v])
-                        builder.store(builder.bitcast(bits, vec), acc[i][v])
+                for part in sets:
+                    for i in range(mr):
+                        for v in range(nv):
+                            bits = builder.and_(builder.bitcast(builder.load(part[i][v]), ivec),
+                                                keep[v])
+                            builder.store(builder.bitcast(bits, vec), part[i][v])
+
+    for part in sets[1:]:
+        for i in range(mr):
+            for v in range(nv):
+                builder.store(builder.fadd(builder.load(acc[i][v]), builder.load(part[i][v])),
+                              acc[i][v])
 
     alpha_v = _splat(builder, alpha, vec)
     beta_v = _splat(builder, beta, vec)
