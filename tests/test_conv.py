@@ -531,6 +531,26 @@ def test_weight_changed_in_place_is_not_served_stale():
         w[...] = w2
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype, size", [(np.float32, 1152), (np.float64, 3 * 4096 + 5)])
+def test_same_contents_finds_any_changed_bit(threads, dtype, size, monkeypatch):
+    """The cache's check that a weight array is unchanged: one flipped bit anywhere (the
+    ends of each thread's part and of each block) is found; NaN matches itself."""
+    monkeypatch.setattr(engine, "COMPARE_BYTES_PER_THREAD", 1024)   # cut even small arrays
+    w = RNG.standard_normal(size).astype(dtype)
+    w[7] = np.nan
+    copy = w.copy()
+    with _threads(threads):
+        assert engine.same_contents(copy, w)
+        ends = {0, size - 1, 4095, 4096} | {size * t // 2 + d for t in (1,) for d in (-1, 0)}
+        for i in sorted(e for e in ends if e < size):
+            for bit in (0, 8 * w.itemsize - 1):                  # lowest bit, sign bit
+                changed = w.copy()
+                changed.view(f"u{w.itemsize}")[i] ^= np.array(1 << bit).astype(f"u{w.itemsize}")
+                assert not engine.same_contents(copy, changed), (i, bit)
+    assert not engine.same_contents(np.zeros(3, dtype), np.array([0.0, -0.0, 0.0], dtype))
+
+
 @pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct"])
 def test_thread_counts_agree(algorithm):
     x = RNG.standard_normal((3, 16, 20, 20)).astype(np.float32)
@@ -1085,11 +1105,11 @@ def test_conv_weights_are_never_compared_nor_evicted(monkeypatch):
     never compared with anything (a plain array is, on every call)."""
     from tilegemm.conv import winograd as winograd_mod
     builds, compares = [], []
-    real_build, real_equal = winograd_mod._pack_transformed_a, np.array_equal
+    real_build, real_same = winograd_mod._pack_transformed_a, engine.same_contents
     monkeypatch.setattr(winograd_mod, "_pack_transformed_a",
                         lambda *a: (builds.append(1), real_build(*a))[1])
-    monkeypatch.setattr(engine.np, "array_equal",
-                        lambda *a, **k: (compares.append(1), real_equal(*a, **k))[1])
+    monkeypatch.setattr(engine, "same_contents",
+                        lambda *a: (compares.append(1), real_same(*a))[1])
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     layers = [tilegemm.ConvWeights(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32))
               for _ in range(engine._PREPARED_MAX + 8)]
