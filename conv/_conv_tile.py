@@ -20,7 +20,8 @@ import numpy as np
 from tilegemm.config import JIT
 from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
-                                        make_depthwise_rows, make_direct_row, make_microkernel,
+                                        make_depthwise_flat, make_depthwise_rows,
+                                        make_direct_row, make_microkernel,
                                         make_winograd_input, make_winograd_output, next_task,
                                         prefetch)
 from tilegemm.kernels.registry import get_kernel
@@ -53,6 +54,14 @@ direct_row_out = make_direct_row(DTYPE, LANES, to_output=True, vectors=ROW_VECTO
 DW_ROWS = 2
 depthwise_rows = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, DW_ROWS)
 depthwise_row = make_depthwise_rows(DTYPE, LANES, ROW_VECTORS, 1)
+#: Output vectors per call of the depthwise kernel over rows end to end: eight
+#: independent FMA chains; four for short runs and the masked vectors near the
+#: top and bottom (a 7x7 channel has four vectors inside and three outside).
+DW_FLAT_VECTORS = 8
+DW_FLAT_SHORT = 4
+depthwise_flat_inside = make_depthwise_flat(DTYPE, LANES, DW_FLAT_VECTORS, inside=True)
+depthwise_flat_inside_short = make_depthwise_flat(DTYPE, LANES, DW_FLAT_SHORT, inside=True)
+depthwise_flat = make_depthwise_flat(DTYPE, LANES, DW_FLAT_SHORT)
 
 
 @numba.njit(inline='always', **JIT)
@@ -398,6 +407,45 @@ def depthwise_plane(geom):
     rows = (Ho - 1) * sy + (kh - 1) * dy + 1
     cols = (Wo + ROW - 1) // ROW * ROW + (kw - 1) * dx
     return rows, (cols + LANES - 1) // LANES * LANES
+
+
+@numba.njit(**JIT)
+def depthwise_flat_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, plane,
+                         out_plane, W, ntaps, taps, masks, starts, rows, inner, colmask, blocks,
+                         shorts):
+    """Depthwise channels (``plane`` pixels in, ``out_plane`` out, rows ``W`` wide both)
+    whose output plane is as wide as the image, its rows end to end
+    (:func:`depthwise_flat`); task ``c`` is the ``c``-th channel of the batch,
+    ``per_tick`` at a time taken from ``counter``.
+
+    Runs of vectors that read inside the channel first (at ``blocks``, ``shorts``),
+    then the others (``starts``); the geometry is
+    ``tilegemm.conv.direct.flat_geometry``'s.  One loop over the channels: a small
+    channel is a few hundred cycles, which a call per channel passing these arrays
+    (their reference counts) would double.
+    """
+    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    K = w.size // ntaps
+    nvec = starts.size
+    while True:
+        first = next_task(counter) * per_tick
+        if first >= ntasks:
+            break
+        for c in range(first, min(ntasks, first + per_tick)):
+            src, dst = c * plane, c * out_plane
+            w_off = (c % K) * ntaps
+            b = bias[c % K] if has_bias else DTYPE(0)
+            for i in range(blocks.size):
+                q0 = blocks[i]
+                depthwise_flat_inside(x, src + q0, inner, ntaps, w, w_off, colmask, q0 % W, out,
+                                      dst + q0, b, epi)
+            for i in range(shorts.size):
+                q0 = shorts[i]
+                depthwise_flat_inside_short(x, src + q0, inner, ntaps, w, w_off, colmask, q0 % W,
+                                            out, dst + q0, b, epi)
+            for v0 in range(0, nvec, DW_FLAT_SHORT):
+                depthwise_flat(x, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
+                               min(DW_FLAT_SHORT, nvec - v0), out, dst, b, epi)
 
 
 @numba.njit(**JIT)

@@ -9,13 +9,17 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
   is multiplied into ``KB`` output-channel rows (each input value loaded once per
   block of channels).  With a horizontal stride of 1 the generated
   ``direct_nchw_task`` (``conv/_conv_tile.py``) runs instead: explicit vectors of
-  output pixels, a channel's whole kernel window summed in one register.
+  output pixels, a channel's whole kernel window summed in one register.  Depthwise
+  layers whose output is as wide as the image run ``depthwise_flat_tasks``: the
+  channel's rows end to end as one vector run (:func:`flat_geometry`).
 * NHWC -- lanes over the channels: for each output pixel and kernel tap, the
   pixel's channel vector is multiplied into the ``K`` accumulators.
 
 The bias and activation are applied to the accumulator before it is stored.
 Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
 """
+import functools
+
 import numba
 import numpy as np
 
@@ -141,6 +145,78 @@ def _nhwc_tasks(counter, ntasks, x, wt, bias, has_bias, act, out, shape, geom, a
 
 
 
+def _cover(first, n, size):
+    """Starts (in vectors) of runs of ``size`` covering vectors ``first:first+n``, the last
+    run overlapping the one before, and how many vectors they cover (0 if ``n < size``)."""
+    if n < size:
+        return np.zeros(0, np.int64), 0
+    runs = first + np.arange(0, n - size + 1, size)
+    if n % size:
+        runs = np.append(runs, first + n - size)
+    return runs.astype(np.int64), n
+
+
+@functools.lru_cache(maxsize=64)
+def flat_geometry(p, lanes, vectors, short, dtype):
+    """What ``depthwise_flat_channel`` (``conv/_conv_tile.py``) needs for ``p``:
+    ``(applies, taps, masks, starts, rows, inner, colmask, blocks, shorts)``.
+
+    It applies to depthwise NCHW layers of stride 1 whose output is as wide as the
+    image (``Wo == W``) and holds a whole vector: output rows then lie end to end
+    like the image's, and tap ``t = (i, j)`` of output pixel ``q`` reads pixel
+    ``q + offset[t]`` of the channel, ``offset[t] = (i*dy - top)*W + j*dx - left``,
+    when that pixel is in the image (in its row, not above or below it).
+
+    The output's vectors start every ``lanes`` pixels, the last one overlapping the
+    one before, so every store is whole.  Those whose every read lies inside the
+    channel are covered by runs of ``vectors`` (starting at pixels ``blocks``) or,
+    when fewer, of ``short`` vectors (``shorts``), the last run overlapping the one
+    before: they read unmasked and AND the lanes of kernel column ``j`` with
+    ``colmask[j*(W + vectors*lanes) + q % W:]`` (``inner = (offset, j*(W +
+    vectors*lanes))``, -1 for a column that never crosses a row's edge).  The
+    others, near the top and bottom, start at ``starts``: they load through
+    ``masks[rows[v] + t*lanes:]`` (``taps = (offset, t*lanes)``).  Cached per
+    geometry: shared, never written.
+    """
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    pixels = p.Ho * p.Wo
+    none = np.zeros(0, np.int64)
+    if not (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.sy == 1 and p.sx == 1
+            and p.Wo == p.W and pixels >= lanes):
+        return (False, none, np.zeros(lanes, itype), none, none, none, np.zeros(lanes, itype),
+                none, none)
+    T = p.kh * p.kw
+    i, j = np.divmod(np.arange(T), p.kw)
+    offsets = (i * p.dy - p.top) * p.W + j * p.dx - p.left
+    grid = np.arange(0, pixels - lanes + 1, lanes)
+    # The vectors wholly inside the channel: one run, as the window moves monotonically.
+    inside = np.flatnonzero((grid + offsets.min() >= 0)
+                            & (grid + lanes - 1 + offsets.max() < p.H * p.W))
+    first, n = (int(inside[0]), len(inside)) if len(inside) else (0, 0)
+    blocks, covered = _cover(first, n, vectors)
+    shorts, covered = (none, covered) if covered else _cover(first, n, short)
+    starts = np.delete(grid, np.arange(first, first + covered))
+    if pixels % lanes:
+        starts = np.append(starts, pixels - lanes)          # the last, overlapping vector
+    # Load masks of the other vectors, one row per distinct pattern.
+    q = starts[:, None, None] + np.arange(lanes)                   # (vector, 1, lane)
+    row = q // p.W + (i * p.dy - p.top)[None, :, None]
+    col = q % p.W + (j * p.dx - p.left)[None, :, None]
+    on = (row >= 0) & (row < p.H) & (col >= 0) & (col < p.W)       # (vector, tap, lane)
+    patterns, which = np.unique(on.reshape(len(starts), -1), axis=0, return_inverse=True)
+    masks = np.where(patterns, -1, 0).astype(itype).reshape(-1)
+    rows = (which.reshape(-1) * T * lanes).astype(np.int64)
+    taps = np.concatenate([offsets, np.arange(T) * lanes]).astype(np.int64)
+    # Column masks, periodic in W, long enough for a run from any column.
+    span = p.W + vectors * lanes
+    shift = np.arange(p.kw) * p.dx - p.left
+    c = np.arange(span) % p.W + shift[:, None]
+    colmask = np.where((c >= 0) & (c < p.W), -1, 0).astype(itype).reshape(-1)
+    inner = np.concatenate([offsets, np.where(shift[j] == 0, -1, j * span)]).astype(np.int64)
+    return (True, taps, masks, starts.astype(np.int64), rows, inner, colmask,
+            (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
+
+
 def run(x, w, bias, out, p, act):
     """Direct convolution into ``out`` (C-contiguous in ``p.layout``); any shape."""
     has_bias = bias is not None
@@ -148,6 +224,18 @@ def run(x, w, bias, out, p, act):
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
+    if p.layout == "NCHW":
+        mod = engine.conv_module(out.dtype)
+        flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
+        if flat[0]:
+            # Depthwise, output as wide as the image: rows end to end, a channel a task.
+            ntasks = p.N * p.C
+            threads = engine.threads_for(p.flops, ntasks)
+            per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
+            args = (ntasks, per_tick, xf, np.ascontiguousarray(w).reshape(-1), b, has_bias, act,
+                    of, p.H * p.W, p.Ho * p.Wo, p.W, p.kh * p.kw) + flat[1:]
+            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(counter, *args), threads)
+            return out
     if p.layout == "NCHW" and p.sx == 1:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
         mod = engine.conv_module(out.dtype)

@@ -1157,6 +1157,143 @@ def make_depthwise_rows(dtype, lanes, vectors, rows):
     return depthwise_rows
 
 
+def make_depthwise_flat(dtype, lanes, vectors, inside=False):
+    """Build the intrinsic computing ``vectors`` output vectors of a depthwise channel
+    whose output plane has the input's width, its rows end to end.
+
+    Signature (jitted code only)::
+
+        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv,
+                       out, o_off, bias, epi)
+
+    For ``u < vectors``, with ``v = v0 + min(u, nv - 1)`` and ``q = starts[v]``, the
+    ``lanes`` outputs at ``out[o_off + q:]`` become::
+
+        act(bias + sum_{t < ntaps} w[w_off + t] * (x[src + q + taps[t] + l] if lane l of
+                                                    tap t is on, else 0))
+
+    (bias added when ``EPI_BIAS_ROW`` is in ``epi``, then ``EPI_RELU``/``EPI_RELU6``).
+    Lane ``l`` of tap ``t`` is on where ``masks[rows[v] + taps[ntaps + t] + l]`` is -1
+    (an integer array of the float's width): where the pixel lies in the image, not
+    across a row's edge nor above or below it.  Those loads are masked: lanes off
+    read zero and never touch memory.  Every store is whole (the caller makes the
+    last vector overlap the one before); vectors past ``nv`` repeat the last one.
+
+    ``inside=True``: vectors whose every read lies inside the channel, ``vectors``
+    consecutive ones, so their offsets are constants (the general form keeps one
+    register per vector's start and mask row, more than x86 has)::
+
+        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, bias, epi)
+
+    Vector ``u`` covers ``out[o_off + u*lanes:]`` and reads ``x[src + u*lanes +
+    taps[t]:]`` unmasked; lanes across a row's edge are zeroed by ANDing them with
+    ``masks[m_off + taps[ntaps + t] + u*lanes:]``, unless ``taps[ntaps + t]`` is
+    negative (a tap that never crosses one).
+
+    Either way the pixel is zeroed, not the product: padding times an infinite
+    weight is NaN, as in a zero-padded convolution.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+
+    def emit(context, builder, sig, args):
+        if inside:
+            x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, bias, epi = args
+            out_type = sig.args[8]
+        else:
+            (x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv, out, o_off, bias,
+             epi) = args
+            out_type = sig.args[11]
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
+        zero_i = ir.Constant(intp, 0)
+        x_ptr = _data(context, builder, sig.args[0], x, src)
+        tap_ptr = _data(context, builder, sig.args[2], taps, zero_i)
+        w_ptr = _data(context, builder, sig.args[4], w, w_off)
+        out_ptr = _data(context, builder, out_type, out, o_off)
+        if inside:
+            mask_ptr = _data(context, builder, sig.args[6], masks, m_off)
+            at = mask_at = [ir.Constant(intp, u * lanes) for u in range(vectors)]
+        else:
+            mask_ptr = _data(context, builder, sig.args[6], masks, zero_i)
+            start_ptr = _data(context, builder, sig.args[7], starts, zero_i)
+            row_ptr = _data(context, builder, sig.args[8], rows, zero_i)
+            last = builder.sub(nv, ir.Constant(intp, 1))
+            at, mask_at = [], []
+            for u in range(vectors):
+                step = ir.Constant(intp, u)
+                v = builder.add(v0, builder.select(builder.icmp_signed("<", step, last), step, last))
+                at.append(builder.load(builder.gep(start_ptr, [v])))
+                mask_at.append(builder.load(builder.gep(row_ptr, [v])))
+        sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
+                for _ in range(vectors)]
+        def add_tap(offset, weight, column=None):
+            """The tap's products into the sums; ``column`` None: read unmasked."""
+            for u in range(vectors):
+                ptr = _vector_ptr(builder, x_ptr, builder.add(offset, at[u]), vec)
+                if column is None:
+                    pixels = builder.load(ptr, align=esize)
+                else:
+                    on = builder.load(builder.bitcast(builder.gep(
+                        mask_ptr, [builder.add(column, mask_at[u])]), ivec.as_pointer()),
+                        align=esize)
+                    if inside:
+                        pixels = builder.bitcast(builder.and_(
+                            builder.bitcast(builder.load(ptr, align=esize), ivec), on), vec)
+                    else:
+                        pixels = _masked_load_call(builder, ptr, esize, builder.icmp_signed(
+                            "<", on, ir.Constant(ivec, [0] * lanes)))
+                builder.store(_fma(builder, weight, pixels, builder.load(sums[u])), sums[u])
+
+        with cgutils.for_range(builder, ntaps) as loop:
+            t = loop.index
+            offset = builder.load(builder.gep(tap_ptr, [t]))
+            column = builder.load(builder.gep(tap_ptr, [builder.add(t, ntaps)]))
+            weight = _splat(builder, builder.load(builder.gep(w_ptr, [t])), vec)
+            if inside:
+                # A negative mask column: the kernel column never crosses a row's edge
+                # (the centre column), so no mask to load.
+                with builder.if_else(builder.icmp_signed("<", column, zero_i)) as (plain, masked):
+                    with plain:
+                        add_tap(offset, weight)
+                    with masked:
+                        add_tap(offset, weight, column)
+            else:
+                add_tap(offset, weight, column)
+        flags = _epi_flags(builder, epi)
+        bias_v = _splat(builder, bias, vec)
+        for u in range(vectors):
+            result = _finish_scalar_bias(builder, builder.load(sums[u]), flags, bias_v)
+            builder.store(result, _vector_ptr(builder, out_ptr, at[u], vec), align=esize)
+        return context.get_dummy_value()
+
+    i = types.intp
+
+    def check(masks):
+        if masks.dtype.bitwidth != 8 * esize:
+            raise TypeError(f"masks must be {8 * esize}-bit integers")
+
+    if inside:
+        @intrinsic
+        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off,
+                           bias, epi):
+            check(masks)
+            return types.void(x, i, taps, i, w, i, masks, i, out, i, nb_float, i), emit
+    else:
+        @intrinsic
+        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv,
+                           out, o_off, bias, epi):
+            check(masks)
+            return types.void(x, i, taps, i, w, i, masks, starts, rows, i, i, out, i, nb_float,
+                              i), emit
+
+    flavour = "_inside" if inside else ""
+    depthwise_flat.__name__ = f"{np.dtype(dtype).char}_depthwise_flat_{lanes}x{vectors}{flavour}"
+    return depthwise_flat
+
+
 def make_pack_panel(dtype, panel, lanes):
     """Build the intrinsic packing one k-major micro-panel ``panel`` values wide.
 

@@ -754,9 +754,85 @@ def test_flat_layout_last_row_panel(dtype, K, W):
 ])
 def test_depthwise_direct_rows(dtype, H, W, kernel, kw_args):
     """Depthwise direct: padded channel copy, two output rows per call, odd last row,
-    whole and partial row vectors."""
+    whole and partial row vectors (outputs narrower or wider than the image, a
+    vertical stride); the others run the rows end to end (see the next tests)."""
     shape = ((2, 3, H, W), (3,) + kernel, dict(kw_args, groups=3))
     run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
+
+
+def _flat_parts(shape, lanes=8):
+    """(params, geometry) of the depthwise rows-end-to-end path for ``shape``."""
+    from tilegemm.conv import direct as direct_mod
+    mod = engine.conv_module(np.float32)
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    p = conv_params((N, C, H, W), (K, 1, kh, kw), **kw_args)
+    return p, direct_mod.flat_geometry(p, lanes, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT,
+                                       np.float32)
+
+
+FLAT_DEPTHWISE = {
+    "7x7": ((2, 16, 7, 7), (16, 3, 3), dict(padding=1)),            # a short run, 3 masked
+    "28x28": ((1, 8, 28, 28), (8, 3, 3), dict(padding=1)),          # runs of 8, one overlapping
+    "3x3": ((3, 4, 3, 3), (4, 3, 3), dict(padding=1)),              # every vector masked
+    "rect": ((2, 6, 14, 9), (6, 3, 3), dict(padding=1)),
+    "taller": ((1, 5, 12, 10), (5, 3, 3), dict(padding=(3, 1))),    # Ho = H + 4
+    "dilated": ((2, 4, 20, 17), (4, 5, 5), dict(padding=4, dilation=2)),
+    "column": ((1, 3, 15, 16), (3, 3, 1), dict(padding=(1, 0))),    # no edge to cross
+    "row": ((1, 3, 9, 16), (3, 1, 3), dict(padding=(0, 1))),
+    "1x1": ((2, 5, 6, 7), (5, 1, 1), dict()),                       # reaches nowhere
+}
+for _shape in FLAT_DEPTHWISE.values():
+    _shape[2]["groups"] = _shape[0][1]
+
+
+@pytest.mark.parametrize("name", sorted(FLAT_DEPTHWISE))
+def test_depthwise_flat_geometry_covers_every_output_reading_inside(name):
+    """Every output vector is stored by a run (unmasked reads, all inside the channel)
+    or by a masked vector, nothing outside the output plane is written, and kernel
+    columns that never cross a row's edge load no mask."""
+    p, (applies, taps, masks, starts, rows, inner, colmask, blocks,
+        shorts) = _flat_parts(FLAT_DEPTHWISE[name])
+    assert applies
+    mod = engine.conv_module(np.float32)
+    pixels, T = p.Ho * p.Wo, p.kh * p.kw
+    offsets = taps[:T]
+    written = np.zeros(pixels + 64, int)
+    for run, size in ((blocks, mod.DW_FLAT_VECTORS), (shorts, mod.DW_FLAT_SHORT)):
+        for q0 in run:
+            written[q0:q0 + 8 * size] += 1
+            assert q0 + offsets.min() >= 0 and q0 + 8 * size - 1 + offsets.max() < p.H * p.W
+    for q in starts:
+        written[q:q + 8] += 1
+    assert (written[:pixels] >= 1).all() and not written[pixels:].any()
+    shift = np.arange(T) % p.kw * p.dx - p.left
+    assert ((inner[T:] < 0) == (shift == 0)).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(FLAT_DEPTHWISE))
+def test_depthwise_flat_matches_the_reference(name, dtype, monkeypatch):
+    """Depthwise rows end to end: runs of 8 and 4 vectors, masked vectors at the top and
+    bottom, an overlapping last vector; bias and relu6; all threads."""
+    calls = _record_arg(monkeypatch, "depthwise_flat_tasks", 1) if dtype == np.float32 else None
+    with _threads(numba.config.NUMBA_NUM_THREADS):
+        run_case(FLAT_DEPTHWISE[name], "direct", "NCHW", dtype, bias=True, activation="relu6")
+    if calls is not None:
+        assert calls                                  # the path was taken
+
+
+def test_depthwise_flat_padding_times_an_infinite_weight_is_nan():
+    """Zero padding times an infinite weight is NaN, as in a zero-padded convolution:
+    only outputs whose window reaches the padding (or a NaN pixel) become NaN."""
+    x = RNG.standard_normal((1, 2, 9, 9)).astype(np.float32)
+    x[0, 1, 4, 4] = np.nan
+    w = RNG.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    w[0, 0, 0, 1] = np.inf                        # reads the row above: the top row's padding
+    expected = reference_conv(x, w, padding=1, groups=2)
+    got = tilegemm.conv2d(x, w, padding=1, groups=2, algorithm="direct")
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    assert np.isnan(got[0, 0, 0]).all() and not np.isnan(got[0, 0, 1:]).any()
+    finite = ~np.isnan(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
 
 
 def test_shifted_kc_counts_the_rows_each_channel_reads():
