@@ -410,42 +410,60 @@ def depthwise_plane(geom):
 
 
 @numba.njit(**JIT)
-def depthwise_flat_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, plane,
-                         out_plane, W, ntaps, taps, masks, starts, rows, inner, colmask, blocks,
-                         shorts):
-    """Depthwise channels (``plane`` pixels in, ``out_plane`` out, rows ``W`` wide both)
-    whose output plane is as wide as the image, its rows end to end
-    (:func:`depthwise_flat`); task ``c`` is the ``c``-th channel of the batch,
-    ``per_tick`` at a time taken from ``counter``.
+def depthwise_flat_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, out_plane,
+                         geom, copy, Hq, Wq, taps, masks, starts, rows, inner, colmask, blocks,
+                         shorts, xq):
+    """Depthwise channels whose output (``out_plane`` pixels) is as wide as the image's
+    stride-phase planes (``Hq x Wq``), its rows end to end (:func:`depthwise_flat`);
+    task ``c`` is the ``c``-th channel of the batch, ``per_tick`` at a time taken
+    from ``counter``.
 
-    Runs of vectors that read inside the channel first (at ``blocks``, ``shorts``),
-    then the others (``starts``); the geometry is
-    ``tilegemm.conv.direct.flat_geometry``'s.  One loop over the channels: a small
-    channel is a few hundred cycles, which a call per channel passing these arrays
-    (their reference counts) would double.
+    With stride 1 the planes are the channel itself; else (``copy``) the channel is
+    split into them in ``xq`` (with LANES of slack) first.  Runs of vectors that
+    read inside their planes go first (at ``blocks``, ``shorts``), then the others
+    (``starts``); the geometry is ``tilegemm.conv.direct.flat_geometry``'s.  One
+    loop over the channels: a small channel is a few hundred cycles, which a call
+    per channel passing these arrays (their reference counts) would double.
     """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    ntaps = kh * kw
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     K = w.size // ntaps
-    nvec = starts.size
     while True:
         first = next_task(counter) * per_tick
         if first >= ntasks:
             break
         for c in range(first, min(ntasks, first + per_tick)):
-            src, dst = c * plane, c * out_plane
+            src, dst = c * H * W, c * out_plane
             w_off = (c % K) * ntaps
             b = bias[c % K] if has_bias else DTYPE(0)
-            for i in range(blocks.size):
-                q0 = blocks[i]
-                depthwise_flat_inside(x, src + q0, inner, ntaps, w, w_off, colmask, q0 % W, out,
-                                      dst + q0, b, epi)
-            for i in range(shorts.size):
-                q0 = shorts[i]
-                depthwise_flat_inside_short(x, src + q0, inner, ntaps, w, w_off, colmask, q0 % W,
-                                            out, dst + q0, b, epi)
-            for v0 in range(0, nvec, DW_FLAT_SHORT):
-                depthwise_flat(x, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
-                               min(DW_FLAT_SHORT, nvec - v0), out, dst, b, epi)
+            if copy:
+                phase_split(x, src, H * W, W, 1, H, W, sy, sx, 0, 0, Hq, Wq, sy * sx * Hq * Wq,
+                            xq, True)
+                depthwise_flat_channel(xq, 0, Wq, taps, masks, starts, rows, inner, colmask,
+                                       blocks, shorts, w, w_off, out, dst, b, epi)
+            else:
+                depthwise_flat_channel(x, src, Wq, taps, masks, starts, rows, inner, colmask,
+                                       blocks, shorts, w, w_off, out, dst, b, epi)
+
+
+@numba.njit(inline='always', **JIT)
+def depthwise_flat_channel(planes, src, Wq, taps, masks, starts, rows, inner, colmask, blocks,
+                           shorts, w, w_off, out, dst, bias, epi):
+    """One channel of :func:`depthwise_flat_tasks`, its planes at ``planes[src:]``."""
+    ntaps = taps.size // 2
+    for i in range(blocks.size):
+        q0 = blocks[i]
+        depthwise_flat_inside(planes, src + q0, inner, ntaps, w, w_off, colmask, q0 % Wq, out,
+                              dst + q0, bias, epi)
+    for i in range(shorts.size):
+        q0 = shorts[i]
+        depthwise_flat_inside_short(planes, src + q0, inner, ntaps, w, w_off, colmask, q0 % Wq,
+                                    out, dst + q0, bias, epi)
+    nvec = starts.size
+    for v0 in range(0, nvec, DW_FLAT_SHORT):
+        depthwise_flat(planes, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
+                       min(DW_FLAT_SHORT, nvec - v0), out, dst, bias, epi)
 
 
 @numba.njit(**JIT)
@@ -594,11 +612,14 @@ def short_rows(rows):
 
 
 @numba.njit(**JIT)
-def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
+def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, spill=False):
     """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
 
     ``xq[c*chan + (a*sx + b)*Hq*Wq + r*Wq + s] = x[c, r*sy + a - py, s*sx + b - px]``
-    (zero outside the image).  Assumes contiguous image rows.
+    (zero outside the image).  Assumes contiguous image rows.  With ``spill``, rows
+    are written in whole vectors, up to LANES - 1 values past their end: the next
+    row overwrites them, and ``xq`` has LANES of slack after the last one.  A
+    partial vector store is slow microcode on Zen 3.
     """
     plane = Hq * Wq
     for c in range(C):
@@ -616,7 +637,8 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq):
                         # LANES columns per masked copy, the padding read as zero.
                         for t in range(0, Wq, LANES):
                             col = sx * t + b - px
-                            copy_run(x, src + col, col, W, xq, dst + t, min(LANES, Wq - t), sx)
+                            copy_run(x, src + col, col, W, xq, dst + t,
+                                     LANES if spill else min(LANES, Wq - t), sx)
                         continue
                     # Columns s with 0 <= s*sx + b - px < W.
                     lo = min(Wq, max(0, (px - b + sx - 1) // sx))

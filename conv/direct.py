@@ -10,8 +10,9 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
   block of channels).  With a horizontal stride of 1 the generated
   ``direct_nchw_task`` (``conv/_conv_tile.py``) runs instead: explicit vectors of
   output pixels, a channel's whole kernel window summed in one register.  Depthwise
-  layers whose output is as wide as the image run ``depthwise_flat_tasks``: the
-  channel's rows end to end as one vector run (:func:`flat_geometry`).
+  layers whose output is as wide as the image (or its stride-phase planes) run
+  ``depthwise_flat_tasks``: the rows end to end as one vector run
+  (:func:`flat_geometry`).
 * NHWC -- lanes over the channels: for each output pixel and kernel tap, the
   pixel's channel vector is multiplied into the ``K`` accumulators.
 
@@ -156,42 +157,57 @@ def _cover(first, n, size):
     return runs.astype(np.int64), n
 
 
+def flat_applies(p, lanes):
+    """Whether a depthwise layer runs its rows end to end (:func:`flat_geometry`): NCHW,
+    an output exactly as wide as the image's stride-phase planes, a whole vector of
+    ``lanes`` outputs at least."""
+    return (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.Wo == -(-p.W // p.sx)
+            and p.Ho * p.Wo >= lanes)
+
+
 @functools.lru_cache(maxsize=64)
 def flat_geometry(p, lanes, vectors, short, dtype):
-    """What ``depthwise_flat_channel`` (``conv/_conv_tile.py``) needs for ``p``:
-    ``(applies, taps, masks, starts, rows, inner, colmask, blocks, shorts)``.
+    """What ``depthwise_flat_tasks`` (``conv/_conv_tile.py``) needs for ``p``:
+    ``(applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks, shorts)``.
 
-    It applies to depthwise NCHW layers of stride 1 whose output is as wide as the
-    image (``Wo == W``) and holds a whole vector: output rows then lie end to end
-    like the image's, and tap ``t = (i, j)`` of output pixel ``q`` reads pixel
-    ``q + offset[t]`` of the channel, ``offset[t] = (i*dy - top)*W + j*dx - left``,
-    when that pixel is in the image (in its row, not above or below it).
+    It applies to depthwise NCHW layers whose output is exactly as wide as the
+    image's stride-phase planes (``Wo == ceil(W / sx)``; with stride 1, the image)
+    and holds a whole vector.  Split by stride phase into ``sy*sx`` planes of
+    ``Hq x Wq`` (stride 1: the channel itself, else a copy), output rows lie end to
+    end like the planes', and tap ``t = (i, j)`` of output pixel ``q`` reads element
+    ``q + offset[t]`` of its plane -- ``r`` rows and ``c`` columns away, the floor
+    quotients of ``i*dy - top`` and ``j*dx - left`` by the strides -- when that lies
+    in the plane (in its row, not above or below it).  ``taps`` and ``inner`` start
+    with the reads' offsets from the first plane.
 
     The output's vectors start every ``lanes`` pixels, the last one overlapping the
-    one before, so every store is whole.  Those whose every read lies inside the
-    channel are covered by runs of ``vectors`` (starting at pixels ``blocks``) or,
+    one before, so every store is whole.  Those whose every read lies inside its
+    plane are covered by runs of ``vectors`` (starting at pixels ``blocks``) or,
     when fewer, of ``short`` vectors (``shorts``), the last run overlapping the one
-    before: they read unmasked and AND the lanes of kernel column ``j`` with
-    ``colmask[j*(W + vectors*lanes) + q % W:]`` (``inner = (offset, j*(W +
-    vectors*lanes))``, -1 for a column that never crosses a row's edge).  The
-    others, near the top and bottom, start at ``starts``: they load through
-    ``masks[rows[v] + t*lanes:]`` (``taps = (offset, t*lanes)``).  Cached per
+    before: they read unmasked and AND the lanes of tap ``t`` with
+    ``colmask[inner[T + t] + q % Wq:]`` (-1: a tap that never crosses a row's
+    edge).  The others, near the top and bottom, start at ``starts``: they load
+    through ``masks[rows[v] + t*lanes:]`` (``taps[T + t] = t*lanes``).  Cached per
     geometry: shared, never written.
     """
     itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    Hq, Wq = -(-p.H // p.sy), -(-p.W // p.sx)
     pixels = p.Ho * p.Wo
     none = np.zeros(0, np.int64)
-    if not (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.sy == 1 and p.sx == 1
-            and p.Wo == p.W and pixels >= lanes):
-        return (False, none, np.zeros(lanes, itype), none, none, none, np.zeros(lanes, itype),
-                none, none)
+    if not flat_applies(p, lanes):
+        return (False, (Hq, Wq), none, np.zeros(lanes, itype), none, none, none,
+                np.zeros(lanes, itype), none, none)
     T = p.kh * p.kw
     i, j = np.divmod(np.arange(T), p.kw)
-    offsets = (i * p.dy - p.top) * p.W + j * p.dx - p.left
+    a, r = np.divmod(i * p.dy - p.top, p.sy)[::-1]
+    b, c = np.divmod(j * p.dx - p.left, p.sx)[::-1]
+    near = r * Wq + c                                  # from the grid position, in the plane
+    offsets = (a * p.sx + b) * Hq * Wq + near
     grid = np.arange(0, pixels - lanes + 1, lanes)
-    # The vectors wholly inside the channel: one run, as the window moves monotonically.
-    inside = np.flatnonzero((grid + offsets.min() >= 0)
-                            & (grid + lanes - 1 + offsets.max() < p.H * p.W))
+    # The vectors whose reads stay inside their planes: one run, as the window moves
+    # monotonically.
+    inside = np.flatnonzero((grid + near.min() >= 0)
+                            & (grid + lanes - 1 + near.max() < Hq * Wq))
     first, n = (int(inside[0]), len(inside)) if len(inside) else (0, 0)
     blocks, covered = _cover(first, n, vectors)
     shorts, covered = (none, covered) if covered else _cover(first, n, short)
@@ -200,20 +216,21 @@ def flat_geometry(p, lanes, vectors, short, dtype):
         starts = np.append(starts, pixels - lanes)          # the last, overlapping vector
     # Load masks of the other vectors, one row per distinct pattern.
     q = starts[:, None, None] + np.arange(lanes)                   # (vector, 1, lane)
-    row = q // p.W + (i * p.dy - p.top)[None, :, None]
-    col = q % p.W + (j * p.dx - p.left)[None, :, None]
-    on = (row >= 0) & (row < p.H) & (col >= 0) & (col < p.W)       # (vector, tap, lane)
+    row = q // Wq + r[None, :, None]
+    col = q % Wq + c[None, :, None]
+    on = (row >= 0) & (row < Hq) & (col >= 0) & (col < Wq)         # (vector, tap, lane)
     patterns, which = np.unique(on.reshape(len(starts), -1), axis=0, return_inverse=True)
     masks = np.where(patterns, -1, 0).astype(itype).reshape(-1)
     rows = (which.reshape(-1) * T * lanes).astype(np.int64)
     taps = np.concatenate([offsets, np.arange(T) * lanes]).astype(np.int64)
-    # Column masks, periodic in W, long enough for a run from any column.
-    span = p.W + vectors * lanes
-    shift = np.arange(p.kw) * p.dx - p.left
-    c = np.arange(span) % p.W + shift[:, None]
-    colmask = np.where((c >= 0) & (c < p.W), -1, 0).astype(itype).reshape(-1)
-    inner = np.concatenate([offsets, np.where(shift[j] == 0, -1, j * span)]).astype(np.int64)
-    return (True, taps, masks, starts.astype(np.int64), rows, inner, colmask,
+    # Column masks, periodic in Wq, long enough for a run from any column: one row
+    # per distinct column shift.
+    span = Wq + vectors * lanes
+    shifts, which = np.unique(c, return_inverse=True)
+    cols = np.arange(span) % Wq + shifts[:, None]
+    colmask = np.where((cols >= 0) & (cols < Wq), -1, 0).astype(itype).reshape(-1)
+    inner = np.concatenate([offsets, np.where(c == 0, -1, which * span)]).astype(np.int64)
+    return (True, (Hq, Wq), taps, masks, starts.astype(np.int64), rows, inner, colmask,
             (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
 
 
@@ -228,13 +245,19 @@ def run(x, w, bias, out, p, act):
         mod = engine.conv_module(out.dtype)
         flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
         if flat[0]:
-            # Depthwise, output as wide as the image: rows end to end, a channel a task.
+            # Depthwise, output as wide as the (phase) planes: rows end to end, a
+            # channel a task.
             ntasks = p.N * p.C
             threads = engine.threads_for(p.flops, ntasks)
             per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
+            Hq, Wq = flat[1]
+            copy = p.sy * p.sx > 1
+            (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1),
+                                              (p.sy * p.sx * Hq * Wq + mod.LANES,), out.dtype)
             args = (ntasks, per_tick, xf, np.ascontiguousarray(w).reshape(-1), b, has_bias, act,
-                    of, p.H * p.W, p.Ho * p.Wo, p.W, p.kh * p.kw) + flat[1:]
-            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(counter, *args), threads)
+                    of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
+            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(counter, *args, planes[t]),
+                          threads)
             return out
     if p.layout == "NCHW" and p.sx == 1:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).

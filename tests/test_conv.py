@@ -746,18 +746,41 @@ def test_flat_layout_last_row_panel(dtype, K, W):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("H, W", [(1, 1), (5, 7), (6, 33), (9, 40), (4, 65)])
 @pytest.mark.parametrize("kernel, kw_args", [
-    ((3, 3), dict(padding=1)),
-    ((3, 3), dict(padding=1, stride=(2, 1))),       # rows 2 apart in the padded copy
-    ((5, 5), dict(padding=4, dilation=2)),
-    ((2, 4), dict(padding="same")),
+    ((3, 3), dict(padding=(1, 0))),                 # output narrower than the image
+    ((3, 3), dict(padding=(1, 0), stride=(2, 1))),  # rows 2 apart in the padded copy
+    ((5, 5), dict(padding=(4, 3), dilation=2)),
     ((1, 3), dict(padding=(0, 2))),                 # output wider than the image
 ])
 def test_depthwise_direct_rows(dtype, H, W, kernel, kw_args):
-    """Depthwise direct: padded channel copy, two output rows per call, odd last row,
-    whole and partial row vectors (outputs narrower or wider than the image, a
-    vertical stride); the others run the rows end to end (see the next tests)."""
+    """Depthwise direct where the output is not as wide as the image: padded channel
+    copy, two output rows per call, odd last row, whole and partial row vectors.
+    The others run the rows end to end (see the next tests)."""
+    from tilegemm.conv import direct as direct_mod
     shape = ((2, 3, H, W), (3,) + kernel, dict(kw_args, groups=3))
+    try:
+        p = conv_params((2, 3, H, W), (3, 1) + kernel, **kw_args, groups=3)
+    except ValueError:
+        pytest.skip("the image is smaller than the dilated kernel")
+    assert not direct_mod.flat_applies(p, 1)
     run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H, W", [(1, 1), (1, 3), (3, 1)])
+def test_depthwise_direct_images_smaller_than_a_vector(dtype, H, W):
+    """Fewer output pixels than a vector holds: the padded channel copy serves them."""
+    from tilegemm.conv import direct as direct_mod
+    from tilegemm.tuning.peak import lanes_for
+    shape = ((2, 3, H, W), (3, 3, 3), dict(padding=1, groups=3))
+    args, kw_args = _flat_shape(shape)
+    assert not direct_mod.flat_applies(conv_params(*args, **kw_args), lanes_for(dtype))
+    run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
+
+
+def _flat_shape(shape):
+    """``conv_params`` arguments of a depthwise test shape."""
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    return ((N, C, H, W), (K, 1, kh, kw)), kw_args
 
 
 def _flat_parts(shape, lanes=8):
@@ -780,6 +803,10 @@ FLAT_DEPTHWISE = {
     "column": ((1, 3, 15, 16), (3, 3, 1), dict(padding=(1, 0))),    # no edge to cross
     "row": ((1, 3, 9, 16), (3, 1, 3), dict(padding=(0, 1))),
     "1x1": ((2, 5, 6, 7), (5, 1, 1), dict()),                       # reaches nowhere
+    "stride2": ((2, 8, 28, 28), (8, 3, 3), dict(padding=1, stride=2)),   # 4 phase planes
+    "stride2_odd": ((1, 4, 13, 13), (4, 3, 3), dict(padding=1, stride=2)),
+    "stride21": ((1, 3, 9, 16), (3, 3, 3), dict(padding=1, stride=(2, 1))),
+    "stride3": ((2, 3, 12, 12), (3, 3, 3), dict(padding=1, stride=3)),   # scalar split
 }
 for _shape in FLAT_DEPTHWISE.values():
     _shape[2]["groups"] = _shape[0][1]
@@ -790,29 +817,34 @@ def test_depthwise_flat_geometry_covers_every_output_reading_inside(name):
     """Every output vector is stored by a run (unmasked reads, all inside the channel)
     or by a masked vector, nothing outside the output plane is written, and kernel
     columns that never cross a row's edge load no mask."""
-    p, (applies, taps, masks, starts, rows, inner, colmask, blocks,
+    p, (applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks,
         shorts) = _flat_parts(FLAT_DEPTHWISE[name])
-    assert applies
+    assert applies and (Hq, Wq) == (-(-p.H // p.sy), -(-p.W // p.sx)) and Wq == p.Wo
     mod = engine.conv_module(np.float32)
     pixels, T = p.Ho * p.Wo, p.kh * p.kw
-    offsets = taps[:T]
+    # Tap (i, j) reads stride phase (a, b), r rows and c columns from the grid position.
+    i, j = np.divmod(np.arange(T), p.kw)
+    a, r = np.divmod(i * p.dy - p.top, p.sy)[::-1]
+    b, c = np.divmod(j * p.dx - p.left, p.sx)[::-1]
+    near = r * Wq + c
+    np.testing.assert_array_equal(taps[:T], (a * p.sx + b) * Hq * Wq + near)
     written = np.zeros(pixels + 64, int)
     for run, size in ((blocks, mod.DW_FLAT_VECTORS), (shorts, mod.DW_FLAT_SHORT)):
         for q0 in run:
             written[q0:q0 + 8 * size] += 1
-            assert q0 + offsets.min() >= 0 and q0 + 8 * size - 1 + offsets.max() < p.H * p.W
+            assert q0 + near.min() >= 0 and q0 + 8 * size - 1 + near.max() < Hq * Wq
     for q in starts:
         written[q:q + 8] += 1
     assert (written[:pixels] >= 1).all() and not written[pixels:].any()
-    shift = np.arange(T) % p.kw * p.dx - p.left
-    assert ((inner[T:] < 0) == (shift == 0)).all()
+    assert ((inner[T:] < 0) == (c == 0)).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", sorted(FLAT_DEPTHWISE))
 def test_depthwise_flat_matches_the_reference(name, dtype, monkeypatch):
     """Depthwise rows end to end: runs of 8 and 4 vectors, masked vectors at the top and
-    bottom, an overlapping last vector; bias and relu6; all threads."""
+    bottom, an overlapping last vector, stride-phase planes; bias and relu6; all
+    threads."""
     calls = _record_arg(monkeypatch, "depthwise_flat_tasks", 1) if dtype == np.float32 else None
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(FLAT_DEPTHWISE[name], "direct", "NCHW", dtype, bias=True, activation="relu6")
