@@ -852,6 +852,23 @@ def test_depthwise_flat_matches_the_reference(name, dtype, monkeypatch):
         assert calls                                  # the path was taken
 
 
+def test_depthwise_flat_from_several_python_threads():
+    """Python threads at once, stride 1 (read in place) and stride 2 (each thread's own
+    phase copy), on all of Numba's threads."""
+    x = RNG.standard_normal((2, 16, 20, 20)).astype(np.float32)
+    w = RNG.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    expected = {s: reference_conv(x, w, padding=1, stride=s, groups=16) for s in (1, 2)}
+
+    def work(i):
+        for rep in range(4):
+            s = 1 + (i + rep) % 2
+            got = tilegemm.conv2d(x, w, padding=1, stride=s, groups=16, algorithm="direct")
+            np.testing.assert_allclose(got, expected[s], rtol=1e-5, atol=1e-5)
+
+    with _threads(numba.config.NUMBA_NUM_THREADS):
+        _in_threads(work, 4)
+
+
 def test_depthwise_flat_padding_times_an_infinite_weight_is_nan():
     """Zero padding times an infinite weight is NaN, as in a zero-padded convolution:
     only outputs whose window reaches the padding (or a NaN pixel) become NaN."""
