@@ -241,8 +241,8 @@ def run(x, w, bias, out, p, act):
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
+    mod = engine.conv_module(out.dtype)
     if p.layout == "NCHW":
-        mod = engine.conv_module(out.dtype)
         flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
         if flat[0]:
             # Depthwise, output as wide as the (phase) planes: rows end to end, a
@@ -261,7 +261,6 @@ def run(x, w, bias, out, p, act):
             return out
     if p.layout == "NCHW" and p.sx == 1:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
-        mod = engine.conv_module(out.dtype)
         ntasks = p.N * p.groups * -(-p.Kg // KB)
         threads = engine.threads_for(p.flops, ntasks)
         # Depthwise layers copy each channel zero padded into acc (see direct_nchw_task).

@@ -1229,6 +1229,7 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
                 mask_at.append(builder.load(builder.gep(row_ptr, [v])))
         sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
                 for _ in range(vectors)]
+
         def add_tap(offset, weight, column=None):
             """The tap's products into the sums; ``column`` None: read unmasked."""
             for u in range(vectors):
