@@ -14,7 +14,9 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
   ``depthwise_flat_tasks``: the rows end to end as one vector run
   (:func:`flat_geometry`).
 * NHWC -- lanes over the channels: for each output pixel and kernel tap, the
-  pixel's channel vector is multiplied into the ``K`` accumulators.
+  pixel's channel vector is multiplied into the ``K`` accumulators.  Depthwise
+  layers of at least two vectors of channels run the generated
+  ``depthwise_nhwc_tasks``: whole vectors of channels summed in registers.
 
 The bias and activation are applied to the accumulator before it is stored.
 Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
@@ -26,7 +28,7 @@ import numpy as np
 
 from tilegemm.config import JIT
 from tilegemm.conv import engine
-from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.generator import EPI_BIAS_COL, next_task
 from tilegemm.packing.im2col import _valid_range
 from tilegemm.packing.winograd import _activate
 
@@ -279,6 +281,15 @@ def run(x, w, bias, out, p, act):
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
+    elif p.Cg == 1 and p.Kg == 1 and p.C >= mod.DW_NHWC_VECTORS * mod.LANES:
+        # Depthwise NHWC: vectors of channels, a row of output pixels a task.
+        ntasks = p.N * p.Ho
+        threads = engine.threads_for(p.flops, ntasks)
+        wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
+        epi = act | (EPI_BIAS_COL if has_bias else 0)
+        args = (ntasks, xf, wt, b, epi, of, geom, p.C)
+        engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
+        return out
     else:
         ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)

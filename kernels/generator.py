@@ -1295,6 +1295,81 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
     return depthwise_flat
 
 
+def make_depthwise_nhwc(dtype, lanes, vectors, pixels):
+    """Build the intrinsic computing ``pixels`` output pixels x ``vectors*lanes`` channels
+    of a depthwise NHWC layer, the lanes over the channels.
+
+    Signature (jitted code only)::
+
+        depthwise_nhwc(x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step,
+                       kw, out, dst, out_step, bias, b_off, epi)
+
+    For ``p < pixels`` and ``c < vectors*lanes``::
+
+        out[dst + p*out_step + c] = act(bias[b_off + c] + sum_{i < ni, j < nj}
+            w[w_off + (i*kw + j)*tap_step + c]
+            * x[src + p*pixel_step + i*row_step + j*col_step + c])
+
+    (the bias added when ``EPI_BIAS_COL`` is in ``epi``, then ``EPI_RELU`` /
+    ``EPI_RELU6``).  The caller passes only the taps inside the image, so nothing is
+    masked; the ``pixels*vectors`` sums are independent FMA chains sharing each
+    tap's weight vectors.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+
+    def emit(context, builder, sig, args):
+        (x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step, kw, out, dst,
+         out_step, bias, b_off, epi) = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        x_ptr = _data(context, builder, sig.args[0], x, src)
+        w_ptr = _data(context, builder, sig.args[7], w, w_off)
+        out_ptr = _data(context, builder, sig.args[11], out, dst)
+        bias_ptr = _data(context, builder, sig.args[14], bias, b_off)
+        at = [builder.mul(ir.Constant(intp, p), pixel_step) for p in range(pixels)]
+        sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
+                 for _ in range(vectors)] for _ in range(pixels)]
+        with cgutils.for_range(builder, ni) as row_loop:
+            i = row_loop.index
+            with cgutils.for_range(builder, nj) as col_loop:
+                j = col_loop.index
+                w_tap = builder.mul(builder.add(builder.mul(i, kw), j), tap_step)
+                x_tap = builder.add(builder.mul(i, row_step), builder.mul(j, col_step))
+                weights = [builder.load(_vector_ptr(builder, w_ptr, builder.add(
+                    w_tap, ir.Constant(intp, v * lanes)), vec), align=esize)
+                    for v in range(vectors)]
+                for p in range(pixels):
+                    base = builder.add(x_tap, at[p])
+                    for v in range(vectors):
+                        pix = builder.load(_vector_ptr(builder, x_ptr, builder.add(
+                            base, ir.Constant(intp, v * lanes)), vec), align=esize)
+                        builder.store(_fma(builder, weights[v], pix, builder.load(sums[p][v])),
+                                      sums[p][v])
+        flags, bias_row, bias_col = _load_bias(builder, epi, bias_ptr, 1, vectors, vec, intp,
+                                               esize)
+        for p in range(pixels):
+            row = builder.mul(ir.Constant(intp, p), out_step)
+            for v in range(vectors):
+                result = _epilogue(builder, builder.load(sums[p][v]), flags, bias_row, bias_col,
+                                   0, v)
+                builder.store(result, _vector_ptr(builder, out_ptr, builder.add(
+                    row, ir.Constant(intp, v * lanes)), vec), align=esize)
+        return context.get_dummy_value()
+
+    i = types.intp
+
+    @intrinsic
+    def depthwise_nhwc(typingctx, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off,
+                       tap_step, kw, out, dst, out_step, bias, b_off, epi):
+        return types.void(x, i, i, i, i, i, i, w, i, i, i, out, i, i, bias, i, i), emit
+
+    depthwise_nhwc.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc_{lanes}x{vectors}"
+                               f"x{pixels}")
+    return depthwise_nhwc
+
+
 def make_pack_panel(dtype, panel, lanes):
     """Build the intrinsic packing one k-major micro-panel ``panel`` values wide.
 

@@ -869,6 +869,34 @@ def test_depthwise_flat_from_several_python_threads():
         _in_threads(work, 4)
 
 
+NHWC_DEPTHWISE = {
+    "narrow": ((2, 16, 9, 11), (16, 3, 3), dict(padding=1)),       # 2 vectors x 4 pixels
+    "narrow_overlap": ((1, 24, 7, 7), (24, 3, 3), dict(padding=1)),
+    "wide": ((2, 64, 10, 10), (64, 3, 3), dict(padding=1)),        # 8 vectors, one pixel
+    "wide_overlap": ((1, 72, 6, 9), (72, 3, 3), dict(padding=1)),
+    "stride2": ((2, 64, 13, 14), (64, 3, 3), dict(padding=1, stride=2)),
+    "dilated": ((1, 16, 12, 12), (16, 5, 5), dict(padding=4, dilation=2)),
+    "no_interior": ((1, 16, 2, 3), (16, 3, 3), dict(padding=2)),   # every column an edge
+    "one_pixel": ((2, 64, 1, 1), (64, 3, 3), dict(padding=1)),
+    "valid": ((1, 32, 8, 9), (32, 3, 1), dict(padding=0, stride=(1, 2))),
+}
+for _shape in NHWC_DEPTHWISE.values():
+    _shape[2]["groups"] = _shape[0][1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(NHWC_DEPTHWISE))
+def test_depthwise_nhwc_matches_the_reference(name, dtype, monkeypatch):
+    """Depthwise NHWC, lanes over the channels: whole and overlapping channel blocks,
+    pixel groups and single edge pixels over their taps inside the image; bias and
+    relu6; all threads."""
+    calls = _record_arg(monkeypatch, "depthwise_nhwc_tasks", 1) if dtype == np.float32 else None
+    with _threads(numba.config.NUMBA_NUM_THREADS):
+        run_case(NHWC_DEPTHWISE[name], "direct", "NHWC", dtype, bias=True, activation="relu6")
+    if calls is not None:
+        assert calls                                  # the path was taken
+
+
 def test_depthwise_flat_padding_times_an_infinite_weight_is_nan():
     """Zero padding times an infinite weight is NaN, as in a zero-padded convolution:
     only outputs whose window reaches the padding (or a NaN pixel) become NaN."""
