@@ -845,9 +845,15 @@ def test_depthwise_flat_matches_the_reference(name, dtype, monkeypatch):
     """Depthwise rows end to end: runs of 8 and 4 vectors, masked vectors at the top and
     bottom, an overlapping last vector, stride-phase planes; bias and relu6; all
     threads."""
-    calls = _record_arg(monkeypatch, "depthwise_flat_tasks", 1) if dtype == np.float32 else None
+    _run_depthwise_path(FLAT_DEPTHWISE[name], "NCHW", dtype, "depthwise_flat_tasks", monkeypatch)
+
+
+def _run_depthwise_path(shape, layout, dtype, tasks, monkeypatch):
+    """``run_case`` of a depthwise ``shape`` (bias, relu6) on all threads, checking that
+    the float32 conv module's task loop ``tasks`` ran it."""
+    calls = _record_arg(monkeypatch, tasks, 1) if dtype == np.float32 else None
     with _threads(numba.config.NUMBA_NUM_THREADS):
-        run_case(FLAT_DEPTHWISE[name], "direct", "NCHW", dtype, bias=True, activation="relu6")
+        run_case(shape, "direct", layout, dtype, bias=True, activation="relu6")
     if calls is not None:
         assert calls                                  # the path was taken
 
@@ -890,11 +896,7 @@ def test_depthwise_nhwc_matches_the_reference(name, dtype, monkeypatch):
     """Depthwise NHWC, lanes over the channels: whole and overlapping channel blocks,
     pixel groups and single edge pixels over their taps inside the image; bias and
     relu6; all threads."""
-    calls = _record_arg(monkeypatch, "depthwise_nhwc_tasks", 1) if dtype == np.float32 else None
-    with _threads(numba.config.NUMBA_NUM_THREADS):
-        run_case(NHWC_DEPTHWISE[name], "direct", "NHWC", dtype, bias=True, activation="relu6")
-    if calls is not None:
-        assert calls                                  # the path was taken
+    _run_depthwise_path(NHWC_DEPTHWISE[name], "NHWC", dtype, "depthwise_nhwc_tasks", monkeypatch)
 
 
 def test_depthwise_flat_padding_times_an_infinite_weight_is_nan():
