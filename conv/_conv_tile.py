@@ -422,60 +422,54 @@ def depthwise_plane(geom):
 
 
 @numba.njit(**JIT)
-def depthwise_flat_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, out_plane,
-                         geom, copy, Hq, Wq, taps, masks, starts, rows, inner, colmask, blocks,
-                         shorts, xq):
+def depthwise_flat_tasks(counter, ntasks, per_tick, x, planes, w, bias, has_bias, act, out,
+                         out_plane, geom, copy, Hq, Wq, taps, masks, starts, rows, inner,
+                         colmask, blocks, shorts, xq):
     """Depthwise channels whose output (``out_plane`` pixels) is as wide as the image's
     stride-phase planes (``Hq x Wq``), its rows end to end (:func:`depthwise_flat`);
     task ``c`` is the ``c``-th channel of the batch, ``per_tick`` at a time taken
     from ``counter``.
 
-    With stride 1 the planes are the channel itself; else (``copy``) the channel is
-    split into them in ``xq`` (with LANES of slack) first.  Runs of vectors that
-    read inside their planes go first (at ``blocks``, ``shorts``), then the others
-    (``starts``); the geometry is ``tilegemm.conv.direct.flat_geometry``'s.  One
-    loop over the channels: a small channel is a few hundred cycles, which a call
-    per channel passing these arrays (their reference counts) would double.
+    With stride 1 the planes are the channel itself (``planes`` is ``x``); else
+    (``copy``) the channel is split into them in ``xq`` (``planes``, with LANES of
+    slack) first.  Runs of vectors that read inside their planes go first (at
+    ``blocks``, ``shorts``), then the others (``starts``); the geometry is
+    ``tilegemm.conv.direct.flat_geometry``'s.  One loop over the channels, the
+    kernels called on one array: a small channel is a few hundred cycles, which a
+    function call per channel (its arrays' reference counts) would double.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     ntaps = kh * kw
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     K = w.size // ntaps
+    nvec = starts.size
     while True:
         first = next_task(counter) * per_tick
         if first >= ntasks:
             break
+        k = first % K
         for c in range(first, min(ntasks, first + per_tick)):
-            src, dst = c * H * W, c * out_plane
-            w_off = (c % K) * ntaps
-            b = bias[c % K] if has_bias else DTYPE(0)
+            dst = c * out_plane
             if copy:
-                phase_split(x, src, H * W, W, 1, H, W, sy, sx, 0, 0, Hq, Wq, sy * sx * Hq * Wq,
-                            xq, True)
-                depthwise_flat_channel(xq, 0, Wq, taps, masks, starts, rows, inner, colmask,
-                                       blocks, shorts, w, w_off, out, dst, b, epi)
+                phase_split(x, c * H * W, H * W, W, 1, H, W, sy, sx, 0, 0, Hq, Wq,
+                            sy * sx * Hq * Wq, xq, True)
+                src = 0
             else:
-                depthwise_flat_channel(x, src, Wq, taps, masks, starts, rows, inner, colmask,
-                                       blocks, shorts, w, w_off, out, dst, b, epi)
-
-
-@numba.njit(inline='always', **JIT)
-def depthwise_flat_channel(planes, src, Wq, taps, masks, starts, rows, inner, colmask, blocks,
-                           shorts, w, w_off, out, dst, bias, epi):
-    """One channel of :func:`depthwise_flat_tasks`, its planes at ``planes[src:]``."""
-    ntaps = taps.size // 2
-    for i in range(blocks.size):
-        q0 = blocks[i]
-        depthwise_flat_inside(planes, src + q0, inner, ntaps, w, w_off, colmask, q0 % Wq, out,
-                              dst + q0, bias, epi)
-    for i in range(shorts.size):
-        q0 = shorts[i]
-        depthwise_flat_inside_short(planes, src + q0, inner, ntaps, w, w_off, colmask, q0 % Wq,
-                                    out, dst + q0, bias, epi)
-    nvec = starts.size
-    for v0 in range(0, nvec, DW_FLAT_SHORT):
-        depthwise_flat(planes, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
-                       min(DW_FLAT_SHORT, nvec - v0), out, dst, bias, epi)
+                src = c * H * W
+            w_off = k * ntaps
+            b = bias[k] if has_bias else DTYPE(0)
+            for i in range(blocks.size):
+                q0 = blocks[i]
+                depthwise_flat_inside(planes, src + q0, inner, ntaps, w, w_off, colmask,
+                                      q0 % Wq, out, dst + q0, b, epi)
+            for i in range(shorts.size):
+                q0 = shorts[i]
+                depthwise_flat_inside_short(planes, src + q0, inner, ntaps, w, w_off, colmask,
+                                            q0 % Wq, out, dst + q0, b, epi)
+            for v0 in range(0, nvec, DW_FLAT_SHORT):
+                depthwise_flat(planes, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
+                               min(DW_FLAT_SHORT, nvec - v0), out, dst, b, epi)
+            k = k + 1 if k + 1 < K else 0
 
 
 @numba.njit(inline='always', **JIT)

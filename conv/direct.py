@@ -256,10 +256,11 @@ def run(x, w, bias, out, p, act):
             copy = p.sy * p.sx > 1
             (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1),
                                               (p.sy * p.sx * Hq * Wq + mod.LANES,), out.dtype)
-            args = (ntasks, per_tick, xf, np.ascontiguousarray(w).reshape(-1), b, has_bias, act,
-                    of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
-            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(counter, *args, planes[t]),
-                          threads)
+            wf = np.ascontiguousarray(w).reshape(-1)
+            args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
+            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
+                counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
+                threads)
             return out
     if p.layout == "NCHW" and p.sx == 1:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
