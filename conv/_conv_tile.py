@@ -71,9 +71,11 @@ depthwise_flat = make_depthwise_flat(DTYPE, LANES, DW_FLAT_SHORT)
 DW_NHWC_WIDE = 8
 DW_NHWC_VECTORS = 2
 DW_NHWC_PIXELS = 4
-depthwise_nhwc_wide = make_depthwise_nhwc(DTYPE, LANES, DW_NHWC_WIDE, 1)
-depthwise_nhwc_run = make_depthwise_nhwc(DTYPE, LANES, DW_NHWC_VECTORS, DW_NHWC_PIXELS)
-depthwise_nhwc_one = make_depthwise_nhwc(DTYPE, LANES, DW_NHWC_VECTORS, 1)
+#: Its shapes (vectors, pixels), chosen per call: WIDE, RUN, and ONE for the edges.
+WIDE, RUN, ONE = 0, 1, 2
+depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
+                                                    (DW_NHWC_VECTORS, DW_NHWC_PIXELS),
+                                                    (DW_NHWC_VECTORS, 1)))
 
 
 @numba.njit(inline='always', **JIT)
@@ -472,22 +474,6 @@ def depthwise_flat_tasks(counter, ntasks, per_tick, x, planes, w, bias, has_bias
             k = k + 1 if k + 1 < K else 0
 
 
-@numba.njit(inline='always', **JIT)
-def depthwise_nhwc_pixels(wide, pixels, x, src, pixel_step, row_step, col_step, ni, nj, wt,
-                          w_off, C, kw, out, dst, bias, c, epi):
-    """``pixels`` (DW_NHWC_PIXELS or 1) output pixels of a channel block of
-    :func:`depthwise_nhwc_tasks`, by the kernel for the block's width."""
-    if wide:
-        depthwise_nhwc_wide(x, src, 0, row_step, col_step, ni, nj, wt, w_off, C, kw, out, dst,
-                            0, bias, c, epi)
-    elif pixels == 1:
-        depthwise_nhwc_one(x, src, 0, row_step, col_step, ni, nj, wt, w_off, C, kw, out, dst,
-                           0, bias, c, epi)
-    else:
-        depthwise_nhwc_run(x, src, pixel_step, row_step, col_step, ni, nj, wt, w_off, C, kw,
-                           out, dst, C, bias, c, epi)
-
-
 @numba.njit(**JIT)
 def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     """Depthwise NHWC rows (task ``n*Ho + oh``), the lanes over the channels.
@@ -503,11 +489,13 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     wide = C >= DW_NHWC_WIDE * LANES
     CB = (DW_NHWC_WIDE if wide else DW_NHWC_VECTORS) * LANES
     P = 1 if wide else DW_NHWC_PIXELS
+    edge = WIDE if wide else ONE
     # Columns ow with 0 <= ow*sx - px and ow*sx + (kw-1)*dx - px < W.
     lo = min(Wo, (px + sx - 1) // sx)
     reach = W - 1 - (kw - 1) * dx + px
     hi = max(lo, min(Wo, reach // sx + 1)) if reach >= 0 else lo
     step = P if hi - lo >= P else 1
+    inner = WIDE if wide else (RUN if step == P else ONE)
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -533,17 +521,16 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
             src = (row + x0 + j0 * dx) * C if nj else 0
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc_pixels(wide, 1, x, src + c, 0, dy * W * C, dx * C,
-                                      i1 - i0 if nj else 0, nj, wt, w_row + j0 * C + c, C, kw,
-                                      out, (dst_row + ow) * C + c, bias, c, epi)
+                depthwise_nhwc(edge, x, src + c, 0, dy * W * C, dx * C, i1 - i0 if nj else 0,
+                               nj, wt, w_row + j0 * C + c, C, kw, out, (dst_row + ow) * C + c,
+                               0, bias, c, epi)
         for ow in range(lo, hi, step):
             ow = min(ow, hi - step)
             src = (row + ow * sx - px) * C
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc_pixels(wide, step, x, src + c, sx * C, dy * W * C, dx * C,
-                                      i1 - i0, kw, wt, w_row + c, C, kw, out,
-                                      (dst_row + ow) * C + c, bias, c, epi)
+                depthwise_nhwc(inner, x, src + c, sx * C, dy * W * C, dx * C, i1 - i0, kw, wt,
+                               w_row + c, C, kw, out, (dst_row + ow) * C + c, C, bias, c, epi)
 
 
 @numba.njit(**JIT)

@@ -1295,16 +1295,18 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
     return depthwise_flat
 
 
-def make_depthwise_nhwc(dtype, lanes, vectors, pixels):
-    """Build the intrinsic computing ``pixels`` output pixels x ``vectors*lanes`` channels
-    of a depthwise NHWC layer, the lanes over the channels.
+def make_depthwise_nhwc(dtype, lanes, shapes):
+    """Build the intrinsic computing a block of output pixels x channels of a depthwise
+    NHWC layer, the lanes over the channels, in one of ``shapes`` ((vectors, pixels)
+    pairs) chosen at run time.
 
     Signature (jitted code only)::
 
-        depthwise_nhwc(x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step,
-                       kw, out, dst, out_step, bias, b_off, epi)
+        depthwise_nhwc(shape, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off,
+                       tap_step, kw, out, dst, out_step, bias, b_off, epi)
 
-    For ``p < pixels`` and ``c < vectors*lanes``::
+    With ``(vectors, pixels) = shapes[shape]``, for ``p < pixels`` and
+    ``c < vectors*lanes``::
 
         out[dst + p*out_step + c] = act(bias[b_off + c] + sum_{i < ni, j < nj}
             w[w_off + (i*kw + j)*tap_step + c]
@@ -1313,21 +1315,22 @@ def make_depthwise_nhwc(dtype, lanes, vectors, pixels):
     (the bias added when ``EPI_BIAS_COL`` is in ``epi``, then ``EPI_RELU`` /
     ``EPI_RELU6``).  The caller passes only the taps inside the image, so nothing is
     masked; the ``pixels*vectors`` sums are independent FMA chains sharing each
-    tap's weight vectors.
+    tap's weight vectors.  One intrinsic for every shape: a jitted helper choosing
+    between several would take its arrays' reference counts on every call.
     """
     dtype = np.dtype(dtype).type
     nb_float = _NUMBA_FLOAT[dtype]
     esize = np.dtype(dtype).itemsize
 
-    def emit(context, builder, sig, args):
-        (x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step, kw, out, dst,
+    def emit_shape(context, builder, sig, args, vectors, pixels):
+        (_, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step, kw, out, dst,
          out_step, bias, b_off, epi) = args
         intp = context.get_value_type(types.intp)
         vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-        x_ptr = _data(context, builder, sig.args[0], x, src)
-        w_ptr = _data(context, builder, sig.args[7], w, w_off)
-        out_ptr = _data(context, builder, sig.args[11], out, dst)
-        bias_ptr = _data(context, builder, sig.args[14], bias, b_off)
+        x_ptr = _data(context, builder, sig.args[1], x, src)
+        w_ptr = _data(context, builder, sig.args[8], w, w_off)
+        out_ptr = _data(context, builder, sig.args[12], out, dst)
+        bias_ptr = _data(context, builder, sig.args[15], bias, b_off)
         at = [builder.mul(ir.Constant(intp, p), pixel_step) for p in range(pixels)]
         sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
                  for _ in range(vectors)] for _ in range(pixels)]
@@ -1356,17 +1359,29 @@ def make_depthwise_nhwc(dtype, lanes, vectors, pixels):
                                    0, v)
                 builder.store(result, _vector_ptr(builder, out_ptr, builder.add(
                     row, ir.Constant(intp, v * lanes)), vec), align=esize)
+
+    def emit(context, builder, sig, args):
+        shape = args[0]
+        done = builder.append_basic_block("depthwise_nhwc.done")
+        switch = builder.switch(shape, done)
+        for index, (vectors, pixels) in enumerate(shapes):
+            block = builder.append_basic_block(f"depthwise_nhwc.{vectors}x{pixels}")
+            switch.add_case(ir.Constant(shape.type, index), block)
+            builder.position_at_end(block)
+            emit_shape(context, builder, sig, args, vectors, pixels)
+            builder.branch(done)
+        builder.position_at_end(done)
         return context.get_dummy_value()
 
     i = types.intp
 
     @intrinsic
-    def depthwise_nhwc(typingctx, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off,
-                       tap_step, kw, out, dst, out_step, bias, b_off, epi):
-        return types.void(x, i, i, i, i, i, i, w, i, i, i, out, i, i, bias, i, i), emit
+    def depthwise_nhwc(typingctx, shape, x, src, pixel_step, row_step, col_step, ni, nj, w,
+                       w_off, tap_step, kw, out, dst, out_step, bias, b_off, epi):
+        return types.void(i, x, i, i, i, i, i, i, w, i, i, i, out, i, i, bias, i, i), emit
 
-    depthwise_nhwc.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc_{lanes}x{vectors}"
-                               f"x{pixels}")
+    depthwise_nhwc.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc_{lanes}_"
+                               + "_".join(f"{v}x{p}" for v, p in shapes))
     return depthwise_nhwc
 
 
