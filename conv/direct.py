@@ -254,8 +254,10 @@ def run(x, w, bias, out, p, act):
             per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
             Hq, Wq = flat[1]
             copy = p.sy * p.sx > 1
-            (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1),
-                                              (p.sy * p.sx * Hq * Wq + mod.LANES,), out.dtype)
+            # The phase-split copy (stride > 1); stride 1 reads the input in place.
+            size = p.sy * p.sx * Hq * Wq + mod.LANES if copy else 1
+            (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (size,),
+                                              out.dtype)
             wf = np.ascontiguousarray(w).reshape(-1)
             args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
             engine.launch(lambda t, counter: mod.depthwise_flat_tasks(

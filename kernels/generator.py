@@ -179,8 +179,7 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
                     sched, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
-            if masks.dtype.bitwidth != 8 * np.dtype(dtype).itemsize:
-                raise TypeError(f"masks must be {8 * np.dtype(dtype).itemsize}-bit integers")
+            _check_mask_width(masks, dtype)
             return types.void(i, a, i, i, b, i, i, taps, i, masks, i, sched, c, i, i,
                               nb_float, nb_float, bias, i, i), emit
     elif strided and edge:
@@ -207,6 +206,12 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
 
     ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}_{flavour}"
     return ukernel
+
+
+def _check_mask_width(masks, dtype):
+    """Load masks are integers as wide as the float (typing time, a clear error)."""
+    if masks.dtype.bitwidth != 8 * np.dtype(dtype).itemsize:
+        raise TypeError(f"masks must be {8 * np.dtype(dtype).itemsize}-bit integers")
 
 
 def _data(context, builder, array_type, array, offset):
@@ -1272,21 +1277,17 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
 
     i = types.intp
 
-    def check(masks):
-        if masks.dtype.bitwidth != 8 * esize:
-            raise TypeError(f"masks must be {8 * esize}-bit integers")
-
     if inside:
         @intrinsic
         def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off,
                            bias, epi):
-            check(masks)
+            _check_mask_width(masks, dtype)
             return types.void(x, i, taps, i, w, i, masks, i, out, i, nb_float, i), emit
     else:
         @intrinsic
         def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv,
                            out, o_off, bias, epi):
-            check(masks)
+            _check_mask_width(masks, dtype)
             return types.void(x, i, taps, i, w, i, masks, starts, rows, i, i, out, i, nb_float,
                               i), emit
 
