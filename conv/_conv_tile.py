@@ -912,36 +912,46 @@ def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, Mp, M,
 
 
 @numba.njit(**JIT)
-def shifted_tasks(counter, ntasks, parts, x, x_off, xs, geom, Cg, taps, ntaps, masks,
-                  sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, layout,
-                  direct, chan, slack, q_end, reads, tail_tasks, tail_parts, tail_imgs, xq, cbuf,
-                  bpack):
-    """Tasks taken from ``counter`` until ``ntasks`` are out.
+def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off, xs, geom, Cg,
+                  taps, ntaps, masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
+                  Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts,
+                  tail_imgs, xq, cbuf, bpack):
+    """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 
-    The first ``tail_tasks`` run :func:`shifted_tails` over the grid columns from
-    ``q_end`` on (``reads``: where their taps read in a channel): ``tail_imgs`` images per
-    GEMM, each cut into ``tail_parts`` shares of its row panels so threads split that
-    work too.  The others are image * parts + part, up to ``q_end``.
+    Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M`` output channels from
+    ``g*M``, its packed weights start at ``apack[g*a_group]`` and its bias at
+    ``bias[g*bias_group]``.  In a group, the first ``tail_tasks`` run
+    :func:`shifted_tails` over the grid columns from ``q_end`` on (``reads``: where
+    their taps read in a channel): ``tail_imgs`` images per GEMM, each cut into
+    ``tail_parts`` shares of its row panels so threads split that work too.  The
+    others are image * parts + part, up to ``q_end``.
     """
     grid = geom[2] * Wq
-    N = (ntasks - tail_tasks) // parts
+    per_group = ntasks // groups
+    N = (per_group - tail_tasks) // parts
     last = -1
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
+        g = task // per_group
+        task -= g * per_group
+        xg, og = x_off + g * Cg * xs[1], o_off + g * M * os[1]
+        ag = apack[g * a_group:]
+        bg = bias[g * bias_group:]
         if task < tail_tasks:
             n0 = task // tail_parts * tail_imgs
             per = (Mp // MR + tail_parts - 1) // tail_parts * MR
             m0 = task % tail_parts * per
             if m0 < Mp:
-                shifted_tails(x, x_off + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
-                              q_end, grid - q_end, KC, apack, Mp, M, m0, min(Mp, m0 + per), out,
-                              o_off + n0 * os[0], os, bias, epi, bpack, cbuf)
+                shifted_tails(x, xg + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
+                              q_end, grid - q_end, KC, ag, Mp, M, m0, min(Mp, m0 + per), out,
+                              og + n0 * os[0], os, bg, epi, bpack, cbuf)
             continue
         task -= tail_tasks
         n = task // parts
-        shifted_task(n, task % parts, parts, n != last, x, x_off, xs, geom, Cg, taps, ntaps,
-                     masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
+        image = g * N + n               # the copy in xq is of this image's group
+        shifted_task(n, task % parts, parts, image != last, x, xg, xs, geom, Cg, taps, ntaps,
+                     masks, sched, ag, Mp, M, out, og, os, bg, epi, KC, MC, NCB,
                      Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
-        last = n
+        last = image

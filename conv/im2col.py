@@ -192,14 +192,6 @@ def _run_nhwc(x, w, bias, out, p, act):
 #: copy (64 channels at 112x112) ran 22.1 ms against 27.7 ms packing patches.  The
 #: stride-1 layout reads the image in place, whatever its size.
 SHIFTED_MAX_BYTES = 4 << 20
-#: Output pixels per image up to which the stride-split path is taken whatever the
-#: channel count (small images: few, short patch panels).
-SHIFTED_MAX_PIXELS = 256
-#: Channels from which it is taken for larger images too.  Each tap's GEMM has k = C,
-#: so with few channels its C updates dominate.  Measured (fp32, batch 8, one thread,
-#: AMD EPYC with 1 MiB L2): 8 channels 2.68 ms vs 1.63 packing, 32 channels 6.7 vs 6.3,
-#: ResNet-18 conv2_x (64 channels, 56x56) 11.5 vs 13.0, 256 channels at 56x56 42.7 vs 50.3.
-SHIFTED_MIN_CHANNELS = 64
 #: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
 SHIFTED_C_BYTES = 1 << 19
 #: Columns per GEMM over the images' tail columns (see ``shifted_tails``): eight panels.
@@ -364,15 +356,20 @@ def _panel_masks(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nr, itemsize, 
 
 
 def shifted_ok(p, dtype=np.float32):
-    """Whether :func:`_run_shifted` serves ``p``: NCHW, one group, not 1x1 stride 1, a small
-    image or many channels, and stride 1 with ``Wo == W`` (read in place) or a
-    stride-split copy of at most ``SHIFTED_MAX_BYTES``.
+    """Whether :func:`_run_shifted` serves ``p``: NCHW, not 1x1 stride 1, and stride 1
+    with ``Wo == W`` (read in place) or a stride-split copy of a group's channels of
+    at most ``SHIFTED_MAX_BYTES``.
+
+    Whatever the channel count: the taps kernel sums every tap of a k block per C
+    update, so few channels do not leave it dominated by C updates.  Zen 3, fp32,
+    batch 8, 1 thread, against packing patches (same rounds): 8->8 channels at 56x56
+    0.92 against 3.33 ms, 16->16 2.66 against 6.76, 3->16 at 224x224 10.5 against
+    18.8, 32->64 stride 2 (a copy) 5.45 against 6.63; grouped layers gain most
+    (ResNeXt's 128 channels in 32 groups at 56x56: 4.7 against 30.4 ms).
 
     1x1 stride-1 convolutions need no patches anyway (their packing is a row copy).
     """
-    if p.layout != "NCHW" or p.groups != 1 or p.pointwise:
-        return False
-    if p.Ho * p.Wo > SHIFTED_MAX_PIXELS and p.Cg < SHIFTED_MIN_CHANNELS:
+    if p.layout != "NCHW" or p.pointwise:
         return False
     if _layout(p) == FLAT:
         return True                    # B is read from the image itself: no copy
@@ -443,16 +440,25 @@ def _pack_weights_taps(w, KC, MR):
     return buf, Mp
 
 
+def _pack_groups_taps(w, groups, KC, MR):
+    """:func:`_pack_weights_taps` of each group's weights, one after another, equally
+    spaced: (buffer, Mp)."""
+    Kg = w.shape[0] // groups
+    packed = [_pack_weights_taps(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(groups)]
+    return np.concatenate([buf for buf, _ in packed]), packed[0][1]
+
+
 def _run_shifted(x, w, bias, out, p, act):
     """Convolution with every kernel tap summed per tile, B read in place.
 
     From the image itself with stride 1 and ``Wo == W``, else from a stride-split
     copy of each image, unpadded where its planes are as wide as the output
     (:func:`_layout`); see the section "im2col without patches" of
-    ``conv/_conv_tile.py``.  Tasks are images, or parts of an image's column blocks
-    (to balance the threads, see ``TASKS_PER_THREAD``), plus the batched tails
-    (``shifted_tails``); a thread that copies keeps the image it works on in its
-    own buffer.
+    ``conv/_conv_tile.py``.  Tasks are, for every group, images or parts of an image's
+    column blocks (to balance the threads, see ``TASKS_PER_THREAD``), plus the
+    batched tails (``shifted_tails``); a thread that copies keeps the image (group)
+    it works on in its own buffer.  Each group's weights are packed on their own,
+    its row panels start at its first output channel.
     """
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
@@ -460,9 +466,11 @@ def _run_shifted(x, w, bias, out, p, act):
     KC = shifted_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)
     # Finite weights allow masking a sum of taps instead of their loads (panel_masks).
     apack, Mp, finite = engine.prepared(
-        "im2col_shifted", w, (KC, MR),
-        lambda: _pack_weights_taps(w, KC, MR) + (bool(np.isfinite(w).all()),))
+        "im2col_shifted", w, (p.groups, KC, MR),
+        lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
+    a_group = apack.size // p.groups
     biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
+    bias_group = Mp if has_bias else 0
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     Hq, Wq, chan, taps = _phase_geometry(p)
     masks, sched = panel_masks(p, NR, out.dtype, group=finite)
@@ -487,12 +495,13 @@ def _run_shifted(x, w, bias, out, p, act):
         size = slack + max(p.Cg * chan,
                            (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
     threads = engine.threads_for(p.flops, 1 << 30)
-    # Each image's column blocks shared out in parts: read in place, for enough tasks to
-    # balance the threads; copied, only when there are fewer images than threads (every
-    # thread taking a part of an image copies all of it).
-    parts = -(-threads // p.N)
+    # Each image's (and group's) column blocks shared out in parts: read in place, for
+    # enough tasks to balance the threads; copied, only when there are fewer images
+    # than threads (every thread taking a part of an image copies all of it).
+    images = p.N * p.groups
+    parts = -(-threads // images)
     if layout == FLAT and threads > 1:
-        parts = max(parts, min(-(-TASKS_PER_THREAD * threads // p.N),
+        parts = max(parts, min(-(-TASKS_PER_THREAD * threads // images),
                                q_end // SHIFTED_PART_COLUMNS))
     # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES,
     # at least one per part.
@@ -503,7 +512,7 @@ def _run_shifted(x, w, bias, out, p, act):
     # Each tails GEMM's rows shared out between the threads (a row panel at least).
     tail_parts = min(threads, Mp // MR)
     tail_tasks = -(-p.N // tail_imgs) * tail_parts if q_end < grid else 0
-    ntasks = p.N * parts + tail_tasks
+    ntasks = (p.N * parts + tail_tasks) * p.groups
     threads = min(threads, ntasks)
     xqs, cbufs, bpacks = engine.thread_buffers(
         ("im2col_shifted", kernel.name), max(threads, 1),
@@ -512,8 +521,9 @@ def _run_shifted(x, w, bias, out, p, act):
         xqs[:, :slack] = 0             # keep the slack finite (dropped columns read it)
         xqs[:, slack + p.Cg * chan:size] = 0
     xs, os_ = p.input_strides(), p.output_strides()
-    args = (ntasks, parts, x.reshape(-1), 0, xs, p.geom(), p.Cg, taps, len(taps), masks,
-            sched, apack, Mp, p.K, out.reshape(-1), 0, os_, biases[0], epi, KC, blk.mc, NCB,
+    args = (ntasks, parts, p.groups, a_group, bias_group, x.reshape(-1), 0, xs, p.geom(), p.Cg,
+            taps, len(taps), masks, sched, apack, Mp, p.Kg, out.reshape(-1), 0, os_,
+            np.concatenate(biases), epi, KC, blk.mc, NCB,
             Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts, tail_imgs)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
                                                        bpacks[t]), threads)

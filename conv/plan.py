@@ -19,7 +19,8 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies
-from tilegemm.conv.params import conv_params
+from tilegemm.conv.im2col import _layout, shifted_ok
+from tilegemm.conv.params import FLAT, PHASED, conv_params
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -34,11 +35,14 @@ DIRECT_VECTOR_EFFICIENCY = 0.035
 #: 3.5% with stride 2, which splits each channel by stride phase first.
 DIRECT_FLAT_EFFICIENCY = 0.06
 DIRECT_FLAT_COPY_EFFICIENCY = 0.035
-#: Seconds of Python-side set-up per group (im2col and Winograd run one GEMM driver per group).
+#: Seconds of Python-side set-up per group (Winograd, and im2col's packing path, launch
+#: their task loops once per group).
 GROUP_OVERHEAD = 20e-6
 #: Elements per nanosecond per thread written by the im2col packers (scalar / vector rows).
 PACK_RATE = 2.0
 PACK_RATE_VECTOR = 3.0
+#: Elements per nanosecond per thread of the taps path's stride-split image copy.
+COPY_RATE = 2.0
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
@@ -105,8 +109,15 @@ def estimates(p, dtype=np.float32, threads=1):
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
     vector_rows = p.layout == "NCHW" and p.sx == 1
-    pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows else PACK_RATE)
-    out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
+    if shifted_ok(p, dtype):
+        # The taps kernel reads B in place (no patches), all groups in one task loop;
+        # strides other than 1 read a stride-split copy of each image.
+        copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
+        out["im2col"] = gemm + copy
+    else:
+        pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
+                                                     else PACK_RATE)
+        out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
         tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
         flops = 2 * 16 * tiles * p.Cg * p.K
@@ -142,8 +153,6 @@ def choose(p, dtype=np.float32, threads=None):
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col" and p.layout == "NCHW":
-        from tilegemm.conv.im2col import _layout, shifted_ok
-        from tilegemm.conv.params import FLAT, PHASED
         if not shifted_ok(p, dtype):
             path = "im2col (implicit: B panels packed from the image)"
         elif _layout(p) == FLAT:

@@ -135,7 +135,7 @@ ODD = {
     "same": ((1, 3, 6, 7), (5, 4, 2), dict(padding="same")),
     "valid_wide": ((1, 2, 3, 70), (130, 3, 3), dict(padding="valid")),
     "large_stride": ((1, 3, 17, 17), (8, 3, 3), dict(stride=4)),
-    # Stride 2 with few channels and many pixels: patches packed with stride-2 copies.
+    # Stride 2 with few channels and many pixels: a stride-split copy of each image.
     "stride2_packed": ((1, 5, 40, 37), (6, 3, 3), dict(stride=2, padding=1)),
     "wide_tiles": ((3, 5, 6, 75), (9, 3, 3), dict(padding=1)),
     "narrow_tiles": ((5, 9, 11, 3), (13, 3, 3), dict(padding=(0, 1))),
@@ -646,8 +646,18 @@ SHIFTED = {
     "dilated_strided": ((2, 8, 12, 13), (9, 3, 3), dict(dilation=2, padding=(1, 2),
                                                        stride=(2, 1))),
     "column_blocks": ((1, 4, 15, 16), (300, 3, 3), dict(padding=1)),
-    # More pixels than SHIFTED_MAX_PIXELS, taken for its channel count.
     "many_channels": ((2, 64, 19, 23), (10, 3, 3), dict(padding=1)),
+}
+
+# Grouped layers on the same path: each group's weights packed on their own, tasks over
+# (group, image).  4 in / 4 out per group (ResNeXt's shape: the 4-row kernel writes
+# straight, tail columns batched over the images), a stride-split copy per group with a
+# partial row panel, a zero-padded copy, few pixels with 2 rows a group.
+GROUPED_SHIFTED = {
+    "resnext": ((3, 32, 9, 17), (32, 3, 3), dict(padding=1, groups=8)),
+    "strided_copy": ((2, 24, 11, 12), (21, 3, 3), dict(stride=2, padding=1, groups=3)),
+    "padded_copy": ((2, 12, 12, 12), (20, 3, 3), dict(stride=2, groups=2)),
+    "two_rows": ((2, 16, 5, 6), (16, 3, 3), dict(padding=1, groups=8)),
 }
 
 
@@ -661,6 +671,21 @@ def test_shifted_im2col(name, monkeypatch):
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(GROUPED_SHIFTED))
+def test_grouped_im2col_runs_every_group_in_one_task_loop(name, threads, dtype, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    shape = GROUPED_SHIFTED[name]
+    groups = _record_arg(monkeypatch, "shifted_tasks", 3, dtype)
+    assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
+    with _threads(threads):
+        run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6")
+        run_case(shape, "im2col", "NCHW", dtype, bias=False)
+    # Every thread's task loop gets all the groups (no launch per group).
+    assert groups and set(groups) == {shape[2]["groups"]}
+
+
 @contextlib.contextmanager
 def _threads(n):
     """Numba's thread count set to ``n`` (capped by the machine's) for the block."""
@@ -672,10 +697,10 @@ def _threads(n):
         numba.set_num_threads(saved)
 
 
-def _record_arg(monkeypatch, name, index):
-    """Wrap the float32 conv module's task loop ``name``: each call records its argument
+def _record_arg(monkeypatch, name, index, dtype=np.float32):
+    """Wrap the ``dtype`` conv module's task loop ``name``: each call records its argument
     ``index`` in the list returned."""
-    mod = engine.conv_module(np.float32)
+    mod = engine.conv_module(dtype)
     real, seen = getattr(mod, name), []
 
     def spy(*args):
@@ -1223,10 +1248,27 @@ def test_shifted_im2col_last_row_panel(K, N):
                                    ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
+    from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
     blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
     assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
+# NCHW layers the taps path serves, through the packing path instead (the one for
+# stride-split copies over SHIFTED_MAX_BYTES).
+PACKED = [name for name, (_, (_, kh, kw), kw_args) in CASES.items()
+          if (kh, kw, kw_args.get("stride", 1)) != (1, 1, 1)]
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_im2col_packing_path(name, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
+    calls = _record_arg(monkeypatch, "im2col_nchw_tasks", 1)
+    run_case(CASES[name], "im2col", "NCHW", np.float32, bias=True, activation="relu")
+    assert calls
 
 
 @pytest.mark.parametrize("algorithm", ["im2col", "winograd", "direct", "auto"])
