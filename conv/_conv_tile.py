@@ -177,10 +177,10 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
         epi_pc = epi if pc + KC >= ckk else 0
         for ic in range(m0, m_full, MC):
             mc = min(MC, m_full - ic)
-            macro_kernel(mc, nc, kc, apack[pc * Mp + ic * kc:], bpack, 0, out, co + ic * ldc + jc,
+            macro_kernel(mc, nc, kc, apack, pc * Mp + ic * kc, bpack, 0, out, co + ic * ldc + jc,
                          ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
         if m_full < m1:
-            macro_kernel(MR, nc, kc, apack[pc * Mp + m_full * kc:], bpack, 0, edge, 0, ld_edge,
+            macro_kernel(MR, nc, kc, apack, pc * Mp + m_full * kc, bpack, 0, edge, 0, ld_edge,
                          DTYPE(1), beta, bias, m_full, jc, epi_pc)
     for i in range(m1 - m_full):
         dst = co + (m_full + i) * ldc + jc
@@ -221,7 +221,7 @@ def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out,
         epi_pc = epi if pc + KC >= ckk else 0
         for jc in range(0, K, NC):
             nc = min(NC, K - jc)
-            macro_kernel(mc, nc, kc, apack, bpack, pc * Np + jc * kc, out, o_off + ic * ldc + jc,
+            macro_kernel(mc, nc, kc, apack, 0, bpack, pc * Np + jc * kc, out, o_off + ic * ldc + jc,
                          ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
 
 
@@ -261,7 +261,7 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
         for xi in range(16):
             for jc in range(0, K, NC):
                 nc = min(NC, K - jc)
-                macro_kernel(mt, nc, kc, apack[xi * a_slab:], upack, xi * C * Kp + pc * Kp + jc * kc,
+                macro_kernel(mt, nc, kc, apack, xi * a_slab, upack, xi * C * Kp + pc * Kp + jc * kc,
                              mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0)
     unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
 
@@ -387,7 +387,7 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
                         bpack[base + p * NR] = 0
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
-            macro_kernel(Kp, ncols, kc, upack[(xi * C + pc) * Kp:], bpack, xi * b_slab,
+            macro_kernel(Kp, ncols, kc, upack, (xi * C + pc) * Kp, bpack, xi * b_slab,
                          mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, K, out, o_off, os[1], os[2], Wo,
                           bias, epi)
@@ -717,12 +717,13 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, 
 
 
 @numba.njit(**JIT)
-def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                  m0, m1, rows_full, short, j0, cols, c, c_off, ldc, tail, tail_ld, bias, epi):
+def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
+                  m0, m1, rows_full, short, j0, cols, c, c_off, ldc, tail, tail_ld, bias, b_off,
+                  epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
     Sums, over KC blocks of channels and over taps, packed A (block pc at
-    ``pc*Mp*ntaps``, each row panel's taps one after another) times B read in place
+    ``a_off + pc*Mp*ntaps``, each row panel's taps one after another) times B read in place
     at ``xq[b_base + pc*chan + taps[t] + j0:]`` (rows ``chan`` apart).  Each tile
     sums every tap of a KC block in registers (:func:`ukernel_taps`), so C is
     updated once per KC block, not once per tap.  The panel starting at grid column
@@ -752,27 +753,30 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack
                 narrow = jr == full and cols - full <= LANES < NR
                 b_at = b_base + pc * chan + j0 + jr
                 for ir in range(ic, ic_end, MR):
-                    a_at = (pc * Mp + ir * kc) * ntaps
+                    a_at = a_off + (pc * Mp + ir * kc) * ntaps
                     if ir < rows_full and jr < full:
                         dst, c_at, ld = c, c_off + (ir - m0) * ldc + jr, ldc
                     elif ir == rows_full and short and jr < full:
                         c_at = c_off + (ir - m0) * ldc + jr
                         if short == 4:
                             ukernel_taps_4(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, ir, e)
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, b_off + ir,
+                                           e)
                         else:
                             ukernel_taps_2(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, ir, e)
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, b_off + ir,
+                                           e)
                         continue
                     else:
                         dst, c_at, ld = tail, (ir - m0) * tail_ld + jr, tail_ld
                     if narrow:
                         ukernel_taps_narrow(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
                                             masks, 0, tm, dst, c_at, ld, DTYPE(1), beta, bias,
-                                            ir, e)
+                                            b_off + ir, e)
                     else:
                         ukernel_taps(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                     masks, 0, tm, dst, c_at, ld, DTYPE(1), beta, bias, ir, e)
+                                     masks, 0, tm, dst, c_at, ld, DTYPE(1), beta, bias, b_off + ir,
+                                     e)
 
 
 @numba.njit(**JIT)
@@ -784,8 +788,8 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 @numba.njit(**JIT)
 def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
-                 apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB, Hq, Wq, layout, direct,
-                 chan, slack, q_end, xq, cbuf):
+                 apack, a_off, Mp, M, out, o_off, os, bias, b_off, epi, KC, MC, NCB, Hq, Wq,
+                 layout, direct, chan, slack, q_end, xq, cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
     output grid's first ``q_end`` columns.
 
@@ -828,16 +832,17 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         if layout != PADDED and not direct:
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
-            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                          0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
+                          a_off, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, b_off, epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
         if layout != PADDED:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
             short = short_rows(M - m_full)
-            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp,
-                          0, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB, bias, epi)
+            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
+                          a_off, Mp, 0, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB,
+                          bias, b_off, epi)
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
@@ -846,8 +851,8 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
                 _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
                            M - m_full, cols - done)
             continue
-        shifted_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, Mp, 0, Mp,
-                      0, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, epi)
+        shifted_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp, 0,
+                      Mp, 0, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, b_off, epi)
         # The valid columns, one output-row run at a time.
         q = j0
         while q < j0 + cols:
@@ -886,8 +891,8 @@ def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
 
 
 @numba.njit(**JIT)
-def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, Mp, M, m0, m1, out,
-                  o_off, os, bias, epi, bpack, cbuf):
+def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off, Mp, M, m0, m1,
+                  out, o_off, os, bias, b_off, epi, bpack, cbuf):
     """Rows ``m0:m1`` (MR multiples) of grid columns ``q0:q0+tail`` (the part of a panel
     after the last whole one) of every image, as one GEMM with columns from all the
     images.
@@ -904,8 +909,8 @@ def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, Mp, M,
         pack_tails(x, x_off, xs[0], xs[1], N, reads, ntaps, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
-        macro_kernel(m1 - m0, ldc, ntaps * kc, apack[(pc * Mp + m0 * kc) * ntaps:], bpack, 0,
-                     cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, m0, 0, e)
+        macro_kernel(m1 - m0, ldc, ntaps * kc, apack, a_off + (pc * Mp + m0 * kc) * ntaps, bpack,
+                     0, cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, b_off + m0, 0, e)
     for n in range(N):
         _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * os[0] + m0 * os[1] + q0,
                    os[1], min(m1, M) - m0, tail)
@@ -937,21 +942,20 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
         g = task // per_group
         task -= g * per_group
         xg, og = x_off + g * Cg * xs[1], o_off + g * M * os[1]
-        ag = apack[g * a_group:]
-        bg = bias[g * bias_group:]
+        ag, bg = g * a_group, g * bias_group
         if task < tail_tasks:
             n0 = task // tail_parts * tail_imgs
             per = (Mp // MR + tail_parts - 1) // tail_parts * MR
             m0 = task % tail_parts * per
             if m0 < Mp:
                 shifted_tails(x, xg + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
-                              q_end, grid - q_end, KC, ag, Mp, M, m0, min(Mp, m0 + per), out,
-                              og + n0 * os[0], os, bg, epi, bpack, cbuf)
+                              q_end, grid - q_end, KC, apack, ag, Mp, M, m0, min(Mp, m0 + per),
+                              out, og + n0 * os[0], os, bias, bg, epi, bpack, cbuf)
             continue
         task -= tail_tasks
         n = task // parts
         image = g * N + n               # the copy in xq is of this image's group
         shifted_task(n, task % parts, parts, image != last, x, xg, xs, geom, Cg, taps, ntaps,
-                     masks, sched, ag, Mp, M, out, og, os, bg, epi, KC, MC, NCB,
+                     masks, sched, apack, ag, Mp, M, out, og, os, bias, bg, epi, KC, MC, NCB,
                      Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
         last = image

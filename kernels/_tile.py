@@ -69,14 +69,14 @@ def bias_offset(epi, row, col):
 
 
 @numba.njit(**JIT)
-def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
+def macro_kernel(mc, nc, kc, apack, a_base, bpack, b_base, c, c_off, ldc, alpha, beta,
                  bias, row0, col0, epi):
     """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
 
-    ``bpack[b_base:]`` is this call's first B micro-panel; ``row0``/``col0`` are the
-    global row and column of C's tile origin (they index the bias).  Partial tiles
-    at the bottom and right run the edge kernel, which touches only their valid
-    corner of C.
+    ``apack[a_base:]`` is the A block, ``bpack[b_base:]`` this call's first B
+    micro-panel.  ``row0``/``col0`` are the global row and column of C's tile origin
+    (they index the bias).  Partial tiles at the bottom
+    and right run the edge kernel, which touches only their valid corner of C.
     """
     for jr in range(0, nc, NR):
         nr = min(NR, nc - jr)
@@ -85,10 +85,10 @@ def macro_kernel(mc, nc, kc, apack, bpack, b_base, c, c_off, ldc, alpha, beta,
             c_tile = c_off + ir * ldc + jr
             bias_off = bias_offset(epi, row0 + ir, col0 + jr)
             if mr == MR and nr == NR:
-                ukernel(kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
+                ukernel(kc, apack, a_base + ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
                         alpha, beta, bias, bias_off, epi)
             else:
-                ukernel_edge(kc, apack, ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
+                ukernel_edge(kc, apack, a_base + ir * kc, bpack, b_base + jr * kc, c, c_tile, ldc,
                              alpha, beta, bias, bias_off, epi, mr, nr)
 
 
@@ -112,7 +112,7 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-                macro_kernel(mc, nc, kc, apack, bpack, 0, c, c_off + ic * ldc + jc, ldc,
+                macro_kernel(mc, nc, kc, apack, 0, bpack, 0, c, c_off + ic * ldc + jc, ldc,
                              alpha, beta_pc, bias, ic, jc, epi_pc)
 
 
@@ -163,7 +163,7 @@ def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, 
         for pc in range(0, max(k, 1), KC):
             kc = min(KC, k - pc)
             pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-            macro_kernel(mc, nc, kc, apack, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
+            macro_kernel(mc, nc, kc, apack, 0, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
                          ldc, alpha, beta if pc == 0 else DTYPE(1), bias, ic, jc,
                          epi if pc + KC >= k else 0)
 

@@ -43,7 +43,7 @@ def run_tile(kern, mr, nr, k, beta, rng, ldc_pad=3, epi=0, a_scale=1.0):
         C[...] = rng.standard_normal((mr, nr))
     C0 = C.copy()
     bias = rng.standard_normal(max(MR, NR) + 3).astype(dt)
-    kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, cflat, c_off, ldc, dt.type(1.5),
+    kern.module.macro_kernel(mr, nr, k, apack, 0, bpack, 0, cflat, c_off, ldc, dt.type(1.5),
                              dt.type(beta), bias, 0, 0, epi)
     # Nothing outside the tile was touched.
     untouched = np.ones(cflat.shape, bool)
@@ -126,7 +126,7 @@ def test_nan_and_inf_propagate_through_epilogue(spec, rng):
         bpack.reshape(k, NR)[:, :] = 1.0
         c = np.zeros(MR * NR, dtype)
         bias = np.zeros(max(MR, NR), dtype)
-        kern.module.macro_kernel(mr, nr, k, apack, bpack, 0, c, 0, nr, dtype.type(1), dtype.type(0),
+        kern.module.macro_kernel(mr, nr, k, apack, 0, bpack, 0, c, 0, nr, dtype.type(1), dtype.type(0),
                                  bias, 0, 0, EPI_RELU6)
         out = c[:mr * nr].reshape(mr, nr)
         assert np.isnan(out[0]).all(), f"{kern.name}: relu6 dropped NaN"

@@ -235,7 +235,7 @@ def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, macro_kernel, MR, NR
                 pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
                 # (mc, nc, kc, A, B, B offset, C, C offset, ldc, alpha, beta,
                 #  bias (unread: no epilogue), bias row, bias col, epilogue flags = none)
-                macro_kernel(mc, nc, kc, apack, bpack, 0, cf, ic * n + jc, n, one, beta,
+                macro_kernel(mc, nc, kc, apack, 0, bpack, 0, cf, ic * n + jc, n, one, beta,
                              apack, ic, jc, 0)
 
 
