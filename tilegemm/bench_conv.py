@@ -48,8 +48,9 @@ class ConvLayer:
 
 
 #: The benchmark layers, for the report and for ``bench/bench_conv.py`` alike: ResNet-18's
-#: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3) and a
-#: MobileNet depthwise layer, where direct convolution applies.
+#: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3), a
+#: MobileNet depthwise layer, where direct convolution applies, and ResNeXt-50's grouped
+#: 3x3 (32 groups of 8 channels).
 LAYERS = (
     ConvLayer("resnet18_conv2_x", 64, 56, 56, 64, 3, 3, 1, 1),
     ConvLayer("resnet18_conv3_x", 128, 28, 28, 128, 3, 3, 1, 1),
@@ -59,6 +60,7 @@ LAYERS = (
     ConvLayer("resnet50_1x1", 256, 56, 56, 64, 1, 1, 1, 0),
     ConvLayer("resnet18_3x3_s2", 128, 28, 28, 256, 3, 3, 2, 1),
     ConvLayer("mobilenet_dw", 256, 28, 28, 256, 3, 3, 1, 1, groups=256),
+    ConvLayer("resnext50_grouped", 256, 28, 28, 256, 3, 3, 1, 1, groups=32),
 )
 
 #: ``--quick`` keeps one layer per path: Winograd-able 3x3, 1x1, stride-2 3x3.
