@@ -11,6 +11,7 @@ bias is per column.
 A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
 viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
 """
+import collections
 import functools
 
 import numpy as np
@@ -468,24 +469,61 @@ def _run_shifted(x, w, bias, out, p, act):
     apack, Mp, finite = engine.prepared(
         "im2col_shifted", w, (p.groups, KC, MR),
         lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
-    a_group = apack.size // p.groups
-    biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
-    bias_group = Mp if has_bias else 0
-    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    threads = engine.threads_for(p.flops, 1 << 30)
+    g = _shifted_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp,
+                      SHIFTED_C_BYTES, SHIFTED_TAIL_COLUMNS, TASKS_PER_THREAD)
+    if bias is None:
+        b, bias_group, epi = np.zeros(1, out.dtype), 0, act
+    else:
+        # Each group's bias padded to its Mp rows (the row panels read whole tiles).
+        b = np.zeros((p.groups, Mp), out.dtype)
+        b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
+        b, bias_group, epi = b.reshape(-1), Mp, act | EPI_BIAS_ROW
+    xqs, cbufs, bpacks = engine.thread_buffers(("im2col_shifted", kernel.name), g.threads,
+                                               g.sizes, out.dtype)
+    if g.layout != FLAT:
+        xqs[:, :g.slack] = 0           # keep the slack finite (dropped columns read it)
+        xqs[:, g.slack + p.Cg * g.chan:g.sizes[0]] = 0
+    args = (g.ntasks, g.parts, p.groups, apack.size // p.groups, bias_group, x.reshape(-1), 0,
+            g.xs, g.geom, p.Cg, g.taps, len(g.taps), g.masks, g.sched, apack, Mp, p.Kg,
+            out.reshape(-1), 0, g.os, b, epi, KC, blk.mc, g.NCB, g.Hq, g.Wq, g.layout,
+            g.direct, g.chan, g.slack, g.q_end, g.reads, g.tail_tasks, g.tail_parts,
+            g.tail_imgs)
+    engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
+                                                       bpacks[t]), g.threads)
+    return out
+
+
+ShiftedPlan = collections.namedtuple(
+    "ShiftedPlan", "threads ntasks parts NCB layout Hq Wq chan taps masks sched direct q_end "
+                   "reads tail_imgs tail_parts tail_tasks slack sizes xs os geom")
+
+
+@functools.lru_cache(maxsize=256)
+def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_columns,
+                  tasks_per_thread):
+    """What :func:`_run_shifted` derives from the geometry alone, once per layer shape.
+
+    ``dtype`` is the output's dtype string, ``threads`` the most the call may use,
+    ``finite`` whether the weights are finite; the tuning constants are arguments
+    so that changing them takes effect.  Arrays in the plan are shared: never
+    written.
+    """
+    itemsize = np.dtype(dtype).itemsize
     Hq, Wq, chan, taps = _phase_geometry(p)
-    masks, sched = panel_masks(p, NR, out.dtype, group=finite)
+    masks, sched = panel_masks(p, NR, dtype, group=finite)
     grid = p.Ho * Wq
     layout = _layout(p)
-    direct = not _aliasing(p.output_strides()[1] * out.itemsize, MR)
+    direct = not _aliasing(p.output_strides()[1] * itemsize, MR)
     # The columns after the last whole panel of every image, as one GEMM of their own
     # (shifted_tails), when there are several images.
     q_end = grid // NR * NR
     if layout == PADDED or p.N == 1:
         q_end = grid
     reads = _tail_reads(p, q_end, max(grid, q_end + 1))
-    # Up to SHIFTED_TAIL_COLUMNS columns (whole images) per tails GEMM: its buffers do
-    # not grow with the batch.
-    tail_imgs = max(1, SHIFTED_TAIL_COLUMNS // max(1, grid - q_end))
+    # Up to ``tail_columns`` columns (whole images) per tails GEMM: its buffers do not
+    # grow with the batch.
+    tail_imgs = max(1, tail_columns // max(1, grid - q_end))
     tail_ld = engine.round_up(min(p.N, tail_imgs) * (grid - q_end), NR)
     # The copy: whole NR panels of taps reach before (PHASED) and after it: zeroed slack.
     slack = int(max(0, -taps.min())) + NR if layout == PHASED else 0
@@ -494,18 +532,17 @@ def _run_shifted(x, w, bias, out, p, act):
     else:
         size = slack + max(p.Cg * chan,
                            (p.Cg - 1) * chan + int(taps.max()) + engine.round_up(grid, NR) + 1)
-    threads = engine.threads_for(p.flops, 1 << 30)
     # Each image's (and group's) column blocks shared out in parts: read in place, for
     # enough tasks to balance the threads; copied, only when there are fewer images
     # than threads (every thread taking a part of an image copies all of it).
     images = p.N * p.groups
     parts = -(-threads // images)
     if layout == FLAT and threads > 1:
-        parts = max(parts, min(-(-TASKS_PER_THREAD * threads // images),
+        parts = max(parts, min(-(-tasks_per_thread * threads // images),
                                q_end // SHIFTED_PART_COLUMNS))
-    # Column blocks as equal as possible, their C block no larger than SHIFTED_C_BYTES,
-    # at least one per part.
-    ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
+    # Column blocks as equal as possible, their C block no larger than ``c_bytes``, at
+    # least one per part.
+    ncb = max(NR, c_bytes // (Mp * itemsize) // NR * NR)
     blocks = max(-(-q_end // ncb), parts)
     NCB = max(NR, engine.round_up(-(-q_end // blocks), NR))
     parts = max(1, min(parts, -(-q_end // NCB)))
@@ -513,18 +550,7 @@ def _run_shifted(x, w, bias, out, p, act):
     tail_parts = min(threads, Mp // MR)
     tail_tasks = -(-p.N // tail_imgs) * tail_parts if q_end < grid else 0
     ntasks = (p.N * parts + tail_tasks) * p.groups
-    threads = min(threads, ntasks)
-    xqs, cbufs, bpacks = engine.thread_buffers(
-        ("im2col_shifted", kernel.name), max(threads, 1),
-        (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC)), out.dtype)
-    if layout != FLAT:
-        xqs[:, :slack] = 0             # keep the slack finite (dropped columns read it)
-        xqs[:, slack + p.Cg * chan:size] = 0
-    xs, os_ = p.input_strides(), p.output_strides()
-    args = (ntasks, parts, p.groups, a_group, bias_group, x.reshape(-1), 0, xs, p.geom(), p.Cg,
-            taps, len(taps), masks, sched, apack, Mp, p.Kg, out.reshape(-1), 0, os_,
-            np.concatenate(biases), epi, KC, blk.mc, NCB,
-            Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts, tail_imgs)
-    engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
-                                                       bpacks[t]), threads)
-    return out
+    sizes = (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC))
+    return ShiftedPlan(max(1, min(threads, ntasks)), ntasks, parts, NCB, layout, Hq, Wq, chan,
+                       taps, masks, sched, direct, q_end, reads, tail_imgs, tail_parts,
+                       tail_tasks, slack, sizes, p.input_strides(), p.output_strides(), p.geom())

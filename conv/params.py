@@ -1,4 +1,5 @@
 """Convolution geometry: validate the arguments once and describe the problem for the drivers."""
+import functools
 import numbers
 from dataclasses import dataclass
 
@@ -42,11 +43,13 @@ class ConvParams:
     groups: int
     layout: str
 
-    @property
+    # Derived once per object (a frozen dataclass keeps a __dict__ for them): the
+    # drivers read them many times per call.
+    @functools.cached_property
     def Ho(self):
         return conv_output_size(self.H, self.kh, self.sy, self.top, self.bottom, self.dy)
 
-    @property
+    @functools.cached_property
     def Wo(self):
         return conv_output_size(self.W, self.kw, self.sx, self.left, self.right, self.dx)
 
@@ -60,7 +63,7 @@ class ConvParams:
         """Output channels per group."""
         return self.K // self.groups
 
-    @property
+    @functools.cached_property
     def flops(self):
         """Multiply-adds x 2 of the direct definition (the 'effective' flop count)."""
         return 2 * self.N * self.K * self.Cg * self.kh * self.kw * self.Ho * self.Wo
@@ -161,6 +164,12 @@ def _shape(shape, name, func):
     return tuple(int(s) for s in entries)
 
 
+def _plain(value):
+    """Whether ``value`` is an int, a str, or a tuple of ints (exactly those types)."""
+    kind = type(value)
+    return kind is int or kind is str or (kind is tuple and all(type(v) is int for v in value))
+
+
 def conv_params(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1,
                 layout="NCHW", func="conv2d"):
     """Validate the shapes and hyper-parameters of a convolution.
@@ -168,12 +177,28 @@ def conv_params(input_shape, weight_shape, stride=1, padding=0, dilation=1, grou
     Returns
     -------
     ConvParams
+        The same object for the same plain arguments (ints, tuples of ints, strings):
+        validation is cached, so a layer called again pays it once.
 
     Raises
     ------
     TypeError, ValueError
         Naming the argument at fault.
     """
+    args = (input_shape, weight_shape, stride, padding, dilation, groups, layout, func)
+    if all(_plain(a) for a in args):
+        # Exact types only: True == 1 and np.int64(1) == 1 hash alike, but bools
+        # must still be refused and other integer types re-checked.
+        return _cached_params(*args)
+    return _conv_params(*args)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_params(*args):
+    return _conv_params(*args)
+
+
+def _conv_params(input_shape, weight_shape, stride, padding, dilation, groups, layout, func):
     if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
         raise ValueError(f"{func}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
     layout = layout.upper()

@@ -1,5 +1,6 @@
 """conv2d: every algorithm against a float64 direct reference, transforms, packers, errors."""
 import contextlib
+import dataclasses
 import sys
 import threading
 
@@ -353,7 +354,7 @@ def test_pack_b_im2col_matches_explicit(geom):
     col = im2col(x, geom["kernel"], geom["stride"], geom["padding"], geom["dilation"])
     p = conv_params((1, C, H, W), (1, C) + geom["kernel"], geom["stride"],
                     (geom["padding"][0], geom["padding"][2]), geom["dilation"])
-    p = p.__class__(**{**p.__dict__, "bottom": geom["padding"][1], "right": geom["padding"][3]})
+    p = dataclasses.replace(p, bottom=geom["padding"][1], right=geom["padding"][3])
     assert col.shape == (C * p.kh * p.kw, p.Ho * p.Wo)
     for p0, kc, j0, nc in [(0, col.shape[0], 0, col.shape[1]), (2, 5, 3, 20), (7, 4, 5, 1)]:
         kc = min(kc, col.shape[0] - p0)
@@ -388,7 +389,7 @@ def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
     col = im2col(x, geom["kernel"], geom["stride"], geom["padding"], geom["dilation"])
     p = conv_params((1, C, H, W), (1, C) + geom["kernel"], geom["stride"],
                     (geom["padding"][0], geom["padding"][2]), geom["dilation"])
-    p = p.__class__(**{**p.__dict__, "bottom": geom["padding"][1], "right": geom["padding"][3]})
+    p = dataclasses.replace(p, bottom=geom["padding"][1], right=geom["padding"][3])
     for p0, kc, j0, nc in [(0, col.shape[0], 0, col.shape[1]), (2, 5, 3, 20), (7, 4, 5, 1)]:
         kc = min(kc, col.shape[0] - p0)
         nc = min(nc, col.shape[1] - j0)
@@ -494,6 +495,18 @@ WT = np.zeros((6, 4, 3, 3), np.float32)
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_validation_cache_still_refuses_what_equals_a_cached_call():
+    """A valid call is cached; arguments that compare equal to it but are not plain ints
+    (True == 1, a bool inside a pair) must still be refused, and numpy integers accepted."""
+    expected = tilegemm.conv2d(X, WT, stride=1, padding=1, dilation=1, groups=1)
+    for bad in (dict(stride=True), dict(stride=(1, True)), dict(padding=(True, 1)),
+                dict(dilation=np.bool_(True)), dict(groups=True)):
+        with pytest.raises(TypeError):
+            tilegemm.conv2d(X, WT, **{**dict(stride=1, padding=1), **bad})
+    got = tilegemm.conv2d(X, WT, stride=np.int64(1), padding=(np.int32(1), 1), groups=np.int8(1))
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_empty_batch_and_channels():
