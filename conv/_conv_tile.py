@@ -760,12 +760,12 @@ def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack
                         c_at = c_off + (ir - m0) * ldc + jr
                         if short == 4:
                             ukernel_taps_4(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, b_off + ir,
-                                           e)
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias,
+                                           b_off + ir, e)
                         else:
                             ukernel_taps_2(kc, apack, a_at, MR * kc, xq, b_at, chan, taps, ntaps,
-                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias, b_off + ir,
-                                           e)
+                                           masks, 0, tm, c, c_at, ldc, DTYPE(1), beta, bias,
+                                           b_off + ir, e)
                         continue
                     else:
                         dst, c_at, ld = tail, (ir - m0) * tail_ld + jr, tail_ld
@@ -833,7 +833,8 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
             shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
-                          a_off, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, b_off, epi)
+                          a_off, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, b_off,
+                          epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
         if layout != PADDED:

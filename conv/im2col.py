@@ -470,8 +470,8 @@ def _run_shifted(x, w, bias, out, p, act):
         "im2col_shifted", w, (p.groups, KC, MR),
         lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
     threads = engine.threads_for(p.flops, 1 << 30)
-    g = _shifted_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp,
-                      SHIFTED_C_BYTES, SHIFTED_TAIL_COLUMNS, TASKS_PER_THREAD)
+    plan = _shifted_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp,
+                         SHIFTED_C_BYTES, SHIFTED_TAIL_COLUMNS, TASKS_PER_THREAD)
     if bias is None:
         b, bias_group, epi = np.zeros(1, out.dtype), 0, act
     else:
@@ -479,18 +479,18 @@ def _run_shifted(x, w, bias, out, p, act):
         b = np.zeros((p.groups, Mp), out.dtype)
         b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
         b, bias_group, epi = b.reshape(-1), Mp, act | EPI_BIAS_ROW
-    xqs, cbufs, bpacks = engine.thread_buffers(("im2col_shifted", kernel.name), g.threads,
-                                               g.sizes, out.dtype)
-    if g.layout != FLAT:
-        xqs[:, :g.slack] = 0           # keep the slack finite (dropped columns read it)
-        xqs[:, g.slack + p.Cg * g.chan:g.sizes[0]] = 0
-    args = (g.ntasks, g.parts, p.groups, apack.size // p.groups, bias_group, x.reshape(-1), 0,
-            g.xs, g.geom, p.Cg, g.taps, len(g.taps), g.masks, g.sched, apack, Mp, p.Kg,
-            out.reshape(-1), 0, g.os, b, epi, KC, blk.mc, g.NCB, g.Hq, g.Wq, g.layout,
-            g.direct, g.chan, g.slack, g.q_end, g.reads, g.tail_tasks, g.tail_parts,
-            g.tail_imgs)
+    xqs, cbufs, bpacks = engine.thread_buffers(("im2col_shifted", kernel.name), plan.threads,
+                                               plan.sizes, out.dtype)
+    if plan.layout != FLAT:
+        xqs[:, :plan.slack] = 0        # keep the slack finite (dropped columns read it)
+        xqs[:, plan.slack + p.Cg * plan.chan:plan.sizes[0]] = 0
+    args = (plan.ntasks, plan.parts, p.groups, apack.size // p.groups, bias_group,
+            x.reshape(-1), 0, plan.xs, plan.geom, p.Cg, plan.taps, len(plan.taps), plan.masks,
+            plan.sched, apack, Mp, p.Kg, out.reshape(-1), 0, plan.os, b, epi, KC, blk.mc,
+            plan.NCB, plan.Hq, plan.Wq, plan.layout, plan.direct, plan.chan, plan.slack,
+            plan.q_end, plan.reads, plan.tail_tasks, plan.tail_parts, plan.tail_imgs)
     engine.launch(lambda t, counter: mod.shifted_tasks(counter, *args, xqs[t], cbufs[t],
-                                                       bpacks[t]), g.threads)
+                                                       bpacks[t]), plan.threads)
     return out
 
 
