@@ -960,3 +960,61 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
                      masks, sched, apack, ag, Mp, M, out, og, os, bias, bg, epi, KC, MC, NCB,
                      Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
         last = image
+
+
+# --- im2col without patches, NHWC grouped: each group's channels copied as planes ---------
+#
+# In NHWC a group's few channels are interleaved with every other group's, so the
+# taps kernel cannot read them in place.  A task (image, group) copies the group's
+# channels into planes (a per-thread buffer laid out as an NCHW image of ``Cg``
+# channels), runs the taps kernel over them exactly as on an NCHW image read in
+# place (stride 1, the output as wide as the image), and writes each block of C
+# back interleaved: the copies are of one group of one image, never the whole array.
+
+
+@numba.njit(**JIT)
+def nhwc_group_planes(x, src, C, pixels, channels, xq):
+    """``xq[c*pixels + q] = x[src + q*C + c]`` for ``c < channels``, ``q < pixels``.
+
+    Pixel by pixel: each pixel's channels are one run of memory, read once (a plane
+    at a time re-read every pixel's line once per channel).
+    """
+    for q in range(pixels):
+        s = src + q * C
+        for c in range(channels):
+            xq[c * pixels + q] = x[s + c]
+
+
+@numba.njit(**JIT)
+def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, Cg, taps,
+                       ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC, NCB, xq,
+                       cbuf):
+    """Tasks (image, block of ``G`` groups) taken from ``counter`` until ``ntasks`` are out.
+
+    Group ``g``'s packed weights start at ``apack[g*a_group]``, its bias at
+    ``bias[g*bias_group]``; ``taps``, ``masks`` and ``sched`` are those of an NCHW
+    image of ``Cg`` channels read in place (``pixels`` per plane).  A block's groups
+    are copied together, so each pixel's run of their channels is read whole, and
+    written back together: blocks of ``NCB`` output pixels of every group of the
+    block go through ``cbuf`` (``G*Mp x NCB``) into ``out`` (NHWC, ``K`` channels).
+    """
+    blocks = (groups + G - 1) // G
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        n, g0 = task // blocks, task % blocks * G
+        ng = min(G, groups - g0)
+        nhwc_group_planes(x, n * pixels * C + g0 * Cg, C, pixels, ng * Cg, xq)
+        for j0 in range(0, pixels, NCB):
+            cols = min(NCB, pixels - j0)
+            for i in range(ng):
+                g = g0 + i
+                shifted_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
+                              apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
+                              cbuf[i * Mp * NCB:], NCB, bias, g * bias_group, epi)
+            dst = (n * pixels + j0) * K + g0 * Kg
+            for j in range(cols):
+                for i in range(ng):
+                    for k in range(Kg):
+                        out[dst + j * K + i * Kg + k] = cbuf[(i * Mp + k) * NCB + j]

@@ -12,6 +12,7 @@ A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
 viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
 """
 import collections
+import dataclasses
 import functools
 
 import numpy as np
@@ -95,6 +96,8 @@ def run(x, w, bias, out, p, act):
         if shifted_ok(p, out.dtype):
             return _run_shifted(x, w, bias, out, p, act)
         return _run_nchw(x, w, bias, out, p, act)
+    if planes_ok(p, out.dtype):
+        return _run_planes(x, w, bias, out, p, act)
     return _run_nhwc(x, w, bias, out, p, act)
 
 
@@ -554,3 +557,73 @@ def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_colum
     return ShiftedPlan(max(1, min(threads, ntasks)), ntasks, parts, NCB, layout, Hq, Wq, chan,
                        taps, masks, sched, direct, q_end, reads, tail_imgs, tail_parts,
                        tail_tasks, slack, sizes, p.input_strides(), p.output_strides(), p.geom())
+
+
+# --- NHWC grouped: each group of an image copied as planes, then the taps kernel ---------
+
+def planes_ok(p, dtype=np.float32):
+    """Whether :func:`_run_planes` serves ``p``: NHWC, several groups, not 1x1, stride 1
+    with ``Wo == W``, and a group's planes of at most ``SHIFTED_MAX_BYTES``.
+
+    Packing patches for a few channels a group costs more than the products: ResNeXt's
+    256 channels in 32 groups at 28x28 (batch 8, 1 thread) took 54-80 ms that way,
+    9.3 ms through planes (NCHW, read in place: 4.0 ms; the copies in and out are
+    strided gathers and scatters at about 1.5 ns an element).
+    """
+    itemsize = np.dtype(dtype).itemsize
+    return (p.layout == "NHWC" and p.groups > 1 and not p.pointwise and _flat(p)
+            and _planes_groups(p, itemsize) * p.Cg * p.H * p.W * itemsize <= SHIFTED_MAX_BYTES)
+
+
+#: Bytes of input channels a task of the NHWC grouped path copies per pixel, at least:
+#: whole cache lines, read once, and runs long enough for the copy to stream.  1
+#: thread, batch 8, median of 7 rounds: ResNeXt's 128 channels in 32 groups at 56x56
+#: 13.1 ms with 256 bytes (64 channels) a task, 20.1 with 64, 21.7 with one group.
+PLANES_RUN_BYTES = 256
+
+
+def _planes_groups(p, itemsize):
+    """Groups per task of :func:`_run_planes`: a cache line of each pixel's channels."""
+    return max(1, min(p.groups, -(-PLANES_RUN_BYTES // (p.Cg * itemsize))))
+
+
+def _group_image(p):
+    """One group of one image as an NCHW layer: the geometry of the planes copied."""
+    return dataclasses.replace(p, N=1, C=p.Cg, K=p.Kg, groups=1, layout="NCHW")
+
+
+def _run_planes(x, w, bias, out, p, act):
+    """NHWC grouped convolution: tasks (image, group) copy the group's channels as planes
+    (``nhwc_group_planes``) and run the taps kernel over them as over an NCHW image read
+    in place (:func:`_run_shifted`), C written back interleaved."""
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.conv_module(out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    q = _group_image(p)
+    KC = shifted_kc(q, MR, NR, out.itemsize, detect().l1d_bytes)
+    # The same packing as the NCHW layout's (the key says so): one cache entry for both.
+    apack, Mp, finite = engine.prepared(
+        "im2col_shifted", w, (p.groups, KC, MR),
+        lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
+    _, _, _, taps = _phase_geometry(q)
+    masks, sched = panel_masks(q, NR, out.dtype, group=finite)
+    pixels = p.H * p.W
+    ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
+    NCB = engine.round_up(-(-pixels // -(-pixels // ncb)), NR)
+    if bias is None:
+        b, bias_group, epi = np.zeros(1, out.dtype), 0, act
+    else:
+        b = np.zeros((p.groups, Mp), out.dtype)
+        b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
+        b, bias_group, epi = b.reshape(-1), Mp, act | EPI_BIAS_ROW
+    G = _planes_groups(p, out.itemsize)
+    ntasks = p.N * -(-p.groups // G)
+    threads = min(engine.threads_for(p.flops, 1 << 30), ntasks)
+    xqs, cbufs = engine.thread_buffers(("im2col_planes", kernel.name), threads,
+                                       (G * p.Cg * pixels, G * Mp * NCB), out.dtype)
+    args = (ntasks, p.groups, G, apack.size // p.groups, bias_group, x.reshape(-1), p.C, pixels,
+            p.Cg, taps, len(taps), masks, sched, apack, Mp, p.Kg, p.K, out.reshape(-1), b, epi,
+            KC, blk.mc, NCB)
+    engine.launch(lambda t, counter: mod.shifted_nhwc_tasks(counter, *args, xqs[t], cbufs[t]),
+                  threads)
+    return out

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies
-from tilegemm.conv.im2col import _layout, shifted_ok
+from tilegemm.conv.im2col import _layout, planes_ok, shifted_ok
 from tilegemm.conv.params import FLAT, PHASED, conv_params
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
@@ -43,6 +43,8 @@ PACK_RATE = 2.0
 PACK_RATE_VECTOR = 3.0
 #: Elements per nanosecond per thread of the taps path's stride-split image copy.
 COPY_RATE = 2.0
+#: ... and of the NHWC grouped path's copies into planes and back (strided).
+PLANES_COPY_RATE = 0.7
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
@@ -104,7 +106,8 @@ def estimates(p, dtype=np.float32, threads=1):
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
     out = {}
-    if p.layout == "NCHW":
+    planes = planes_ok(p, dtype)
+    if p.layout == "NCHW" or planes:
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
@@ -114,6 +117,11 @@ def estimates(p, dtype=np.float32, threads=1):
         # strides other than 1 read a stride-split copy of each image.
         copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
         out["im2col"] = gemm + copy
+    elif planes:
+        # NHWC grouped: the taps kernel on each group's channels copied as planes, the
+        # output copied back interleaved.
+        moved = p.N * (p.C * p.H * p.W + p.K * pixels)
+        out["im2col"] = gemm + moved * ns / PLANES_COPY_RATE
     else:
         pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
                                                      else PACK_RATE)
@@ -162,6 +170,9 @@ def choose(p, dtype=np.float32, threads=None):
                     "image copy through load masks)")
         else:
             path = "im2col (all taps per tile, B read in place from a stride-split image copy)"
+    elif algorithm == "im2col" and planes_ok(p, dtype):
+        path = ("im2col (all taps per tile, each group's channels copied as planes, the "
+                "output written back interleaved)")
     elif algorithm == "im2col":
         path = "im2col (implicit: A panels packed from the image)"
     return ConvPlan(algorithm, path, est, p, threads, reason)

@@ -699,6 +699,36 @@ def test_grouped_im2col_runs_every_group_in_one_task_loop(name, threads, dtype, 
     assert groups and set(groups) == {shape[2]["groups"]}
 
 
+# NHWC grouped layers the planes path serves (stride 1, the output as wide as the image):
+# groups copied a cache line of channels at a time, depthwise (one channel a group), a
+# dilated 5x5, a last block of fewer groups, several column blocks.
+PLANES = {
+    "resnext": ((3, 32, 9, 17), (32, 3, 3), dict(padding=1, groups=8)),
+    "two_rows": ((2, 16, 5, 6), (16, 3, 3), dict(padding=1, groups=8)),
+    "depthwise": ((2, 24, 7, 9), (24, 3, 3), dict(padding=1, groups=24)),
+    "dilated_5x5": ((1, 12, 11, 10), (6, 5, 5), dict(padding=4, dilation=2, groups=3)),
+    "partial_block": ((2, 72, 6, 7), (36, 3, 3), dict(padding=1, groups=36)),
+    "column_blocks": ((1, 8, 30, 31), (200, 3, 3), dict(padding=1, groups=2)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(PLANES))
+def test_grouped_nhwc_im2col_copies_groups_as_planes(name, threads, dtype, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 12)   # several column blocks
+    shape = PLANES[name]
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    assert im2col_mod.planes_ok(conv_params((N, H, W, C), (K, C // kw_args["groups"], kh, kw),
+                                            layout="NHWC", **kw_args), dtype)
+    blocks = _record_arg(monkeypatch, "shifted_nhwc_tasks", 3, dtype)     # groups per task
+    with _threads(threads):
+        run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu")
+        run_case(shape, "im2col", "NHWC", dtype, bias=False)
+    assert blocks and all(1 <= g <= kw_args["groups"] for g in blocks)
+
+
 @contextlib.contextmanager
 def _threads(n):
     """Numba's thread count set to ``n`` (capped by the machine's) for the block."""
