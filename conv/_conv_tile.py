@@ -22,7 +22,7 @@ from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
                                         make_depthwise_flat, make_depthwise_nhwc,
                                         make_depthwise_rows,
-                                        make_direct_row, make_microkernel,
+                                        make_direct_row, make_microkernel, make_transpose,
                                         make_winograd_input, make_winograd_output, next_task,
                                         prefetch)
 from tilegemm.kernels.registry import get_kernel
@@ -45,6 +45,7 @@ winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
 masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
+transpose = make_transpose(DTYPE, LANES)
 #: Vectors of an output row per direct-convolution call (independent FMA chains).
 ROW_VECTORS = 4
 ROW = ROW_VECTORS * LANES
@@ -976,13 +977,32 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
 def nhwc_group_planes(x, src, C, pixels, channels, xq):
     """``xq[c*pixels + q] = x[src + q*C + c]`` for ``c < channels``, ``q < pixels``.
 
-    Pixel by pixel: each pixel's channels are one run of memory, read once (a plane
-    at a time re-read every pixel's line once per channel).
+    LANES x LANES blocks transposed in registers (:func:`transpose`); the last pixels
+    and channels one at a time.  Element by element, the copy took 1.5 ns an element.
     """
+    full_q = pixels // LANES * LANES
+    full_c = channels // LANES * LANES
+    for q0 in range(0, full_q, LANES):
+        for c0 in range(0, full_c, LANES):
+            transpose(x, src + q0 * C + c0, C, xq, c0 * pixels + q0, pixels)
     for q in range(pixels):
         s = src + q * C
-        for c in range(channels):
+        for c in range(0 if q >= full_q else full_c, channels):
             xq[c * pixels + q] = x[s + c]
+
+
+@numba.njit(**JIT)
+def planes_to_nhwc(cbuf, ldc, rows, cols, out, dst, K):
+    """``out[dst + j*K + r] = cbuf[r*ldc + j]`` for ``r < rows``, ``j < cols``: C's rows
+    (output channels) back between the image's other channels, by transposed blocks."""
+    full_j = cols // LANES * LANES
+    full_r = rows // LANES * LANES
+    for j0 in range(0, full_j, LANES):
+        for r0 in range(0, full_r, LANES):
+            transpose(cbuf, r0 * ldc + j0, ldc, out, dst + j0 * K + r0, K)
+    for j in range(cols):
+        for r in range(0 if j >= full_j else full_r, rows):
+            out[dst + j * K + r] = cbuf[r * ldc + j]
 
 
 @numba.njit(**JIT)
@@ -995,8 +1015,11 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
     ``bias[g*bias_group]``; ``taps``, ``masks`` and ``sched`` are those of an NCHW
     image of ``Cg`` channels read in place (``pixels`` per plane).  A block's groups
     are copied together, so each pixel's run of their channels is read whole, and
-    written back together: blocks of ``NCB`` output pixels of every group of the
-    block go through ``cbuf`` (``G*Mp x NCB``) into ``out`` (NHWC, ``K`` channels).
+    written back together: for each block of ``NCB`` output pixels, group ``i`` of
+    the block writes its whole row panels into ``cbuf`` from row ``i*Kg`` (the next
+    group's rows overwrite the padding rows), so the block's output channels are
+    consecutive rows, then into ``out`` (NHWC, ``K`` channels).  ``cbuf`` holds
+    ``(G - 1)*Kg + Mp`` rows of ``NCB``.
     """
     blocks = (groups + G - 1) // G
     while True:
@@ -1012,9 +1035,5 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
                 g = g0 + i
                 shifted_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
                               apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
-                              cbuf[i * Mp * NCB:], NCB, bias, g * bias_group, epi)
-            dst = (n * pixels + j0) * K + g0 * Kg
-            for j in range(cols):
-                for i in range(ng):
-                    for k in range(Kg):
-                        out[dst + j * K + i * Kg + k] = cbuf[(i * Mp + k) * NCB + j]
+                              cbuf[i * Kg * NCB:], NCB, bias, g * bias_group, epi)
+            planes_to_nhwc(cbuf, NCB, ng * Kg, cols, out, (n * pixels + j0) * K + g0 * Kg, K)

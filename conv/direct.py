@@ -236,6 +236,14 @@ def flat_geometry(p, lanes, vectors, short, dtype):
             (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
 
 
+def nhwc_vector_applies(p, dtype):
+    """Whether the depthwise NHWC kernel (vectors of channels) serves ``p``: depthwise,
+    NHWC, channels for at least ``DW_NHWC_VECTORS`` vectors."""
+    mod = engine.conv_module(dtype)
+    return (p.layout == "NHWC" and p.Cg == 1 and p.Kg == 1
+            and p.C >= mod.DW_NHWC_VECTORS * mod.LANES)
+
+
 def run(x, w, bias, out, p, act):
     """Direct convolution into ``out`` (C-contiguous in ``p.layout``); any shape."""
     has_bias = bias is not None
@@ -284,7 +292,7 @@ def run(x, w, bias, out, p, act):
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
-    elif p.Cg == 1 and p.Kg == 1 and p.C >= mod.DW_NHWC_VECTORS * mod.LANES:
+    elif nhwc_vector_applies(p, out.dtype):
         # Depthwise NHWC: vectors of channels, a row of output pixels a task.
         ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)

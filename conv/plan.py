@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from tilegemm.conv.direct import flat_applies
+from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
 from tilegemm.conv.im2col import _layout, planes_ok, shifted_ok
 from tilegemm.conv.params import FLAT, PHASED, conv_params
 
@@ -35,6 +35,9 @@ DIRECT_VECTOR_EFFICIENCY = 0.035
 #: 3.5% with stride 2, which splits each channel by stride phase first.
 DIRECT_FLAT_EFFICIENCY = 0.06
 DIRECT_FLAT_COPY_EFFICIENCY = 0.035
+#: ... and of depthwise NHWC layers on vectors of channels: 15-48% on the same machine
+#: (batch 8: 64 channels at 112x112 stride 2 the least, 256 at 28x28 the most).
+DIRECT_NHWC_VECTOR_EFFICIENCY = 0.15
 #: Seconds of Python-side set-up per group (Winograd, and im2col's packing path, launch
 #: their task loops once per group).
 GROUP_OVERHEAD = 20e-6
@@ -43,8 +46,16 @@ PACK_RATE = 2.0
 PACK_RATE_VECTOR = 3.0
 #: Elements per nanosecond per thread of the taps path's stride-split image copy.
 COPY_RATE = 2.0
-#: ... and of the NHWC grouped path's copies into planes and back (strided).
-PLANES_COPY_RATE = 0.7
+#: ... and of the NHWC grouped path's copies into planes and back (transposed blocks).
+PLANES_COPY_RATE = 1.5
+#: How much faster than ``_gemm_seconds`` says the taps kernel runs (its short row
+#: panels write only their rows; every tap of a channel block per C update).  Applied
+#: where the estimate competes with NHWC Winograd, whose model matches it: NHWC
+#: grouped layers (1 thread, batch 8: 64 channels in 2 groups at 56x56 13.7 ms against
+#: Winograd's 18.3, estimated 22.6 and 16.9 without it).  On NCHW layers the taps
+#: kernel ran 1.3-1.5x its estimate too (ResNet-18 conv3_x: 21.9 ms, estimated 31.1),
+#: but there the estimate already ranks the algorithms as measured.
+TAPS_SPEEDUP = 1.4
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
@@ -121,7 +132,7 @@ def estimates(p, dtype=np.float32, threads=1):
         # NHWC grouped: the taps kernel on each group's channels copied as planes, the
         # output copied back interleaved.
         moved = p.N * (p.C * p.H * p.W + p.K * pixels)
-        out["im2col"] = gemm + moved * ns / PLANES_COPY_RATE
+        out["im2col"] = gemm / TAPS_SPEEDUP + moved * ns / PLANES_COPY_RATE
     else:
         pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
                                                      else PACK_RATE)
@@ -138,6 +149,8 @@ def estimates(p, dtype=np.float32, threads=1):
         out["winograd"] = gemm + transforms + p.groups * GROUP_OVERHEAD
     if flat_applies(p, kernel.lanes):
         efficiency = DIRECT_FLAT_EFFICIENCY if p.sy == p.sx == 1 else DIRECT_FLAT_COPY_EFFICIENCY
+    elif nhwc_vector_applies(p, dtype):
+        efficiency = DIRECT_NHWC_VECTOR_EFFICIENCY
     else:
         efficiency = DIRECT_VECTOR_EFFICIENCY if vector_rows else DIRECT_EFFICIENCY
     out["direct"] = p.flops / (efficiency * peak)

@@ -863,6 +863,60 @@ def make_masked_copy(dtype, lanes, step=1):
     return masked_copy
 
 
+def make_transpose(dtype, lanes):
+    """Build the intrinsic transposing a ``lanes x lanes`` block between two arrays.
+
+    Signature (jitted code only)::
+
+        transpose(x, src, src_step, y, dst, dst_step)
+
+    For ``i, j < lanes``: ``y[dst + j*dst_step + i] = x[src + i*src_step + j]``.  The
+    rows are loaded as vectors and transposed in registers by ``log2(lanes)`` rounds of
+    block swaps (round ``d`` swaps the ``d``-lane blocks off the diagonal of each
+    ``2d x 2d`` block), then stored as vectors: no strided element copies.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+    if lanes & (lanes - 1):
+        raise ValueError(f"transpose needs a power-of-two vector width, got {lanes}")
+
+    def emit(context, builder, sig, args):
+        x, src, src_step, y, dst, dst_step = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        x_ptr = _data(context, builder, sig.args[0], x, src)
+        y_ptr = _data(context, builder, sig.args[3], y, dst)
+        rows = [builder.load(_vector_ptr(builder, x_ptr, builder.mul(ir.Constant(intp, i),
+                                                                      src_step), vec),
+                             align=esize)
+                for i in range(lanes)]
+        d = lanes // 2
+        while d:
+            for r in range(lanes):
+                if r & d:
+                    continue
+                a, b = rows[r], rows[r + d]
+                rows[r] = _shuffle(builder, a, b, [p if not p & d else lanes + p - d
+                                                   for p in range(lanes)])
+                rows[r + d] = _shuffle(builder, a, b, [p + d if not p & d else lanes + p
+                                                       for p in range(lanes)])
+            d //= 2
+        for j in range(lanes):
+            builder.store(rows[j], _vector_ptr(builder, y_ptr, builder.mul(ir.Constant(intp, j),
+                                                                           dst_step), vec),
+                          align=esize)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def transpose(typingctx, x, src, src_step, y, dst, dst_step):
+        i = types.intp
+        return types.void(x, i, i, y, i, i), emit
+
+    transpose.__name__ = f"{np.dtype(dtype).char}_transpose_{lanes}"
+    return transpose
+
+
 def _reduce_add(builder, vec_value):
     """Sum of a vector's lanes as a tree of halvings: log2(lanes) dependent adds, not lanes."""
     i32 = ir.IntType(32)

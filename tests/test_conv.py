@@ -531,6 +531,17 @@ def test_plan_is_inspectable():
     assert "winograd" not in s2.estimates
 
 
+def test_plan_nhwc_grouped_and_depthwise():
+    """NHWC: a grouped layer runs its groups as planes, a depthwise layer with channels
+    for the vector kernel runs direct (the planes path must not take it)."""
+    grouped = tilegemm.conv_plan((8, 28, 28, 256), (256, 8, 3, 3), padding=1, groups=32,
+                                 layout="NHWC")
+    assert grouped.algorithm == "im2col" and "planes" in grouped.path
+    dw = tilegemm.conv_plan((8, 28, 28, 256), (256, 1, 3, 3), padding=1, groups=256,
+                            layout="NHWC")
+    assert dw.algorithm == "direct"
+
+
 def test_weight_changed_in_place_is_not_served_stale():
     x = RNG.standard_normal((1, 8, 6, 6)).astype(np.float32)
     w = RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)

@@ -242,3 +242,28 @@ def test_taps_mask_zeroes_lanes_before_the_product(dtype, where):
     run(apack, b, masks, sched, c)
     want = np.where(lane_on, 2.0 * kc, 0.0)
     assert np.array_equal(c, np.broadcast_to(want, (MR, NR)).astype(dt))
+
+
+@pytest.mark.parametrize("dtype, lanes", [(np.float32, 8), (np.float64, 4), (np.float32, 16)])
+def test_transpose_block(dtype, lanes):
+    """make_transpose: y[dst + j*dst_step + i] = x[src + i*src_step + j], nothing else
+    written, with steps longer than a vector on both sides."""
+    import numba
+    from tilegemm.kernels.generator import make_transpose
+    transpose = make_transpose(dtype, lanes)
+
+    @numba.njit
+    def run(x, src, src_step, y, dst, dst_step):
+        transpose(x, src, src_step, y, dst, dst_step)
+
+    x = np.arange(40 * lanes, dtype=dtype)
+    y = np.full(40 * lanes, -1, dtype)
+    src, src_step, dst, dst_step = 3, lanes + 5, 7, 2 * lanes + 1
+    run(x, src, src_step, y, dst, dst_step)
+    want = np.full_like(y, -1)
+    for i in range(lanes):
+        for j in range(lanes):
+            want[dst + j * dst_step + i] = x[src + i * src_step + j]
+    np.testing.assert_array_equal(y, want)
+    with pytest.raises(ValueError, match="power-of-two"):
+        make_transpose(dtype, 6)
