@@ -452,6 +452,25 @@ def _pack_groups_taps(w, groups, KC, MR):
     return np.concatenate([buf for buf, _ in packed]), packed[0][1]
 
 
+def _taps_weights(w, groups, KC, MR):
+    """(apack, Mp, finite): the taps kernel's packed weights of every group, cached
+    (either layout: the same packing), and whether they are all finite, which allows
+    masking a sum of taps instead of their loads (:func:`panel_masks`)."""
+    return engine.prepared(
+        "im2col_shifted", w, (groups, KC, MR),
+        lambda: _pack_groups_taps(w, groups, KC, MR) + (bool(np.isfinite(w).all()),))
+
+
+def _group_bias(bias, p, Mp, dtype, act):
+    """(bias, per-group stride, epilogue flags) for the taps task loops: each group's
+    bias padded to its ``Mp`` rows (the row panels read whole tiles)."""
+    if bias is None:
+        return np.zeros(1, dtype), 0, act
+    b = np.zeros((p.groups, Mp), dtype)
+    b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
+    return b.reshape(-1), Mp, act | EPI_BIAS_ROW
+
+
 def _run_shifted(x, w, bias, out, p, act):
     """Convolution with every kernel tap summed per tile, B read in place.
 
@@ -468,20 +487,11 @@ def _run_shifted(x, w, bias, out, p, act):
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = shifted_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)
-    # Finite weights allow masking a sum of taps instead of their loads (panel_masks).
-    apack, Mp, finite = engine.prepared(
-        "im2col_shifted", w, (p.groups, KC, MR),
-        lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
+    apack, Mp, finite = _taps_weights(w, p.groups, KC, MR)
     threads = engine.threads_for(p.flops, 1 << 30)
     plan = _shifted_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp,
                          SHIFTED_C_BYTES, SHIFTED_TAIL_COLUMNS, TASKS_PER_THREAD)
-    if bias is None:
-        b, bias_group, epi = np.zeros(1, out.dtype), 0, act
-    else:
-        # Each group's bias padded to its Mp rows (the row panels read whole tiles).
-        b = np.zeros((p.groups, Mp), out.dtype)
-        b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
-        b, bias_group, epi = b.reshape(-1), Mp, act | EPI_BIAS_ROW
+    b, bias_group, epi = _group_bias(bias, p, Mp, out.dtype, act)
     xqs, cbufs, bpacks = engine.thread_buffers(("im2col_shifted", kernel.name), plan.threads,
                                                plan.sizes, out.dtype)
     if plan.layout != FLAT:
@@ -600,21 +610,13 @@ def _run_planes(x, w, bias, out, p, act):
     MR, NR = kernel.mr, kernel.nr
     q = _group_image(p)
     KC = shifted_kc(q, MR, NR, out.itemsize, detect().l1d_bytes)
-    # The same packing as the NCHW layout's (the key says so): one cache entry for both.
-    apack, Mp, finite = engine.prepared(
-        "im2col_shifted", w, (p.groups, KC, MR),
-        lambda: _pack_groups_taps(w, p.groups, KC, MR) + (bool(np.isfinite(w).all()),))
+    apack, Mp, finite = _taps_weights(w, p.groups, KC, MR)
     _, _, _, taps = _phase_geometry(q)
     masks, sched = panel_masks(q, NR, out.dtype, group=finite)
     pixels = p.H * p.W
     ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
     NCB = engine.round_up(-(-pixels // -(-pixels // ncb)), NR)
-    if bias is None:
-        b, bias_group, epi = np.zeros(1, out.dtype), 0, act
-    else:
-        b = np.zeros((p.groups, Mp), out.dtype)
-        b[:, :p.Kg] = bias.reshape(p.groups, p.Kg)
-        b, bias_group, epi = b.reshape(-1), Mp, act | EPI_BIAS_ROW
+    b, bias_group, epi = _group_bias(bias, p, Mp, out.dtype, act)
     G = _planes_groups(p, out.itemsize)
     ntasks = p.N * -(-p.groups // G)
     threads = min(engine.threads_for(p.flops, 1 << 30), ntasks)
