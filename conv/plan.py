@@ -51,8 +51,8 @@ PLANES_COPY_RATE = 1.5
 #: How much faster than ``_gemm_seconds`` says the taps kernel runs (its short row
 #: panels write only their rows; every tap of a channel block per C update).  Applied
 #: where the estimate competes with NHWC Winograd, whose model matches it: NHWC
-#: grouped layers (1 thread, batch 8: 64 channels in 2 groups at 56x56 13.7 ms against
-#: Winograd's 18.3, estimated 22.6 and 16.9 without it).  On NCHW layers the taps
+#: grouped layers (1 thread, batch 8: 64 channels in 2 groups at 56x56 13.3 ms against
+#: Winograd's 18.3, estimated 20.1 and 16.9 without it).  On NCHW layers the taps
 #: kernel ran 1.3-1.5x its estimate too (ResNet-18 conv3_x: 21.9 ms, estimated 31.1),
 #: but there the estimate already ranks the algorithms as measured.
 TAPS_SPEEDUP = 1.4
