@@ -602,9 +602,10 @@ def _group_image(p):
 
 
 def _run_planes(x, w, bias, out, p, act):
-    """NHWC grouped convolution: tasks (image, group) copy the group's channels as planes
-    (``nhwc_group_planes``) and run the taps kernel over them as over an NCHW image read
-    in place (:func:`_run_shifted`), C written back interleaved."""
+    """NHWC grouped convolution: tasks (image, block of groups, see ``PLANES_RUN_BYTES``)
+    copy the block's channels as planes (``nhwc_group_planes``), run the taps kernel over
+    each group as over an NCHW image read in place (:func:`_run_shifted`) and write C
+    back interleaved (``planes_to_nhwc``)."""
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
