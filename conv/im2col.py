@@ -553,11 +553,8 @@ def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_colum
     if layout == FLAT and threads > 1:
         parts = max(parts, min(-(-tasks_per_thread * threads // images),
                                q_end // SHIFTED_PART_COLUMNS))
-    # Column blocks as equal as possible, their C block no larger than ``c_bytes``, at
-    # least one per part.
-    ncb = max(NR, c_bytes // (Mp * itemsize) // NR * NR)
-    blocks = max(-(-q_end // ncb), parts)
-    NCB = max(NR, engine.round_up(-(-q_end // blocks), NR))
+    # At least one column block per part.
+    NCB = _column_block(q_end, parts, Mp, itemsize, NR, c_bytes)
     parts = max(1, min(parts, -(-q_end // NCB)))
     # Each tails GEMM's rows shared out between the threads (a row panel at least).
     tail_parts = min(threads, Mp // MR)
@@ -596,6 +593,15 @@ def _planes_groups(p, itemsize):
     return max(1, min(p.groups, -(-PLANES_RUN_BYTES // (p.Cg * itemsize))))
 
 
+def _column_block(columns, parts, Mp, itemsize, NR, c_bytes):
+    """Grid columns per block of C for the taps task loops: blocks as equal as possible,
+    at least ``parts`` of them, each C block (``Mp`` rows) no larger than ``c_bytes``."""
+    ncb = max(NR, c_bytes // (Mp * itemsize) // NR * NR)
+    blocks = max(-(-columns // ncb), parts)
+    return max(NR, engine.round_up(-(-columns // blocks), NR))
+
+
+@functools.lru_cache(maxsize=256)
 def _group_image(p):
     """One group of one image as an NCHW layer: the geometry of the planes copied."""
     return dataclasses.replace(p, N=1, C=p.Cg, K=p.Kg, groups=1, layout="NCHW")
@@ -615,8 +621,7 @@ def _run_planes(x, w, bias, out, p, act):
     _, _, _, taps = _phase_geometry(q)
     masks, sched = panel_masks(q, NR, out.dtype, group=finite)
     pixels = p.H * p.W
-    ncb = max(NR, SHIFTED_C_BYTES // (Mp * out.itemsize) // NR * NR)
-    NCB = engine.round_up(-(-pixels // -(-pixels // ncb)), NR)
+    NCB = _column_block(pixels, 1, Mp, out.itemsize, NR, SHIFTED_C_BYTES)
     b, bias_group, epi = _group_bias(bias, p, Mp, out.dtype, act)
     G = _planes_groups(p, out.itemsize)
     ntasks = p.N * -(-p.groups // G)
