@@ -22,7 +22,8 @@ from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
                                         make_depthwise_flat, make_depthwise_nhwc,
                                         make_depthwise_rows,
-                                        make_direct_row, make_microkernel, make_transpose,
+                                        make_deinterleave, make_direct_row,
+                                        make_microkernel, make_transpose,
                                         make_winograd_input, make_winograd_output, next_task,
                                         prefetch)
 from tilegemm.kernels.registry import get_kernel
@@ -46,6 +47,7 @@ winograd_output = make_winograd_output(DTYPE, LANES)
 masked_copy = make_masked_copy(DTYPE, LANES)
 masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
 transpose = make_transpose(DTYPE, LANES)
+deinterleave = make_deinterleave(DTYPE, LANES)
 #: Vectors of an output row per direct-convolution call (independent FMA chains).
 ROW_VECTORS = 4
 ROW = ROW_VECTORS * LANES
@@ -679,6 +681,37 @@ def short_rows(rows):
     return rows if (rows == 4 and MR > 4) or (rows == 2 and MR > 2) else 0
 
 
+@numba.njit(inline='always', **JIT)
+def _split_fits(t, px, W, Wq):
+    """Whether grid columns ``t:t+LANES`` of both phases of a stride-2 row lie inside it."""
+    return t >= 0 and t + LANES <= Wq and 2 * t - px >= 0 and 2 * (t + LANES) - px <= W
+
+
+@numba.njit(**JIT)
+def split_row(x, src, px, W, Wq, xq, even, odd, spill):
+    """A stride-2 row's two column phases: ``xq[even + s] = x[src + 2*s - px]`` and
+    ``xq[odd + s] = x[src + 2*s + 1 - px]`` for ``s < Wq`` (zero off the row's ``W``
+    pixels).
+
+    Whole vectors inside the row are :func:`deinterleave` d (each pixel read once); a
+    last partial vector is redone whole, overlapping the one before, when it fits
+    inside the row, else copied masked (a partial store, slow on Zen 3).  ``spill``:
+    see :func:`phase_split`; only the odd phase's row spills, into its next row.
+    """
+    for t in range(0, Wq, LANES):
+        col = 2 * t - px
+        if _split_fits(t, px, W, Wq):
+            deinterleave(x, src + col, xq, even + t, odd + t)
+            continue
+        if t + LANES > Wq and _split_fits(Wq - LANES, px, W, Wq):
+            last = Wq - LANES
+            deinterleave(x, src + 2 * last - px, xq, even + last, odd + last)
+            continue
+        count = min(LANES, Wq - t)
+        copy_run(x, src + col, col, W, xq, even + t, count, 2)
+        copy_run(x, src + col + 1, col + 1, W, xq, odd + t, LANES if spill else count, 2)
+
+
 @numba.njit(**JIT)
 def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, spill=False):
     """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
@@ -701,7 +734,12 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, 
                         xq[dst:dst + Wq] = 0
                         continue
                     src = x_off + c * sc + y * s_row
-                    if sx <= 2:
+                    if sx == 2 and b == 0:
+                        split_row(x, src, px, W, Wq, xq, dst, dst + plane, spill)
+                        continue
+                    if sx == 2:
+                        continue               # written with phase 0 by split_row
+                    if sx == 1:
                         # LANES columns per masked copy, the padding read as zero.
                         for t in range(0, Wq, LANES):
                             col = sx * t + b - px

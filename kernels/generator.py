@@ -917,6 +917,43 @@ def make_transpose(dtype, lanes):
     return transpose
 
 
+def make_deinterleave(dtype, lanes):
+    """Build the intrinsic splitting ``2*lanes`` consecutive elements into even and odd.
+
+    Signature (jitted code only)::
+
+        deinterleave(x, src, y, even, odd)
+
+    For ``l < lanes``: ``y[even + l] = x[src + 2*l]`` and ``y[odd + l] = x[src + 2*l + 1]``:
+    two plain loads, two shuffles, two plain stores.  A stride-2 row's two column
+    phases in one pass, where a masked copy per phase read the row twice.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = _NUMBA_FLOAT[dtype]
+    esize = np.dtype(dtype).itemsize
+
+    def emit(context, builder, sig, args):
+        x, src, y, even, odd = args
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        x_ptr = _data(context, builder, sig.args[0], x, src)
+        y_ptr = _data(context, builder, sig.args[2], y, ir.Constant(intp, 0))
+        lo = builder.load(_vector_ptr(builder, x_ptr, ir.Constant(intp, 0), vec), align=esize)
+        hi = builder.load(_vector_ptr(builder, x_ptr, ir.Constant(intp, lanes), vec), align=esize)
+        for start, at in ((0, even), (1, odd)):
+            builder.store(_shuffle(builder, lo, hi, list(range(start, 2 * lanes, 2))),
+                          _vector_ptr(builder, y_ptr, at, vec), align=esize)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def deinterleave(typingctx, x, src, y, even, odd):
+        i = types.intp
+        return types.void(x, i, y, i, i), emit
+
+    deinterleave.__name__ = f"{np.dtype(dtype).char}_deinterleave_{lanes}"
+    return deinterleave
+
+
 def _reduce_add(builder, vec_value):
     """Sum of a vector's lanes as a tree of halvings: log2(lanes) dependent adds, not lanes."""
     i32 = ir.IntType(32)

@@ -1202,23 +1202,29 @@ def test_conv_plan_rejects_malformed_shapes_and_threads():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("H, W, sy, sx, py, px", [
     (5, 7, 1, 1, 1, 1), (6, 37, 1, 2, 1, 1), (9, 40, 2, 2, 1, 0), (4, 3, 2, 2, 2, 3),
-    (7, 19, 3, 3, 1, 1), (3, 70, 1, 2, 0, 5)])
-def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px):
-    """The stride-split padded copy, vector rows (stride 1 and 2) and scalar (3) alike."""
+    (7, 19, 3, 3, 1, 1), (3, 70, 1, 2, 0, 5), (6, 56, 2, 2, 0, 0), (5, 33, 2, 2, 0, 0),
+    (4, 18, 2, 2, 1, 1), (3, 10, 2, 2, 0, 0)])
+@pytest.mark.parametrize("spill", [False, True])
+def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px, spill):
+    """The stride-split padded copy, vector rows (stride 1 and 2, whole vectors, the
+    last one overlapped or masked) and scalar (3) alike; with ``spill`` nothing is
+    written past a vector after the last channel."""
     mod = engine.conv_module(dtype)
     C = 3
     x = np.random.default_rng(H * W).standard_normal((C, H, W)).astype(dtype)
     Hq, Wq = -(-(H + 2 * py) // sy), -(-(W + 2 * px) // sx)
     chan = sy * sx * Hq * Wq
-    xq = np.full(C * chan + 5, 9.0, dtype)
-    mod.phase_split(x.reshape(-1), 0, H * W, W, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq)
+    slack = mod.LANES if spill else 0
+    xq = np.full(C * chan + slack + 5, 9.0, dtype)
+    mod.phase_split(x.reshape(-1), 0, H * W, W, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq,
+                    spill)
     padded = np.zeros((C, Hq * sy, Wq * sx), dtype)
     padded[:, py:py + H, px:px + W] = x
     for a in range(sy):
         for b in range(sx):
             got = xq[:C * chan].reshape(C, sy * sx, Hq, Wq)[:, a * sx + b]
             np.testing.assert_array_equal(got, padded[:, a::sy, b::sx], err_msg=f"phase ({a}, {b})")
-    assert np.all(xq[C * chan:] == 9.0), "phase_split wrote past its channels"
+    assert np.all(xq[C * chan + slack:] == 9.0), "phase_split wrote past its channels"
 
 
 def _guarded(shape, dtype):
