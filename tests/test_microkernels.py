@@ -267,3 +267,25 @@ def test_transpose_block(dtype, lanes):
     np.testing.assert_array_equal(y, want)
     with pytest.raises(ValueError, match="power-of-two"):
         make_transpose(dtype, 6)
+
+
+@pytest.mark.parametrize("dtype, lanes", [(np.float32, 8), (np.float64, 4), (np.float32, 16)])
+def test_deinterleave_row(dtype, lanes):
+    """make_deinterleave: the even and odd elements of 2*lanes from src, each phase
+    stored at its own offset, nothing else written."""
+    import numba
+    from tilegemm.kernels.generator import make_deinterleave
+    deinterleave = make_deinterleave(dtype, lanes)
+
+    @numba.njit
+    def run(x, src, y, even, odd):
+        deinterleave(x, src, y, even, odd)
+
+    x = np.arange(8 * lanes, dtype=dtype)
+    y = np.full(8 * lanes, -1, dtype)
+    src, even, odd = 3, 5, 2 * lanes + 7
+    run(x, src, y, even, odd)
+    want = np.full_like(y, -1)
+    want[even:even + lanes] = x[src:src + 2 * lanes:2]
+    want[odd:odd + lanes] = x[src + 1:src + 2 * lanes:2]
+    np.testing.assert_array_equal(y, want)
