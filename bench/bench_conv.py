@@ -16,11 +16,14 @@ memory of implicit im2col with the explicit patch matrix on VGG conv1_2.
 ``--scaling`` instead times every party at 1 thread and at ``--threads`` threads
 in the same rounds (1 thread, then N, per party, best of ``--repeat``) and prints
 the speed-up: on a shared machine, figures from separate runs drift more than
-the speed-up being measured.
+the speed-up being measured.  Each layer's ``apart`` row runs ``--threads``
+independent 1-thread calls at once against one alone: the speed-up the machine
+gives work that shares nothing but the hardware (see :func:`bench_apart`).
 
 :func:`conv_layers` returns the layer list for other tools to reuse.
 """
 import argparse
+import threading
 import time
 import tracemalloc
 
@@ -156,6 +159,51 @@ def bench_scaling(ly, batch, threads, repeat):
             for name in fns]
 
 
+def bench_apart(ly, batch, threads, repeat, min_time=0.05):
+    """Seconds per call of auto on 1 thread alone, and with ``threads`` such calls at once.
+
+    Each of ``threads`` Python threads runs its own 1-thread calls on its own
+    operands, started together; the slowest one's time per call is the "together"
+    figure.  ``threads * alone / together`` is then the speed-up the machine gives
+    independent work on this layer (sharing caches, memory and the host's cores):
+    the yardstick for the speed-up of one call split between threads, which can
+    beat it where its threads share reads (the weights).  Alone and together are
+    alternated round by round, best of ``repeat``.
+    """
+    args = dict(stride=ly["stride"], padding=ly["padding"], groups=ly["groups"])
+    ops = [operands(ly, batch, seed=i) for i in range(threads)]
+
+    def calls(i, n):
+        numba.set_num_threads(1)
+        x, w, b = ops[i]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tilegemm.conv2d(x, w, b, **args)
+        return (time.perf_counter() - t0) / n
+
+    calls(0, 1)                        # compiles, packs the weights
+    n = max(1, int(min_time / max(calls(0, 1), 1e-9)))
+    for i in range(1, threads):
+        calls(i, 1)
+    best_alone = best_together = float("inf")
+    for _ in range(repeat):
+        best_alone = min(best_alone, calls(0, n))
+        start = threading.Barrier(threads)
+        times = [0.0] * threads
+
+        def worker(i):
+            start.wait()
+            times[i] = calls(i, n)
+
+        workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        best_together = min(best_together, max(times))
+    return best_alone, best_together
+
+
 def im2col_memory(ly, batch=1):
     """Peak bytes allocated during implicit im2col (output excluded) and the explicit matrix."""
     x, w, b = operands(ly, batch)
@@ -191,6 +239,10 @@ def main(argv=None):
             for r in bench_scaling(ly, args.batch, args.threads, args.repeat):
                 print(f"{r['layer']:18s} {r['party']:9s} {r['one'] * 1e3:11.2f} "
                       f"{r['many'] * 1e3:13.2f} {r['one'] / r['many']:7.2f}x", flush=True)
+            alone, together = bench_apart(ly, args.batch, args.threads, args.repeat)
+            print(f"{ly['name']:18s} {'apart':9s} {alone * 1e3:11.2f} {together * 1e3:13.2f} "
+                  f"{args.threads * alone / together:7.2f}x  ({args.threads} independent "
+                  f"1-thread auto calls at once)", flush=True)
         return
     numba.set_num_threads(args.threads)
     try:
