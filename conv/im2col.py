@@ -105,29 +105,55 @@ def _run_nchw(x, w, bias, out, p, act):
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
-    ckk = p.Cg * p.kh * p.kw
-    pixels = p.Ho * p.Wo
-    KC = engine.balanced_kc(ckk, blk.kc)
-    MC = blk.mc
-    # Balance the pixel blocks: NC no larger than the blocking's, as equal as possible.
-    n_jc = -(-pixels // blk.nc)
-    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
-    if threads > 1:
-        # Finer pixel blocks for enough tasks to balance the threads (see
-        # TASKS_PER_THREAD), none under IM2COL_PART_COLUMNS: each task streams all of A.
-        n_jc = max(n_jc, min(-(-TASKS_PER_THREAD * threads // p.N),
-                             pixels // IM2COL_PART_COLUMNS))
-    NC = engine.round_up(-(-pixels // n_jc), NR)
-    n_jc = -(-pixels // NC)
+    plan = _nchw_plan(p, out.dtype.str, engine.threads_for(p.flops // p.groups, 1 << 30), MR, NR,
+                      blk.kc, blk.mc, blk.nc, TASKS_PER_THREAD, IM2COL_PART_COLUMNS)
+    ckk, KC = plan.ckk, plan.KC
 
     def build():
         return [_pack_weights_a(w[g * p.Kg:(g + 1) * p.Kg].reshape(p.Kg, ckk), KC, MR)
                 for g in range(p.groups)]
 
     packed = engine.prepared("im2col_nchw", w, (p.groups, KC, MR), build)
-    Mp = packed[0][1]
-    biases, has_bias = _bias_slices(bias, p, out.dtype, Mp)
+    biases, has_bias = _bias_slices(bias, p, out.dtype, plan.Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    xf, of = x.reshape(-1), out.reshape(-1)
+    bpacks, tiles, edges = engine.thread_buffers(("im2col_nchw", kernel.name), plan.threads,
+                                                 plan.sizes, out.dtype)
+    for g in range(p.groups):
+        apack, Mp = packed[g]
+        args = (plan.ntasks, xf, g * p.Cg * plan.xs[1], plan.xs, plan.geom, ckk, apack, Mp, p.Kg,
+                plan.msplit, plan.mstep, plan.n_jc, of, g * p.Kg * plan.os[1], plan.os,
+                biases[g], epi, KC, blk.mc, plan.NC)
+        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(counter, *args, bpacks[t], tiles[t],
+                                                            edges[t]),
+                      plan.threads)
+    return out
+
+
+NchwPlan = collections.namedtuple("NchwPlan", "ckk KC Mp NC n_jc msplit mstep ntasks threads "
+                                              "sizes xs os geom")
+
+
+@functools.lru_cache(maxsize=256)
+def _nchw_plan(p, dtype, threads, MR, NR, kc, mc, nc, tasks_per_thread, part_columns):
+    """What :func:`_run_nchw` derives from the geometry alone, once per layer shape.
+
+    ``threads`` is the most the call may use (one launch per group), ``kc``, ``mc``
+    and ``nc`` the GEMM blocking; the tuning constants are arguments so that
+    changing them takes effect.
+    """
+    ckk = p.Cg * p.kh * p.kw
+    pixels = p.Ho * p.Wo
+    KC = engine.balanced_kc(ckk, kc)
+    Mp = engine.round_up(p.Kg, MR)
+    # Balance the pixel blocks: NC no larger than the blocking's, as equal as possible.
+    n_jc = -(-pixels // nc)
+    if threads > 1:
+        # Finer pixel blocks for enough tasks to balance the threads (see
+        # TASKS_PER_THREAD), none under IM2COL_PART_COLUMNS: each task streams all of A.
+        n_jc = max(n_jc, min(-(-tasks_per_thread * threads // p.N), pixels // part_columns))
+    NC = engine.round_up(-(-pixels // n_jc), NR)
+    n_jc = -(-pixels // NC)
     # With few (image, pixel block) pairs, split the output channels too so every thread works.
     msplit = 1
     if p.N * n_jc < threads:
@@ -135,21 +161,10 @@ def _run_nchw(x, w, bias, out, p, act):
     mstep = engine.round_up(-(-p.Kg // msplit), MR)
     msplit = -(-p.Kg // mstep)
     ntasks = p.N * n_jc * msplit
-    threads = min(threads, ntasks)
-    xf, of = x.reshape(-1), out.reshape(-1)
-    xs, os_ = p.input_strides(), p.output_strides()
-    geom = p.geom()
-    bpacks, tiles, edges = engine.thread_buffers(
-        ("im2col_nchw", kernel.name), max(threads, 1),
-        (KC * engine.round_up(NC, NR), MR * NR, MR * engine.round_up(NC, NR)), out.dtype)
-    for g in range(p.groups):
-        apack, Mp = packed[g]
-        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, ckk, apack, Mp, p.Kg, msplit, mstep,
-                n_jc, of, g * p.Kg * os_[1], os_, biases[g], epi, KC, MC, NC)
-        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(counter, *args, bpacks[t], tiles[t],
-                                                            edges[t]),
-                      threads)
-    return out
+    sizes = (KC * engine.round_up(NC, NR), MR * NR, MR * engine.round_up(NC, NR))
+    return NchwPlan(ckk, KC, Mp, NC, n_jc, msplit, mstep, ntasks,
+                    max(1, min(threads, ntasks)), sizes, p.input_strides(), p.output_strides(),
+                    p.geom())
 
 
 def _run_nhwc(x, w, bias, out, p, act):
