@@ -108,10 +108,32 @@ def buffers(key, sizes, dtype):
 
 
 def thread_buffers(key, threads, sizes, dtype):
-    """Like :func:`buffers`, as 2-D arrays with one 64-byte aligned row per thread."""
+    """Like :func:`buffers`, as 2-D arrays with one 64-byte aligned row per thread.
+
+    The views are kept with the buffers under them (up to ``_VIEWS_MAX`` shapes):
+    a small layer's call takes them from a dict instead of remaking them.
+    """
+    bkey = (key, np.dtype(dtype).str)
+    views = getattr(_workspace, "views", None)
+    if views is None:
+        views = _workspace.views = {}
+    shape = (threads, tuple(sizes))
+    entry = views.get(bkey)
+    if entry is not None and _workspace.buffers.get(bkey) is entry[0]:
+        made = entry[1].get(shape)
+        if made is not None:
+            return made
     padded = [round_up(s, 64) for s in sizes]
     flat = buffers(key, [threads * s for s in padded], dtype)
-    return tuple(f[:threads * s].reshape(threads, s) for f, s in zip(flat, padded))
+    made = tuple(f[:threads * s].reshape(threads, s) for f, s in zip(flat, padded))
+    if entry is None or entry[0] is not flat or len(entry[1]) >= _VIEWS_MAX:
+        entry = views[bkey] = (flat, {})      # views of replaced buffers go with them
+    entry[1][shape] = made
+    return made
+
+
+#: Shapes of views kept per set of buffers.
+_VIEWS_MAX = 64
 
 
 # --- prepared weights -----------------------------------------------------------------
@@ -210,7 +232,9 @@ def same_contents(copy, weight):
     uint = np.dtype(f"u{copy.itemsize}")
     a = copy.reshape(-1).view(uint)
     b = np.ascontiguousarray(weight).reshape(-1).view(uint)
-    threads = min(numba.get_num_threads(), weight.nbytes // COMPARE_BYTES_PER_THREAD)
+    threads = weight.nbytes // COMPARE_BYTES_PER_THREAD
+    if threads > 1:                    # (asking Numba costs microseconds: only if it matters)
+        threads = min(numba.get_num_threads(), threads)
     if threads <= 1:
         return _same_bits(a, b, 0, a.size)
     bounds = [a.size * t // threads for t in range(threads + 1)]
@@ -237,10 +261,9 @@ SERIAL_FLOPS = 2 * 64 ** 3
 
 def threads_for(flops, tasks):
     """How many threads to use: Numba's setting, capped by the tasks and the work."""
-    threads = numba.get_num_threads()
     if flops < SERIAL_FLOPS:
         return 1
-    return max(1, min(threads, tasks))
+    return max(1, min(numba.get_num_threads(), tasks))
 
 
 def launch(run, threads):

@@ -555,6 +555,19 @@ def test_weight_changed_in_place_is_not_served_stale():
         w[...] = w2
 
 
+def test_thread_buffers_views_follow_regrown_buffers():
+    """Kept views are reused only while the buffers under them stay: after a larger
+    request regrows them, a small request views the new buffers, never the old."""
+    key = ("test_views",)
+    small, = engine.thread_buffers(key, 2, (10,), np.float32)
+    assert small.shape == (2, 64) and small.ctypes.data % 64 == 0
+    assert engine.thread_buffers(key, 2, (10,), np.float32)[0] is small
+    big, = engine.thread_buffers(key, 2, (10000,), np.float32)
+    again, = engine.thread_buffers(key, 2, (10,), np.float32)
+    assert np.shares_memory(again, big) and not np.shares_memory(again, small)
+    assert again.shape == (2, 64)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype, size", [(np.float32, 1152), (np.float64, 3 * 4096 + 5)])
 def test_same_contents_finds_any_changed_bit(threads, dtype, size, monkeypatch):
