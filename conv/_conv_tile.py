@@ -246,17 +246,16 @@ def im2col_nhwc_tasks(counter, ntasks, x, x_off, xs, geom, channels, ckk, bpack,
 
 @numba.njit(**JIT)
 def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
-                  bias, has_bias, act, KC, NC, apack, mbuf, tile, v):
+                  bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
     """One task = a block of ``MT`` tiles: input transform, 16 GEMMs, output transform.
 
     ``upack`` holds the 16 transformed filters as packed B: slab ``xi`` at
-    ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack`` (16 slabs of MT x KC) and
-    ``mbuf`` (16 slabs of MT x Kp) belong to the calling thread and stay in L2.
+    ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack`` (16 slabs of MT x KC,
+    ``a_slab`` apart) and ``mbuf`` (16 slabs of MT x Kp, ``m_slab`` apart) belong to
+    the calling thread.
     """
     t0 = task * MT
     mt = min(MT, tiles_total - t0)
-    a_slab = MT * KC
-    m_slab = MT * Kp
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
         pack_a_winograd(x, x_off, xs, geom, t0, mt, pc, kc, MR, apack, a_slab, v)
@@ -271,7 +270,7 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
 
 @numba.njit(**JIT)
 def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
-                    os, bias, has_bias, act, KC, NC, apack, mbuf, tile, v):
+                    os, bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
     """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
     ``ntasks`` are out."""
     while True:
@@ -279,7 +278,7 @@ def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, til
         if task >= ntasks:
             break
         winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
-                      bias, has_bias, act, KC, NC, apack, mbuf, tile, v)
+                      bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v)
 
 
 

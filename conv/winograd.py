@@ -47,10 +47,32 @@ def prepare(w, groups, dtype):
     return engine.prepared("winograd", w, (groups, KC, kernel.nr), build), KC
 
 
-def tile_block(C, Kp, KC, MR, l2_bytes, itemsize):
-    """Tiles per block: the 16 slabs of packed input and of results fill about half of L2."""
+#: NHWC: blocks of tiles per thread, at least (uneven blocks balance out).
+NHWC_BLOCKS_PER_THREAD = 4
+#: NHWC: tiles per block, at least, when the transformed weights take more than a
+#: quarter of L3.  Every block streams all 16 of them, from memory once they no longer
+#: stay in L3, so a block of a few tiles is bound by that stream.  Batch 8, against
+#: 6-tile blocks (the L2 budget), same rounds: ResNet-18 conv5_x in NHWC (16.8 MB of
+#: transformed weights) 1.50x faster on 1 thread, 1.17-1.23x on 2; taken for conv4_x
+#: too (4.2 MB) it was 1.02x on 1 thread but 0.93-0.94x on 2.
+NHWC_STREAM_TILES = 64
+
+
+def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes=None):
+    """Tiles per block: the 16 slabs of packed input and of results fill about half of L2
+    -- or, where the 16 transformed filters (``C x Kp`` each) take more than a quarter
+    of ``l3_bytes``, at least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
     per_tile = 16 * (min(KC, C) + Kp) * itemsize
-    return max(MR, (l2_bytes // 2 // per_tile) // MR * MR)
+    return max(MR, (l2_bytes // 2 // per_tile) // MR * MR,
+               _stream_floor(C, Kp, MR, itemsize, l3_bytes))
+
+
+def _stream_floor(C, Kp, MR, itemsize, l3_bytes):
+    """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
+    the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
+    if l3_bytes and 16 * C * Kp * itemsize > l3_bytes // 4:
+        return engine.round_up(NHWC_STREAM_TILES, MR)
+    return MR
 
 
 def _pack_transformed_a(w, KC, MR):
@@ -149,14 +171,18 @@ def _run_nhwc(x, w, bias, out, p, act):
     TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
-    MT = tile_block(p.Cg, Kp, KC, MR, detect().l2_bytes, out.itemsize)
-    # At least a few blocks per thread so that uneven blocks balance out.
-    MT = max(MR, min(MT, engine.round_up(-(-tiles_total // (4 * threads)), MR)))
+    machine = detect()
+    MT = tile_block(p.Cg, Kp, KC, MR, machine.l2_bytes, out.itemsize, machine.l3_bytes)
+    # At least a few blocks per thread so that uneven blocks balance out, but not
+    # below the floor of a streamed weight transform (see tile_block).
+    balanced = engine.round_up(-(-tiles_total // (NHWC_BLOCKS_PER_THREAD * threads)), MR)
+    MT = min(MT, max(balanced, _stream_floor(p.Cg, Kp, MR, out.itemsize, machine.l3_bytes)))
     ntasks = -(-tiles_total // MT)
     threads = min(threads, ntasks)
+    a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)
     apacks, mbufs, tiles, vs = engine.thread_buffers(
-        ("winograd", kernel.name), max(threads, 1), (16 * MT * KC, 16 * MT * Kp, MR * NR, 16 + 4 * (2 * MR + 2)),
-        out.dtype)
+        ("winograd", kernel.name), max(threads, 1),
+        (16 * a_slab, 16 * m_slab, MR * NR, 16 + 4 * (2 * MR + 2)), out.dtype)
     has_bias = bias is not None
     xf, of = x.reshape(-1), out.reshape(-1)
     xs, os_ = p.input_strides(), p.output_strides()
@@ -166,7 +192,7 @@ def _run_nhwc(x, w, bias, out, p, act):
         b = (np.ascontiguousarray(bias[g * p.Kg:(g + 1) * p.Kg]) if has_bias
              else np.zeros(1, out.dtype))
         args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, p.Kg, MT, tiles_total,
-                of, g * p.Kg * os_[1], os_, b, has_bias, act, KC, NC)
+                of, g * p.Kg * os_[1], os_, b, has_bias, act, KC, NC, a_slab, m_slab)
         engine.launch(lambda t, counter: mod.winograd_tasks(counter, *args, apacks[t], mbufs[t],
                                                          tiles[t], vs[t]),
                       threads)

@@ -1417,3 +1417,20 @@ def test_conv_weights_shared_by_python_threads():
             assert np.abs(got - expected).max() <= _tolerance(x, w, np.float32)
 
     _in_threads(work, 6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("floor", [6, 18, 66])
+def test_winograd_nhwc_blocks_past_the_l2_budget(threads, floor, monkeypatch):
+    """NHWC Winograd whatever the floor of its blocks of tiles (taken when the transformed
+    weights stream from memory): 90 tiles in blocks of 12 to 66, partial last blocks
+    included, give the reference."""
+    from tilegemm.conv import winograd
+    monkeypatch.setattr(winograd, "_stream_floor", lambda *args: floor)
+    x = RNG.standard_normal((3, 9, 11, 24)).astype(np.float32)
+    w = RNG.standard_normal((20, 24, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(20).astype(np.float32)
+    want = reference_conv(x.transpose(0, 3, 1, 2), w, b, padding=1).transpose(0, 2, 3, 1)
+    with _threads(threads):
+        got = tilegemm.conv2d(x, w, b, padding=1, algorithm="winograd", layout="NHWC")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
