@@ -2,7 +2,8 @@
 
 This module prepares the weights (``U = G g G^T``, packed once per weight array and
 cached) and runs the compiled drivers, which work on blocks of tiles small enough
-for the transformed input and the 16 GEMM results to stay in L2: transform a block,
+for the transformed input and the 16 GEMM results to stay in L2 (NHWC: larger where
+the transformed weights outgrow L3, see :func:`tile_block`): transform a block,
 run the 16 GEMMs, transform back with the bias and activation fused.
 
 * NCHW (:func:`_run_nchw`): tiles are the GEMM's columns, ``M^T = U^T V``.  The
