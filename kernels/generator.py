@@ -78,7 +78,8 @@ def _vector_ptr(builder, base, offset, vec_type):
     return builder.bitcast(builder.gep(base, [offset]), vec_type.as_pointer())
 
 
-def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False, a_step=None):
+def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False, a_step=None,
+                     rows=False):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
     Parameters
@@ -124,6 +125,19 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         Taps flavour only: A's packed panels hold ``a_step`` values per k (default
         ``mr``), so a kernel of fewer rows can run the first ``mr`` rows of panels
         packed for a taller one (the last, partial row panel of C).
+    rows : bool
+        A sum of ``ntaps`` products whose A rows are read in place, each from its own
+        offset (channels-last convolution: row ``i`` of tap ``t`` is one output
+        pixel's input pixel under that tap, its ``kc`` channels contiguous)::
+
+            ukernel(kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap,
+                    c, c_off, ldc, alpha, beta, bias, bias_off, epi)
+
+        adds, for each ``t < ntaps``, the ``mr`` rows at ``a_off + offs[o_off +
+        t*o_step + i]`` (``kc`` contiguous values each; a negative offset reads the
+        first ``kc`` values of ``zeros`` instead: the padding) times the packed B
+        panel at ``b_off + t*b_tap``.  With ``edge``, the two trailing arguments
+        ``rows, cols`` limit C as in the other edge flavours.
 
     Returns
     -------
@@ -136,10 +150,13 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     shape = (dtype, mr, nr, lanes)
     if taps and (strided or edge):
         raise ValueError("the taps flavour reads packed A, strided B and full tiles only")
+    if rows and (strided or taps or a_step is not None):
+        raise ValueError("the rows flavour reads A in place by row offsets and packed B")
     if a_step is not None and (not taps or a_step < mr):
         raise ValueError(f"a_step={a_step} needs the taps flavour and at least mr={mr} rows")
     a_step = mr if a_step is None else a_step
-    flavour = "taps" if taps else ("strided" if strided else "packed") + ("_edge" if edge else "")
+    flavour = "taps" if taps else ("rows" if rows else "strided" if strided else "packed") + \
+        ("_edge" if edge else "")
     if a_step != mr:
         flavour += f"_a{a_step}"       # the A stride is folded into the tile's body
 
@@ -148,7 +165,7 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         args = list(args)
         types_ = list(sig.args)
         valid = (args.pop(), args.pop())[::-1] if edge else None
-        tap_args = None
+        tap_args = row_args = None
         if taps:
             (kc, a, a_off, a_tap, b, b_off, ldb, tap_arr, ntaps, masks, mask_off, sched,
              c, c_off, ldc, alpha, beta, bias, bias_off, epi) = args
@@ -158,6 +175,13 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
             tap_args = (ntaps, a_tap, _data(context, builder, types_[7], tap_arr, zero),
                         _data(context, builder, types_[9], masks, mask_off),
                         _data(context, builder, types_[11], sched, zero))
+        elif rows:
+            (kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap, c, c_off, ldc,
+             alpha, beta, bias, bias_off, epi) = args
+            at, bt, ct, biast = types_[1], types_[8], types_[11], types_[16]
+            a_rs, a_cs, ldb = ir.Constant(intp, 0), ir.Constant(intp, 1), ir.Constant(intp, nr)
+            row_args = (ntaps, _data(context, builder, types_[3], offs, o_off), o_step,
+                        _data(context, builder, types_[7], zeros, ir.Constant(intp, 0)), b_tap)
         elif strided:
             (kc, a, a_off, a_rs, a_cs, b, b_off, ldb, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
@@ -170,12 +194,26 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         ptrs = (_data(context, builder, at, a, a_off), _data(context, builder, bt, b, b_off),
                 _data(context, builder, ct, c, c_off), _data(context, builder, biast, bias, bias_off))
         _call_tile(context, builder, shape, flavour, kc, ptrs[0], a_rs, a_cs, ptrs[1], ldb,
-                   ptrs[2], ldc, alpha, beta, ptrs[3], epi, valid, tap_args)
+                   ptrs[2], ldc, alpha, beta, ptrs[3], epi, valid, tap_args, row_args)
         return context.get_dummy_value()
 
     i = types.intp
     # Numba needs an intrinsic's parameters spelled out, so one typing function per flavour.
-    if taps:
+    if rows and edge:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap,
+                    c, c_off, ldc, alpha, beta, bias, bias_off, epi, rows, cols):
+            _check_offsets(offs, zeros, a)
+            return types.void(i, a, i, offs, i, i, i, zeros, b, i, i, c, i, i, nb_float,
+                              nb_float, bias, i, i, i, i), emit
+    elif rows:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap,
+                    c, c_off, ldc, alpha, beta, bias, bias_off, epi):
+            _check_offsets(offs, zeros, a)
+            return types.void(i, a, i, offs, i, i, i, zeros, b, i, i, c, i, i, nb_float,
+                              nb_float, bias, i, i), emit
+    elif taps:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, a_tap, b, b_off, ldb, taps, ntaps, masks, mask_off,
                     sched, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
@@ -206,6 +244,13 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
 
     ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}_{flavour}"
     return ukernel
+
+
+def _check_offsets(offs, zeros, a):
+    if not (isinstance(offs, types.Array) and offs.dtype == types.intp):
+        raise TypeError(f"row offsets must be an array of intp, got {offs}")
+    if not (isinstance(zeros, types.Array) and zeros.dtype == a.dtype):
+        raise TypeError(f"the zero row must be an array of {a.dtype}, got {zeros}")
 
 
 def _check_mask_width(masks, dtype):
@@ -291,7 +336,7 @@ def prefetch(typingctx, array, index):
 
 
 def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi, valid=None, taps=None):
+               alpha, beta, bias_ptr, epi, valid=None, taps=None, rows=None):
     """Call the tile function, defining it in this LLVM module on first use.
 
     One out-of-line definition per module and flavour, however many call sites a
@@ -303,8 +348,8 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
     module = builder.module
     name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{flavour}"
     args = [kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc, alpha, beta, bias_ptr, epi]
-    extra = {"valid": list(valid or ()), "taps": list(taps or ())}
-    args += extra["valid"] + extra["taps"]
+    extra = {"valid": list(valid or ()), "taps": list(taps or ()), "rows": list(rows or ())}
+    args += extra["valid"] + extra["taps"] + extra["rows"]
     fn = module.globals.get(name)
     if fn is None:
         fnty = ir.FunctionType(ir.VoidType(), [x.type for x in args])
@@ -313,24 +358,26 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
         fn.attributes.add("noinline")
         body = ir.IRBuilder(fn.append_basic_block("entry"))
         p = list(fn.args)
-        if flavour.startswith("packed"):
+        if flavour.startswith(("packed", "rows")):
             p[2], p[3], p[5] = a_rs, a_cs, ldb
         elif flavour.startswith("taps"):
             p[2], p[3] = a_rs, a_cs
-        n_valid = len(extra["valid"])
+        n_valid, n_taps = len(extra["valid"]), len(extra["taps"])
         _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:12 + n_valid]) or None,
-                   taps=tuple(p[12 + n_valid:]) or None)
+                   taps=tuple(p[12 + n_valid:12 + n_valid + n_taps]) or None,
+                   rows=tuple(p[12 + n_valid + n_taps:]) or None)
         body.ret_void()
     builder.call(fn, args)
 
 
 def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi, valid=None, taps=None):
+               alpha, beta, bias_ptr, epi, valid=None, taps=None, rows=None):
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
     ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
     ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, sched_ptr)`` repeats the k loop once per
-    tap, masked or not (see make_microkernel).
+    tap, masked or not; ``rows = (ntaps, offs_ptr, o_step, zeros_ptr, b_tap)`` once per tap
+    with A's rows at their own offsets (see make_microkernel).
     """
     dtype, mr, nr, lanes = shape
     nv = nr // lanes
@@ -353,13 +400,13 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         for j in range(0, nr, line):
             _prefetch(builder, builder.gep(c_ptr, [builder.add(row, ir.Constant(intp, j))]))
 
-    def k_loop(a_ptr, b_ptr, b_mask=None):
+    def k_loop(a_rows, b_ptr, b_mask=None):
         """The whole point of the kernel: ``kc`` rank-1 updates of the accumulators.
 
+        ``a_rows``: a pointer to each row of A (its element k at ``k*a_cs``).
         ``b_mask``: pointer to one integer vector per B vector: every row of B is read
         through it by masked loads (lanes off read as zero and never touch memory).
         """
-        a_rows = [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
 
         def k_step(k, acc):
             """One rank-1 update: NR/lanes vector loads of B, MR broadcasts of A, MR*NR/lanes FMAs."""
@@ -399,8 +446,24 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
         with cgutils.for_range(builder, builder.sub(kc, done)) as loop:
             k_step(builder.add(done, loop.index), sets[0])
 
-    if taps is None:
-        k_loop(a_ptr, b_ptr)
+    def a_rows_at(a_ptr):
+        return [builder.gep(a_ptr, [builder.mul(ir.Constant(intp, i), a_rs)]) for i in range(mr)]
+
+    if rows is not None:
+        # One k loop per tap; each row of A starts where its offset says, or at the
+        # zero row for a negative offset (the tap falls in the padding).
+        ntaps, offs_ptr, o_step, zeros_ptr, b_tap = rows
+        with cgutils.for_range(builder, ntaps) as loop:
+            t = loop.index
+            at = builder.mul(t, o_step)
+            a_t = []
+            for i in range(mr):
+                off = builder.load(builder.gep(offs_ptr, [builder.add(at, ir.Constant(intp, i))]))
+                inside = builder.icmp_signed(">=", off, ir.Constant(intp, 0))
+                a_t.append(builder.select(inside, builder.gep(a_ptr, [off]), zeros_ptr))
+            k_loop(a_t, builder.gep(b_ptr, [builder.mul(t, b_tap)]))
+    elif taps is None:
+        k_loop(a_rows_at(a_ptr), b_ptr)
     else:
         # One k loop per tap, all into the same accumulators: A's panel for tap t lies
         # t*a_tap further on, B's rows start taps[t] elements from b_ptr.  Taps with
@@ -420,9 +483,10 @@ def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr
             masked = builder.icmp_signed(">=", m_off, ir.Constant(m_off.type, 0))
             with builder.if_else(masked) as (then_masked, then_plain):
                 with then_masked:
-                    k_loop(a_t, b_t, builder.bitcast(builder.gep(mask_ptr, [m_off]), ivec.as_pointer()))
+                    k_loop(a_rows_at(a_t), b_t,
+                           builder.bitcast(builder.gep(mask_ptr, [m_off]), ivec.as_pointer()))
                 with then_plain:
-                    k_loop(a_t, b_t)
+                    k_loop(a_rows_at(a_t), b_t)
             # The first n_and taps read unmasked (in bounds, but some lanes wrap round
             # a row's edge): their sum is masked once, here, instead of every load.
             group_done = builder.icmp_signed("==", builder.add(t, ir.Constant(t.type, 1)), n_and)

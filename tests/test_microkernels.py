@@ -214,6 +214,71 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kc, ntaps", [(1, 1), (7, 3), (33, 9)])
+@pytest.mark.parametrize("beta, epi", [(0.0, 0), (0.5, 0), (1.0, EPI_BIAS_COL | EPI_RELU6)])
+@pytest.mark.parametrize("rows, cols", [(None, None), (1, 1), (4, 3)])
+def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols):
+    """The channels-last kernel: sum over taps of A rows read at their own offsets (the
+    zero row where negative) times packed B; its edge flavour touches C[:rows, :cols] only."""
+    import numba
+    from tilegemm.conv import engine
+    mod = engine.conv_module(dtype)
+    MR, NR = mod.MR, mod.NR
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(kc * 10 + ntaps)
+    a = rng.standard_normal(300 + kc).astype(dt)
+    o_step = MR + 2                                      # taps' offsets, apart
+    offs = rng.integers(0, 300, o_step * ntaps + 4)
+    offs[rng.random(offs.size) < 0.3] = -1               # taps in the padding
+    zeros = np.zeros(kc + 1, dt)
+    b_tap = kc * NR + 3
+    b = rng.standard_normal(2 + ntaps * b_tap).astype(dt)
+    ldc = NR + 2
+    c = np.full(MR * ldc, np.nan if beta == 0 else 0.0, dt)
+    if beta != 0:
+        c[:] = rng.standard_normal(c.size)
+    c0 = c.copy()
+    bias = rng.standard_normal(NR + 4).astype(dt)
+    edge = rows is not None
+    rows, cols = (rows, cols) if edge else (MR, NR)
+
+    @numba.njit
+    def run(kc, a, offs, ntaps, zeros, b, c, bias, beta, epi):
+        if edge:
+            mod.ukernel_rows_edge(kc, a, 1, offs, 4, o_step, ntaps, zeros, b, 2, b_tap, c, 0, ldc,
+                                  dt.type(1.5), beta, bias, 3, epi, rows, cols)
+        else:
+            mod.ukernel_rows(kc, a, 1, offs, 4, o_step, ntaps, zeros, b, 2, b_tap, c, 0, ldc,
+                             dt.type(1.5), beta, bias, 3, epi)
+
+    a_in, b_in = a.copy(), b.copy()
+    run(kc, a, offs, ntaps, zeros, b, c, bias, dt.type(beta), epi)
+    assert np.array_equal(a, a_in) and np.array_equal(b, b_in) and not zeros.any()
+    want = np.zeros((MR, NR))
+    for t in range(ntaps):
+        o = offs[4 + t * o_step:4 + t * o_step + MR]
+        A = np.array([a[1 + q:1 + q + kc] if q >= 0 else np.zeros(kc) for q in o])
+        B = b[2 + t * b_tap:2 + t * b_tap + kc * NR].reshape(kc, NR)
+        want += A.astype(np.float64) @ B.astype(np.float64)
+    want *= 1.5
+    tile0 = c0.reshape(MR, ldc)[:, :NR].astype(np.float64)
+    if beta != 0:
+        want += beta * tile0
+    if epi & EPI_BIAS_COL:
+        want += bias[3:3 + NR]
+    if epi & EPI_RELU6:
+        want = np.minimum(np.maximum(want, 0), 6)
+    got = c.reshape(MR, ldc)
+    bound = 4 * kc * ntaps * np.finfo(dt).eps * (1 + np.abs(want))
+    assert_close(got[:rows, :cols], want[:rows, :cols], bound[:rows, :cols],
+                 f"rows kernel {dt.name} kc={kc} ntaps={ntaps}")
+    outside = np.ones((MR, ldc), bool)
+    outside[:rows, :cols] = False
+    assert np.array_equal(got[outside], c0.reshape(MR, ldc)[outside], equal_nan=True), \
+        "the rows kernel wrote outside its tile"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("where", ["loads", "sum"])
 def test_taps_mask_zeroes_lanes_before_the_product(dtype, where):
     """An Inf or NaN in a masked-out lane of B never reaches C (masking is not 0 * value),
