@@ -27,7 +27,7 @@ from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_
                                         make_winograd_input, make_winograd_output, next_task,
                                         prefetch)
 from tilegemm.kernels.registry import get_kernel
-from tilegemm.packing.im2col import pack_a_im2col, pack_b_im2col, row_segments
+from tilegemm.packing.im2col import pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
 
 # --- configuration ---
@@ -204,42 +204,166 @@ def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, ms
                          out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge)
 
 
-# --- implicit im2col, NHWC: out[N*Ho*Wo, K] = col^T @ W^T ------------------------------
+# --- implicit im2col, NHWC, A rows read in place: out[N*Ho*Wo, K] = col^T @ W^T ----------
+#
+# A row of col^T is one output pixel; under tap (i, j) its values are the channels of
+# one input pixel, contiguous in NHWC.  So the rows flavour reads A straight from the
+# image, one offset per pixel and tap (a negative one reads a zero row: the padding),
+# and sums every tap of a channel block in registers against the packed weights.
+# With every channel in one block and no groups, the kw taps of a kernel row read kw
+# adjacent pixels: one run of kw*C values, so such a row is one tap of kw*C steps
+# (a 3-channel 7x7 stem: 7 taps of 21 steps instead of 49 of 3).
+
+ukernel_rows = make_microkernel(DTYPE, MR, NR, LANES, rows=True)
+ukernel_rows_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, edge=True)
+
+
+@numba.njit(inline='always', **JIT)
+def panel_stride(ntaps):
+    """Entries of ``offs`` per row panel: an offset per pixel and tap, then a flag."""
+    return ntaps * MR + 1
+
+
+@numba.njit(inline='always', **JIT)
+def _put(offs, at, value):
+    # An unsigned index: Numba then skips the negative-index wraparound (this loop
+    # is the rows path's overhead: 1.6 ms of a 7x7 stem's 27 ms).
+    offs[np.uint64(at)] = value
+
+
+@numba.njit(inline='always', **JIT)
+def _next_pixel(n, oh, ow, step, Ho, Wo):
+    """``(n, oh, ow)`` moved on by ``step`` pixels, ``step`` no more than to the row's end."""
+    ow += step
+    if ow == Wo:
+        ow = 0
+        oh += 1
+        if oh == Ho:
+            oh = 0
+            n += 1
+    return n, oh, ow
+
 
 @numba.njit(**JIT)
-def im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
-                     bias, epi, KC, MC, NC, m, apack, tile):
-    """One task = one MC block of output pixels (rows) times every output channel.
+def pixel_offsets(geom, C, p0, count, m, runs, offs):
+    """Where each tap of output pixels ``p0 .. p0 + count`` reads its input pixel.
 
-    ``bpack`` holds the weights as packed B for every KC block (block ``pc`` at
-    ``pc*Np``); A panels are packed from the image by :func:`pack_a_im2col`; the bias
-    is per column.
+    Pixels are numbered over the whole batch (``n*Ho*Wo + oh*Wo + ow``); pixel
+    ``p0 + q*MR + i`` under tap ``t = i_k*kw + j_k`` gets
+    ``offs[q*panel_stride(ntaps) + t*MR + i]``, the element offset of its input pixel
+    in an NHWC batch of ``C`` channels, or -1 where the tap falls in the padding or
+    the pixel is past ``m`` (a partial panel).  The panel's last entry is 1 where
+    ``runs`` allows and every pixel's kernel rows lie inside the image's width: the
+    panel's taps are then read a kernel row at a time (one run of ``kw*C`` values),
+    and only the offsets of the rows' first taps (``j_k = 0``) are written.
     """
-    ic = task * MC
-    mc = min(MC, m - ic)
-    for pc in range(0, ckk, KC):
-        kc = min(KC, ckk - pc)
-        pack_a_im2col(x, x_off, xs, geom, channels, ic, mc, pc, kc, MR, apack)
-        beta = DTYPE(0) if pc == 0 else DTYPE(1)
-        epi_pc = epi if pc + KC >= ckk else 0
-        for jc in range(0, K, NC):
-            nc = min(NC, K - jc)
-            macro_kernel(mc, nc, kc, apack, 0, bpack, pc * Np + jc * kc, out, o_off + ic * ldc + jc,
-                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    ntaps = kh * kw
+    plane = Ho * Wo
+    reach = (kw - 1) * dx
+    n = p0 // plane
+    oh = (p0 - n * plane) // Wo
+    ow = p0 - n * plane - oh * Wo
+    for q in range((count + MR - 1) // MR):
+        at = q * panel_stride(ntaps)
+        last = min(MR, m - p0 - q * MR)               # pixels of the panel that exist
+        inside = runs
+        o_w = ow
+        for i in range(MR):
+            x = o_w * sx - px
+            inside &= (x >= 0) & (x + reach < W)
+            o_w = o_w + 1 if o_w + 1 < Wo else 0
+        _put(offs, at + ntaps * MR, 1 if inside else 0)
+        row_taps = 1 if inside else kw
+        if last == MR and ow + MR <= Wo:
+            # The whole panel on one output row: a tap's offsets step by sx pixels.
+            y, x = oh * sy - py, ow * sx - px
+            pixel = ((n * H + y) * W + x) * C
+            for ik in range(kh):
+                iy = y + ik * dy
+                row_ok = (iy >= 0) & (iy < H)
+                for jk in range(row_taps):
+                    first = pixel + (ik * dy * W + jk * dx) * C
+                    for i in range(MR):
+                        ix = x + jk * dx + i * sx
+                        ok = row_ok & (ix >= 0) & (ix < W)
+                        _put(offs, at + (ik * kw + jk) * MR + i, first + i * sx * C if ok else -1)
+            n, oh, ow = _next_pixel(n, oh, ow, MR, Ho, Wo)
+            continue
+        for i in range(MR):
+            y, x = oh * sy - py, ow * sx - px
+            pixel = ((n * H + y) * W + x) * C
+            for ik in range(kh):
+                iy = y + ik * dy
+                row_ok = (i < last) & (iy >= 0) & (iy < H)
+                for jk in range(row_taps):
+                    ix = x + jk * dx
+                    ok = row_ok & (ix >= 0) & (ix < W)
+                    _put(offs, at + (ik * kw + jk) * MR + i,
+                         pixel + (ik * dy * W + jk * dx) * C if ok else -1)
+            n, oh, ow = _next_pixel(n, oh, ow, 1, Ho, Wo)
 
 
 @numba.njit(**JIT)
-def im2col_nhwc_tasks(counter, ntasks, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
-                       bias, epi, KC, MC, NC, m, apack, tile):
-    """Tasks of :func:`im2col_nhwc_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out."""
+def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
+                   zeros, offs):
+    """Output pixels ``task*MP`` on (at most ``MP``, a multiple of MR), every channel.
+
+    ``bpack`` holds group ``g``'s weights from ``g*Cg*ntaps*Np``: per KC block of input
+    channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
+    tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
+    output channels (their weights stay in L2), row panels of pixels (their input
+    rows stay in L1), NR panels.  ``zeros`` holds at least ``KC`` zeros, and
+    ``kw*C`` where a kernel row may be one run (one group, one KC block).
+    """
+    kh, kw, dx = geom[4], geom[5], geom[11]
+    ntaps = kh * kw
+    stride = panel_stride(ntaps)
+    p0 = task * MP
+    count = min(MP, m - p0)
+    runs = G == 1 and KC >= Cg and dx == 1 and kw > 1
+    pixel_offsets(geom, C, p0, count, m, runs, offs)
+    panels = (count + MR - 1) // MR
+    for g in range(G):
+        b_g = g * Cg * ntaps * Np
+        for pc in range(0, Cg, KC):
+            kc = min(KC, Cg - pc)
+            beta = DTYPE(0) if pc == 0 else DTYPE(1)
+            e = epi if pc + KC >= Cg else 0
+            a_at = g * Cg + pc
+            b_pc = b_g + pc * ntaps * Np
+            for jc in range(0, Kg, NC):
+                j_end = min(jc + NC, Kg)
+                for q in range(panels):
+                    pix = p0 + q * MR
+                    rows = min(MR, m - pix)
+                    c_at = pix * K + g * Kg
+                    # A kernel row as one tap (taps j = 0 of each row, kw*MR apart).
+                    merged = offs[q * stride + ntaps * MR] == 1
+                    t_kc, t_step, t_n = (kw * kc, kw * MR, kh) if merged else (kc, MR, ntaps)
+                    for jr in range(jc, j_end, NR):
+                        cols = min(NR, Kg - jr)
+                        b_at = b_pc + jr * ntaps * kc
+                        if rows == MR and cols == NR:
+                            ukernel_rows(t_kc, x, a_at, offs, q * stride, t_step, t_n, zeros,
+                                         bpack, b_at, t_kc * NR, out, c_at + jr, K, DTYPE(1),
+                                         beta, bias, g * Kg + jr, e)
+                        else:
+                            ukernel_rows_edge(t_kc, x, a_at, offs, q * stride, t_step, t_n,
+                                              zeros, bpack, b_at, t_kc * NR, out, c_at + jr, K,
+                                              DTYPE(1), beta, bias, g * Kg + jr, e, rows, cols)
+
+
+@numba.njit(**JIT)
+def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC,
+                    NC, MP, m, zeros, offs):
+    """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        im2col_nhwc_task(task, x, x_off, xs, geom, channels, ckk, bpack, Np, K, out, o_off, ldc,
-                         bias, epi, KC, MC, NC, m, apack, tile)
-
+        rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
+                       zeros, offs)
 
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------

@@ -5,8 +5,8 @@ are packed A (once, cached), the patch matrix is packed B straight from the imag
 (:func:`tilegemm.packing.im2col.pack_b_im2col`), the bias is per row.
 
 NHWC, over the whole batch: ``out[N*Ho*Wo, K] = col^T @ W^T`` -- the weights are
-packed B, the patches packed A (:func:`tilegemm.packing.im2col.pack_a_im2col`), the
-bias is per column.
+packed B, and A's rows (one output pixel's channels under one tap) are read where
+they lie in the image (:func:`_run_rows`); the bias is per column.
 
 A 1x1 stride-1 unpadded convolution needs no patches at all: the image itself,
 viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM operand.
@@ -21,7 +21,7 @@ from tilegemm.conv import engine
 from tilegemm.conv.params import FLAT, PADDED, PHASED
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
-from tilegemm.packing import pack_a, pack_b
+from tilegemm.packing import pack_a
 from tilegemm.tuning.machine import detect, l1_alias_period
 
 
@@ -35,18 +35,6 @@ def _pack_weights_a(w2, KC, MR):
         kc = min(KC, ckk - pc)
         pack_a(flat, pc, ckk, 1, M, kc, MR, buf[pc * Mp:])
     return buf, Mp
-
-
-def _pack_weights_b(w2t, KC, NR):
-    """Pack ``w2t`` (ckk x N) as B for every KC block: block ``pc`` at ``pc*Np``."""
-    ckk, N = w2t.shape
-    Np = engine.round_up(N, NR)
-    buf = np.zeros(Np * ckk + 1, w2t.dtype)
-    flat = np.ascontiguousarray(w2t).reshape(-1)
-    for pc in range(0, ckk, KC):
-        kc = min(KC, ckk - pc)
-        pack_b(flat, pc * N, N, 1, kc, N, NR, buf[pc * Np:])
-    return buf, Np
 
 
 def _bias_slices(bias, p, dtype, length=None):
@@ -98,7 +86,7 @@ def run(x, w, bias, out, p, act):
         return _run_nchw(x, w, bias, out, p, act)
     if planes_ok(p, out.dtype):
         return _run_planes(x, w, bias, out, p, act)
-    return _run_nhwc(x, w, bias, out, p, act)
+    return _run_rows(x, w, bias, out, p, act)
 
 
 def _run_nchw(x, w, bias, out, p, act):
@@ -167,40 +155,89 @@ def _nchw_plan(p, dtype, threads, MR, NR, kc, mc, nc, tasks_per_thread, part_col
                     p.geom())
 
 
-def _run_nhwc(x, w, bias, out, p, act):
-    kernel, blk = engine.plan(out.dtype)
+# --- NHWC without patch panels: A's rows read in place, one offset per pixel and tap ------
+
+#: Share of L1d the input pixels of one tile (its row panel, every tap, KC channels)
+#: may take: KC is as large as that allows, each call then sums that many k steps
+#: per tap (ResNet-18 conv4_x, 1 thread: 26 channels 82 GFLOPS, 128 channels 87).
+ROWS_A_L1 = 0.5
+#: Share of L2 a block of packed weights (``ntaps x KC`` rows, NC columns) may take:
+#: it is read again for every row panel of pixels.
+ROWS_B_L2 = 0.5
+#: Share of L2 the input pixels a task reads for one KC block may take (its tiles
+#: come back to them for every NC block and for the taps of the next rows).
+ROWS_A_L2 = 0.25
+#: Tasks per thread the pixels are cut into, at least, where they are many.
+ROWS_TASKS_PER_THREAD = 4
+
+
+def _pack_weights_rows(w, p, KC, NR):
+    """Weights for :func:`rows_nhwc_task`: group ``g`` from ``g*Cg*ntaps*Np``, then per KC
+    block of channels (``pc*ntaps*Np`` on) NR-column panels of ``ntaps*kc*NR`` values,
+    tap ``t``'s ``kc x NR`` panel (k-major) at ``t*kc*NR``."""
+    ntaps = p.kh * p.kw
+    Np = engine.round_up(p.Kg, NR)
+    buf = np.zeros(p.groups * p.Cg * ntaps * Np + 1, w.dtype)
+    for g in range(p.groups):
+        wg = np.zeros((Np, p.Cg, ntaps), w.dtype)
+        wg[:p.Kg] = w[g * p.Kg:(g + 1) * p.Kg].reshape(p.Kg, p.Cg, ntaps)
+        for pc in range(0, p.Cg, KC):
+            kc = min(KC, p.Cg - pc)
+            block = wg[:, pc:pc + kc].reshape(Np // NR, NR, kc, ntaps).transpose(0, 3, 2, 1)
+            at = (g * p.Cg + pc) * ntaps * Np
+            buf[at:at + block.size] = block.reshape(-1)
+    return buf, Np
+
+
+RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads offs zeros")
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2,
+               tasks_per_thread):
+    """Blocking and task split of :func:`_run_rows`, once per layer shape."""
+    ntaps = p.kh * p.kw
+    # The input pixels a tile reads: kh rows of its MR pixels' receptive field.
+    tile_pixels = p.kh * ((MR - 1) * p.sx + (p.kw - 1) * p.dx + 1)
+    KC = engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // (tile_pixels * itemsize)))
+    Np = engine.round_up(p.Kg, NR)
+    NC = max(NR, int(l2_bytes * b_l2) // (ntaps * KC * itemsize) // NR * NR)
+    NC = engine.round_up(-(-Np // -(-Np // NC)), NR)                # equal blocks
+    m = p.N * p.Ho * p.Wo
+    # Pixels per task: their input rows for one KC block in a share of L2 (about
+    # kh*sy rows of input per row of output), but enough tasks for every thread.
+    per_pixel = KC * itemsize * p.kh * p.sy
+    MP = max(MR, int(l2_bytes * a_l2) // per_pixel // MR * MR)
+    if threads > 1:
+        MP = min(MP, engine.round_up(-(-m // (threads * tasks_per_thread)), MR))
+    MP = min(MP, engine.round_up(m, MR))
+    ntasks = -(-m // MP)
+    offs = MP // MR * (ntaps * MR + 1)                  # see panel_stride
+    zeros = max(KC, p.kw * p.Cg)
+    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), offs, zeros)
+
+
+def _run_rows(x, w, bias, out, p, act):
+    """NHWC convolution on the rows kernel: no patches, the image read where it lies."""
+    kernel, _ = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
-    ckk = p.Cg * p.kh * p.kw
-    m = p.N * p.Ho * p.Wo
-    KC = min(blk.kc, ckk)
-    NC = min(blk.nc, engine.round_up(p.Kg, NR))
-    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
-    # Enough row blocks to keep every thread busy, MC from the blocking at most.
-    MC = min(blk.mc, engine.round_up(-(-m // max(threads, 1)), MR))
-    ntasks = -(-m // MC)
-    threads = min(threads, ntasks)
-
-    def build():
-        # k order (i, j, c): W^T[(i*kw + j)*Cg + c, k] = w[k, c, i, j].
-        return [_pack_weights_b(w[g * p.Kg:(g + 1) * p.Kg].transpose(2, 3, 1, 0)
-                                .reshape(ckk, p.Kg), KC, NR)
-                for g in range(p.groups)]
-
-    packed = engine.prepared("im2col_nhwc", w, (p.groups, KC, NR), build)
-    biases, has_bias = _bias_slices(bias, p, out.dtype)
-    epi = act | (EPI_BIAS_COL if has_bias else 0)
-    xf, of = x.reshape(-1), out.reshape(-1)
-    xs = p.input_strides()
-    geom = p.geom()
-    apacks, tiles = engine.thread_buffers(("im2col_nhwc", kernel.name), max(threads, 1),
-                                          (engine.round_up(MC, MR) * KC, MR * NR), out.dtype)
-    for g in range(p.groups):
-        bpack, Np = packed[g]
-        args = (ntasks, xf, g * p.Cg, xs, geom, p.Cg, ckk, bpack, Np, p.Kg, of, g * p.Kg, p.K,
-                biases[g], epi, KC, MC, NC, m)
-        engine.launch(lambda t, counter: mod.im2col_nhwc_tasks(counter, *args, apacks[t], tiles[t]),
-                      threads)
+    machine = detect()
+    plan = _rows_plan(p, out.dtype.itemsize, engine.threads_for(p.flops, 1 << 30), MR, NR,
+                      machine.l1d_bytes, machine.l2_bytes, ROWS_A_L1, ROWS_B_L2, ROWS_A_L2,
+                      ROWS_TASKS_PER_THREAD)
+    bpack, Np = engine.prepared("im2col_rows", w, (plan.KC, NR),
+                                lambda: _pack_weights_rows(w, p, plan.KC, NR))
+    if bias is None:
+        b, epi = np.zeros(1, out.dtype), act
+    else:
+        b, epi = np.ascontiguousarray(bias, out.dtype), act | EPI_BIAS_COL
+    zeros = np.zeros(plan.zeros, out.dtype)
+    (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
+                                    np.intp)
+    args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, p.Cg, p.groups, bpack, Np, p.K, p.Kg,
+            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, zeros)
+    engine.launch(lambda t, counter: mod.rows_nhwc_tasks(counter, *args, offs[t]), plan.threads)
     return out
 
 

@@ -133,6 +133,12 @@ def estimates(p, dtype=np.float32, threads=1):
         # output copied back interleaved.
         moved = p.N * (p.C * p.H * p.W + p.K * pixels)
         out["im2col"] = gemm / TAPS_SPEEDUP + moved * ns / PLANES_COPY_RATE
+    elif p.layout == "NHWC":
+        # The rows kernel: every tap of a channel block per tile, pixels read in place
+        # (the per-tap k loop is short with few channels: the tile's fixed cost counts).
+        kc = p.Cg * (p.kw if p.groups == 1 and p.dx == 1 else 1)
+        out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, kc, mr, nr, peak)
+                         / TAPS_SPEEDUP)
     else:
         pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
                                                      else PACK_RATE)
@@ -186,8 +192,10 @@ def choose(p, dtype=np.float32, threads=None):
     elif algorithm == "im2col" and planes_ok(p, dtype):
         path = ("im2col (all taps per tile, each group's channels copied as planes, the "
                 "output written back interleaved)")
+    elif algorithm == "im2col" and p.layout == "NHWC":
+        path = "im2col (all taps per tile, each pixel's channels read in place)"
     elif algorithm == "im2col":
-        path = "im2col (implicit: A panels packed from the image)"
+        path = "im2col (implicit: B panels packed from the image)"
     return ConvPlan(algorithm, path, est, p, threads, reason)
 
 

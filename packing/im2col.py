@@ -14,13 +14,12 @@ memory is the pack buffer whatever the image size:
 
 * :func:`pack_b_im2col` -- NCHW: ``out[K, Ho*Wo] = W[K, C*kh*kw] @ col``; ``col`` is
   the B operand, packed into NR-column k-major micro-panels (k order ``c, i, j``).
-* :func:`pack_a_im2col` -- NHWC: ``out[Ho*Wo, K] = col^T @ W^T``; ``col^T`` is the A
-  operand, packed into MR-row k-major micro-panels (k order ``i, j, c`` so that
-  the fastest k index walks the contiguous channel axis).
+* NHWC needs no packer: a row of ``col^T`` under one tap is one input pixel's
+  channels, contiguous, so the kernel reads it in place (``tilegemm.conv.im2col``).
 
 Images are described by a flat 1-D array, the element offset of sample 0 /
 channel 0, and four element strides ``(sn, sc, sy, sx)`` for batch, channel, row
-and column, so one compiled packer serves NCHW and NHWC.  ``geom`` is the tuple
+and column, so the compiled packer takes any layout.  ``geom`` is the tuple
 ``(H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx)`` (``py``/``px``: top/left padding;
 the bottom/right padding is implied by ``Ho``/``Wo``).
 """
@@ -168,47 +167,3 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
                 if i == kh:
                     i = 0
                     c += 1
-
-
-@numba.njit(**JIT)
-def pack_a_im2col(x, x_off, xs, geom, channels, m0, mc, p0, kc, MR, buf):
-    """Pack rows ``m0:m0+mc`` x columns ``p0:p0+kc`` of the batch's transposed patch matrix.
-
-    Row ``r`` is output pixel ``(n, oh, ow)`` (``r = (n*Ho + oh)*Wo + ow``), column
-    ``(i*kw + j)*channels + c``.  Writes ``ceil(mc/MR)`` MR-row k-major micro-panels at
-    ``buf[0:]``, zero padded.  ``x_off`` is the offset of the first channel of sample 0.
-    Assumes validated geometry and a buffer of ``ceil(mc/MR)*MR*kc`` elements.
-    """
-    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
-    sn, sc, s_row, s_col = xs
-    pixels = Ho * Wo
-    for ir in range(0, mc, MR):
-        rows = min(MR, mc - ir)
-        base = ir * kc
-        for i in range(MR):
-            if i >= rows:
-                for p in range(kc):
-                    buf[base + p * MR + i] = 0
-                continue
-            r = m0 + ir + i
-            n = r // pixels
-            oh = (r % pixels) // Wo
-            ow = r % Wo
-            p = 0
-            # One run per kernel tap: consecutive k walk the channels of one input pixel.
-            while p < kc:
-                q = p0 + p
-                tap = q // channels
-                c = q % channels
-                run = min(channels - c, kc - p)
-                ih = oh * sy + (tap // kw) * dy - py
-                iw = ow * sx + (tap % kw) * dx - px
-                dst = base + p * MR + i
-                if ih < 0 or ih >= H or iw < 0 or iw >= W:
-                    for t in range(run):
-                        buf[dst + t * MR] = 0
-                else:
-                    src = x_off + n * sn + ih * s_row + iw * s_col + c * sc
-                    for t in range(run):
-                        buf[dst + t * MR] = x[src + t * sc]
-                p += run

@@ -11,7 +11,7 @@ import pytest
 import tilegemm
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
-from tilegemm.packing.im2col import im2col, pack_a_im2col, pack_b_im2col
+from tilegemm.packing.im2col import im2col, pack_b_im2col
 from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
                                        weight_transform)
 
@@ -403,25 +403,6 @@ def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
             np.testing.assert_array_equal(panel, want)
 
 
-def test_pack_a_im2col_matches_explicit():
-    N, C, H, W, MR = 2, 3, 6, 5, 6
-    x = RNG.standard_normal((N, H, W, C))                            # NHWC
-    p = conv_params(x.shape, (1, C, 3, 2), (2, 1), (1, 1), 1, layout="NHWC")
-    # col^T with k order (i, j, c), stacked over the batch.
-    cols = [im2col(x[n].transpose(2, 0, 1), (3, 2), (2, 1), (1, 1, 1, 1))
-            .reshape(C, 3, 2, -1).transpose(3, 1, 2, 0).reshape(p.Ho * p.Wo, -1) for n in range(N)]
-    colT = np.concatenate(cols)
-    for m0, mc, p0, kc in [(0, colT.shape[0], 0, colT.shape[1]), (5, 13, 4, 7)]:
-        buf = np.full(-(-mc // MR) * MR * kc, np.nan)
-        pack_a_im2col(x.reshape(-1), 0, p.input_strides(), p.geom(), C, m0, mc, p0, kc, MR, buf)
-        for q in range(-(-mc // MR)):
-            panel = buf[q * MR * kc:(q + 1) * MR * kc].reshape(kc, MR)
-            want = np.zeros((kc, MR))
-            rows = min(MR, mc - q * MR)
-            want[:, :rows] = colT[m0 + q * MR:m0 + q * MR + rows, p0:p0 + kc].T
-            np.testing.assert_array_equal(panel, want)
-
-
 # --- fold_batchnorm -------------------------------------------------------------------
 
 @pytest.mark.parametrize("with_bias", [True, False])
@@ -751,6 +732,39 @@ def test_grouped_nhwc_im2col_copies_groups_as_planes(name, threads, dtype, monke
         run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu")
         run_case(shape, "im2col", "NHWC", dtype, bias=False)
     assert blocks and all(1 <= g <= kw_args["groups"] for g in blocks)
+
+
+# NHWC layers of the rows path (every NHWC layer but 1x1 stride 1 and the planes path's):
+# channels in several KC blocks and output channels in several NC blocks (forced by
+# small cache shares below), a partial last row panel of pixels and NR panel of
+# channels, strides, dilation, rectangular kernels, grouped strided layers, padding
+# wider than the kernel reaches.
+ROWS = {
+    "blocks": ((2, 40, 7, 9), (37, 3, 3), dict(padding=1)),
+    "stride2": ((3, 9, 13, 11), (20, 3, 3), dict(stride=2, padding=1)),
+    "stem": ((1, 3, 19, 23), (16, 7, 7), dict(stride=2, padding=3)),
+    "dilated_rect": ((2, 6, 12, 10), (5, 2, 5), dict(padding=(3, 4), dilation=(3, 2),
+                                                     stride=(1, 2))),
+    "grouped_s2": ((2, 24, 9, 9), (36, 3, 3), dict(stride=2, padding=1, groups=3)),
+    "wide_padding": ((1, 4, 3, 2), (3, 3, 3), dict(padding=(3, 2))),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(ROWS))
+def test_nhwc_im2col_reads_pixels_in_place(name, threads, dtype, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    shape = ROWS[name]
+    # KC of about 20 channels for 3x3 kernels, NR-column NC blocks, a row panel a task.
+    monkeypatch.setattr(im2col_mod, "ROWS_A_L1", 1 / 16)
+    monkeypatch.setattr(im2col_mod, "ROWS_B_L2", 1 / 2048)
+    monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
+    tasks = _record_arg(monkeypatch, "rows_nhwc_tasks", 1, dtype)
+    with _threads(threads):
+        run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu6")
+        run_case(shape, "im2col", "NHWC", dtype, bias=False)
+    assert tasks and all(n > 1 for n in tasks)
 
 
 @contextlib.contextmanager
@@ -1186,13 +1200,18 @@ def test_wrapped_reads_never_reach_the_output_of_a_strided_layer(column):
 
 
 @pytest.mark.parametrize("value", [np.inf, np.nan])
-def test_non_finite_weight_meets_the_padding_as_zero_padding_does(value):
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_non_finite_weight_meets_the_padding_as_zero_padding_does(value, layout):
     """Inf or NaN times zero padding is NaN, as with an explicitly padded input."""
     x = RNG.standard_normal((1, 64, 9, 11)).astype(np.float32)
     w = RNG.standard_normal((6, 64, 3, 3)).astype(np.float32)
     w[2, 5, 1, 0] = value                      # column - 1: reads the padding at column 0
     expected = reference_conv(x, w, padding=1)
-    got = tilegemm.conv2d(x, w, padding=1, algorithm="im2col")
+    if layout == "NCHW":
+        got = tilegemm.conv2d(x, w, padding=1, algorithm="im2col")
+    else:
+        got = tilegemm.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, padding=1,
+                              algorithm="im2col", layout="NHWC").transpose(0, 3, 1, 2)
     assert np.isnan(expected[0, 2, :, 0]).all()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
