@@ -4,6 +4,7 @@ Usage (hold the machine's bench lock)::
 
     flock /tmp/tilegemm-bench.lock python bench/bench_conv.py [--threads 1] [--batch 8]
         [--layers resnet18_conv2_x,...] [--repeat 5] [--no-memory] [--scaling]
+        [--layout NHWC]
 
 For every layer it prints effective GFLOPS (direct-convolution flops / time) of
 ``torch.nn.functional.conv2d`` and of each tilegemm algorithm, our speed as a
@@ -12,6 +13,8 @@ ratio of torch's, and % of the measured peak on the algorithm's *own* flop count
 round (torch, im2col, winograd, ...) and the best round is kept, so the ratios
 survive a noisy machine.  ``--memory`` (default on) compares the peak extra
 memory of implicit im2col with the explicit patch matrix on VGG conv1_2.
+``--layout NHWC`` runs every party on channels-last data: ours with
+``layout="NHWC"``, torch on a channels-last input and weight (its own NHWC kernels).
 
 ``--scaling`` instead times every party at 1 thread and at ``--threads`` threads
 in the same rounds (1 thread, then N, per party, best of ``--repeat``) and prints
@@ -49,16 +52,18 @@ def conv_layers():
             for ly in bench_conv.LAYERS]
 
 
-def operands(ly, batch, dtype=np.float32, seed=0):
-    """Random (x, w, b) for a layer in NCHW."""
+def operands(ly, batch, dtype=np.float32, seed=0, layout="NCHW"):
+    """Random (x, w, b) for a layer, x in ``layout`` (C-contiguous)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, ly["C"], ly["H"], ly["W"])).astype(dtype)
+    if layout == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     w = rng.standard_normal((ly["K"], ly["C"] // ly["groups"], ly["kh"], ly["kw"])).astype(dtype)
     b = rng.standard_normal(ly["K"]).astype(dtype)
     return x, w, b
 
 
-def parties(ly, x, w, b):
+def parties(ly, x, w, b, layout="NCHW"):
     """{name: zero-argument callable} for torch (if installed) and every applicable algorithm."""
     args = dict(stride=ly["stride"], padding=ly["padding"], groups=ly["groups"])
     out = {}
@@ -66,17 +71,23 @@ def parties(ly, x, w, b):
         import torch
         import torch.nn.functional as F
         xt, wt, bt = (torch.from_numpy(a) for a in (x, w, b))
+        if layout == "NHWC":
+            # The same memory seen as NCHW with channels-last strides; torch then
+            # runs its channels-last kernels and returns channels-last.
+            xt = xt.permute(0, 3, 1, 2)
+            wt = wt.contiguous(memory_format=torch.channels_last)
         out["torch"] = lambda: F.conv2d(xt, wt, bt, **args)
     except ImportError:
         pass
-    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"])
+    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"], layout)
     estimates = tilegemm.conv.plan.estimates(p, x.dtype)
     for alg in ALGORITHMS:
         if alg == "winograd" and not p.winograd_ok:
             continue
         if alg == "direct" and estimates["direct"] > 10 * min(estimates.values()):
             continue  # dense layers: direct would take minutes and is never chosen
-        out[alg] = (lambda a: lambda: tilegemm.conv2d(x, w, b, algorithm=a, **args))(alg)
+        out[alg] = (lambda a: lambda: tilegemm.conv2d(x, w, b, algorithm=a, layout=layout,
+                                                      **args))(alg)
     return out, p
 
 
@@ -113,13 +124,13 @@ def own_flops(p, algorithm):
     return p.flops
 
 
-def bench_layer(ly, batch, threads, repeat, peak):
-    x, w, b = operands(ly, batch)
-    fns, p = parties(ly, x, w, b)
+def bench_layer(ly, batch, threads, repeat, peak, layout="NCHW"):
+    x, w, b = operands(ly, batch, layout=layout)
+    fns, p = parties(ly, x, w, b, layout)
     best = interleaved_best(fns, repeat, settle=bench.settle_time(threads),
                             ramp=bench.ramp_time(threads))
     plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
-                              threads=threads)
+                              layout=layout, threads=threads)
     rows = []
     torch_t = best.get("torch")
     for name, t in best.items():
@@ -132,10 +143,10 @@ def bench_layer(ly, batch, threads, repeat, peak):
     return rows
 
 
-def bench_scaling(ly, batch, threads, repeat):
+def bench_scaling(ly, batch, threads, repeat, layout="NCHW"):
     """Rows of (party, seconds at 1 thread, seconds at ``threads``), timed in the same rounds."""
-    x, w, b = operands(ly, batch)
-    fns, _ = parties(ly, x, w, b)
+    x, w, b = operands(ly, batch, layout=layout)
+    fns, _ = parties(ly, x, w, b, layout)
 
     torch = bench.torch_module()
 
@@ -159,7 +170,7 @@ def bench_scaling(ly, batch, threads, repeat):
             for name in fns]
 
 
-def bench_apart(ly, batch, threads, repeat, min_time=0.05):
+def bench_apart(ly, batch, threads, repeat, min_time=0.05, layout="NCHW"):
     """Seconds per call of auto on 1 thread alone, and with ``threads`` such calls at once.
 
     Each of ``threads`` Python threads runs its own 1-thread calls on its own
@@ -170,8 +181,8 @@ def bench_apart(ly, batch, threads, repeat, min_time=0.05):
     beat it where its threads share reads (the weights).  Alone and together are
     alternated round by round, best of ``repeat``.
     """
-    args = dict(stride=ly["stride"], padding=ly["padding"], groups=ly["groups"])
-    ops = [operands(ly, batch, seed=i) for i in range(threads)]
+    args = dict(stride=ly["stride"], padding=ly["padding"], groups=ly["groups"], layout=layout)
+    ops = [operands(ly, batch, seed=i, layout=layout) for i in range(threads)]
 
     def calls(i, n):
         numba.set_num_threads(1)
@@ -204,15 +215,16 @@ def bench_apart(ly, batch, threads, repeat, min_time=0.05):
     return best_alone, best_together
 
 
-def im2col_memory(ly, batch=1):
+def im2col_memory(ly, batch=1, layout="NCHW"):
     """Peak bytes allocated during implicit im2col (output excluded) and the explicit matrix."""
-    x, w, b = operands(ly, batch)
-    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"])
+    x, w, b = operands(ly, batch, layout=layout)
+    p = conv_params(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"], layout)
     engine.clear_prepared()
     engine._workspace.__dict__.clear()  # fresh pack buffers, so they are counted
     out_bytes = np.prod(p.output_shape()) * x.itemsize
     tracemalloc.start()
-    tilegemm.conv2d(x, w, b, stride=ly["stride"], padding=ly["padding"], algorithm="im2col")
+    tilegemm.conv2d(x, w, b, stride=ly["stride"], padding=ly["padding"], algorithm="im2col",
+                    layout=layout)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     explicit = p.Cg * p.kh * p.kw * p.Ho * p.Wo * x.itemsize
@@ -228,18 +240,21 @@ def main(argv=None):
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--scaling", action="store_true",
                     help="speed-up of --threads threads over 1, timed in the same rounds")
+    ap.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW")
     args = ap.parse_args(argv)
     wanted = set(args.layers.split(",")) if args.layers else None
     layers = [ly for ly in conv_layers() if not wanted or ly["name"] in wanted]
     if args.scaling:
-        print(f"float32, batch {args.batch}: 1 thread against {args.threads}, same rounds")
+        print(f"float32, batch {args.batch}, {args.layout}: 1 thread against {args.threads}, "
+              f"same rounds")
         print(f"{'layer':18s} {'party':9s} {'1 thread ms':>11s} {f'{args.threads} threads ms':>13s} "
               f"{'speed-up':>8s}")
         for ly in layers:
-            for r in bench_scaling(ly, args.batch, args.threads, args.repeat):
+            for r in bench_scaling(ly, args.batch, args.threads, args.repeat, args.layout):
                 print(f"{r['layer']:18s} {r['party']:9s} {r['one'] * 1e3:11.2f} "
                       f"{r['many'] * 1e3:13.2f} {r['one'] / r['many']:7.2f}x", flush=True)
-            alone, together = bench_apart(ly, args.batch, args.threads, args.repeat)
+            alone, together = bench_apart(ly, args.batch, args.threads, args.repeat,
+                                          layout=args.layout)
             print(f"{ly['name']:18s} {'apart':9s} {alone * 1e3:11.2f} {together * 1e3:13.2f} "
                   f"{args.threads * alone / together:7.2f}x  ({args.threads} independent "
                   f"1-thread auto calls at once)", flush=True)
@@ -252,18 +267,20 @@ def main(argv=None):
         pass
     from tilegemm.tuning.peak import measured_peak_gflops
     peak = measured_peak_gflops(np.float32, args.threads)
-    print(f"float32, batch {args.batch}, {args.threads} thread(s), measured peak {peak:.0f} GFLOPS")
+    print(f"float32, batch {args.batch}, {args.layout}, {args.threads} thread(s), "
+          f"measured peak {peak:.0f} GFLOPS")
     print(f"{'layer':18s} {'party':9s} {'algorithm':9s} {'ms':>9s} {'eff GF':>8s} "
           f"{'vs torch':>8s} {'% peak':>7s}")
     for ly in layers:
-        for r in bench_layer(ly, args.batch, args.threads, args.repeat, peak):
+        for r in bench_layer(ly, args.batch, args.threads, args.repeat, peak, args.layout):
             vs = f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "-"
             print(f"{r['layer']:18s} {r['party']:9s} {r['algorithm']:9s} {r['seconds'] * 1e3:9.2f} "
                   f"{r['gflops']:8.1f} {vs:>8s} {r['pct_peak']:6.1f}%", flush=True)
     if not args.no_memory:
         vgg = next(ly for ly in conv_layers() if ly["name"] == "vgg16_conv1_2")
-        extra, explicit = im2col_memory(vgg)
-        print(f"im2col extra memory on vgg16_conv1_2 (batch 1): {extra / 2**20:.1f} MiB implicit "
+        extra, explicit = im2col_memory(vgg, layout=args.layout)
+        print(f"im2col extra memory on vgg16_conv1_2 (batch 1, {args.layout}): "
+              f"{extra / 2**20:.1f} MiB implicit "
               f"vs {explicit / 2**20:.1f} MiB explicit patch matrix ({100 * extra / explicit:.1f}%)")
 
 
