@@ -321,7 +321,7 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
     stride = panel_stride(ntaps)
     p0 = task * MP
     count = min(MP, m - p0)
-    runs = G == 1 and KC >= Cg and dx == 1 and kw > 1
+    runs = G == 1 and KC >= Cg and dx == 1 and kw > 1        # as im2col.rows_merged
     pixel_offsets(geom, C, p0, count, m, runs, offs)
     panels = (count + MR - 1) // MR
     for g in range(G):

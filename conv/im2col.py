@@ -192,14 +192,25 @@ def _pack_weights_rows(w, p, KC, NR):
 RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads offs zeros")
 
 
+def rows_kc(p, itemsize, MR, l1_bytes, a_l1=None):
+    """KC of :func:`_run_rows`: channels per block, so that the input pixels a tile
+    reads (kh rows of its MR pixels' receptive field) take ``a_l1`` of L1d."""
+    a_l1 = ROWS_A_L1 if a_l1 is None else a_l1
+    tile_pixels = p.kh * ((MR - 1) * p.sx + (p.kw - 1) * p.dx + 1)
+    return engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // (tile_pixels * itemsize)))
+
+
+def rows_merged(p, KC):
+    """Whether :func:`_run_rows` may read a kernel row's taps as one run of kw*C values."""
+    return p.groups == 1 and KC >= p.Cg and p.dx == 1 and p.kw > 1
+
+
 @functools.lru_cache(maxsize=256)
 def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2,
                tasks_per_thread):
     """Blocking and task split of :func:`_run_rows`, once per layer shape."""
     ntaps = p.kh * p.kw
-    # The input pixels a tile reads: kh rows of its MR pixels' receptive field.
-    tile_pixels = p.kh * ((MR - 1) * p.sx + (p.kw - 1) * p.dx + 1)
-    KC = engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // (tile_pixels * itemsize)))
+    KC = rows_kc(p, itemsize, MR, l1_bytes, a_l1)
     Np = engine.round_up(p.Kg, NR)
     NC = max(NR, int(l2_bytes * b_l2) // (ntaps * KC * itemsize) // NR * NR)
     NC = engine.round_up(-(-Np // -(-Np // NC)), NR)                # equal blocks
@@ -621,15 +632,21 @@ def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_colum
 # --- NHWC grouped: each group of an image copied as planes, then the taps kernel ---------
 
 def planes_ok(p, dtype=np.float32):
-    """Whether :func:`_run_planes` serves ``p``: NHWC, several groups, not 1x1, stride 1
-    with ``Wo == W``, and a group's planes of at most ``SHIFTED_MAX_BYTES``.
+    """Whether :func:`_run_planes` serves ``p``: NHWC, groups of fewer output channels
+    than NR, not 1x1, stride 1 with ``Wo == W``, and a group's planes of at most
+    ``SHIFTED_MAX_BYTES``.
 
-    Packing patches for a few channels a group costs more than the products: ResNeXt's
-    256 channels in 32 groups at 28x28 (batch 8, 1 thread) took 54-80 ms that way,
-    6.2 ms through planes (the same layer in NCHW, read in place: 4.0 ms).
+    The rows kernel's tiles are NR output channels of one group: with fewer, most of
+    each tile is empty.  1 thread, batch 8, against torch channels-last: ResNeXt's 128
+    channels in 32 groups at 56x56 (4 a group) 9.4 ms through planes, 24.1 by rows,
+    torch 13.9; 64 channels in 8 groups 6.7 and 10.5 (torch 6.1).  From NR on, rows
+    win: 64 channels in 2 groups 10.8 ms against 13.5 (torch 9.9), 512 in 32 groups
+    at 14x14 3.1 against 3.9 (torch 3.3).
     """
     itemsize = np.dtype(dtype).itemsize
-    return (p.layout == "NHWC" and p.groups > 1 and not p.pointwise and _flat(p)
+    kernel, _ = engine.plan(dtype)
+    return (p.layout == "NHWC" and p.groups > 1 and p.Kg < kernel.nr and not p.pointwise
+            and _flat(p)
             and _planes_groups(p, itemsize) * p.Cg * p.H * p.W * itemsize <= SHIFTED_MAX_BYTES)
 
 

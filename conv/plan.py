@@ -19,8 +19,9 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
-from tilegemm.conv.im2col import _layout, planes_ok, shifted_ok
+from tilegemm.conv.im2col import _layout, planes_ok, rows_kc, rows_merged, shifted_ok
 from tilegemm.conv.params import FLAT, PHASED, conv_params
+from tilegemm.tuning.machine import detect
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -56,6 +57,10 @@ PLANES_COPY_RATE = 1.5
 #: kernel ran 1.3-1.5x its estimate too (ResNet-18 conv3_x: 21.9 ms, estimated 31.1),
 #: but there the estimate already ranks the algorithms as measured.
 TAPS_SPEEDUP = 1.4
+#: The same for the NHWC rows kernel (``im2col._run_rows``), against NHWC Winograd:
+#: 1 thread, batch 8, ResNet-18 conv2_x ran 19.6 ms (Winograd 21.7), conv3_x 19.8
+#: (15.9), conv5_x 22.8 (17.1); VGG-16 conv1_2 324 (343).
+ROWS_SPEEDUP = 1.55
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
@@ -134,11 +139,12 @@ def estimates(p, dtype=np.float32, threads=1):
         moved = p.N * (p.C * p.H * p.W + p.K * pixels)
         out["im2col"] = gemm / TAPS_SPEEDUP + moved * ns / PLANES_COPY_RATE
     elif p.layout == "NHWC":
-        # The rows kernel: every tap of a channel block per tile, pixels read in place
-        # (the per-tap k loop is short with few channels: the tile's fixed cost counts).
-        kc = p.Cg * (p.kw if p.groups == 1 and p.dx == 1 else 1)
-        out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, kc, mr, nr, peak)
-                         / TAPS_SPEEDUP)
+        # The rows kernel: every tap of a channel block per tile, pixels read in place.
+        # Its k loops run KC channels per tap, kw*C where a kernel row is one run.
+        KC = rows_kc(p, np.dtype(dtype).itemsize, mr, detect().l1d_bytes)
+        depth = p.kw * p.Cg if rows_merged(p, KC) else KC
+        out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
+                         / ROWS_SPEEDUP)
     else:
         pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
                                                      else PACK_RATE)

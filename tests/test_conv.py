@@ -513,11 +513,15 @@ def test_plan_is_inspectable():
 
 
 def test_plan_nhwc_grouped_and_depthwise():
-    """NHWC: a grouped layer runs its groups as planes, a depthwise layer with channels
-    for the vector kernel runs direct (the planes path must not take it)."""
+    """NHWC: a grouped layer of a few output channels a group runs its groups as planes,
+    one of many by the rows kernel; a depthwise layer with channels for the vector
+    kernel runs direct (the planes path must not take it)."""
     grouped = tilegemm.conv_plan((8, 28, 28, 256), (256, 8, 3, 3), padding=1, groups=32,
                                  layout="NHWC")
     assert grouped.algorithm == "im2col" and "planes" in grouped.path
+    wide = tilegemm.conv_plan((8, 28, 28, 256), (256, 128, 5, 5), padding=2, groups=2,
+                              layout="NHWC")
+    assert wide.algorithm == "im2col" and "in place" in wide.path
     dw = tilegemm.conv_plan((8, 28, 28, 256), (256, 1, 3, 3), padding=1, groups=256,
                             layout="NHWC")
     assert dw.algorithm == "direct"
@@ -713,7 +717,7 @@ PLANES = {
     "depthwise": ((2, 24, 7, 9), (24, 3, 3), dict(padding=1, groups=24)),
     "dilated_5x5": ((1, 12, 11, 10), (6, 5, 5), dict(padding=4, dilation=2, groups=3)),
     "partial_block": ((2, 72, 6, 7), (36, 3, 3), dict(padding=1, groups=36)),
-    "column_blocks": ((1, 8, 30, 31), (200, 3, 3), dict(padding=1, groups=2)),
+    "column_blocks": ((1, 8, 30, 31), (6, 3, 3), dict(padding=1, groups=2)),
 }
 
 
@@ -746,6 +750,7 @@ ROWS = {
     "dilated_rect": ((2, 6, 12, 10), (5, 2, 5), dict(padding=(3, 4), dilation=(3, 2),
                                                      stride=(1, 2))),
     "grouped_s2": ((2, 24, 9, 9), (36, 3, 3), dict(stride=2, padding=1, groups=3)),
+    "grouped_wide": ((2, 32, 7, 9), (128, 3, 3), dict(padding=1, groups=2)),
     "wide_padding": ((1, 4, 3, 2), (3, 3, 3), dict(padding=(3, 2))),
 }
 
