@@ -150,6 +150,12 @@ def test_agrees_with_plain_numba_reference(spec, rng):
                      f"{kern.name} against the plain-Numba tile, k={k}")
 
 
+def _c_flat(size, beta, dt, rng):
+    """C for a convolution kernel's tile, and a copy: NaN where beta is 0 (never read)."""
+    c = np.full(size, np.nan, dt) if beta == 0 else rng.standard_normal(size).astype(dt)
+    return c, c.copy()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kc, ntaps", [(1, 1), (7, 3), (33, 9)])
 @pytest.mark.parametrize("beta, epi", [(0.0, 0), (0.5, 0), (1.0, EPI_BIAS_ROW | EPI_RELU)])
@@ -167,10 +173,7 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
     taps = rng.integers(0, 40, ntaps).astype(np.int64)
     b = rng.standard_normal(2 + 40 + kc * ldb + NR).astype(dt)
     ldc = NR + 2
-    c = np.full(MR * ldc, np.nan if beta == 0 else 0.0, dt)
-    if beta != 0:
-        c[:] = rng.standard_normal(c.size)
-    c0 = c.copy()
+    c, c0 = _c_flat(MR * ldc, beta, dt, rng)
     bias = rng.standard_normal(MR + 4).astype(dt)
     # Lane masks: tap t loads through the NR lanes at 5 + sched[t] (even taps), or
     # none (-1); the sum of the first n_and taps is ANDed with the lanes at 5 + and_at.
@@ -234,10 +237,7 @@ def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols):
     b_tap = kc * NR + 3
     b = rng.standard_normal(2 + ntaps * b_tap).astype(dt)
     ldc = NR + 2
-    c = np.full(MR * ldc, np.nan if beta == 0 else 0.0, dt)
-    if beta != 0:
-        c[:] = rng.standard_normal(c.size)
-    c0 = c.copy()
+    c, c0 = _c_flat(MR * ldc, beta, dt, rng)
     bias = rng.standard_normal(NR + 4).astype(dt)
     edge = rows is not None
     rows, cols = (rows, cols) if edge else (MR, NR)
