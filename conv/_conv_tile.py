@@ -306,22 +306,22 @@ def pixel_offsets(geom, C, p0, count, m, runs, offs):
 
 @numba.njit(**JIT)
 def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                   zeros, offs):
+                   runs, zeros, offs):
     """Output pixels ``task*MP`` on (at most ``MP``, a multiple of MR), every channel.
 
     ``bpack`` holds group ``g``'s weights from ``g*Cg*ntaps*Np``: per KC block of input
     channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
     tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
     output channels (their weights stay in L2), row panels of pixels (their input
-    rows stay in L1), NR panels.  ``zeros`` holds at least ``KC`` zeros, and
-    ``kw*C`` where a kernel row may be one run (one group, one KC block).
+    rows stay in L1), NR panels.  ``runs``: a kernel row's taps may be read as one
+    run (``im2col.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
+    with ``runs``.
     """
-    kh, kw, dx = geom[4], geom[5], geom[11]
+    kh, kw = geom[4], geom[5]
     ntaps = kh * kw
     stride = panel_stride(ntaps)
     p0 = task * MP
     count = min(MP, m - p0)
-    runs = G == 1 and KC >= Cg and dx == 1 and kw > 1        # as im2col.rows_merged
     pixel_offsets(geom, C, p0, count, m, runs, offs)
     panels = (count + MR - 1) // MR
     for g in range(G):
@@ -356,14 +356,14 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
 
 @numba.njit(**JIT)
 def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC,
-                    NC, MP, m, zeros, offs):
+                    NC, MP, m, runs, zeros, offs):
     """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
         rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                       zeros, offs)
+                       runs, zeros, offs)
 
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------

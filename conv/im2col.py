@@ -189,7 +189,7 @@ def _pack_weights_rows(w, p, KC, NR):
     return buf, Np
 
 
-RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads offs zeros")
+RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads merged offs zeros")
 
 
 def rows_kc(p, itemsize, MR, l1_bytes, a_l1=None):
@@ -223,9 +223,10 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
         MP = min(MP, engine.round_up(-(-m // (threads * tasks_per_thread)), MR))
     MP = min(MP, engine.round_up(m, MR))
     ntasks = -(-m // MP)
+    merged = rows_merged(p, KC)
     offs = MP // MR * (ntaps * MR + 1)                  # see panel_stride
-    zeros = max(KC, p.kw * p.Cg)
-    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), offs, zeros)
+    zeros = p.kw * p.Cg if merged else KC
+    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), merged, offs, zeros)
 
 
 def _run_rows(x, w, bias, out, p, act):
@@ -247,7 +248,7 @@ def _run_rows(x, w, bias, out, p, act):
     (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
                                     np.intp)
     args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, p.Cg, p.groups, bpack, Np, p.K, p.Kg,
-            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, zeros)
+            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, plan.merged, zeros)
     engine.launch(lambda t, counter: mod.rows_nhwc_tasks(counter, *args, offs[t]), plan.threads)
     return out
 
