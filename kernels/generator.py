@@ -137,7 +137,9 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
         t*o_step + i]`` (``kc`` contiguous values each; a negative offset reads the
         first ``kc`` values of ``zeros`` instead: the padding) times the packed B
         panel at ``b_off + t*b_tap``.  With ``edge``, the two trailing arguments
-        ``rows, cols`` limit C as in the other edge flavours.
+        ``rows, cols`` limit C as in the other edge flavours.  With ``strided``
+        (channels-first convolution), an argument ``a_cs`` after ``a_off`` says how
+        far apart a row's ``kc`` values are, in the image and in ``zeros`` alike.
 
     Returns
     -------
@@ -150,13 +152,13 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
     shape = (dtype, mr, nr, lanes)
     if taps and (strided or edge):
         raise ValueError("the taps flavour reads packed A, strided B and full tiles only")
-    if rows and (strided or taps or a_step is not None):
+    if rows and (taps or a_step is not None):
         raise ValueError("the rows flavour reads A in place by row offsets and packed B")
     if a_step is not None and (not taps or a_step < mr):
         raise ValueError(f"a_step={a_step} needs the taps flavour and at least mr={mr} rows")
     a_step = mr if a_step is None else a_step
     flavour = "taps" if taps else ("rows" if rows else "strided" if strided else "packed") + \
-        ("_edge" if edge else "")
+        ("_strided" if rows and strided else "") + ("_edge" if edge else "")
     if a_step != mr:
         flavour += f"_a{a_step}"       # the A stride is folded into the tile's body
 
@@ -176,10 +178,13 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
                         _data(context, builder, types_[9], masks, mask_off),
                         _data(context, builder, types_[11], sched, zero))
         elif rows:
+            # The strided flavour's a_cs, dropped here, is the only extra argument.
+            a_cs = args.pop(3) if strided else ir.Constant(intp, 1)
+            types_ = types_[:3] + types_[4:] if strided else types_
             (kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap, c, c_off, ldc,
              alpha, beta, bias, bias_off, epi) = args
             at, bt, ct, biast = types_[1], types_[8], types_[11], types_[16]
-            a_rs, a_cs, ldb = ir.Constant(intp, 0), ir.Constant(intp, 1), ir.Constant(intp, nr)
+            a_rs, ldb = ir.Constant(intp, 0), ir.Constant(intp, nr)
             row_args = (ntaps, _data(context, builder, types_[3], offs, o_off), o_step,
                         _data(context, builder, types_[7], zeros, ir.Constant(intp, 0)), b_tap)
         elif strided:
@@ -199,7 +204,21 @@ def make_microkernel(dtype, mr, nr, lanes, strided=False, edge=False, taps=False
 
     i = types.intp
     # Numba needs an intrinsic's parameters spelled out, so one typing function per flavour.
-    if rows and edge:
+    if rows and strided and edge:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, a_cs, offs, o_off, o_step, ntaps, zeros, b, b_off,
+                    b_tap, c, c_off, ldc, alpha, beta, bias, bias_off, epi, rows, cols):
+            _check_offsets(offs, zeros, a)
+            return types.void(i, a, i, i, offs, i, i, i, zeros, b, i, i, c, i, i, nb_float,
+                              nb_float, bias, i, i, i, i), emit
+    elif rows and strided:
+        @intrinsic
+        def ukernel(typingctx, kc, a, a_off, a_cs, offs, o_off, o_step, ntaps, zeros, b, b_off,
+                    b_tap, c, c_off, ldc, alpha, beta, bias, bias_off, epi):
+            _check_offsets(offs, zeros, a)
+            return types.void(i, a, i, i, offs, i, i, i, zeros, b, i, i, c, i, i, nb_float,
+                              nb_float, bias, i, i), emit
+    elif rows and edge:
         @intrinsic
         def ukernel(typingctx, kc, a, a_off, offs, o_off, o_step, ntaps, zeros, b, b_off, b_tap,
                     c, c_off, ldc, alpha, beta, bias, bias_off, epi, rows, cols):
@@ -358,7 +377,9 @@ def _call_tile(context, builder, shape, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, l
         fn.attributes.add("noinline")
         body = ir.IRBuilder(fn.append_basic_block("entry"))
         p = list(fn.args)
-        if flavour.startswith(("packed", "rows")):
+        if flavour.startswith("rows_strided"):
+            p[2], p[5] = a_rs, ldb
+        elif flavour.startswith(("packed", "rows")):
             p[2], p[3], p[5] = a_rs, a_cs, ldb
         elif flavour.startswith("taps"):
             p[2], p[3] = a_rs, a_cs

@@ -220,20 +220,24 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
 @pytest.mark.parametrize("kc, ntaps", [(1, 1), (7, 3), (33, 9)])
 @pytest.mark.parametrize("beta, epi", [(0.0, 0), (0.5, 0), (1.0, EPI_BIAS_COL | EPI_RELU6)])
 @pytest.mark.parametrize("rows, cols", [(None, None), (1, 1), (4, 3)])
-def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols):
-    """The channels-last kernel: sum over taps of A rows read at their own offsets (the
-    zero row where negative) times packed B; its edge flavour touches C[:rows, :cols] only."""
+@pytest.mark.parametrize("a_cs", [None, 5])
+def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols, a_cs):
+    """The convolution's rows kernel: sum over taps of A rows read at their own offsets
+    (the zero row where negative) times packed B, a row's values contiguous (channels
+    last) or ``a_cs`` apart (the strided flavour, channels first); the edge flavours
+    touch C[:rows, :cols] only."""
     import numba
     from tilegemm.conv import engine
     mod = engine.conv_module(dtype)
     MR, NR = mod.MR, mod.NR
     dt = np.dtype(dtype)
     rng = np.random.default_rng(kc * 10 + ntaps)
-    a = rng.standard_normal(300 + kc).astype(dt)
+    step = 1 if a_cs is None else a_cs
+    a = rng.standard_normal(300 + kc * step).astype(dt)
     o_step = MR + 2                                      # taps' offsets, apart
     offs = rng.integers(0, 300, o_step * ntaps + 4)
     offs[rng.random(offs.size) < 0.3] = -1               # taps in the padding
-    zeros = np.zeros(kc + 1, dt)
+    zeros = np.zeros((kc - 1) * step + 1, dt)
     b_tap = kc * NR + 3
     b = rng.standard_normal(2 + ntaps * b_tap).astype(dt)
     ldc = NR + 2
@@ -244,7 +248,14 @@ def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols):
 
     @numba.njit
     def run(kc, a, offs, ntaps, zeros, b, c, bias, beta, epi):
-        if edge:
+        if a_cs is not None and edge:
+            mod.ukernel_rows_strided_edge(kc, a, 1, a_cs, offs, 4, o_step, ntaps, zeros, b, 2,
+                                          b_tap, c, 0, ldc, dt.type(1.5), beta, bias, 3, epi,
+                                          rows, cols)
+        elif a_cs is not None:
+            mod.ukernel_rows_strided(kc, a, 1, a_cs, offs, 4, o_step, ntaps, zeros, b, 2, b_tap,
+                                     c, 0, ldc, dt.type(1.5), beta, bias, 3, epi)
+        elif edge:
             mod.ukernel_rows_edge(kc, a, 1, offs, 4, o_step, ntaps, zeros, b, 2, b_tap, c, 0, ldc,
                                   dt.type(1.5), beta, bias, 3, epi, rows, cols)
         else:
@@ -257,7 +268,7 @@ def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols):
     want = np.zeros((MR, NR))
     for t in range(ntaps):
         o = offs[4 + t * o_step:4 + t * o_step + MR]
-        A = np.array([a[1 + q:1 + q + kc] if q >= 0 else np.zeros(kc) for q in o])
+        A = np.array([a[1 + q:1 + q + kc * step:step] if q >= 0 else np.zeros(kc) for q in o])
         B = b[2 + t * b_tap:2 + t * b_tap + kc * NR].reshape(kc, NR)
         want += A.astype(np.float64) @ B.astype(np.float64)
     want *= 1.5
