@@ -216,6 +216,10 @@ def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, ms
 
 ukernel_rows = make_microkernel(DTYPE, MR, NR, LANES, rows=True)
 ukernel_rows_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, edge=True)
+# Channels-first: a pixel's channels H*W apart.
+ukernel_rows_strided = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True)
+ukernel_rows_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True,
+                                             edge=True)
 
 
 @numba.njit(inline='always', **JIT)
@@ -245,19 +249,22 @@ def _next_pixel(n, oh, ow, step, Ho, Wo):
 
 
 @numba.njit(**JIT)
-def pixel_offsets(geom, C, p0, count, m, runs, offs):
+def pixel_offsets(geom, strides, p0, count, m, runs, offs):
     """Where each tap of output pixels ``p0 .. p0 + count`` reads its input pixel.
 
     Pixels are numbered over the whole batch (``n*Ho*Wo + oh*Wo + ow``); pixel
     ``p0 + q*MR + i`` under tap ``t = i_k*kw + j_k`` gets
     ``offs[q*panel_stride(ntaps) + t*MR + i]``, the element offset of its input pixel
-    in an NHWC batch of ``C`` channels, or -1 where the tap falls in the padding or
-    the pixel is past ``m`` (a partial panel).  The panel's last entry is 1 where
-    ``runs`` allows and every pixel's kernel rows lie inside the image's width: the
-    panel's taps are then read a kernel row at a time (one run of ``kw*C`` values),
-    and only the offsets of the rows' first taps (``j_k = 0``) are written.
+    (of its channel 0) in a batch whose images, rows and pixels are ``strides``
+    elements apart (NHWC: ``H*W*C, W*C, C``; NCHW: ``C*H*W, W, 1``), or -1 where the
+    tap falls in the padding or the pixel is past ``m`` (a partial panel).  The
+    panel's last entry is 1 where ``runs`` allows (NHWC only) and every pixel's
+    kernel rows lie inside the image's width: the panel's taps are then read a
+    kernel row at a time (one run of ``kw*C`` values), and only the offsets of the
+    rows' first taps (``j_k = 0``) are written.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    s_n, s_h, s_w = strides
     ntaps = kh * kw
     plane = Ho * Wo
     reach = (kw - 1) * dx
@@ -278,21 +285,21 @@ def pixel_offsets(geom, C, p0, count, m, runs, offs):
         if last == MR and ow + MR <= Wo:
             # The whole panel on one output row: a tap's offsets step by sx pixels.
             y, x = oh * sy - py, ow * sx - px
-            pixel = ((n * H + y) * W + x) * C
+            pixel = n * s_n + y * s_h + x * s_w
             for ik in range(kh):
                 iy = y + ik * dy
                 row_ok = (iy >= 0) & (iy < H)
                 for jk in range(row_taps):
-                    first = pixel + (ik * dy * W + jk * dx) * C
+                    first = pixel + ik * dy * s_h + jk * dx * s_w
                     for i in range(MR):
                         ix = x + jk * dx + i * sx
                         ok = row_ok & (ix >= 0) & (ix < W)
-                        _put(offs, at + (ik * kw + jk) * MR + i, first + i * sx * C if ok else -1)
+                        _put(offs, at + (ik * kw + jk) * MR + i, first + i * sx * s_w if ok else -1)
             n, oh, ow = _next_pixel(n, oh, ow, MR, Ho, Wo)
             continue
         for i in range(MR):
             y, x = oh * sy - py, ow * sx - px
-            pixel = ((n * H + y) * W + x) * C
+            pixel = n * s_n + y * s_h + x * s_w
             for ik in range(kh):
                 iy = y + ik * dy
                 row_ok = (i < last) & (iy >= 0) & (iy < H)
@@ -300,7 +307,7 @@ def pixel_offsets(geom, C, p0, count, m, runs, offs):
                     ix = x + jk * dx
                     ok = row_ok & (ix >= 0) & (ix < W)
                     _put(offs, at + (ik * kw + jk) * MR + i,
-                         pixel + (ik * dy * W + jk * dx) * C if ok else -1)
+                         pixel + ik * dy * s_h + jk * dx * s_w if ok else -1)
             n, oh, ow = _next_pixel(n, oh, ow, 1, Ho, Wo)
 
 
@@ -322,7 +329,7 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
     stride = panel_stride(ntaps)
     p0 = task * MP
     count = min(MP, m - p0)
-    pixel_offsets(geom, C, p0, count, m, runs, offs)
+    pixel_offsets(geom, (geom[0] * geom[1] * C, geom[1] * C, C), p0, count, m, runs, offs)
     panels = (count + MR - 1) // MR
     for g in range(G):
         b_g = g * Cg * ntaps * Np
@@ -365,6 +372,93 @@ def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, b
         rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
                        runs, zeros, offs)
 
+
+
+@numba.njit(**JIT)
+def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, zeros, offs,
+                   cbuf):
+    """Output pixels ``task*MP`` on of an NCHW batch, every channel, on the rows kernel.
+
+    As :func:`rows_nhwc_task` for one group, with each pixel's channels read where
+    they lie, ``H*W`` apart (``zeros`` holds ``(KC-1)*H*W + 1`` zeros, the padding
+    read at the same stride).  The tile of C, pixels by channels, builds up in
+    ``cbuf`` (``Np`` wide, at least ``MP`` rows) and is transposed into ``out`` once,
+    after the last KC block: the kernel's vectors run along the output channels.
+    """
+    H, W, Ho, Wo, kh, kw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
+    ntaps = kh * kw
+    stride = panel_stride(ntaps)
+    hw = H * W
+    p0 = task * MP
+    count = min(MP, m - p0)
+    pixel_offsets(geom, (C * hw, W, 1), p0, count, m, False, offs)
+    panels = (count + MR - 1) // MR
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        e = epi if pc + KC >= C else 0
+        b_pc = pc * ntaps * Np
+        for jc in range(0, K, NC):
+            j_end = min(jc + NC, K)
+            for q in range(panels):
+                # Rows past the last pixel read zeros (offset -1) into rows never copied out.
+                c_at = q * MR * Np
+                for jr in range(jc, j_end, NR):
+                    cols = min(NR, K - jr)
+                    b_at = b_pc + jr * ntaps * kc
+                    if cols == NR:
+                        ukernel_rows_strided(kc, x, pc * hw, hw, offs, q * stride, MR, ntaps,
+                                             zeros, bpack, b_at, kc * NR, cbuf, c_at + jr, Np,
+                                             DTYPE(1), beta, bias, jr, e)
+                    else:
+                        ukernel_rows_strided_edge(kc, x, pc * hw, hw, offs, q * stride, MR,
+                                                  ntaps, zeros, bpack, b_at, kc * NR, cbuf,
+                                                  c_at + jr, Np, DTYPE(1), beta, bias, jr, e,
+                                                  MR, cols)
+    pixels_to_planes(cbuf, Np, p0, count, K, Ho * Wo, out)
+
+
+@numba.njit(**JIT)
+def transpose_copy(x, src, lds, rows, cols, y, dst, ldd):
+    """``y[dst + j*ldd + r] = x[src + r*lds + j]`` for ``r < rows``, ``j < cols``.
+
+    LANES x LANES blocks transposed in registers (:func:`transpose`); the last rows
+    and columns one at a time.  Element by element, the copy took 1.5 ns an element.
+    """
+    full_r = rows // LANES * LANES
+    full_j = cols // LANES * LANES
+    for r0 in range(0, full_r, LANES):
+        for j0 in range(0, full_j, LANES):
+            transpose(x, src + r0 * lds + j0, lds, y, dst + j0 * ldd + r0, ldd)
+    for r in range(rows):
+        s = src + r * lds
+        for j in range(0 if r >= full_r else full_j, cols):
+            y[dst + j * ldd + r] = x[s + j]
+
+
+@numba.njit(**JIT)
+def pixels_to_planes(cbuf, ldc, p0, count, K, plane, out):
+    """``out[n, k, q] = cbuf[(p - p0)*ldc + k]`` for batch pixels ``p = n*plane + q`` in
+    ``p0 .. p0 + count`` and ``k < K``: rows of pixels into NCHW channel planes."""
+    p = p0
+    while p < p0 + count:
+        n = p // plane
+        q = p - n * plane
+        run = min(p0 + count - p, plane - q)          # pixels in image n
+        transpose_copy(cbuf, (p - p0) * ldc, ldc, run, K, out, n * K * plane + q, plane)
+        p += run
+
+
+@numba.njit(**JIT)
+def rows_nchw_tasks(counter, ntasks, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m,
+                    zeros, offs, cbuf):
+    """Tasks of :func:`rows_nchw_task` taken from ``counter`` until ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, zeros,
+                       offs, cbuf)
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
 
@@ -1135,38 +1229,6 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
 
 
 @numba.njit(**JIT)
-def nhwc_group_planes(x, src, C, pixels, channels, xq):
-    """``xq[c*pixels + q] = x[src + q*C + c]`` for ``c < channels``, ``q < pixels``.
-
-    LANES x LANES blocks transposed in registers (:func:`transpose`); the last pixels
-    and channels one at a time.  Element by element, the copy took 1.5 ns an element.
-    """
-    full_q = pixels // LANES * LANES
-    full_c = channels // LANES * LANES
-    for q0 in range(0, full_q, LANES):
-        for c0 in range(0, full_c, LANES):
-            transpose(x, src + q0 * C + c0, C, xq, c0 * pixels + q0, pixels)
-    for q in range(pixels):
-        s = src + q * C
-        for c in range(0 if q >= full_q else full_c, channels):
-            xq[c * pixels + q] = x[s + c]
-
-
-@numba.njit(**JIT)
-def planes_to_nhwc(cbuf, ldc, rows, cols, out, dst, K):
-    """``out[dst + j*K + r] = cbuf[r*ldc + j]`` for ``r < rows``, ``j < cols``: C's rows
-    (output channels) back between the image's other channels, by transposed blocks."""
-    full_j = cols // LANES * LANES
-    full_r = rows // LANES * LANES
-    for j0 in range(0, full_j, LANES):
-        for r0 in range(0, full_r, LANES):
-            transpose(cbuf, r0 * ldc + j0, ldc, out, dst + j0 * K + r0, K)
-    for j in range(cols):
-        for r in range(0 if j >= full_j else full_r, rows):
-            out[dst + j * K + r] = cbuf[r * ldc + j]
-
-
-@numba.njit(**JIT)
 def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, Cg, taps,
                        ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC, NCB, xq,
                        cbuf):
@@ -1189,7 +1251,7 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
             break
         n, g0 = task // blocks, task % blocks * G
         ng = min(G, groups - g0)
-        nhwc_group_planes(x, n * pixels * C + g0 * Cg, C, pixels, ng * Cg, xq)
+        transpose_copy(x, n * pixels * C + g0 * Cg, C, pixels, ng * Cg, xq, 0, pixels)
         for j0 in range(0, pixels, NCB):
             cols = min(NCB, pixels - j0)
             for i in range(ng):
@@ -1197,4 +1259,5 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
                 shifted_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
                               apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
                               cbuf[i * Kg * NCB:], NCB, bias, g * bias_group, epi)
-            planes_to_nhwc(cbuf, NCB, ng * Kg, cols, out, (n * pixels + j0) * K + g0 * Kg, K)
+            transpose_copy(cbuf, 0, NCB, ng * Kg, cols, out, (n * pixels + j0) * K + g0 * Kg,
+                           K)

@@ -81,6 +81,8 @@ def run(x, w, bias, out, p, act):
     ``act`` the activation's epilogue flags.
     """
     if p.layout == "NCHW":
+        if rows_nchw_ok(p, out.dtype):
+            return _run_rows(x, w, bias, out, p, act)
         if shifted_ok(p, out.dtype):
             return _run_shifted(x, w, bias, out, p, act)
         return _run_nchw(x, w, bias, out, p, act)
@@ -189,20 +191,66 @@ def _pack_weights_rows(w, p, KC, NR):
     return buf, Np
 
 
-RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads merged offs zeros")
+RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads merged offs zeros "
+                                              "cbuf")
+
+
+#: NCHW layers run on the rows kernel only with this many input channels (a group) ...
+ROWS_NCHW_MIN_CHANNELS = 48
+#: ... and output planes of at most this many pixels.
+ROWS_NCHW_MAX_PLANE = 4096
+
+
+def rows_nchw_ok(p, dtype=np.float32):
+    """Whether an NCHW layer runs on the rows kernel (:func:`_run_rows`) rather than the
+    taps kernel (:func:`_run_shifted`): one group, not 1x1 stride 1, at least
+    ``ROWS_NCHW_MIN_CHANNELS`` channels, an output plane of at most
+    ``ROWS_NCHW_MAX_PLANE`` pixels, and register tiles at least as full.
+
+    The rows kernel's vectors run along the output channels (its tiles are ``MR``
+    pixels of the whole batch by ``NR`` channels), the taps kernel's along an
+    image's output plane (``MR`` channels by ``NR`` pixels): small planes leave the
+    taps kernel's lanes empty (ResNet-18 conv5_x, 49 pixels, 64 lanes), output
+    channels short of ``NR`` the rows kernel's.  Measured on an AVX-512 Zen 4
+    (6x64 tile, fp32, 1 thread, batch 8, rows against taps in the same rounds):
+    ResNet-18 conv2_x-conv5_x 1.04, 1.07, 1.03 and 1.45x, its stride-2 layers
+    1.08 and 1.60x, 128 -> 64 channels at 14x14 1.07x, 5x5 at 28x28 1.05x; but
+    96 output channels 0.80x, 16 or 3 input channels 0.24 and 0.62x, 32 channels
+    0.97-0.99x, and planes of 112x112 and 224x224 0.93-0.96x (each tile reads
+    its channels from that many pages; the rows kernel also writes C through a
+    transposing copy).
+    """
+    if p.layout != "NCHW" or p.groups != 1 or p.pointwise:
+        return False
+    if p.Cg < ROWS_NCHW_MIN_CHANNELS or p.Ho * p.Wo > ROWS_NCHW_MAX_PLANE:
+        return False
+    kernel, _ = engine.plan(np.dtype(dtype))
+    mr, nr = kernel.mr, kernel.nr
+    pixels, plane = p.N * p.Ho * p.Wo, p.Ho * p.Wo
+    rows_fill = p.Kg / engine.round_up(p.Kg, nr) * pixels / engine.round_up(pixels, mr)
+    taps_fill = p.Kg / engine.round_up(p.Kg, mr) * plane / engine.round_up(plane, nr)
+    return rows_fill >= taps_fill
 
 
 def rows_kc(p, itemsize, MR, l1_bytes, a_l1=None):
     """KC of :func:`_run_rows`: channels per block, so that the input pixels a tile
-    reads (kh rows of its MR pixels' receptive field) take ``a_l1`` of L1d."""
+    reads (kh rows of its MR pixels' receptive field) take ``a_l1`` of L1d.
+
+    NHWC packs a pixel's channels together; NCHW spends a row's cache lines (and
+    one more, for their alignment) on each channel.
+    """
     a_l1 = ROWS_A_L1 if a_l1 is None else a_l1
-    tile_pixels = p.kh * ((MR - 1) * p.sx + (p.kw - 1) * p.dx + 1)
-    return engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // (tile_pixels * itemsize)))
+    span = (MR - 1) * p.sx + (p.kw - 1) * p.dx + 1          # pixels in a row of the field
+    if p.layout == "NCHW":
+        per_channel = p.kh * (-(-span * itemsize // 64) + 1) * 64
+    else:
+        per_channel = p.kh * span * itemsize
+    return engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // per_channel))
 
 
 def rows_merged(p, KC):
     """Whether :func:`_run_rows` may read a kernel row's taps as one run of kw*C values."""
-    return p.groups == 1 and KC >= p.Cg and p.dx == 1 and p.kw > 1
+    return p.layout == "NHWC" and p.groups == 1 and KC >= p.Cg and p.dx == 1 and p.kw > 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -216,8 +264,9 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
     NC = engine.round_up(-(-Np // -(-Np // NC)), NR)                # equal blocks
     m = p.N * p.Ho * p.Wo
     # Pixels per task: their input rows for one KC block in a share of L2 (about
-    # kh*sy rows of input per row of output), but enough tasks for every thread.
-    per_pixel = KC * itemsize * p.kh * p.sy
+    # kh*sy rows of input per row of output), and in NCHW their C tile too, but
+    # enough tasks for every thread.
+    per_pixel = KC * itemsize * p.kh * p.sy + (Np * itemsize if p.layout == "NCHW" else 0)
     MP = max(MR, int(l2_bytes * a_l2) // per_pixel // MR * MR)
     if threads > 1:
         MP = min(MP, engine.round_up(-(-m // (threads * tasks_per_thread)), MR))
@@ -225,12 +274,22 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
     ntasks = -(-m // MP)
     merged = rows_merged(p, KC)
     offs = MP // MR * (ntaps * MR + 1)                  # see panel_stride
-    zeros = p.kw * p.Cg if merged else KC
-    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), merged, offs, zeros)
+    if p.layout == "NCHW":
+        zeros = (KC - 1) * p.H * p.W + 1            # read KC values H*W apart
+        cbuf = MP * Np
+    else:
+        zeros = p.kw * p.Cg if merged else KC
+        cbuf = 1
+    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), merged, offs, zeros,
+                    cbuf)
 
 
 def _run_rows(x, w, bias, out, p, act):
-    """NHWC convolution on the rows kernel: no patches, the image read where it lies."""
+    """Convolution on the rows kernel: no patches, the image read where it lies.
+
+    NHWC, any groups: C is the output itself.  NCHW, one group: each task's C
+    goes through a per-thread buffer, transposed into the output's planes.
+    """
     kernel, _ = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr
@@ -247,6 +306,14 @@ def _run_rows(x, w, bias, out, p, act):
     zeros = np.zeros(plan.zeros, out.dtype)
     (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
                                     np.intp)
+    if p.layout == "NCHW":
+        (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
+                                         (plan.cbuf,), out.dtype)
+        args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, bpack, Np, p.K, out.reshape(-1), b,
+                epi, plan.KC, plan.NC, plan.MP, plan.m, zeros)
+        engine.launch(lambda t, counter: mod.rows_nchw_tasks(counter, *args, offs[t], cbufs[t]),
+                      plan.threads)
+        return out
     args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, p.Cg, p.groups, bpack, Np, p.K, p.Kg,
             out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, plan.merged, zeros)
     engine.launch(lambda t, counter: mod.rows_nhwc_tasks(counter, *args, offs[t]), plan.threads)
@@ -679,9 +746,9 @@ def _group_image(p):
 
 def _run_planes(x, w, bias, out, p, act):
     """NHWC grouped convolution: tasks (image, block of groups, see ``PLANES_RUN_BYTES``)
-    copy the block's channels as planes (``nhwc_group_planes``), run the taps kernel over
+    copy the block's channels as planes (``transpose_copy``), run the taps kernel over
     each group as over an NCHW image read in place (:func:`_run_shifted`) and write C
-    back interleaved (``planes_to_nhwc``)."""
+    back interleaved (``transpose_copy`` again)."""
     kernel, blk = engine.plan(out.dtype)
     mod = engine.conv_module(out.dtype)
     MR, NR = kernel.mr, kernel.nr

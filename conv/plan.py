@@ -19,7 +19,8 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
-from tilegemm.conv.im2col import _layout, planes_ok, rows_kc, rows_merged, shifted_ok
+from tilegemm.conv.im2col import (_layout, planes_ok, rows_kc, rows_merged, rows_nchw_ok,
+                                  shifted_ok)
 from tilegemm.conv.params import FLAT, PHASED, conv_params
 from tilegemm.tuning.machine import detect
 
@@ -128,7 +129,16 @@ def estimates(p, dtype=np.float32, threads=1):
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
     vector_rows = p.layout == "NCHW" and p.sx == 1
-    if shifted_ok(p, dtype):
+    if rows_nchw_ok(p, dtype) or (p.layout == "NHWC" and not planes):
+        # The rows kernel: every tap of a channel block per tile, pixels read in place.
+        # Its k loops run KC channels per tap, kw*C where a kernel row is one run.
+        # NCHW writes C through a transposing copy.
+        KC = rows_kc(p, np.dtype(dtype).itemsize, mr, detect().l1d_bytes)
+        depth = p.kw * p.Cg if rows_merged(p, KC) else KC
+        copy = p.N * p.K * pixels * ns / PLANES_COPY_RATE if p.layout == "NCHW" else 0
+        out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
+                         / ROWS_SPEEDUP + copy)
+    elif shifted_ok(p, dtype):
         # The taps kernel reads B in place (no patches), all groups in one task loop;
         # strides other than 1 read a stride-split copy of each image.
         copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
@@ -138,13 +148,6 @@ def estimates(p, dtype=np.float32, threads=1):
         # output copied back interleaved.
         moved = p.N * (p.C * p.H * p.W + p.K * pixels)
         out["im2col"] = gemm / TAPS_SPEEDUP + moved * ns / PLANES_COPY_RATE
-    elif p.layout == "NHWC":
-        # The rows kernel: every tap of a channel block per tile, pixels read in place.
-        # Its k loops run KC channels per tap, kw*C where a kernel row is one run.
-        KC = rows_kc(p, np.dtype(dtype).itemsize, mr, detect().l1d_bytes)
-        depth = p.kw * p.Cg if rows_merged(p, KC) else KC
-        out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
-                         / ROWS_SPEEDUP)
     else:
         pack = p.N * p.groups * ckk * pixels * ns / (PACK_RATE_VECTOR if vector_rows
                                                      else PACK_RATE)
@@ -186,7 +189,10 @@ def choose(p, dtype=np.float32, threads=None):
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
     elif algorithm == "im2col" and p.layout == "NCHW":
-        if not shifted_ok(p, dtype):
+        if rows_nchw_ok(p, dtype):
+            path = ("im2col (all taps per tile, each pixel's channels read in place, the "
+                    "tiles of C transposed into the output planes)")
+        elif not shifted_ok(p, dtype):
             path = "im2col (implicit: B panels packed from the image)"
         elif _layout(p) == FLAT:
             path = "im2col (all taps per tile, B read in place from the image through load masks)"

@@ -689,7 +689,8 @@ def test_shifted_im2col(name, monkeypatch):
     shape = SHIFTED[name]
     # A small C block forces several column blocks on the last case.
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
-    assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
+    p = conv_params(*_shapes(shape), **shape[2])
+    assert im2col_mod.shifted_ok(p) and not im2col_mod.rows_nchw_ok(p)
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
 
 
@@ -770,6 +771,59 @@ def test_nhwc_im2col_reads_pixels_in_place(name, threads, dtype, monkeypatch):
         run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu6")
         run_case(shape, "im2col", "NHWC", dtype, bias=False)
     assert tasks and all(n > 1 for n in tasks)
+
+
+# NCHW layers of the rows path (one group, enough channels, small output planes):
+# channels in several KC blocks, output channels in several NC blocks and a partial
+# last NR panel ("edge"), tasks that cross images, strides, dilation, rectangular
+# kernels, no padding.
+ROWS_NCHW = {
+    "edge": ((3, 48, 5, 5), (90, 3, 3), dict(padding=1)),
+    "stride2": ((3, 48, 13, 11), (64, 3, 3), dict(stride=2, padding=1)),
+    "k5": ((2, 64, 9, 8), (64, 5, 5), dict(padding=2)),
+    "dilated_rect": ((2, 48, 12, 10), (64, 2, 5), dict(padding=(3, 4), dilation=(3, 2),
+                                                      stride=(1, 2))),
+    "valid": ((2, 48, 6, 6), (64, 3, 3), dict(padding=0)),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", list(ROWS_NCHW))
+def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
+    from tilegemm.conv import im2col as im2col_mod
+    shape = ROWS_NCHW[name]
+    (N, C, H, W), (K, kh, kw), kw_args = shape
+    p = conv_params((N, C, H, W), (K, C, kh, kw), kw_args.get("stride", 1),
+                    kw_args["padding"], kw_args.get("dilation", 1), 1, "NCHW")
+    assert im2col_mod.rows_nchw_ok(p, dtype)
+    monkeypatch.setattr(im2col_mod, "ROWS_A_L1", 1 / 16)
+    monkeypatch.setattr(im2col_mod, "ROWS_B_L2", 1 / 2048)
+    monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
+    tasks = _record_arg(monkeypatch, "rows_nchw_tasks", 1, dtype)
+    with _threads(threads):
+        run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
+        run_case(shape, "im2col", "NCHW", dtype, bias=False)
+    assert tasks and all(n > 1 for n in tasks)
+
+
+def test_nchw_rows_kernel_takes_the_layers_it_wins():
+    """ResNet-18's 3x3 layers (small planes, 64+ channels) take the rows kernel; few
+    channels, output channels that leave its tiles emptier, large planes, groups and
+    1x1 layers stay on the taps kernel or GEMM."""
+    from tilegemm.conv.im2col import rows_nchw_ok
+
+    def ok(x, w, stride=1, padding=1, groups=1):
+        return rows_nchw_ok(conv_params(x, w, stride, padding, 1, groups, "NCHW"))
+
+    for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        assert ok((8, c, hw, hw), (c, c, 3, 3))
+    assert ok((8, 128, 28, 28), (256, 128, 3, 3), stride=2)
+    assert not ok((2, 64, 224, 224), (64, 64, 3, 3))            # a large plane
+    assert not ok((8, 128, 28, 28), (96, 128, 3, 3))            # 96 of 128 lanes
+    assert not ok((8, 16, 56, 56), (16, 16, 3, 3))              # few channels
+    assert not ok((8, 256, 28, 28), (256, 8, 3, 3), groups=32)
+    assert not ok((8, 256, 56, 56), (64, 256, 1, 1), padding=0)
 
 
 @contextlib.contextmanager
@@ -907,7 +961,7 @@ def _flat_parts(shape, lanes=8):
 FLAT_DEPTHWISE = {
     "7x7": ((2, 16, 7, 7), (16, 3, 3), dict(padding=1)),            # a short run, 3 masked
     "28x28": ((1, 8, 28, 28), (8, 3, 3), dict(padding=1)),          # runs of 8, one overlapping
-    "3x3": ((3, 4, 3, 3), (4, 3, 3), dict(padding=1)),              # every vector masked
+    "4x4": ((3, 4, 4, 4), (4, 3, 3), dict(padding=1)),              # every vector masked
     "rect": ((2, 6, 14, 9), (6, 3, 3), dict(padding=1)),
     "taller": ((1, 5, 12, 10), (5, 3, 3), dict(padding=(3, 1))),    # Ho = H + 4
     "dilated": ((2, 4, 20, 17), (4, 5, 5), dict(padding=4, dilation=2)),
@@ -986,19 +1040,21 @@ def test_depthwise_flat_from_several_python_threads():
         _in_threads(work, 4)
 
 
+# Channels in vectors of this machine's float32 kernels (8 lanes with AVX2, 16 with AVX-512).
+_L = engine.plan(np.float32)[0].lanes
 NHWC_DEPTHWISE = {
-    "narrow": ((2, 16, 9, 11), (16, 3, 3), dict(padding=1)),       # 2 vectors x 4 pixels
-    "narrow_overlap": ((1, 24, 7, 7), (24, 3, 3), dict(padding=1)),
-    "wide": ((2, 64, 10, 10), (64, 3, 3), dict(padding=1)),        # 8 vectors, one pixel
-    "wide_overlap": ((1, 72, 6, 9), (72, 3, 3), dict(padding=1)),
-    "stride2": ((2, 64, 13, 14), (64, 3, 3), dict(padding=1, stride=2)),
-    "dilated": ((1, 16, 12, 12), (16, 5, 5), dict(padding=4, dilation=2)),
-    "no_interior": ((1, 16, 2, 3), (16, 3, 3), dict(padding=2)),   # every column an edge
-    "one_pixel": ((2, 64, 1, 1), (64, 3, 3), dict(padding=1)),
-    "valid": ((1, 32, 8, 9), (32, 3, 1), dict(padding=0, stride=(1, 2))),
+    "narrow": ((2, 2 * _L, 9, 11), (1, 3, 3), dict(padding=1)),       # 2 vectors x 4 pixels
+    "narrow_overlap": ((1, 3 * _L, 7, 7), (1, 3, 3), dict(padding=1)),
+    "wide": ((2, 8 * _L, 10, 10), (1, 3, 3), dict(padding=1)),        # 8 vectors, one pixel
+    "wide_overlap": ((1, 9 * _L, 6, 9), (1, 3, 3), dict(padding=1)),
+    "stride2": ((2, 8 * _L, 13, 14), (1, 3, 3), dict(padding=1, stride=2)),
+    "dilated": ((1, 2 * _L, 12, 12), (1, 5, 5), dict(padding=4, dilation=2)),
+    "no_interior": ((1, 2 * _L, 2, 3), (1, 3, 3), dict(padding=2)),   # every column an edge
+    "one_pixel": ((2, 8 * _L, 1, 1), (1, 3, 3), dict(padding=1)),
+    "valid": ((1, 4 * _L, 8, 9), (1, 3, 1), dict(padding=0, stride=(1, 2))),
 }
-for _shape in NHWC_DEPTHWISE.values():
-    _shape[2]["groups"] = _shape[0][1]
+for _name, ((_n, _c, _h, _w), (_, _kh, _kw), _args) in NHWC_DEPTHWISE.items():
+    NHWC_DEPTHWISE[_name] = ((_n, _c, _h, _w), (_c, _kh, _kw), dict(_args, groups=_c))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -1166,7 +1222,7 @@ def test_im2col_batched_tails(N, H, W, C, K, threads):
     ((1, 64, 2, 2), dict(stride=2, padding=1)),
 ])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_im2col_unpadded_phase_copy(shape, kw_args, threads):
+def test_im2col_unpadded_phase_copy(shape, kw_args, threads, monkeypatch):
     """Strided layers whose phase planes are as wide as the output: an unpadded copy read
     through load masks and masked sums, tiles stored straight into the output."""
     import numba
@@ -1174,6 +1230,7 @@ def test_im2col_unpadded_phase_copy(shape, kw_args, threads):
     K = 13
     p = conv_params(shape, (K, shape[1], 3, 3), **kw_args)
     assert im2col_mod._layout(p) == im2col_mod.PHASED and im2col_mod.shifted_ok(p)
+    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
     x = RNG.standard_normal(shape).astype(np.float32)
     w = RNG.standard_normal((K, shape[1], 3, 3)).astype(np.float32)
     b = RNG.standard_normal(K).astype(np.float32)
@@ -1346,6 +1403,7 @@ def test_shifted_im2col_last_row_panel(K, N):
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
     from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
     monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
     blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
     with _threads(numba.config.NUMBA_NUM_THREADS):
@@ -1362,6 +1420,7 @@ PACKED = [name for name, (_, (_, kh, kw), kw_args) in CASES.items()
 @pytest.mark.parametrize("name", PACKED)
 def test_im2col_packing_path(name, monkeypatch):
     from tilegemm.conv import im2col as im2col_mod
+    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
     monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
     calls = _record_arg(monkeypatch, "im2col_nchw_tasks", 1)
     run_case(CASES[name], "im2col", "NCHW", np.float32, bias=True, activation="relu")
