@@ -313,8 +313,9 @@ def pixel_offsets(geom, strides, p0, count, m, runs, offs):
 
 @numba.njit(**JIT)
 def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                   runs, zeros, offs):
-    """Output pixels ``task*MP`` on (at most ``MP``, a multiple of MR), every channel.
+                   KS, parts, runs, zeros, offs):
+    """Output pixels ``task // parts * MP`` on (at most ``MP``, a multiple of MR), output
+    channels ``task % parts * KS`` on (at most ``KS``, a multiple of NR) of each group.
 
     ``bpack`` holds group ``g``'s weights from ``g*Cg*ntaps*Np``: per KC block of input
     channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
@@ -327,7 +328,9 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
     kh, kw = geom[4], geom[5]
     ntaps = kh * kw
     stride = panel_stride(ntaps)
-    p0 = task * MP
+    p0 = task // parts * MP
+    k0 = task % parts * KS
+    k1 = min(k0 + KS, Kg)
     count = min(MP, m - p0)
     pixel_offsets(geom, (geom[0] * geom[1] * C, geom[1] * C, C), p0, count, m, runs, offs)
     panels = (count + MR - 1) // MR
@@ -339,8 +342,8 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
             e = epi if pc + KC >= Cg else 0
             a_at = g * Cg + pc
             b_pc = b_g + pc * ntaps * Np
-            for jc in range(0, Kg, NC):
-                j_end = min(jc + NC, Kg)
+            for jc in range(k0, k1, NC):
+                j_end = min(jc + NC, k1)
                 for q in range(panels):
                     pix = p0 + q * MR
                     rows = min(MR, m - pix)
@@ -363,21 +366,22 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
 
 @numba.njit(**JIT)
 def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC,
-                    NC, MP, m, runs, zeros, offs):
+                    NC, MP, m, KS, parts, runs, zeros, offs):
     """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
         rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                       runs, zeros, offs)
+                       KS, parts, runs, zeros, offs)
 
 
 
 @numba.njit(**JIT)
-def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, zeros, offs,
-                   cbuf):
-    """Output pixels ``task*MP`` on of an NCHW batch, every channel, on the rows kernel.
+def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
+                   zeros, offs, cbuf):
+    """Output pixels ``task // parts * MP`` on, output channels ``task % parts * KS`` on, of
+    an NCHW batch, on the rows kernel.
 
     As :func:`rows_nhwc_task` for one group, with each pixel's channels read where
     they lie, ``H*W`` apart (``zeros`` holds ``(KC-1)*H*W + 1`` zeros, the padding
@@ -389,7 +393,9 @@ def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m
     ntaps = kh * kw
     stride = panel_stride(ntaps)
     hw = H * W
-    p0 = task * MP
+    p0 = task // parts * MP
+    k0 = task % parts * KS
+    k1 = min(k0 + KS, K)
     count = min(MP, m - p0)
     pixel_offsets(geom, (C * hw, W, 1), p0, count, m, False, offs)
     panels = (count + MR - 1) // MR
@@ -398,8 +404,8 @@ def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= C else 0
         b_pc = pc * ntaps * Np
-        for jc in range(0, K, NC):
-            j_end = min(jc + NC, K)
+        for jc in range(k0, k1, NC):
+            j_end = min(jc + NC, k1)
             for q in range(panels):
                 # Rows past the last pixel read zeros (offset -1) into rows never copied out.
                 c_at = q * MR * Np
@@ -415,7 +421,7 @@ def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m
                                                   ntaps, zeros, bpack, b_at, kc * NR, cbuf,
                                                   c_at + jr, Np, DTYPE(1), beta, bias, jr, e,
                                                   MR, cols)
-    pixels_to_planes(cbuf, Np, p0, count, K, Ho * Wo, out)
+    pixels_to_planes(cbuf, Np, p0, count, k0, k1, K, Ho * Wo, out)
 
 
 @numba.njit(**JIT)
@@ -437,28 +443,30 @@ def transpose_copy(x, src, lds, rows, cols, y, dst, ldd):
 
 
 @numba.njit(**JIT)
-def pixels_to_planes(cbuf, ldc, p0, count, K, plane, out):
+def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
     """``out[n, k, q] = cbuf[(p - p0)*ldc + k]`` for batch pixels ``p = n*plane + q`` in
-    ``p0 .. p0 + count`` and ``k < K``: rows of pixels into NCHW channel planes."""
+    ``p0 .. p0 + count`` and ``k0 <= k < k1`` (of ``K``): rows of pixels into NCHW
+    channel planes."""
     p = p0
     while p < p0 + count:
         n = p // plane
         q = p - n * plane
         run = min(p0 + count - p, plane - q)          # pixels in image n
-        transpose_copy(cbuf, (p - p0) * ldc, ldc, run, K, out, n * K * plane + q, plane)
+        transpose_copy(cbuf, (p - p0) * ldc + k0, ldc, run, k1 - k0, out,
+                       (n * K + k0) * plane + q, plane)
         p += run
 
 
 @numba.njit(**JIT)
 def rows_nchw_tasks(counter, ntasks, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m,
-                    zeros, offs, cbuf):
+                    KS, parts, zeros, offs, cbuf):
     """Tasks of :func:`rows_nchw_task` taken from ``counter`` until ``ntasks`` are out."""
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, zeros,
-                       offs, cbuf)
+        rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
+                       zeros, offs, cbuf)
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
 

@@ -191,8 +191,8 @@ def _pack_weights_rows(w, p, KC, NR):
     return buf, Np
 
 
-RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m ntasks threads merged offs zeros "
-                                              "cbuf")
+RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m KS parts ntasks threads merged offs "
+                                              "zeros cbuf")
 
 
 #: NCHW layers run on the rows kernel only with this many input channels (a group) ...
@@ -267,11 +267,24 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
     # kh*sy rows of input per row of output), and in NCHW their C tile too, but
     # enough tasks for every thread.
     per_pixel = KC * itemsize * p.kh * p.sy + (Np * itemsize if p.layout == "NCHW" else 0)
-    MP = max(MR, int(l2_bytes * a_l2) // per_pixel // MR * MR)
+    blocks = -(-m // max(MR, int(l2_bytes * a_l2) // per_pixel // MR * MR))
+    parts = 1
     if threads > 1:
-        MP = min(MP, engine.round_up(-(-m // (threads * tasks_per_thread)), MR))
-    MP = min(MP, engine.round_up(m, MR))
-    ntasks = -(-m // MP)
+        want = threads * tasks_per_thread
+        # Every block of pixels streams all the weights it multiplies: where they
+        # outweigh the image, the tasks also split the output channels.
+        weights = p.groups * ntaps * p.Cg * Np * itemsize
+        if weights > p.N * p.H * p.W * p.C * itemsize:
+            parts = max(1, min(Np // NR, -(-want // blocks)))
+        blocks = max(blocks, -(-want // parts))
+    MP = min(engine.round_up(-(-m // blocks), MR), engine.round_up(m, MR))
+    KS = engine.round_up(-(-Np // parts), NR)                   # output channels a task
+    parts = -(-Np // KS)
+    # Few tasks come in a multiple of the threads, so that the threads end together.
+    while threads > 1 and MP > MR and -(-m // MP) * parts % threads \
+            and -(-m // MP) * parts < 32 * threads:
+        MP -= MR
+    ntasks = -(-m // MP) * parts
     merged = rows_merged(p, KC)
     offs = MP // MR * (ntaps * MR + 1)                  # see panel_stride
     if p.layout == "NCHW":
@@ -280,8 +293,8 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
     else:
         zeros = p.kw * p.Cg if merged else KC
         cbuf = 1
-    return RowsPlan(KC, NC, MP, m, ntasks, max(1, min(threads, ntasks)), merged, offs, zeros,
-                    cbuf)
+    return RowsPlan(KC, NC, MP, m, KS, parts, ntasks, max(1, min(threads, ntasks)), merged, offs,
+                    zeros, cbuf)
 
 
 def _run_rows(x, w, bias, out, p, act):
@@ -310,12 +323,13 @@ def _run_rows(x, w, bias, out, p, act):
         (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
                                          (plan.cbuf,), out.dtype)
         args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, bpack, Np, p.K, out.reshape(-1), b,
-                epi, plan.KC, plan.NC, plan.MP, plan.m, zeros)
+                epi, plan.KC, plan.NC, plan.MP, plan.m, plan.KS, plan.parts, zeros)
         engine.launch(lambda t, counter: mod.rows_nchw_tasks(counter, *args, offs[t], cbufs[t]),
                       plan.threads)
         return out
     args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, p.Cg, p.groups, bpack, Np, p.K, p.Kg,
-            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, plan.merged, zeros)
+            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, plan.KS, plan.parts,
+            plan.merged, zeros)
     engine.launch(lambda t, counter: mod.rows_nhwc_tasks(counter, *args, offs[t]), plan.threads)
     return out
 

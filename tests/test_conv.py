@@ -807,6 +807,18 @@ def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
     assert tasks and all(n > 1 for n in tasks)
 
 
+@pytest.mark.parametrize("layout, tasks, index", [("NCHW", "rows_nchw_tasks", 16),
+                                                   ("NHWC", "rows_nhwc_tasks", 18)])
+def test_rows_tasks_split_the_output_channels_for_threads(layout, tasks, index, monkeypatch):
+    """Weights larger than the image, all threads: tasks take parts of the output
+    channels too (each pixel block would stream all the weights), and still add up."""
+    parts = _record_arg(monkeypatch, tasks, index)
+    shape = ((2, 64, 5, 4), (200, 3, 3), dict(padding=1))
+    with _threads(numba.config.NUMBA_NUM_THREADS):
+        run_case(shape, "im2col", layout, np.float32, bias=True, activation="relu")
+    assert parts and all(n > 1 for n in parts) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
 def test_nchw_rows_kernel_takes_the_layers_it_wins():
     """ResNet-18's 3x3 layers (small planes, 64+ channels) take the rows kernel; few
     channels, output channels that leave its tiles emptier, large planes, groups and
