@@ -760,16 +760,21 @@ ROWS = {
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(ROWS))
 def test_nhwc_im2col_reads_pixels_in_place(name, threads, dtype, monkeypatch):
+    _run_rows_path(ROWS[name], "NHWC", threads, dtype, "relu6", monkeypatch)
+
+
+def _run_rows_path(shape, layout, threads, dtype, activation, monkeypatch):
+    """``run_case`` of ``shape`` on the rows path with and without bias and activation,
+    with cache shares that force several blocks and tasks, checking the path ran."""
     from tilegemm.conv import im2col as im2col_mod
-    shape = ROWS[name]
     # KC of about 20 channels for 3x3 kernels, NR-column NC blocks, a row panel a task.
     monkeypatch.setattr(im2col_mod, "ROWS_A_L1", 1 / 16)
     monkeypatch.setattr(im2col_mod, "ROWS_B_L2", 1 / 2048)
     monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
-    tasks = _record_arg(monkeypatch, "rows_nhwc_tasks", 1, dtype)
+    tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype)
     with _threads(threads):
-        run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu6")
-        run_case(shape, "im2col", "NHWC", dtype, bias=False)
+        run_case(shape, "im2col", layout, dtype, bias=True, activation=activation)
+        run_case(shape, "im2col", layout, dtype, bias=False)
     assert tasks and all(n > 1 for n in tasks)
 
 
@@ -797,14 +802,7 @@ def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
     p = conv_params((N, C, H, W), (K, C, kh, kw), kw_args.get("stride", 1),
                     kw_args["padding"], kw_args.get("dilation", 1), 1, "NCHW")
     assert im2col_mod.rows_nchw_ok(p, dtype)
-    monkeypatch.setattr(im2col_mod, "ROWS_A_L1", 1 / 16)
-    monkeypatch.setattr(im2col_mod, "ROWS_B_L2", 1 / 2048)
-    monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
-    tasks = _record_arg(monkeypatch, "rows_nchw_tasks", 1, dtype)
-    with _threads(threads):
-        run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
-        run_case(shape, "im2col", "NCHW", dtype, bias=False)
-    assert tasks and all(n > 1 for n in tasks)
+    _run_rows_path(shape, "NCHW", threads, dtype, "relu", monkeypatch)
 
 
 @pytest.mark.parametrize("layout, tasks, index", [("NCHW", "rows_nchw_tasks", 16),
