@@ -376,7 +376,6 @@ def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, b
                        KS, parts, runs, zeros, offs)
 
 
-
 @numba.njit(**JIT)
 def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
                    zeros, offs, cbuf):
@@ -467,6 +466,7 @@ def rows_nchw_tasks(counter, ntasks, x, geom, C, bpack, Np, K, out, bias, epi, K
             break
         rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
                        zeros, offs, cbuf)
+
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
 

@@ -297,6 +297,13 @@ def _rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l
                     zeros, cbuf)
 
 
+@functools.lru_cache(maxsize=16)
+def _zero_row(size, dtype):
+    """``size`` zeros of ``dtype``, shared by every call: the rows kernel's padding row,
+    read and never written (NCHW's is ``(KC-1)*H*W + 1`` long)."""
+    return np.zeros(size, dtype)
+
+
 def _run_rows(x, w, bias, out, p, act):
     """Convolution on the rows kernel: no patches, the image read where it lies.
 
@@ -316,7 +323,7 @@ def _run_rows(x, w, bias, out, p, act):
         b, epi = np.zeros(1, out.dtype), act
     else:
         b, epi = np.ascontiguousarray(bias, out.dtype), act | EPI_BIAS_COL
-    zeros = np.zeros(plan.zeros, out.dtype)
+    zeros = _zero_row(plan.zeros, out.dtype.str)
     (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
                                     np.intp)
     if p.layout == "NCHW":
