@@ -80,15 +80,25 @@ def run(x, w, bias, out, p, act):
     ``x`` is C-contiguous in ``p.layout``, ``w`` is (K, C/groups, kh, kw) contiguous,
     ``act`` the activation's epilogue flags.
     """
+    run_path = {ROWS: _run_rows, SHIFTED: _run_shifted, PLANES: _run_planes,
+                PACKED: _run_nchw}[route(p, out.dtype)]
+    return run_path(x, w, bias, out, p, act)
+
+
+#: The paths of :func:`run`: the rows kernel (A's rows read in place), the taps kernel
+#: (B read in place or from a stride-split copy), the taps kernel over NHWC groups
+#: copied as planes, and B panels packed from the image.
+ROWS, SHIFTED, PLANES, PACKED = "rows", "shifted", "planes", "packed"
+
+
+def route(p, dtype=np.float32):
+    """Which path :func:`run` takes for ``p`` (1x1 stride-1 layers aside, which
+    :func:`pointwise` serves): ``ROWS``, ``SHIFTED``, ``PLANES`` or ``PACKED``."""
     if p.layout == "NCHW":
-        if rows_nchw_ok(p, out.dtype):
-            return _run_rows(x, w, bias, out, p, act)
-        if shifted_ok(p, out.dtype):
-            return _run_shifted(x, w, bias, out, p, act)
-        return _run_nchw(x, w, bias, out, p, act)
-    if planes_ok(p, out.dtype):
-        return _run_planes(x, w, bias, out, p, act)
-    return _run_rows(x, w, bias, out, p, act)
+        if rows_nchw_ok(p, dtype):
+            return ROWS
+        return SHIFTED if shifted_ok(p, dtype) else PACKED
+    return PLANES if planes_ok(p, dtype) else ROWS
 
 
 def _run_nchw(x, w, bias, out, p, act):

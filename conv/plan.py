@@ -19,8 +19,8 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
-from tilegemm.conv.im2col import (_layout, planes_ok, rows_kc, rows_merged, rows_nchw_ok,
-                                  shifted_ok)
+from tilegemm.conv.im2col import (PLANES, ROWS, SHIFTED, _layout, route, rows_kc,
+                                  rows_merged)
 from tilegemm.conv.params import FLAT, PHASED, conv_params
 from tilegemm.tuning.machine import detect
 
@@ -123,13 +123,13 @@ def estimates(p, dtype=np.float32, threads=1):
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
     out = {}
-    planes = planes_ok(p, dtype)
-    if p.layout == "NCHW" or planes:
+    im2col_path = route(p, dtype)
+    if p.layout == "NCHW" or im2col_path == PLANES:
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
         gemm = _gemm_seconds(p.flops, p.N * pixels, p.Kg, ckk, mr, nr, peak)
     vector_rows = p.layout == "NCHW" and p.sx == 1
-    if rows_nchw_ok(p, dtype) or (p.layout == "NHWC" and not planes):
+    if im2col_path == ROWS:
         # The rows kernel: every tap of a channel block per tile, pixels read in place.
         # Its k loops run KC channels per tap, kw*C where a kernel row is one run.
         # NCHW writes C through a transposing copy.
@@ -138,12 +138,12 @@ def estimates(p, dtype=np.float32, threads=1):
         copy = p.N * p.K * pixels * ns / PLANES_COPY_RATE if p.layout == "NCHW" else 0
         out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
                          / ROWS_SPEEDUP + copy)
-    elif shifted_ok(p, dtype):
+    elif im2col_path == SHIFTED:
         # The taps kernel reads B in place (no patches), all groups in one task loop;
         # strides other than 1 read a stride-split copy of each image.
         copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
         out["im2col"] = gemm + copy
-    elif planes:
+    elif im2col_path == PLANES:
         # NHWC grouped: the taps kernel on each group's channels copied as planes, the
         # output copied back interleaved.
         moved = p.N * (p.C * p.H * p.W + p.K * pixels)
@@ -188,11 +188,17 @@ def choose(p, dtype=np.float32, threads=None):
     if algorithm == "im2col" and p.pointwise:
         path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
-    elif algorithm == "im2col" and p.layout == "NCHW":
-        if rows_nchw_ok(p, dtype):
+    elif algorithm == "im2col":
+        im2col_path = route(p, dtype)
+        if im2col_path == ROWS and p.layout == "NCHW":
             path = ("im2col (all taps per tile, each pixel's channels read in place, the "
                     "tiles of C transposed into the output planes)")
-        elif not shifted_ok(p, dtype):
+        elif im2col_path == ROWS:
+            path = "im2col (all taps per tile, each pixel's channels read in place)"
+        elif im2col_path == PLANES:
+            path = ("im2col (all taps per tile, each group's channels copied as planes, the "
+                    "output written back interleaved)")
+        elif im2col_path != SHIFTED:
             path = "im2col (implicit: B panels packed from the image)"
         elif _layout(p) == FLAT:
             path = "im2col (all taps per tile, B read in place from the image through load masks)"
@@ -201,13 +207,6 @@ def choose(p, dtype=np.float32, threads=None):
                     "image copy through load masks)")
         else:
             path = "im2col (all taps per tile, B read in place from a stride-split image copy)"
-    elif algorithm == "im2col" and planes_ok(p, dtype):
-        path = ("im2col (all taps per tile, each group's channels copied as planes, the "
-                "output written back interleaved)")
-    elif algorithm == "im2col" and p.layout == "NHWC":
-        path = "im2col (all taps per tile, each pixel's channels read in place)"
-    elif algorithm == "im2col":
-        path = "im2col (implicit: B panels packed from the image)"
     return ConvPlan(algorithm, path, est, p, threads, reason)
 
 
