@@ -281,4 +281,4 @@ def launch(run, threads):
         run(0, counter)
         return
     # The GEMM driver's pool: created once, never replaced, shared by every caller.
-    run_shares(run, [(t, counter) for t in range(threads)])
+    run_shares(run, [(t, counter) for t in range(threads)], gate=counter)

@@ -26,6 +26,7 @@ import threading
 import numba
 import numpy as np
 
+from tilegemm.kernels import pool
 from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
@@ -71,8 +72,22 @@ def executor():
     return _pool
 
 
-def run_shares(fn, shares):
-    """Run ``fn(*share)`` for every share: the first on this thread, the rest on the pool."""
+def run_shares(fn, shares, gate=None):
+    """Run ``fn(*share)`` for every share: the first on this thread, the rest on pool threads.
+
+    The spinning pool (:mod:`tilegemm.kernels.pool`) takes them when it is free; a call
+    that finds it busy (another Python thread's) uses the queue-based :func:`executor`.
+    ``gate``: the shares' task counter, if they take tasks from one (see ``SpinPool.run``).
+    """
+    if len(shares) > 1:
+        spinning = pool.acquire(max(1, numba.config.NUMBA_NUM_THREADS - 1))
+        if spinning is not None and len(shares) - 1 <= spinning.workers:
+            try:
+                return spinning.run(fn, shares, gate)
+            finally:
+                spinning.busy.release()
+        if spinning is not None:
+            spinning.busy.release()
     futures = [executor().submit(fn, *share) for share in shares[1:]]
     fn(*shares[0])
     for f in futures:

@@ -20,6 +20,7 @@ The emitted function is a Numba ``intrinsic``::
   ``EPI_BIAS_COL`` adds ``bias[bias_off+j]``, then ``EPI_RELU`` / ``EPI_RELU6``.
   The bias is read only when its flag is set (MR or NR values from ``bias_off``).
 """
+import platform
 from contextlib import nullcontext as _nullcontext
 
 import llvmlite.ir as ir
@@ -27,6 +28,8 @@ import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 #: k steps per iteration of the micro-kernel's main loop.
 UNROLL = 4
@@ -339,6 +342,19 @@ def acquire(typingctx, flags, index):
         return builder.load_atomic(_element_ptr(context, builder, sig, args), "acquire", 8)
 
     return types.int64(flags, index), emit
+
+
+@intrinsic
+def pause(typingctx):
+    """The spin-wait hint (x86 ``pause``): lets the core's other work run while a loop polls."""
+    def emit(context, builder, sig, args):
+        if _X86:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), emit
 
 
 @intrinsic

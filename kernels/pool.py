@@ -1,0 +1,184 @@
+"""Worker threads that take a call's shares without a system call on the hot path.
+
+A thread pool built on locks and queues hands each share over by waking a sleeping
+thread and, at the end, waking the caller: on this kind of machine each wake-up
+costs 15-30 us, ~50 us a call, which is a tenth of a 0.5 ms convolution.  Like
+OpenMP runtimes, this pool spins instead: a worker that finishes a share watches
+its slot for ``IDLE_SPIN_SECONDS`` before it sleeps, and the caller, once its own
+share is done, watches the workers' completion flags.  Both watch in jitted code
+that releases the GIL, with atomic loads and the ``pause`` hint.  Calls that
+arrive while the pool is busy (other Python threads) get ``None`` from
+:func:`acquire` and use the queue-based pool instead.
+"""
+import os
+import threading
+import time
+
+import numba
+import numpy as np
+
+from tilegemm.kernels import generator as gen
+
+#: How long an idle worker watches its slot before sleeping.  Back-to-back calls (a
+#: network's layers, a benchmark loop) come within a few tens of microseconds.
+IDLE_SPIN_SECONDS = 100e-6
+#: How long a caller waits for a worker to take its first task before starting its own
+#: share (a worker that slept, or that the system has not scheduled, is not waited for).
+GATE_SPIN_SECONDS = 50e-6
+#: How long the caller watches for a worker to finish before polling with sleeps: the
+#: shares of a call are balanced, so the wait is short unless the machine is busy.
+WAIT_SPIN_SECONDS = 2e-3
+SLEEP_POLL_SECONDS = 100e-6
+#: One flag per 64-byte cache line, so that a worker's flag shares a line with no other.
+_STRIDE = 8
+
+
+@numba.njit(nogil=True, cache=True)
+def spin_until(flags, at, value, equal, spins):
+    """Whether, within ``spins`` polls, ``flags[at] == value`` becomes ``equal``."""
+    for _ in range(spins):
+        if (gen.acquire(flags, at) == value) == equal:
+            return True
+        gen.pause()
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
+def post_all(post, ats, seq, gate, spins):
+    """``post[a] = seq`` for ``a`` in ``ats``, then watch ``gate[0]`` for ``spins`` polls
+    until it is no longer 0.  The GIL is free all the while (see :meth:`SpinPool.run`)."""
+    for a in ats:
+        gen.publish(post, a, seq)
+    spin_until(gate, 0, 0, False, spins)
+
+
+@numba.njit(nogil=True, cache=True)
+def finish(done, at, value, post, last, spins):
+    """``done[at] = value``, then whether ``post[at]`` leaves ``last`` within ``spins`` polls."""
+    gen.publish(done, at, value)
+    return spin_until(post, at, last, False, spins)
+
+
+def _spins_per_second():
+    """Polls of :func:`spin_until` per second on this machine (measured once)."""
+    flags = np.zeros(1, np.int64)
+    spin_until(flags, 0, 1, True, 10)            # compile (or load) first
+    n = 20000
+    t0 = time.perf_counter()
+    spin_until(flags, 0, 1, True, n)
+    return n / max(time.perf_counter() - t0, 1e-6)
+
+
+class SpinPool:
+    """``workers`` daemon threads, each with one slot for a share of the current call.
+
+    A call (:meth:`run`) numbers itself with ``seq``, fills the slots, publishes
+    ``seq`` in each worker's ``post`` flag and runs the first share itself; each
+    worker runs its share and publishes ``seq`` in its ``done`` flag.  A flag is
+    written by one side only (``post`` by the caller, ``done`` by its worker), after
+    the data it announces.
+
+    No thread ever waits for the GIL, which would put it to sleep: flags are
+    published from jitted code that has let go of the GIL, and the caller starts its
+    own share only once a worker has taken a task (``gate``) and so is in jitted code
+    too.  A worker that slept (idle past ``IDLE_SPIN_SECONDS``) is woken through the
+    ``posted`` condition instead.
+    """
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.busy = threading.Lock()
+        self.seq = 0
+        self.post = np.zeros(workers * _STRIDE, np.int64)
+        self.done = np.zeros(workers * _STRIDE, np.int64)
+        self.jobs = [None] * workers
+        self.errors = [None] * workers
+        self.sleeping = [False] * workers
+        self.posted = threading.Condition()
+        self.open_gate = np.ones(1, np.int64)
+        rate = _spins_per_second()
+        self.idle_spins = max(1, int(IDLE_SPIN_SECONDS * rate))
+        self.gate_spins = max(1, int(GATE_SPIN_SECONDS * rate))
+        self.wait_spins = max(1, int(WAIT_SPIN_SECONDS * rate))
+        for w in range(workers):
+            threading.Thread(target=self._work, args=(w,), name=f"tilegemm-{w}",
+                             daemon=True).start()
+
+    def _work(self, w):
+        at, last = w * _STRIDE, 0
+        seen = spin_until(self.post, at, last, False, self.idle_spins)
+        while True:
+            if not seen:
+                with self.posted:
+                    self.sleeping[w] = True
+                    # A call that needs fewer workers skips this one: any new number.
+                    while self.post[at] == last:
+                        self.posted.wait()
+                    self.sleeping[w] = False
+            last = int(self.post[at])
+            fn, args = self.jobs[w]
+            self.jobs[w] = None
+            try:
+                fn(*args)
+            except BaseException as exc:         # re-raised on the calling thread
+                self.errors[w] = exc
+            seen = finish(self.done, at, last, self.post, last, self.idle_spins)
+
+    def run(self, fn, shares, gate=None):
+        """``fn(*share)`` for every share, the first on this thread.
+
+        The caller must hold ``busy`` and pass at most ``workers + 1`` shares.
+        ``gate``: an int64 array whose element 0 leaves 0 once a share is under way
+        in jitted code (the task counter of ``next_task`` loops); without it the
+        caller starts at once.
+        """
+        self.seq += 1
+        seq, rest = self.seq, shares[1:]
+        with self.posted:
+            for w, share in enumerate(rest):
+                self.jobs[w] = (fn, share)
+            awake = [w * _STRIDE for w in range(len(rest)) if not self.sleeping[w]]
+            if len(awake) < len(rest):
+                for w in range(len(rest)):
+                    if self.sleeping[w]:
+                        self.post[w * _STRIDE] = seq
+                self.posted.notify_all()
+            # Under the lock: a worker going to sleep sees this post first.
+            post_all(self.post, np.array(awake, np.int64), seq,
+                    self.open_gate if gate is None or not awake else gate, self.gate_spins)
+        try:
+            fn(*shares[0])
+        finally:
+            # The workers use the caller's buffers: wait for them even on an error.
+            for w in range(len(rest)):
+                at = w * _STRIDE
+                if not spin_until(self.done, at, seq, True, self.wait_spins):
+                    while self.done[at] != seq:
+                        time.sleep(SLEEP_POLL_SECONDS)
+        for w in range(len(rest)):
+            exc, self.errors[w] = self.errors[w], None
+            if exc is not None:
+                raise exc
+
+
+_pool = None
+_pool_pid = None
+_create_lock = threading.Lock()
+
+
+def acquire(workers):
+    """The spinning pool, held for this call, or ``None`` when another call holds it.
+
+    Created on first use with ``workers`` threads (at least).  Release with
+    ``pool.busy.release()``.
+    """
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():
+        with _create_lock:
+            if _pool is None or _pool_pid != os.getpid():
+                # A forked child has none of its parent's threads: a pool of its own.
+                _pool, _pool_pid = SpinPool(workers), os.getpid()
+    pool = _pool
+    if pool.workers < workers or not pool.busy.acquire(blocking=False):
+        return None
+    return pool

@@ -1,0 +1,163 @@
+"""The spinning worker pool that runs the shares of a threaded call (kernels/pool.py)."""
+import multiprocessing
+import sys
+import threading
+import time
+
+import numba
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.kernels import driver, pool
+from tilegemm.kernels.generator import next_task
+
+
+@numba.njit(nogil=True)
+def _take_tasks(counter, ntasks, done):
+    """A task loop like the engine's: take tasks from ``counter``, mark each in ``done``."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        done[task] += 1
+
+
+@pytest.fixture(scope="module")
+def spin3():
+    """A pool of its own with three workers (more than this machine may have cores)."""
+    return pool.SpinPool(3)
+
+
+def _run(p, fn, shares, gate=None):
+    assert p.busy.acquire(blocking=False)
+    try:
+        p.run(fn, shares, gate)
+    finally:
+        p.busy.release()
+
+
+@pytest.mark.parametrize("counts", [[4, 2, 3, 1, 4, 4, 2]])
+def test_every_share_runs_once_on_its_own_thread(spin3, counts):
+    """Calls of 1 to 4 shares in turn (workers skipped by a call stay in step): every
+    share runs exactly once, the first on the caller, the others each on a worker."""
+    for rep in range(50):
+        for n in counts:
+            seen = [None] * n
+            _run(spin3, lambda t: seen.__setitem__(t, threading.get_ident()),
+                 [(t,) for t in range(n)])
+            assert seen[0] == threading.get_ident()
+            assert None not in seen and len(set(seen)) == n
+
+
+def test_gated_task_loop_takes_every_task_once(spin3):
+    """With the task counter as gate (the engine's launch), every task runs exactly once."""
+    for ntasks in (0, 1, 2, 3, 7, 100):
+        for n in (2, 4):
+            counter = np.zeros(1, np.int64)
+            done = np.zeros(max(ntasks, 1), np.int64)
+            _run(spin3, lambda t: _take_tasks(counter, ntasks, done),
+                 [(t,) for t in range(n)], gate=counter)
+            assert (done[:ntasks] == 1).all()
+
+
+def test_worker_error_reaches_the_caller_and_the_pool_still_works(spin3):
+    def fn(t):
+        if t == 2:
+            raise KeyError("share 2")
+
+    with pytest.raises(KeyError, match="share 2"):
+        _run(spin3, fn, [(t,) for t in range(3)])
+    seen = []
+    _run(spin3, lambda t: seen.append(t), [(t,) for t in range(4)])
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_caller_error_waits_for_the_workers(spin3):
+    """The workers use the caller's buffers: an error in the caller's share returns only
+    after every worker is done."""
+    finished = []
+
+    def fn(t):
+        if t == 0:
+            raise ValueError("caller")
+        time.sleep(0.02)
+        finished.append(t)
+
+    with pytest.raises(ValueError, match="caller"):
+        _run(spin3, fn, [(t,) for t in range(3)])
+    assert sorted(finished) == [1, 2]
+
+
+def test_sleeping_workers_wake_for_the_next_call(spin3):
+    """Past their idle spin the workers sleep; a call still reaches them all."""
+    for pause in (0.0, 5 * pool.IDLE_SPIN_SECONDS, 0.05):
+        time.sleep(pause)
+        seen = []
+        _run(spin3, lambda t: seen.append(t), [(t,) for t in range(4)])
+        assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_busy_pool_sends_other_callers_to_the_queue_pool():
+    """While one call holds the spinning pool, another thread's call runs on the
+    queue-based pool, with the same results."""
+    held = pool.acquire(1)
+    assert held is not None
+    try:
+        assert pool.acquire(1) is None
+        seen = []
+        box = []
+        t = threading.Thread(target=lambda: box.append(
+            driver.run_shares(lambda s: seen.append(s), [(0,), (1,)])))
+        t.start()
+        t.join(10)
+        assert not t.is_alive() and sorted(seen) == [0, 1]
+    finally:
+        held.busy.release()
+
+
+def test_concurrent_threaded_products_are_correct():
+    """Several Python threads at once, each a 2-thread product: right results, no abort."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 257)).astype(np.float32)
+    b = rng.standard_normal((257, 301)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    errors = []
+
+    def work():
+        for _ in range(10):
+            got = tilegemm.matmul(a, b)
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-3):
+                errors.append("mismatch")
+
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        numba.set_num_threads(old)
+    assert not errors
+
+
+def _child_product(queue):
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    a = np.arange(400 * 400, dtype=np.float64).reshape(400, 400) % 7
+    queue.put(float(np.abs(tilegemm.matmul(a, a) - a @ a).max()))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_forked_child_gets_a_pool_of_its_own():
+    """A child forked after the parent's workers started has none of them: it makes its own."""
+    a = np.ones((400, 400))
+    tilegemm.matmul(a, a)                         # the parent's pool is running
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_product, args=(queue,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == 0.0
