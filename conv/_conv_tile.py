@@ -575,31 +575,42 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
 
 
 @numba.njit(**JIT)
-def winograd_output_block(m, slab, ldm, runs, nruns, K, out, o_off, sk, s_row, Wo, bias,
+def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_row, Wo, bias,
                           epi):
-    """``Y = A^T m A`` + bias + activation for the block's runs, every output channel."""
-    for k in range(K):
+    """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
+    (channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``)."""
+    for k in range(k0, k1):
         b = bias[k] if epi & EPI_BIAS_ROW else DTYPE(0)
         dst = o_off + k * sk
         for r in range(nruns):
-            winograd_output(m, k * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
+            winograd_output(m, (k - k0) * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
                             runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
 
 
 @numba.njit(**JIT)
-def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out, o_off,
-                       os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs):
-    """One task = a block of ``NB`` tiles: input transform, 16 GEMMs, output transform.
+def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts, tiles_total,
+                       out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs):
+    """One task = a block of ``NB`` tiles (the first ``whole`` tasks) or one of the
+    ``parts`` parts of the output channels of a later block: input transform, 16 GEMMs,
+    output transform.
 
     ``upack`` holds the 16 transformed filter matrices U^T (K x C) as packed A, every
     row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
-    ``(xi*C + pc)*Kp``.  ``bpack`` (16 slabs of KC x NB, ``b_slab`` apart) and ``mbuf``
-    (16 slabs of Kp x NB, ``m_slab`` apart) belong to the calling thread and stay in L2;
-    ``runs`` holds NB rows of 9.
+    ``(xi*C + pc)*Kp``.  The ``parts`` parts of a block share out its row panels; each
+    transforms the block's whole input (where blocks alone are too few to keep every
+    thread busy, that repeat costs less than an idle thread).  ``bpack`` (16 slabs of
+    KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab`` apart)
+    belong to the calling thread and stay in L2; ``runs`` holds NB rows of 9.
     ``epi``: EPI_BIAS_ROW (bias per output channel) and the activation flags.
     """
     H, W, Ho, Wo, py, px, TH, TW = geom
-    T0 = task * NB
+    block, part, split = task, 0, 1
+    if task >= whole:
+        block, part, split = whole + (task - whole) // parts, (task - whole) % parts, parts
+    panels = Kp // MR
+    r0 = part * panels // split * MR
+    r1 = (part + 1) * panels // split * MR
+    T0 = block * NB
     nt = min(NB, tiles_total - T0)
     ncols = (nt + NR - 1) // NR * NR
     nruns = winograd_runs(T0, nt, geom, xs, os, runs)
@@ -615,14 +626,14 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_tota
                         bpack[base + p * NR] = 0
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
-            macro_kernel(Kp, ncols, kc, upack, (xi * C + pc) * Kp, bpack, xi * b_slab,
-                         mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
-    winograd_output_block(mbuf, m_slab, NB, runs, nruns, K, out, o_off, os[1], os[2], Wo,
-                          bias, epi)
+            macro_kernel(r1 - r0, ncols, kc, upack, (xi * C + pc) * Kp + r0 * kc, bpack,
+                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
+    winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
+                          os[2], Wo, bias, epi)
 
 
 @numba.njit(**JIT)
-def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB,
+def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts,
                         tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf,
                         tile, runs):
     """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
@@ -631,8 +642,9 @@ def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB
         task = next_task(counter)
         if task >= ntasks:
             break
-        winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, tiles_total, out,
-                           o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs)
+        winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts,
+                           tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack,
+                           mbuf, tile, runs)
 
 
 

@@ -13,6 +13,8 @@ run the 16 GEMMs, transform back with the bias and activation fused.
 * NHWC (:func:`_run_nhwc`): tiles are the GEMM's rows, ``M = V U``, with the scalar
   transforms of :mod:`tilegemm.packing.winograd`.
 """
+import functools
+
 import numpy as np
 
 from tilegemm.conv import engine
@@ -100,6 +102,50 @@ def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
     return max(NR, int(0.6 * l2_bytes) // per_tile // NR * NR)
 
 
+#: NCHW: a block's input transform costs about as much as this many rows of its 16 GEMMs
+#: (+5% a call at 1 thread with the rows of ResNet-18 conv4_x in two parts, 258 rows;
+#: +10% for conv3_x, 132 rows).
+NCHW_INPUT_ROWS = 14
+
+
+#: NCHW: with at least this many blocks per thread, whole blocks balance well enough.
+NCHW_SPLIT_BLOCKS_PER_THREAD = 8
+
+
+@functools.lru_cache(maxsize=256)
+def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts=8):
+    """``(whole, parts)``: the first ``whole`` blocks of ``NB`` tiles are a task each; every
+    later block is ``parts`` tasks, each with a share of the ``panels`` row panels.
+
+    Parts let the threads share blocks that are too few to balance (ResNet-18 conv4_x at
+    batch 8: 392 tiles, 7 blocks of 64 on 2 threads), at the price of one more input
+    transform per part, so only the last blocks are split.  Tasks go to whichever
+    thread is free (``next_task``); the choice is the plan with the earliest finish
+    when each task in turn goes to the least loaded thread, a task costing its
+    columns times its rows plus ``NCHW_INPUT_ROWS``.  With ``min_parts`` > 1 every
+    block is split at least that far.
+    """
+    cols = [engine.round_up(min(NB, tiles_total - t0), NR) for t0 in range(0, tiles_total, NB)]
+    blocks = len(cols)
+    if threads <= 1 or (min_parts <= 1 and blocks >= NCHW_SPLIT_BLOCKS_PER_THREAD * threads):
+        return blocks, 1
+    best, best_span = (blocks, 1), None
+    for parts in range(max(1, min(min_parts, panels)), min(max_parts, panels) + 1):
+        tails = [blocks] if min_parts > 1 else range(min(blocks, 2 * threads) + 1)
+        for tail in (tails if parts > 1 else [0]):
+            load = [0] * threads
+            for b, c in enumerate(cols):
+                split = parts if b >= blocks - tail else 1
+                for part in range(split):
+                    share = (part + 1) * panels // split - part * panels // split
+                    t = load.index(min(load))
+                    load[t] += c * (share * MR + NCHW_INPUT_ROWS)
+            # A plan must save more than noise to pay for its extra transforms.
+            if best_span is None or max(load) < 0.98 * best_span:
+                best, best_span = (blocks - (tail if parts > 1 else 0), parts), max(load)
+    return best
+
+
 def _slab(size, itemsize):
     """Distance between two of the 16 slabs: ``size`` plus one cache line, rounded to lines.
 
@@ -137,9 +183,19 @@ def _run_nchw(x, w, bias, out, p, act):
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
     NB = max(NR, min(NB, engine.round_up(-(-tiles_total // threads), NR)))
-    ntasks = -(-tiles_total // NB)
+    blocks = -(-tiles_total // NB)
+    # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
+    # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
+    # ResNet-18 conv5_x (2.1 MB of slabs) 3.08 ms in two parts against 3.25 whole
+    # (1 thread: 5.72 against 5.64, so not there); conv4_x (1.06 MB) 2.37 ms all in
+    # two parts against 2.25 with only the last block split.
+    spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
+    panels = Kp // MR
+    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, threads, 2 if spill else 1)
+    ntasks = whole + (blocks - whole) * parts
     threads = min(threads, ntasks)
-    b_slab, m_slab = _slab(KC * NB, out.itemsize), _slab(Kp * NB, out.itemsize)
+    b_slab = _slab(KC * NB, out.itemsize)
+    m_slab = _slab((Kp if whole else -(-panels // parts) * MR) * NB, out.itemsize)
     bpacks, mbufs, tiles = engine.thread_buffers(
         ("winograd_nchw", kernel.name), max(threads, 1), (16 * b_slab, 16 * m_slab, MR * NR),
         out.dtype)
@@ -152,8 +208,8 @@ def _run_nchw(x, w, bias, out, p, act):
         upack, _ = packed[g]
         b = (np.ascontiguousarray(bias[g * Kg:(g + 1) * Kg]) if bias is not None
              else np.zeros(1, out.dtype))
-        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, tiles_total,
-                of, g * Kg * os_[1], os_, b, epi, KC, b_slab, m_slab)
+        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, whole, parts,
+                tiles_total, of, g * Kg * os_[1], os_, b, epi, KC, b_slab, m_slab)
         engine.launch(lambda t, counter: mod.winograd_nchw_tasks(counter, *args, bpacks[t], mbufs[t],
                                                               tiles[t], runs[t]),
                       threads)

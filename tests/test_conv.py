@@ -316,7 +316,7 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
     bias = RNG.standard_normal(K).astype(dtype)
     out = np.full((N, K, Ho, Wo), np.nan, dtype)
-    mod.winograd_output_block(m.reshape(-1), K * NB, NB, runs, nruns, K, out.reshape(-1), 0,
+    mod.winograd_output_block(m.reshape(-1), K * NB, NB, runs, nruns, 0, K, out.reshape(-1), 0,
                               os_[1], os_[2], Wo, bias, activation | EPI_BIAS_ROW)
     want = np.zeros((N, K, 2 * TH, 2 * TW))
     for t in range(tiles):
@@ -1527,3 +1527,38 @@ def test_winograd_nhwc_blocks_past_the_l2_budget(threads, floor, monkeypatch):
     with _threads(threads):
         got = tilegemm.conv2d(x, w, b, padding=1, algorithm="winograd", layout="NHWC")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("plan", [(3, 1), (0, 2), (2, 2), (1, 3), (0, 8)])
+def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan, monkeypatch):
+    """NCHW Winograd with any blocks split into parts of the output channels (whole
+    blocks first, then parts; 8 parts of 4 row panels leave some empty): 189 tiles in
+    3 blocks, 20 channels (a partial row panel), bias and relu6, give the reference."""
+    from tilegemm.conv import winograd
+    monkeypatch.setattr(winograd, "_nchw_block", lambda *args: args[3])  # NR tiles a block
+    monkeypatch.setattr(winograd, "_nchw_parts", lambda *args: plan)
+    nr = engine.plan(dtype)[0].nr
+    tiles = 3 * nr - 3                                  # the last block is partial
+    x = RNG.standard_normal((1, 16, 2 * 3, 2 * tiles // 3)).astype(dtype)
+    w = RNG.standard_normal((20, 16, 3, 3)).astype(dtype)
+    b = RNG.standard_normal(20).astype(dtype)
+    want = reference_conv(x, w, b, padding=1, activation="relu6")
+    with _threads(threads):
+        got = tilegemm.conv2d(x, w, b, padding=1, algorithm="winograd", activation="relu6")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_winograd_nchw_parts_plan():
+    """The split rule on ResNet-18 conv4_x at batch 8 (392 tiles, 7 blocks of 64, 43 row
+    panels): whole blocks on 1 thread; on 2, the last block in two parts; every block
+    at least in two when asked; whole blocks again once there are plenty."""
+    from tilegemm.conv.winograd import NCHW_SPLIT_BLOCKS_PER_THREAD, _nchw_parts
+    assert _nchw_parts(392, 64, 43, 6, 64, 1) == (7, 1)
+    assert _nchw_parts(392, 64, 43, 6, 64, 2) == (6, 2)
+    assert _nchw_parts(392, 64, 43, 6, 64, 2, 2)[0] == 0
+    many = 2 * NCHW_SPLIT_BLOCKS_PER_THREAD * 64
+    assert _nchw_parts(many, 64, 43, 6, 64, 2) == (2 * NCHW_SPLIT_BLOCKS_PER_THREAD, 1)
+    # Two blocks on two threads already balance.
+    assert _nchw_parts(128, 64, 86, 6, 64, 2) == (2, 1)
