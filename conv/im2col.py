@@ -718,8 +718,10 @@ def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_colum
     # At least one column block per part.
     NCB = _column_block(q_end, parts, Mp, itemsize, NR, c_bytes)
     parts = max(1, min(parts, -(-q_end // NCB)))
-    # Each tails GEMM's rows shared out between the threads (a row panel at least).
-    tail_parts = min(threads, Mp // MR)
+    # Each tails GEMM's rows shared out between the threads (a row panel at least) when
+    # there are fewer tails GEMMs than threads: each share packs the tails again.
+    tail_gemms = -(-p.N // tail_imgs) * p.groups
+    tail_parts = min(threads, Mp // MR) if tail_gemms < threads else 1
     tail_tasks = -(-p.N // tail_imgs) * tail_parts if q_end < grid else 0
     ntasks = (p.N * parts + tail_tasks) * p.groups
     sizes = (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC))

@@ -694,6 +694,24 @@ def test_shifted_im2col(name, monkeypatch):
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
 
 
+def test_shifted_tails_split_only_when_too_few_for_the_threads():
+    """The tails GEMM (columns past each image's last whole panel) is cut by rows between
+    threads only when there are fewer tails GEMMs than threads: every share packs the
+    tails again.  Two 25x25 images of 256 channels (one tails GEMM a group): one group
+    split, 32 groups not."""
+    from tilegemm.conv import im2col as im2col_mod
+    kernel, _ = engine.plan(np.float32)
+    for groups, split in ((1, 2), (32, 1)):
+        p = conv_params((2, 256, 25, 25), (256, 256 // groups, 3, 3), 1, 1, 1, groups)
+        KC = im2col_mod.shifted_kc(p, kernel.mr, kernel.nr, 4, 32 << 10)
+        Mp = engine.round_up(p.Kg, kernel.mr)
+        plan = im2col_mod._shifted_plan(p, "<f4", 2, True, kernel.mr, kernel.nr, KC, Mp,
+                                        im2col_mod.SHIFTED_C_BYTES,
+                                        im2col_mod.SHIFTED_TAIL_COLUMNS,
+                                        im2col_mod.TASKS_PER_THREAD)
+        assert plan.q_end < 25 * 25 and plan.tail_parts == split
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(GROUPED_SHIFTED))
