@@ -360,7 +360,8 @@ def _run_rows(x, w, bias, out, p, act):
 SHIFTED_MAX_BYTES = 4 << 20
 #: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
 SHIFTED_C_BYTES = 1 << 19
-#: Columns per GEMM over the images' tail columns (see ``shifted_tails``): eight panels.
+#: Columns per GEMM over the images' tail columns (see ``shifted_tails``): two 64-wide
+#: panels.
 SHIFTED_TAIL_COLUMNS = 128
 #: With several threads, images are cut into column parts (pixel blocks) until there
 #: are this many tasks per thread: tasks are taken from a shared counter, so finer ones
