@@ -280,5 +280,5 @@ def launch(run, threads):
     if threads <= 1:
         run(0, counter)
         return
-    # The GEMM driver's pool: created once, never replaced, shared by every caller.
+    # The pools GEMM uses too; the counter tells the spinning pool a worker has begun.
     run_shares(run, [(t, counter) for t in range(threads)], gate=counter)

@@ -79,14 +79,11 @@ def run_shares(fn, shares, gate=None):
     that finds it busy (another Python thread's) uses the queue-based :func:`executor`.
     ``gate``: the shares' task counter, if they take tasks from one (see ``SpinPool.run``).
     """
-    if len(shares) > 1:
-        spinning = pool.acquire(max(1, numba.config.NUMBA_NUM_THREADS - 1))
-        if spinning is not None and len(shares) - 1 <= spinning.workers:
-            try:
-                return spinning.run(fn, shares, gate)
-            finally:
-                spinning.busy.release()
-        if spinning is not None:
+    spinning = pool.acquire(len(shares) - 1) if len(shares) > 1 else None
+    if spinning is not None:
+        try:
+            return spinning.run(fn, shares, gate)
+        finally:
             spinning.busy.release()
     futures = [executor().submit(fn, *share) for share in shares[1:]]
     fn(*shares[0])

@@ -166,19 +166,21 @@ _pool_pid = None
 _create_lock = threading.Lock()
 
 
-def acquire(workers):
-    """The spinning pool, held for this call, or ``None`` when another call holds it.
+def acquire(needed):
+    """The spinning pool, held for this call, or ``None`` when another call holds it or it
+    has fewer than ``needed`` workers.
 
-    Created on first use with ``workers`` threads (at least).  Release with
-    ``pool.busy.release()``.
+    Created on first use with a worker for every thread Numba could be asked for beyond
+    the caller's (``needed`` at least).  Release with ``pool.busy.release()``.
     """
     global _pool, _pool_pid
     if _pool is None or _pool_pid != os.getpid():
         with _create_lock:
             if _pool is None or _pool_pid != os.getpid():
                 # A forked child has none of its parent's threads: a pool of its own.
+                workers = max(needed, numba.config.NUMBA_NUM_THREADS - 1, 1)
                 _pool, _pool_pid = SpinPool(workers), os.getpid()
-    pool = _pool
-    if pool.workers < workers or not pool.busy.acquire(blocking=False):
+    spinning = _pool
+    if spinning.workers < needed or not spinning.busy.acquire(blocking=False):
         return None
-    return pool
+    return spinning
