@@ -576,11 +576,12 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
 
 @numba.njit(**JIT)
 def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_row, Wo, bias,
-                          epi):
+                          b_off, epi):
     """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
-    (channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``)."""
+    (channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``, its bias at
+    ``bias[b_off + k]``)."""
     for k in range(k0, k1):
-        b = bias[k] if epi & EPI_BIAS_ROW else DTYPE(0)
+        b = bias[b_off + k] if epi & EPI_BIAS_ROW else DTYPE(0)
         dst = o_off + k * sk
         for r in range(nruns):
             winograd_output(m, (k - k0) * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
@@ -588,15 +589,16 @@ def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_r
 
 
 @numba.njit(**JIT)
-def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts, tiles_total,
-                       out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf, tile, runs):
+def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, whole, parts,
+                       tiles_total, out, o_off, os, bias, b_off, epi, KC, b_slab, m_slab, bpack,
+                       mbuf, tile, runs):
     """One task = a block of ``NB`` tiles (the first ``whole`` tasks) or one of the
     ``parts`` parts of the output channels of a later block: input transform, 16 GEMMs,
     output transform.
 
-    ``upack`` holds the 16 transformed filter matrices U^T (K x C) as packed A, every
-    row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
-    ``(xi*C + pc)*Kp``.  The ``parts`` parts of a block share out its row panels; each
+    ``upack[u_off:]`` holds the 16 transformed filter matrices U^T (K x C) as packed A,
+    every row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
+    ``(xi*C + pc)*Kp``.  Output channel ``k``'s bias is ``bias[b_off + k]``.  The ``parts`` parts of a block share out its row panels; each
     transforms the block's whole input (where blocks alone are too few to keep every
     thread busy, that repeat costs less than an idle thread).  ``bpack`` (16 slabs of
     KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab`` apart)
@@ -626,25 +628,30 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, par
                         bpack[base + p * NR] = 0
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
-            macro_kernel(r1 - r0, ncols, kc, upack, (xi * C + pc) * Kp + r0 * kc, bpack,
+            macro_kernel(r1 - r0, ncols, kc, upack, u_off + (xi * C + pc) * Kp + r0 * kc, bpack,
                          xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
-                          os[2], Wo, bias, epi)
+                          os[2], Wo, bias, b_off, epi)
 
 
 @numba.njit(**JIT)
-def winograd_nchw_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts,
-                        tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack, mbuf,
-                        tile, runs):
+def winograd_nchw_tasks(counter, ntasks, groups, x, xs, geom, C, upack, u_group, Kp, K, NB,
+                        whole, parts, tiles_total, out, os, bias, epi, KC, b_slab, m_slab, bpack,
+                        mbuf, tile, runs):
     """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out."""
+    ``ntasks`` are out, ``ntasks // groups`` per group: group ``g`` reads input channels
+    ``g*C:``, writes output channels ``g*K:`` (their bias too) and takes its transformed
+    filters from ``upack[g*u_group:]``."""
+    per_group = ntasks // groups
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        winograd_nchw_task(task, x, x_off, xs, geom, C, upack, Kp, K, NB, whole, parts,
-                           tiles_total, out, o_off, os, bias, epi, KC, b_slab, m_slab, bpack,
-                           mbuf, tile, runs)
+        g = task // per_group
+        winograd_nchw_task(task - g * per_group, x, g * C * xs[1], xs, geom, C, upack,
+                           g * u_group, Kp, K, NB, whole, parts, tiles_total, out, g * K * os[1],
+                           os, bias, g * K if epi & EPI_BIAS_ROW else 0, epi, KC, b_slab, m_slab,
+                           bpack, mbuf, tile, runs)
 
 
 

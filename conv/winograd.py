@@ -173,16 +173,19 @@ def _run_nchw(x, w, bias, out, p, act):
     Kg = p.Kg
 
     def build():
-        return [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(p.groups)]
+        # Every group's matrices in one buffer, ``u_group`` apart: one launch for all groups.
+        packs = [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(p.groups)]
+        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
 
-    packed = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
-    Kp = packed[0][1]
+    upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
     TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
     tiles_total = p.N * TH * TW
-    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
+    threads = engine.threads_for(p.flops, 1 << 30)
+    # Threads a group's tasks must keep busy on their own (groups also share out).
+    per_group = -(-threads // p.groups)
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
-    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // threads), NR)))
+    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // per_group), NR)))
     blocks = -(-tiles_total // NB)
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
     # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
@@ -191,8 +194,8 @@ def _run_nchw(x, w, bias, out, p, act):
     # two parts against 2.25 with only the last block split.
     spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
     panels = Kp // MR
-    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, threads, 2 if spill else 1)
-    ntasks = whole + (blocks - whole) * parts
+    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, per_group, 2 if spill else 1)
+    ntasks = (whole + (blocks - whole) * parts) * p.groups
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)
     m_slab = _slab((Kp if whole else -(-panels // parts) * MR) * NB, out.itemsize)
@@ -204,15 +207,12 @@ def _run_nchw(x, w, bias, out, p, act):
     xf, of = x.reshape(-1), out.reshape(-1)
     xs, os_ = p.input_strides(), p.output_strides()
     geom = (p.H, p.W, p.Ho, p.Wo, p.top, p.left, TH, TW)
-    for g in range(p.groups):
-        upack, _ = packed[g]
-        b = (np.ascontiguousarray(bias[g * Kg:(g + 1) * Kg]) if bias is not None
-             else np.zeros(1, out.dtype))
-        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, Kg, NB, whole, parts,
-                tiles_total, of, g * Kg * os_[1], os_, b, epi, KC, b_slab, m_slab)
-        engine.launch(lambda t, counter: mod.winograd_nchw_tasks(counter, *args, bpacks[t], mbufs[t],
-                                                              tiles[t], runs[t]),
-                      threads)
+    b = np.ascontiguousarray(bias) if bias is not None else np.zeros(1, out.dtype)
+    args = (ntasks, p.groups, xf, xs, geom, p.Cg, upack, u_group, Kp, Kg, NB, whole, parts,
+            tiles_total, of, os_, b, epi, KC, b_slab, m_slab)
+    engine.launch(lambda t, counter: mod.winograd_nchw_tasks(counter, *args, bpacks[t], mbufs[t],
+                                                          tiles[t], runs[t]),
+                  threads)
     return out
 
 

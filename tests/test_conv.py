@@ -317,7 +317,7 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     bias = RNG.standard_normal(K).astype(dtype)
     out = np.full((N, K, Ho, Wo), np.nan, dtype)
     mod.winograd_output_block(m.reshape(-1), K * NB, NB, runs, nruns, 0, K, out.reshape(-1), 0,
-                              os_[1], os_[2], Wo, bias, activation | EPI_BIAS_ROW)
+                              os_[1], os_[2], Wo, bias, 0, activation | EPI_BIAS_ROW)
     want = np.zeros((N, K, 2 * TH, 2 * TW))
     for t in range(tiles):
         n, r = divmod(t, TH * TW)
@@ -1580,3 +1580,21 @@ def test_winograd_nchw_parts_plan():
     assert _nchw_parts(many, 64, 43, 6, 64, 2) == (2 * NCHW_SPLIT_BLOCKS_PER_THREAD, 1)
     # Two blocks on two threads already balance.
     assert _nchw_parts(128, 64, 86, 6, 64, 2) == (2, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [
+    ((3, 32, 9, 17), (32, 3, 3), dict(padding=1, groups=8)),       # ResNeXt-like
+    ((2, 12, 10, 11), (12, 3, 3), dict(padding=1, groups=12)),     # depthwise
+    ((2, 18, 7, 8), (27, 3, 3), dict(padding=(0, 1), groups=3)),   # 9 channels a group
+])
+def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads, dtype,
+                                                                 monkeypatch):
+    """NCHW Winograd on grouped layers gives the reference (bias, relu6, no bias) with one
+    task loop for all the groups, as the engine launches for any other layer."""
+    groups = _record_arg(monkeypatch, "winograd_nchw_tasks", 2, dtype)
+    with _threads(threads):
+        run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
+        run_case(shape, "winograd", "NCHW", dtype, bias=False)
+    assert groups and set(groups) == {shape[2]["groups"]}
