@@ -131,8 +131,10 @@ def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts
         return blocks, 1
     best, best_span = (blocks, 1), None
     for parts in range(max(1, min(min_parts, panels)), min(max_parts, panels) + 1):
-        tails = [blocks] if min_parts > 1 else range(min(blocks, 2 * threads) + 1)
-        for tail in (tails if parts > 1 else [0]):
+        # How many of the last blocks are split: all of them when min_parts asks for it.
+        tails = ([0] if parts == 1 else [blocks] if min_parts > 1
+                 else range(1, min(blocks, 2 * threads) + 1))
+        for tail in tails:
             load = [0] * threads
             for b, c in enumerate(cols):
                 split = parts if b >= blocks - tail else 1
@@ -142,7 +144,7 @@ def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts
                     load[t] += c * (share * MR + NCHW_INPUT_ROWS)
             # A plan must save more than noise to pay for its extra transforms.
             if best_span is None or max(load) < 0.98 * best_span:
-                best, best_span = (blocks - (tail if parts > 1 else 0), parts), max(load)
+                best, best_span = (blocks - tail, parts), max(load)
     return best
 
 
@@ -182,10 +184,10 @@ def _run_nchw(x, w, bias, out, p, act):
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
-    per_group = -(-threads // p.groups)
+    group_threads = -(-threads // p.groups)
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
-    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // per_group), NR)))
+    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // group_threads), NR)))
     blocks = -(-tiles_total // NB)
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
     # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
@@ -194,7 +196,8 @@ def _run_nchw(x, w, bias, out, p, act):
     # two parts against 2.25 with only the last block split.
     spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
     panels = Kp // MR
-    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, per_group, 2 if spill else 1)
+    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, group_threads,
+                               2 if spill else 1)
     ntasks = (whole + (blocks - whole) * parts) * p.groups
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)

@@ -28,6 +28,7 @@ GATE_SPIN_SECONDS = 50e-6
 #: How long the caller watches for a worker to finish before polling with sleeps: the
 #: shares of a call are balanced, so the wait is short unless the machine is busy.
 WAIT_SPIN_SECONDS = 2e-3
+#: ... then how long it sleeps between looks.
 SLEEP_POLL_SECONDS = 100e-6
 #: One flag per 64-byte cache line, so that a worker's flag shares a line with no other.
 _STRIDE = 8
@@ -96,6 +97,7 @@ class SpinPool:
         self.sleeping = [False] * workers
         self.posted = threading.Condition()
         self.open_gate = np.ones(1, np.int64)
+        self.flag_at = np.arange(workers, dtype=np.int64) * _STRIDE
         rate = _spins_per_second()
         self.idle_spins = max(1, int(IDLE_SPIN_SECONDS * rate))
         self.gate_spins = max(1, int(GATE_SPIN_SECONDS * rate))
@@ -137,15 +139,16 @@ class SpinPool:
         with self.posted:
             for w, share in enumerate(rest):
                 self.jobs[w] = (fn, share)
-            awake = [w * _STRIDE for w in range(len(rest)) if not self.sleeping[w]]
-            if len(awake) < len(rest):
+            awake = self.flag_at[:len(rest)]
+            if any(self.sleeping[:len(rest)]):
                 for w in range(len(rest)):
                     if self.sleeping[w]:
                         self.post[w * _STRIDE] = seq
                 self.posted.notify_all()
+                awake = awake[[not asleep for asleep in self.sleeping[:len(rest)]]]
             # Under the lock: a worker going to sleep sees this post first.
-            post_all(self.post, np.array(awake, np.int64), seq,
-                    self.open_gate if gate is None or not awake else gate, self.gate_spins)
+            post_all(self.post, awake, seq,
+                     self.open_gate if gate is None or not awake.size else gate, self.gate_spins)
         try:
             fn(*shares[0])
         finally:
