@@ -415,3 +415,18 @@ def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
         assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
         assert flags[0] == (1 if packer else ready)
         assert np.isnan(own).all() == (packer or ready == 1)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((2, 3, 0), (0, 4)), ((2, 3, 5), (5, 0)), ((0, 3, 5), (5, 4)), ((2, 0, 5), (5, 4)),
+    ((2, 3, 0), (2, 0, 4)), ((3, 0), (2, 0, 4)), ((0,), (0,)), ((0,), (2, 0, 3)),
+    ((2, 1, 3, 0), (4, 0, 2))])
+def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
+    """Empty m, n, k or batch dimensions give numpy's result (zeros or an empty
+    array); ``(2,3,0) @ (0,4)`` once raised from a reshape."""
+    a = np.ones(a_shape, np.float32)
+    b = np.ones(b_shape, np.float32)
+    got = tilegemm.matmul(a, b)
+    expected = np.matmul(a, b)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)

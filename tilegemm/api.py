@@ -3,6 +3,7 @@
 Everything is validated here in plain Python; the jitted engine below assumes
 2-D arrays of one float dtype with consistent shapes.
 """
+import math
 import numbers
 
 import numpy as np
@@ -133,8 +134,10 @@ def _batched(a, b, c, batch):
     m, k = a.shape[-2:]
     if b.ndim == 2 and c.flags.c_contiguous:
         # One B for every batch: the batch folds into the rows of a single GEMM.
+        # Explicit row counts: reshape(-1, 0) is ambiguous when k or n is 0.
+        rows = math.prod(batch) * m
         a_full = np.broadcast_to(a, batch + (m, k))
-        gemm_into(a_full.reshape(-1, k), b, c.reshape(-1, c.shape[-1]))
+        gemm_into(a_full.reshape(rows, k), b, c.reshape(rows, c.shape[-1]))
         return
     a_full = np.broadcast_to(a, batch + a.shape[-2:])
     b_full = np.broadcast_to(b, batch + b.shape[-2:])
