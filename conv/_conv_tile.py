@@ -1256,14 +1256,16 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
 
 
 @numba.njit(**JIT)
-def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, Cg, taps,
-                       ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC, NCB, xq,
-                       cbuf):
+def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, out_pixels,
+                       Cg, taps, ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC,
+                       NCB, xq, cbuf):
     """Tasks (image, block of ``G`` groups) taken from ``counter`` until ``ntasks`` are out.
 
     Group ``g``'s packed weights start at ``apack[g*a_group]``, its bias at
     ``bias[g*bias_group]``; ``taps``, ``masks`` and ``sched`` are those of an NCHW
-    image of ``Cg`` channels read in place (``pixels`` per plane).  A block's groups
+    image of ``Cg`` channels read in place (``pixels`` per input plane, ``out_pixels``
+    per output plane: the grid is the output plane, as wide as the input's but not
+    necessarily as high).  A block's groups
     are copied together, so each pixel's run of their channels is read whole, and
     written back together: for each block of ``NCB`` output pixels, group ``i`` of
     the block writes its whole row panels into ``cbuf`` from row ``i*Kg`` (the next
@@ -1279,12 +1281,12 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
         n, g0 = task // blocks, task % blocks * G
         ng = min(G, groups - g0)
         transpose_copy(x, n * pixels * C + g0 * Cg, C, pixels, ng * Cg, xq, 0, pixels)
-        for j0 in range(0, pixels, NCB):
-            cols = min(NCB, pixels - j0)
+        for j0 in range(0, out_pixels, NCB):
+            cols = min(NCB, out_pixels - j0)
             for i in range(ng):
                 g = g0 + i
                 shifted_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
                               apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
                               cbuf[i * Kg * NCB:], NCB, bias, g * bias_group, epi)
-            transpose_copy(cbuf, 0, NCB, ng * Kg, cols, out, (n * pixels + j0) * K + g0 * Kg,
-                           K)
+            transpose_copy(cbuf, 0, NCB, ng * Kg, cols, out,
+                           (n * out_pixels + j0) * K + g0 * Kg, K)

@@ -11,7 +11,7 @@ import os
 import numba
 import numpy as np
 
-from tilegemm.conv import direct, engine, im2col, winograd
+from tilegemm.conv import direct, engine, im2col, paths, winograd
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
@@ -119,7 +119,7 @@ class ConvWeights:
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-           activation=None, algorithm="auto", layout="NCHW"):
+           activation=None, algorithm="auto", layout="NCHW", _path=None, _out=None):
     """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
 
     Parameters
@@ -145,6 +145,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         3x3 kernel, stride 1 and dilation 1.
     layout : "NCHW" or "NHWC"
         Layout of ``input`` and of the result; NHWC is computed natively.
+    _path, _out
+        Internal, for tests: force a path of :data:`tilegemm.conv.paths.PATHS`
+        (``ValueError`` if it does not serve the layer), and write the result into
+        a given C-contiguous array of the result's shape and dtype (placed against
+        a guard page by the memory-safety tests).
 
     Returns
     -------
@@ -178,7 +183,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
                          f"and dilation 1; got a {p.kh}x{p.kw} kernel, stride {(p.sy, p.sx)}, "
                          f"dilation {(p.dy, p.dx)}")
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
-    out = np.empty(p.output_shape(), dtype)
+    out = np.empty(p.output_shape(), dtype) if _out is None else _internal_out(_out, p, dtype)
     act = _ACT_FLAGS[activation]
     x = np.ascontiguousarray(x, dtype=dtype)
     w = np.ascontiguousarray(w, dtype=dtype)
@@ -188,16 +193,38 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         return out
     if p.Cg == 0:
         return _trivial(x, b, out, p, act)
-    if algorithm == "auto":
-        algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
-                          os.environ.get("TILEGEMM_CONV_ALGORITHM"))
+    if _path is not None:
+        algorithm, path = _forced(_path, p, dtype)
+    else:
+        if algorithm == "auto":
+            algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
+                              os.environ.get("TILEGEMM_CONV_ALGORITHM"))
+        path = None                    # the algorithm's own route (conv.paths.path_of)
     if algorithm == "winograd":
         return winograd.run(x, w, b, out, p, act)
     if algorithm == "direct":
-        return direct.run(x, w, b, out, p, act)
-    if p.pointwise:
+        return direct.run(x, w, b, out, p, act, path)
+    if path == "pointwise" or (path is None and p.pointwise):
         return im2col.pointwise(x, w, b, out, p, act)
-    return im2col.run(x, w, b, out, p, act)
+    return im2col.run(x, w, b, out, p, act, path)
+
+
+def _forced(path, p, dtype):
+    """(algorithm, loop) of a forced ``_path``, checked to serve ``p``."""
+    if path not in paths.PATHS:
+        raise ValueError(f"conv2d: unknown path {path!r}; expected one of {paths.PATHS}")
+    if not paths.serves(path, p, dtype):
+        raise ValueError(f"conv2d: path {path!r} does not serve this layer ({p})")
+    algorithm, _, loop = path.partition(".")
+    return algorithm, loop
+
+
+def _internal_out(out, p, dtype):
+    if (not isinstance(out, np.ndarray) or out.shape != p.output_shape() or out.dtype != dtype
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"conv2d: _out must be a writeable C-contiguous {dtype} array of "
+                         f"shape {p.output_shape()}")
+    return out
 
 
 def fold_batchnorm(weight, bias, gamma, beta, mean, var, eps=1e-5):

@@ -221,8 +221,12 @@ def flat_geometry(p, lanes, vectors, short, dtype):
     row = q // Wq + r[None, :, None]
     col = q % Wq + c[None, :, None]
     on = (row >= 0) & (row < Hq) & (col >= 0) & (col < Wq)         # (vector, tap, lane)
-    patterns, which = np.unique(on.reshape(len(starts), -1), axis=0, return_inverse=True)
+    # (-1 for T*lanes, not -1: every vector may be interior, leaving no masked ones.)
+    patterns, which = np.unique(on.reshape(len(starts), T * lanes), axis=0,
+                                return_inverse=True)
     masks = np.where(patterns, -1, 0).astype(itype).reshape(-1)
+    if masks.size == 0:
+        masks = np.zeros(lanes, itype)                 # no masked vector: never read
     rows = (which.reshape(-1) * T * lanes).astype(np.int64)
     taps = np.concatenate([offsets, np.arange(T) * lanes]).astype(np.int64)
     # Column masks, periodic in Wq, long enough for a run from any column: one row
@@ -236,23 +240,57 @@ def flat_geometry(p, lanes, vectors, short, dtype):
             (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
 
 
-def nhwc_vector_applies(p, dtype):
+def nhwc_vector_applies(p, dtype, lanes=None):
     """Whether the depthwise NHWC kernel (vectors of channels) serves ``p``: depthwise,
-    NHWC, channels for at least ``DW_NHWC_VECTORS`` vectors."""
-    mod = engine.conv_module(dtype)
+    NHWC, channels for at least ``DW_NHWC_VECTORS`` vectors of ``lanes`` (the host's
+    by default)."""
+    lanes = engine.host_target(dtype).lanes if lanes is None else lanes
     return (p.layout == "NHWC" and p.Cg == 1 and p.Kg == 1
-            and p.C >= mod.DW_NHWC_VECTORS * mod.LANES)
+            and p.C >= engine.conv_module(dtype).DW_NHWC_VECTORS * lanes)
 
 
-def run(x, w, bias, out, p, act):
-    """Direct convolution into ``out`` (C-contiguous in ``p.layout``); any shape."""
+#: The loops of :func:`run`: depthwise NCHW rows end to end (:func:`flat_applies`), the
+#: generated vector loop along NCHW rows (horizontal stride 1), scalar NCHW, depthwise
+#: NHWC on vectors of channels (:func:`nhwc_vector_applies`), scalar NHWC.
+FLAT, NCHW_VECTOR, NCHW, NHWC_VECTOR, NHWC = ("flat", "nchw_vector", "nchw", "nhwc_vector",
+                                              "nhwc")
+PATHS = (FLAT, NCHW_VECTOR, NCHW, NHWC_VECTOR, NHWC)
+
+
+def route(p, dtype=np.float32, target=None):
+    """Which loop :func:`run` takes for ``p``; ``target`` defaults to the host's."""
+    lanes = (engine.host_target(dtype) if target is None else target).lanes
+    if p.layout == "NCHW":
+        if flat_applies(p, lanes):
+            return FLAT
+        return NCHW_VECTOR if p.sx == 1 else NCHW
+    return NHWC_VECTOR if nhwc_vector_applies(p, dtype, lanes) else NHWC
+
+
+def serves(path, p, dtype=np.float32):
+    """Whether loop ``path`` computes ``p`` on this host (the paths a caller may force)."""
+    lanes = engine.host_target(dtype).lanes
+    if path == FLAT:
+        return flat_applies(p, lanes)
+    if path in (NCHW_VECTOR, NCHW):
+        return p.layout == "NCHW" and (path == NCHW or p.sx == 1)
+    if path == NHWC_VECTOR:
+        return nhwc_vector_applies(p, dtype, lanes)
+    return path == NHWC and p.layout == "NHWC"
+
+
+def run(x, w, bias, out, p, act, path=None):
+    """Direct convolution into ``out`` (C-contiguous in ``p.layout``); any shape.
+
+    ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) overrides :func:`route`."""
+    path = route(p, out.dtype) if path is None else path
     has_bias = bias is not None
     b = np.ascontiguousarray(bias) if has_bias else np.zeros(1, out.dtype)
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
     mod = engine.conv_module(out.dtype)
-    if p.layout == "NCHW":
+    if path == FLAT:
         flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
         if flat[0]:
             # Depthwise, output as wide as the (phase) planes: rows end to end, a
@@ -272,7 +310,7 @@ def run(x, w, bias, out, p, act):
                 counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
                 threads)
             return out
-    if p.layout == "NCHW" and p.sx == 1:
+    if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
         ntasks = p.N * p.groups * -(-p.Kg // KB)
         threads = engine.threads_for(p.flops, ntasks)
@@ -286,13 +324,13 @@ def run(x, w, bias, out, p, act):
         args = (ntasks, per_tick, xf, wf, b, has_bias, act, of, shape, geom, KB)
         engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
         return out
-    if p.layout == "NCHW":
+    if path == NCHW:
         ntasks = p.N * p.groups * -(-p.Kg // KB)
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
-    elif nhwc_vector_applies(p, out.dtype):
+    elif path == NHWC_VECTOR:
         # Depthwise NHWC: vectors of channels, a row of output pixels a task.
         ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)

@@ -39,6 +39,21 @@ def plan(dtype):
     return _driver._plan(np.dtype(dtype))
 
 
+#: The machine facts that decide which path serves a layer: the vector width in
+#: elements, the GEMM register tile, and the per-core caches.  Routing functions
+#: take one explicitly (tests pass made-up machines); :func:`host_target` is the host's.
+Target = collections.namedtuple("Target", "lanes mr nr l1d_bytes l2_bytes")
+
+
+def host_target(dtype):
+    """The :data:`Target` of this machine for ``dtype`` (as detected or overridden)."""
+    from tilegemm.tuning.machine import detect
+
+    kernel, _ = plan(dtype)
+    machine = detect()
+    return Target(kernel.lanes, kernel.mr, kernel.nr, machine.l1d_bytes, machine.l2_bytes)
+
+
 def round_up(x, m):
     return -(-x // m) * m
 
@@ -169,19 +184,23 @@ def freeze(array):
 
 
 def prepared(kind, weight, params, build):
-    """``build()`` for this weight array, cached.
+    """``build(w)`` for this weight array, cached.
 
-    For an array registered by :func:`freeze`, kept with it, and never compared.
-    Otherwise the key is ``(kind, id(weight), params)``; a hit also compares the
-    weight with the copy taken when it was built, so an array modified in place
-    (or a new array at a recycled id) is rebuilt.  Keeps the last
-    ``_PREPARED_MAX`` entries.
+    ``build`` receives the array to build from and must read no other copy of the
+    weights.  For an array registered by :func:`freeze` that is the array itself,
+    kept with what was built, and never compared.  Otherwise it is a private copy
+    taken first, so the copy kept for comparison describes exactly the weights that
+    were built, even when another thread writes ``weight`` during the build (that
+    call's own result is then undefined, later calls are right).  The key is
+    ``(kind, id(weight), params)``; a hit compares the weight with that copy, so an
+    array modified in place (or a new array at a recycled id) is rebuilt.  Keeps the
+    last ``_PREPARED_MAX`` entries.
     """
     holder = _frozen.get(id(weight))
     if holder is not None and holder.array is weight:
         value = holder.built.get((kind, params))
         if value is None:
-            value = holder.built.setdefault((kind, params), build())
+            value = holder.built.setdefault((kind, params), build(holder.array))
         return value
     key = (kind, id(weight), weight.shape, weight.dtype.str, params)
     with _prepared_lock:
@@ -190,9 +209,10 @@ def prepared(kind, weight, params, build):
             _prepared.move_to_end(key)
     if hit is not None and same_contents(hit[0], weight):
         return hit[1]
-    value = build()
+    snapshot = np.array(weight, order="C", copy=True)
+    value = build(snapshot)
     with _prepared_lock:
-        _prepared[key] = (weight.copy(), value)
+        _prepared[key] = (snapshot, value)
         while len(_prepared) > _PREPARED_MAX:
             _prepared.popitem(last=False)
     return value

@@ -74,14 +74,17 @@ def pointwise(x, w, bias, out, p, act):
     return out
 
 
-def run(x, w, bias, out, p, act):
+def run(x, w, bias, out, p, act, path=None):
     """Implicit-im2col convolution into ``out`` (C-contiguous, layout ``p.layout``).
 
     ``x`` is C-contiguous in ``p.layout``, ``w`` is (K, C/groups, kh, kw) contiguous,
-    ``act`` the activation's epilogue flags.
+    ``act`` the activation's epilogue flags.  ``path`` (one of :data:`PATHS`, and
+    one that :func:`serves` ``p``) overrides :func:`route`'s choice.
     """
+    if path is None:
+        path = route(p, out.dtype)
     run_path = {ROWS: _run_rows, SHIFTED: _run_shifted, PLANES: _run_planes,
-                PACKED: _run_nchw}[route(p, out.dtype)]
+                PACKED: _run_nchw}[path]
     return run_path(x, w, bias, out, p, act)
 
 
@@ -89,16 +92,34 @@ def run(x, w, bias, out, p, act):
 #: (B read in place or from a stride-split copy), the taps kernel over NHWC groups
 #: copied as planes, and B panels packed from the image.
 ROWS, SHIFTED, PLANES, PACKED = "rows", "shifted", "planes", "packed"
+PATHS = (ROWS, SHIFTED, PLANES, PACKED)
 
 
-def route(p, dtype=np.float32):
+def route(p, dtype=np.float32, target=None):
     """Which path :func:`run` takes for ``p`` (1x1 stride-1 layers aside, which
-    :func:`pointwise` serves): ``ROWS``, ``SHIFTED``, ``PLANES`` or ``PACKED``."""
+    :func:`pointwise` serves): ``ROWS``, ``SHIFTED``, ``PLANES`` or ``PACKED``.
+
+    ``target`` (:data:`tilegemm.conv.engine.Target`) defaults to the host's."""
+    target = engine.host_target(dtype) if target is None else target
     if p.layout == "NCHW":
-        if rows_nchw_ok(p, dtype):
+        if rows_nchw_ok(p, dtype, target):
             return ROWS
         return SHIFTED if shifted_ok(p, dtype) else PACKED
-    return PLANES if planes_ok(p, dtype) else ROWS
+    return PLANES if planes_ok(p, dtype, target) else ROWS
+
+
+def serves(path, p, dtype=np.float32):
+    """Whether ``path`` computes ``p`` correctly (whatever its speed): the paths a
+    caller may force.  Independent of the machine."""
+    if path == PACKED:
+        return p.layout == "NCHW"
+    if path == SHIFTED:
+        return shifted_ok(p, dtype)
+    if path == ROWS:
+        return p.layout == "NHWC" or p.groups == 1
+    if path == PLANES:
+        return _planes_fit(p, dtype)
+    return False
 
 
 def _run_nchw(x, w, bias, out, p, act):
@@ -109,7 +130,7 @@ def _run_nchw(x, w, bias, out, p, act):
                       blk.kc, blk.mc, blk.nc, TASKS_PER_THREAD, IM2COL_PART_COLUMNS)
     ckk, KC = plan.ckk, plan.KC
 
-    def build():
+    def build(w):
         return [_pack_weights_a(w[g * p.Kg:(g + 1) * p.Kg].reshape(p.Kg, ckk), KC, MR)
                 for g in range(p.groups)]
 
@@ -186,18 +207,19 @@ ROWS_TASKS_PER_THREAD = 4
 def _pack_weights_rows(w, p, KC, NR):
     """Weights for :func:`rows_nhwc_task`: group ``g`` from ``g*Cg*ntaps*Np``, then per KC
     block of channels (``pc*ntaps*Np`` on) NR-column panels of ``ntaps*kc*NR`` values,
-    tap ``t``'s ``kc x NR`` panel (k-major) at ``t*kc*NR``."""
+    tap ``t``'s ``kc x NR`` panel (k-major) at ``t*kc*NR``.  Array copies, one per
+    channel block, all groups at once."""
     ntaps = p.kh * p.kw
     Np = engine.round_up(p.Kg, NR)
     buf = np.zeros(p.groups * p.Cg * ntaps * Np + 1, w.dtype)
-    for g in range(p.groups):
-        wg = np.zeros((Np, p.Cg, ntaps), w.dtype)
-        wg[:p.Kg] = w[g * p.Kg:(g + 1) * p.Kg].reshape(p.Kg, p.Cg, ntaps)
-        for pc in range(0, p.Cg, KC):
-            kc = min(KC, p.Cg - pc)
-            block = wg[:, pc:pc + kc].reshape(Np // NR, NR, kc, ntaps).transpose(0, 3, 2, 1)
-            at = (g * p.Cg + pc) * ntaps * Np
-            buf[at:at + block.size] = block.reshape(-1)
+    per_group = buf[:-1].reshape(p.groups, p.Cg * ntaps * Np)
+    wg = np.zeros((p.groups, Np, p.Cg, ntaps), w.dtype)
+    wg[:, :p.Kg] = w.reshape(p.groups, p.Kg, p.Cg, ntaps)
+    for pc in range(0, p.Cg, KC):
+        kc = min(KC, p.Cg - pc)
+        block = wg[:, :, pc:pc + kc].reshape(p.groups, Np // NR, NR, kc, ntaps)
+        per_group[:, pc * ntaps * Np:(pc + kc) * ntaps * Np] = (
+            block.transpose(0, 1, 4, 3, 2).reshape(p.groups, -1))
     return buf, Np
 
 
@@ -211,7 +233,7 @@ ROWS_NCHW_MIN_CHANNELS = 48
 ROWS_NCHW_MAX_PLANE = 4096
 
 
-def rows_nchw_ok(p, dtype=np.float32):
+def rows_nchw_ok(p, dtype=np.float32, target=None):
     """Whether an NCHW layer runs on the rows kernel (:func:`_run_rows`) rather than the
     taps kernel (:func:`_run_shifted`): one group, not 1x1 stride 1, at least
     ``ROWS_NCHW_MIN_CHANNELS`` channels, an output plane of at most
@@ -234,8 +256,8 @@ def rows_nchw_ok(p, dtype=np.float32):
         return False
     if p.Cg < ROWS_NCHW_MIN_CHANNELS or p.Ho * p.Wo > ROWS_NCHW_MAX_PLANE:
         return False
-    kernel, _ = engine.plan(np.dtype(dtype))
-    mr, nr = kernel.mr, kernel.nr
+    target = engine.host_target(dtype) if target is None else target
+    mr, nr = target.mr, target.nr
     pixels, plane = p.N * p.Ho * p.Wo, p.Ho * p.Wo
     rows_fill = p.Kg / engine.round_up(p.Kg, nr) * pixels / engine.round_up(pixels, mr)
     taps_fill = p.Kg / engine.round_up(p.Kg, mr) * plane / engine.round_up(plane, nr)
@@ -328,7 +350,7 @@ def _run_rows(x, w, bias, out, p, act):
                       machine.l1d_bytes, machine.l2_bytes, ROWS_A_L1, ROWS_B_L2, ROWS_A_L2,
                       ROWS_TASKS_PER_THREAD)
     bpack, Np = engine.prepared("im2col_rows", w, (plan.KC, NR),
-                                lambda: _pack_weights_rows(w, p, plan.KC, NR))
+                                lambda w: _pack_weights_rows(w, p, plan.KC, NR))
     if bias is None:
         b, epi = np.zeros(1, out.dtype), act
     else:
@@ -585,34 +607,33 @@ def shifted_kc(p, mr, nr, itemsize, l1d_bytes):
     return -(-p.Cg // -(-p.Cg // kc))
 
 
-def _pack_weights_taps(w, KC, MR):
-    """Pack the weights as A for the taps kernel: per channel block, per row panel, per tap.
-
-    Block ``pc`` starts at ``pc*Mp*T`` (``T = kh*kw``); in it, the ``MR x kc`` panel of
-    rows ``ir:ir+MR`` for tap ``t`` (its k steps of MR values) lies at
-    ``ir*kc*T + t*MR*kc``.  A tile's every tap is then one contiguous run: read in
-    order, where per-tap matrices would be ``C*Mp`` apart (9 streams 1 MB apart for
-    512 channels).
-    """
-    K, C, kh, kw = w.shape
-    T = kh * kw
-    Mp = engine.round_up(K, MR)
-    per_tap = [_pack_weights_a(np.ascontiguousarray(w[:, :, i, j]), KC, MR)[0]
-               for i, j in zip(*_tap_rows_cols(kh, kw))]
-    buf = np.zeros(T * C * Mp + 1, w.dtype)
-    for pc in range(0, C, KC):
-        kc = min(KC, C - pc)
-        panels = [tap[pc * Mp:(pc + kc) * Mp].reshape(Mp // MR, kc * MR) for tap in per_tap]
-        buf[pc * Mp * T:(pc + kc) * Mp * T] = np.stack(panels, axis=1).reshape(-1)
-    return buf, Mp
-
-
 def _pack_groups_taps(w, groups, KC, MR):
-    """:func:`_pack_weights_taps` of each group's weights, one after another, equally
-    spaced: (buffer, Mp)."""
-    Kg = w.shape[0] // groups
-    packed = [_pack_weights_taps(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(groups)]
-    return np.concatenate([buf for buf, _ in packed]), packed[0][1]
+    """Pack each group's weights as A for the taps kernel: (buffer, Mp).
+
+    Group ``g`` starts at ``g*(T*Cg*Mp + 1)`` (``T = kh*kw``, ``Mp`` = ``Kg`` rounded up
+    to MR).  In it, channel block ``pc`` starts at ``pc*Mp*T``; in that, the
+    ``MR x kc`` panel of rows ``ir:ir+MR`` for tap ``t`` (its k steps of MR values)
+    lies at ``ir*kc*T + t*MR*kc``.  A tile's every tap is then one contiguous run:
+    read in order, where per-tap matrices would be ``C*Mp`` apart (9 streams 1 MB
+    apart for 512 channels).  Array copies only, one per channel block: a Python
+    loop over groups and taps cost 50x the layer on depthwise weights.
+    """
+    K, Cg, kh, kw = w.shape
+    T, Kg = kh * kw, K // groups
+    Mp = engine.round_up(Kg, MR)
+    # (group, row, channel, tap), taps column by column (see _tap_rows_cols), rows
+    # zero padded to Mp.
+    a = np.zeros((groups, Mp, Cg, T), w.dtype)
+    a[:, :Kg] = w.reshape(groups, Kg, Cg, kh, kw).transpose(0, 1, 2, 4, 3).reshape(
+        groups, Kg, Cg, T)
+    a_group = T * Cg * Mp + 1
+    buf = np.zeros(groups * a_group, w.dtype)
+    per_group = buf.reshape(groups, a_group)
+    for pc in range(0, Cg, KC):
+        kc = min(KC, Cg - pc)
+        block = a[:, :, pc:pc + kc].reshape(groups, Mp // MR, MR, kc, T).transpose(0, 1, 4, 3, 2)
+        per_group[:, pc * Mp * T:(pc + kc) * Mp * T] = block.reshape(groups, -1)
+    return buf, Mp
 
 
 def _taps_weights(w, groups, KC, MR):
@@ -621,7 +642,7 @@ def _taps_weights(w, groups, KC, MR):
     masking a sum of taps instead of their loads (:func:`panel_masks`)."""
     return engine.prepared(
         "im2col_shifted", w, (groups, KC, MR),
-        lambda: _pack_groups_taps(w, groups, KC, MR) + (bool(np.isfinite(w).all()),))
+        lambda w: _pack_groups_taps(w, groups, KC, MR) + (bool(np.isfinite(w).all()),))
 
 
 def _group_bias(bias, p, Mp, dtype, act):
@@ -733,10 +754,9 @@ def _shifted_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_colum
 
 # --- NHWC grouped: each group of an image copied as planes, then the taps kernel ---------
 
-def planes_ok(p, dtype=np.float32):
-    """Whether :func:`_run_planes` serves ``p``: NHWC, groups of fewer output channels
-    than NR, not 1x1, stride 1 with ``Wo == W``, and a group's planes of at most
-    ``SHIFTED_MAX_BYTES``.
+def planes_ok(p, dtype=np.float32, target=None):
+    """Whether :func:`_run_planes` serves ``p`` (:func:`_planes_fit`) and wins: groups
+    of fewer output channels than NR.
 
     The rows kernel's tiles are NR output channels of one group: with fewer, most of
     each tile is empty.  1 thread, batch 8, against torch channels-last: ResNeXt's 128
@@ -745,10 +765,15 @@ def planes_ok(p, dtype=np.float32):
     win: 64 channels in 2 groups 10.8 ms against 13.5 (torch 9.9), 512 in 32 groups
     at 14x14 3.1 against 3.9 (torch 3.3).
     """
+    target = engine.host_target(dtype) if target is None else target
+    return p.groups > 1 and p.Kg < target.nr and _planes_fit(p, dtype)
+
+
+def _planes_fit(p, dtype):
+    """Whether :func:`_run_planes` computes ``p``: NHWC, not 1x1, stride 1 with
+    ``Wo == W``, and a task's planes of at most ``SHIFTED_MAX_BYTES``."""
     itemsize = np.dtype(dtype).itemsize
-    kernel, _ = engine.plan(dtype)
-    return (p.layout == "NHWC" and p.groups > 1 and p.Kg < kernel.nr and not p.pointwise
-            and _flat(p)
+    return (p.layout == "NHWC" and not p.pointwise and _flat(p)
             and _planes_groups(p, itemsize) * p.Cg * p.H * p.W * itemsize <= SHIFTED_MAX_BYTES)
 
 
@@ -791,8 +816,8 @@ def _run_planes(x, w, bias, out, p, act):
     apack, Mp, finite = _taps_weights(w, p.groups, KC, MR)
     _, _, _, taps = _phase_geometry(q)
     masks, sched = panel_masks(q, NR, out.dtype, group=finite)
-    pixels = p.H * p.W
-    NCB = _column_block(pixels, 1, Mp, out.itemsize, NR, SHIFTED_C_BYTES)
+    pixels, out_pixels = p.H * p.W, p.Ho * p.Wo
+    NCB = _column_block(out_pixels, 1, Mp, out.itemsize, NR, SHIFTED_C_BYTES)
     b, bias_group, epi = _group_bias(bias, p, Mp, out.dtype, act)
     G = _planes_groups(p, out.itemsize)
     ntasks = p.N * -(-p.groups // G)
@@ -801,7 +826,7 @@ def _run_planes(x, w, bias, out, p, act):
                                        (G * p.Cg * pixels, ((G - 1) * p.Kg + Mp) * NCB),
                                        out.dtype)
     args = (ntasks, p.groups, G, apack.size // p.groups, bias_group, x.reshape(-1), p.C, pixels,
-            p.Cg, taps, len(taps), masks, sched, apack, Mp, p.Kg, p.K, out.reshape(-1), b, epi,
+            out_pixels, p.Cg, taps, len(taps), masks, sched, apack, Mp, p.Kg, p.K, out.reshape(-1), b, epi,
             KC, blk.mc, NCB)
     engine.launch(lambda t, counter: mod.shifted_nhwc_tasks(counter, *args, xqs[t], cbufs[t]),
                   threads)

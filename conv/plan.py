@@ -22,7 +22,7 @@ from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
 from tilegemm.conv.im2col import (PLANES, ROWS, SHIFTED, _layout, route, rows_kc,
                                   rows_merged)
 from tilegemm.conv.params import FLAT, PHASED, conv_params
-from tilegemm.tuning.machine import detect
+from tilegemm.conv.paths import path_of
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -81,6 +81,9 @@ class ConvPlan:
         The choice: ``"im2col"``, ``"winograd"`` or ``"direct"``.
     path : str
         A finer description (e.g. ``"im2col (1x1 as plain GEMM)"``).
+    route : str
+        The loop nest that runs, one of :data:`tilegemm.conv.paths.PATHS`
+        (e.g. ``"im2col.rows"``).
     estimates : dict
         Estimated seconds of every applicable algorithm.
     params : ConvParams
@@ -95,6 +98,7 @@ class ConvPlan:
     params: object = field(compare=False)
     threads: int = 1
     reason: str = ""
+    route: str = ""
 
 
 def _round_up(x, m):
@@ -111,19 +115,20 @@ def _gemm_seconds(flops, rows, cols, depth, mr, nr, peak):
     return flops / (eff * peak)
 
 
-def estimates(p, dtype=np.float32, threads=1):
-    """Estimated seconds per algorithm for :class:`ConvParams` ``p`` (applicable ones only)."""
-    from tilegemm.conv.engine import plan as engine_plan
+def estimates(p, dtype=np.float32, threads=1, target=None):
+    """Estimated seconds per algorithm for :class:`ConvParams` ``p`` (applicable ones only)
+    on ``target`` (:data:`tilegemm.conv.engine.Target`, the host's by default)."""
+    from tilegemm.conv.engine import host_target
     from tilegemm.tuning.peak import nominal_peak_gflops
 
-    kernel, _ = engine_plan(dtype)
-    mr, nr = kernel.mr, kernel.nr
+    target = host_target(dtype) if target is None else target
+    mr, nr = target.mr, target.nr
     peak = nominal_peak_gflops(dtype, threads) * 1e9
     ns = 1e-9 / threads
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
     out = {}
-    im2col_path = route(p, dtype)
+    im2col_path = route(p, dtype, target)
     if p.layout == "NCHW" or im2col_path == PLANES:
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
@@ -133,7 +138,7 @@ def estimates(p, dtype=np.float32, threads=1):
         # The rows kernel: every tap of a channel block per tile, pixels read in place.
         # Its k loops run KC channels per tap, kw*C where a kernel row is one run.
         # NCHW writes C through a transposing copy.
-        KC = rows_kc(p, np.dtype(dtype).itemsize, mr, detect().l1d_bytes)
+        KC = rows_kc(p, np.dtype(dtype).itemsize, mr, target.l1d_bytes)
         depth = p.kw * p.Cg if rows_merged(p, KC) else KC
         copy = p.N * p.K * pixels * ns / PLANES_COPY_RATE if p.layout == "NCHW" else 0
         out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
@@ -162,9 +167,9 @@ def estimates(p, dtype=np.float32, threads=1):
             rate_in, rate_out = WINOGRAD_IN_RATE, WINOGRAD_OUT_RATE
         transforms = tiles * (p.C * ns / rate_in + p.K * ns / rate_out)
         out["winograd"] = gemm + transforms + p.groups * GROUP_OVERHEAD
-    if flat_applies(p, kernel.lanes):
+    if flat_applies(p, target.lanes):
         efficiency = DIRECT_FLAT_EFFICIENCY if p.sy == p.sx == 1 else DIRECT_FLAT_COPY_EFFICIENCY
-    elif nhwc_vector_applies(p, dtype):
+    elif nhwc_vector_applies(p, dtype, target.lanes):
         efficiency = DIRECT_NHWC_VECTOR_EFFICIENCY
     else:
         efficiency = DIRECT_VECTOR_EFFICIENCY if vector_rows else DIRECT_EFFICIENCY
@@ -172,10 +177,39 @@ def estimates(p, dtype=np.float32, threads=1):
     return out
 
 
-def choose(p, dtype=np.float32, threads=None):
-    """The :class:`ConvPlan` for validated parameters ``p``."""
+#: What each path does, for :attr:`ConvPlan.path`.
+DESCRIPTIONS = {
+    "im2col.pointwise": None,          # layout dependent: see _describe
+    "im2col.rows": "im2col (all taps per tile, each pixel's channels read in place)",
+    "im2col.planes": ("im2col (all taps per tile, each group's channels copied as planes, the "
+                      "output written back interleaved)"),
+    "im2col.packed": "im2col (implicit: B panels packed from the image)",
+}
+
+
+def _describe(route, p):
+    """A one-line description of ``route`` for the layer ``p``."""
+    if route == "im2col.pointwise":
+        return ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
+                if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
+    if route == "im2col.rows" and p.layout == "NCHW":
+        return ("im2col (all taps per tile, each pixel's channels read in place, the "
+                "tiles of C transposed into the output planes)")
+    if route == "im2col.shifted":
+        return {FLAT: "im2col (all taps per tile, B read in place from the image through "
+                      "load masks)",
+                PHASED: "im2col (all taps per tile, B read in place from an unpadded "
+                        "stride-split image copy through load masks)"}.get(
+            _layout(p), "im2col (all taps per tile, B read in place from a stride-split "
+                        "image copy)")
+    return DESCRIPTIONS.get(route) or route.partition(".")[0]
+
+
+def choose(p, dtype=np.float32, threads=None, target=None):
+    """The :class:`ConvPlan` for validated parameters ``p`` on ``target`` (the host's
+    by default)."""
     threads = numba.get_num_threads() if threads is None else int(threads)
-    est = estimates(p, dtype, threads)
+    est = estimates(p, dtype, threads, target)
     forced = os.environ.get("TILEGEMM_CONV_ALGORITHM")
     if forced in est:
         algorithm, reason = forced, "forced by TILEGEMM_CONV_ALGORITHM"
@@ -184,30 +218,8 @@ def choose(p, dtype=np.float32, threads=None):
         ranked = sorted(est, key=est.get)
         reason = "lowest estimated time" + (
             f" ({est[ranked[0]] / est[ranked[1]]:.2f}x of {ranked[1]})" if len(ranked) > 1 else "")
-    path = algorithm
-    if algorithm == "im2col" and p.pointwise:
-        path = ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
-                if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
-    elif algorithm == "im2col":
-        im2col_path = route(p, dtype)
-        if im2col_path == ROWS and p.layout == "NCHW":
-            path = ("im2col (all taps per tile, each pixel's channels read in place, the "
-                    "tiles of C transposed into the output planes)")
-        elif im2col_path == ROWS:
-            path = "im2col (all taps per tile, each pixel's channels read in place)"
-        elif im2col_path == PLANES:
-            path = ("im2col (all taps per tile, each group's channels copied as planes, the "
-                    "output written back interleaved)")
-        elif im2col_path != SHIFTED:
-            path = "im2col (implicit: B panels packed from the image)"
-        elif _layout(p) == FLAT:
-            path = "im2col (all taps per tile, B read in place from the image through load masks)"
-        elif _layout(p) == PHASED:
-            path = ("im2col (all taps per tile, B read in place from an unpadded stride-split "
-                    "image copy through load masks)")
-        else:
-            path = "im2col (all taps per tile, B read in place from a stride-split image copy)"
-    return ConvPlan(algorithm, path, est, p, threads, reason)
+    route_name = path_of(p, algorithm, dtype, target)
+    return ConvPlan(algorithm, _describe(route_name, p), est, p, threads, reason, route_name)
 
 
 def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,

@@ -44,7 +44,7 @@ def prepare(w, groups, dtype):
     KC = min(blk.kc, Cg)
     Kg = w.shape[0] // groups
 
-    def build():
+    def build(w):
         return [_pack_transformed(w[g * Kg:(g + 1) * Kg], KC, kernel.nr) for g in range(groups)]
 
     return engine.prepared("winograd", w, (groups, KC, kernel.nr), build), KC
@@ -174,7 +174,7 @@ def _run_nchw(x, w, bias, out, p, act):
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
 
-    def build():
+    def build(w):
         # Every group's matrices in one buffer, ``u_group`` apart: one launch for all groups.
         packs = [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(p.groups)]
         return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size

@@ -3,19 +3,26 @@ import contextlib
 import dataclasses
 import sys
 import threading
+import time
 
 import numba
 import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm.conv import engine
+from tilegemm.conv import engine, paths
+from tilegemm.conv.engine import Target
 from tilegemm.conv.params import conv_params
 from tilegemm.packing.im2col import im2col, pack_b_im2col
 from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
                                        weight_transform)
 
 RNG = np.random.default_rng(1234)
+
+#: Machine facts of the AVX-512 Zen 4 the routing thresholds were measured on (float32:
+#: 16 lanes, 6x64 tile, 32 KiB L1d, 1 MiB L2): routing tests pass it explicitly, so
+#: they check the rule, not the host.
+ZEN4_AVX512 = Target(lanes=16, mr=6, nr=64, l1d_bytes=32 << 10, l2_bytes=1 << 20)
 
 
 # --- the reference --------------------------------------------------------------------
@@ -66,7 +73,9 @@ def _tolerance(x, w, dtype):
     return 8 * eps * (scale + 1)
 
 
-def run_case(shape, algorithm, layout, dtype=np.float32, bias=True, activation=None):
+def run_case(shape, algorithm, layout, dtype=np.float32, bias=True, activation=None, path=None):
+    """Compare ``conv2d`` with the reference on ``shape``; ``path`` forces a path of
+    :data:`tilegemm.conv.paths.PATHS` (``algorithm`` is then ignored)."""
     (N, C, H, W), (K, kh, kw), kw_args = shape
     groups = kw_args.get("groups", 1)
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
@@ -76,7 +85,7 @@ def run_case(shape, algorithm, layout, dtype=np.float32, bias=True, activation=N
     xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     x_before, w_before = xin.copy(), w.copy()
     got = tilegemm.conv2d(xin, w, b, activation=activation, algorithm=algorithm, layout=layout,
-                          **kw_args)
+                          _path=path, **kw_args)
     np.testing.assert_array_equal(xin, x_before)   # inputs never modified
     np.testing.assert_array_equal(w, w_before)
     if layout == "NHWC":
@@ -690,8 +699,9 @@ def test_shifted_im2col(name, monkeypatch):
     # A small C block forces several column blocks on the last case.
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
     p = conv_params(*_shapes(shape), **shape[2])
-    assert im2col_mod.shifted_ok(p) and not im2col_mod.rows_nchw_ok(p)
-    run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+    assert im2col_mod.shifted_ok(p)
+    run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
+             path="im2col.shifted")
 
 
 def test_shifted_tails_split_only_when_too_few_for_the_threads():
@@ -721,8 +731,9 @@ def test_grouped_im2col_runs_every_group_in_one_task_loop(name, threads, dtype, 
     groups = _record_arg(monkeypatch, "shifted_tasks", 3, dtype)
     assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
     with _threads(threads):
-        run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6")
-        run_case(shape, "im2col", "NCHW", dtype, bias=False)
+        run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6",
+                 path="im2col.shifted")
+        run_case(shape, "im2col", "NCHW", dtype, bias=False, path="im2col.shifted")
     # Every thread's task loop gets all the groups (no launch per group).
     assert groups and set(groups) == {shape[2]["groups"]}
 
@@ -748,12 +759,13 @@ def test_grouped_nhwc_im2col_copies_groups_as_planes(name, threads, dtype, monke
     monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 12)   # several column blocks
     shape = PLANES[name]
     (N, C, H, W), (K, kh, kw), kw_args = shape
-    assert im2col_mod.planes_ok(conv_params((N, H, W, C), (K, C // kw_args["groups"], kh, kw),
-                                            layout="NHWC", **kw_args), dtype)
+    p = conv_params((N, H, W, C), (K, C // kw_args["groups"], kh, kw), layout="NHWC", **kw_args)
+    assert paths.serves("im2col.planes", p, dtype)
     blocks = _record_arg(monkeypatch, "shifted_nhwc_tasks", 3, dtype)     # groups per task
     with _threads(threads):
-        run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu")
-        run_case(shape, "im2col", "NHWC", dtype, bias=False)
+        run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu",
+                 path="im2col.planes")
+        run_case(shape, "im2col", "NHWC", dtype, bias=False, path="im2col.planes")
     assert blocks and all(1 <= g <= kw_args["groups"] for g in blocks)
 
 
@@ -791,8 +803,9 @@ def _run_rows_path(shape, layout, threads, dtype, activation, monkeypatch):
     monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
     tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype)
     with _threads(threads):
-        run_case(shape, "im2col", layout, dtype, bias=True, activation=activation)
-        run_case(shape, "im2col", layout, dtype, bias=False)
+        run_case(shape, "im2col", layout, dtype, bias=True, activation=activation,
+                 path="im2col.rows")
+        run_case(shape, "im2col", layout, dtype, bias=False, path="im2col.rows")
     assert tasks and all(n > 1 for n in tasks)
 
 
@@ -819,7 +832,8 @@ def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, C, H, W), (K, C, kh, kw), kw_args.get("stride", 1),
                     kw_args["padding"], kw_args.get("dilation", 1), 1, "NCHW")
-    assert im2col_mod.rows_nchw_ok(p, dtype)
+    # On a 6x64 tile (AVX-512 float32) auto takes this path; other tiles may not.
+    assert im2col_mod.rows_nchw_ok(p, dtype, ZEN4_AVX512)
     _run_rows_path(shape, "NCHW", threads, dtype, "relu", monkeypatch)
 
 
@@ -842,7 +856,8 @@ def test_nchw_rows_kernel_takes_the_layers_it_wins():
     from tilegemm.conv.im2col import rows_nchw_ok
 
     def ok(x, w, stride=1, padding=1, groups=1):
-        return rows_nchw_ok(conv_params(x, w, stride, padding, 1, groups, "NCHW"))
+        return rows_nchw_ok(conv_params(x, w, stride, padding, 1, groups, "NCHW"), np.float32,
+                            ZEN4_AVX512)
 
     for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
         assert ok((8, c, hw, hw), (c, c, 3, 3))
@@ -1258,7 +1273,6 @@ def test_im2col_unpadded_phase_copy(shape, kw_args, threads, monkeypatch):
     K = 13
     p = conv_params(shape, (K, shape[1], 3, 3), **kw_args)
     assert im2col_mod._layout(p) == im2col_mod.PHASED and im2col_mod.shifted_ok(p)
-    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
     x = RNG.standard_normal(shape).astype(np.float32)
     w = RNG.standard_normal((K, shape[1], 3, 3)).astype(np.float32)
     b = RNG.standard_normal(K).astype(np.float32)
@@ -1266,7 +1280,7 @@ def test_im2col_unpadded_phase_copy(shape, kw_args, threads, monkeypatch):
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        got = tilegemm.conv2d(x, w, b, activation="relu6", algorithm="im2col", **kw_args)
+        got = tilegemm.conv2d(x, w, b, activation="relu6", _path="im2col.shifted", **kw_args)
     finally:
         numba.set_num_threads(before)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
@@ -1430,12 +1444,10 @@ def test_shifted_im2col_last_row_panel(K, N):
                                    ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
-    from tilegemm.conv import im2col as im2col_mod
-    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
-    monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
     blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
     with _threads(numba.config.NUMBA_NUM_THREADS):
-        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu")
+        run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
+                 path="im2col.packed")
     assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
 
 
@@ -1447,11 +1459,9 @@ PACKED = [name for name, (_, (_, kh, kw), kw_args) in CASES.items()
 
 @pytest.mark.parametrize("name", PACKED)
 def test_im2col_packing_path(name, monkeypatch):
-    from tilegemm.conv import im2col as im2col_mod
-    monkeypatch.setattr(im2col_mod, "rows_nchw_ok", lambda p, dtype=None: False)
-    monkeypatch.setattr(im2col_mod, "shifted_ok", lambda p, dtype=None: False)
     calls = _record_arg(monkeypatch, "im2col_nchw_tasks", 1)
-    run_case(CASES[name], "im2col", "NCHW", np.float32, bias=True, activation="relu")
+    run_case(CASES[name], "im2col", "NCHW", np.float32, bias=True, activation="relu",
+             path="im2col.packed")
     assert calls
 
 
@@ -1598,3 +1608,166 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
         run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
         run_case(shape, "winograd", "NCHW", dtype, bias=False)
     assert groups and set(groups) == {shape[2]["groups"]}
+
+
+# --- reproducers of reported defects ---------------------------------------------------
+
+@pytest.mark.parametrize("path", [None, "im2col.planes", "direct.nhwc"])
+@pytest.mark.parametrize("kernel, padding", [((3, 1), 0),        # Ho = 6 < H = 8
+                                             ((3, 3), (2, 1)),   # Ho = 10 > H = 8
+                                             ((5, 3), (1, 1))])  # Ho = 6, padded
+def test_nhwc_grouped_output_taller_or_shorter_than_the_input(kernel, padding, path):
+    """Stride 1, an output as wide as the input but of another height: the planes path
+    once iterated over the input's pixels, writing past the output (Ho < H) or leaving
+    rows unwritten (Ho > H).  The output sits between canaries."""
+    x = RNG.standard_normal((2, 8, 8, 4)).astype(np.float32)
+    w = RNG.standard_normal((4, 2) + kernel).astype(np.float32)
+    expected = reference_conv(x.transpose(0, 3, 1, 2), w, padding=padding, groups=2)
+    shape = (2,) + expected.shape[2:] + (4,)
+    out, check = _canaried(shape)
+    got = tilegemm.conv2d(x, w, padding=padding, groups=2, layout="NHWC", _path=path,
+                          _out=out)
+    check()
+    assert got is out
+    np.testing.assert_allclose(got.transpose(0, 3, 1, 2), expected, rtol=1e-5, atol=1e-5)
+    if path is None:                   # and auto / im2col route there by themselves
+        got = tilegemm.conv2d(x, w, padding=padding, groups=2, layout="NHWC", algorithm="im2col")
+        np.testing.assert_allclose(got.transpose(0, 3, 1, 2), expected, rtol=1e-5, atol=1e-5)
+
+
+def _canaried(shape, dtype=np.float32, pad=64):
+    """(array, check): a C-contiguous array between ``pad`` NaN-payload canaries on each
+    side; ``check()`` fails if a canary changed (an out-of-bounds write)."""
+    size = int(np.prod(shape))
+    buf = np.full(size + 2 * pad, 0x7FC0DEAD if dtype == np.float32 else 0x7FF8DEADBEEF,
+                  np.uint32 if dtype == np.float32 else np.uint64)
+    before = buf.copy()
+    arr = buf[pad:pad + size].view(dtype).reshape(shape)
+
+    def check():
+        assert np.array_equal(buf[:pad], before[:pad]), "write before the array"
+        assert np.array_equal(buf[pad + size:], before[pad + size:]), "write past the array"
+
+    return arr, check
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "auto"])
+@pytest.mark.parametrize("kernel, stride", [((1, 1), 1), ((2, 2), 2), ((3, 3), 1)])
+def test_depthwise_nchw_with_every_vector_interior(kernel, stride, algorithm):
+    """Depthwise NCHW rows end to end, where no output vector needs a load mask (every
+    read inside the plane, Ho*Wo a multiple of the lanes): it raised ValueError."""
+    x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    w = RNG.standard_normal((8, 1) + kernel).astype(np.float32)
+    pad = (kernel[0] - 1) // 2 if stride == 1 else 0
+    got = tilegemm.conv2d(x, w, stride=stride, padding=pad, groups=8, algorithm=algorithm)
+    expected = reference_conv(x, w, stride=stride, padding=pad, groups=8)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prepared_weights_describe_what_was_built():
+    """A weight written while its prepared form is built (by another thread) must not
+    poison the cache: the copy kept for comparison is the one built from, so the next
+    call sees the change and rebuilds."""
+    w = np.ones((4, 4, 3, 3), np.float32)
+
+    def build(snapshot):
+        w[...] = 2.0                   # the racing write, in the middle of the build
+        return float(snapshot.sum())
+
+    assert engine.prepared("test_race", w, (), build) == 4 * 4 * 9
+    assert engine.prepared("test_race", w, (), lambda s: float(s.sum())) == 2 * 4 * 4 * 9
+
+
+@pytest.mark.parametrize("algorithm", ["winograd", "im2col"])
+def test_weights_raced_in_place_leave_later_calls_right(algorithm):
+    """One thread flips a plain weight array between two values in place while another
+    convolves with it; once the writes stop, every later call gives the reference of
+    the weights the array then holds."""
+    x = RNG.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    w0 = RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w1 = RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w = w0.copy()
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            w[...] = (w0, w1)[i % 2]
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        deadline = time.perf_counter() + 1.0
+        while time.perf_counter() < deadline:
+            tilegemm.conv2d(x, w, padding=1, algorithm=algorithm)   # result undefined
+    finally:
+        stop.set()
+        t.join()
+    for final in (w0, w1, w0):
+        w[...] = final
+        expected = reference_conv(x, final, padding=1)
+        for _ in range(3):
+            got = tilegemm.conv2d(x, w, padding=1, algorithm=algorithm)
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _pack_taps_by_loops(w, groups, KC, MR):
+    """The taps kernel's packed weights written out loop by loop (the layout of
+    ``im2col._pack_groups_taps``' docstring): the reference for its array copies."""
+    K, Cg, kh, kw = w.shape
+    T, Kg = kh * kw, K // groups
+    Mp = engine.round_up(Kg, MR)
+    a_group = T * Cg * Mp + 1
+    buf = np.zeros(groups * a_group, w.dtype)
+    for g in range(groups):
+        for pc in range(0, Cg, KC):
+            kc = min(KC, Cg - pc)
+            for ir in range(0, Mp, MR):
+                for t in range(T):
+                    i, j = t % kh, t // kh             # column by column
+                    for k in range(kc):
+                        for r in range(MR):
+                            if ir + r < Kg:
+                                at = (g * a_group + pc * Mp * T + ir * kc * T + t * MR * kc
+                                      + k * MR + r)
+                                buf[at] = w[g * Kg + ir + r, pc + k, i, j]
+    return buf, Mp
+
+
+def _pack_rows_by_loops(w, groups, KC, NR):
+    """``im2col._pack_weights_rows``' layout written out loop by loop."""
+    K, Cg, kh, kw = w.shape
+    T, Kg = kh * kw, K // groups
+    Np = engine.round_up(Kg, NR)
+    buf = np.zeros(groups * Cg * T * Np + 1, w.dtype)
+    for g in range(groups):
+        for pc in range(0, Cg, KC):
+            kc = min(KC, Cg - pc)
+            for jr in range(0, Np, NR):
+                for t in range(T):
+                    for k in range(kc):
+                        for c in range(NR):
+                            if jr + c < Kg:
+                                at = ((g * Cg + pc) * T * Np + jr * T * kc + t * kc * NR
+                                      + k * NR + c)
+                                buf[at] = w[g * Kg + jr + c, pc + k, t // kw, t % kw]
+    return buf, Np
+
+
+@pytest.mark.parametrize("K, Cg, kh, kw, groups, KC, tile", [
+    (8, 1, 3, 3, 8, 4, 6), (12, 5, 2, 3, 3, 2, 4), (64, 1, 7, 7, 64, 8, 16),
+    (6, 7, 1, 4, 2, 3, 8), (32, 16, 3, 3, 2, 5, 6)])
+def test_weight_packers_match_their_layouts(K, Cg, kh, kw, groups, KC, tile):
+    """The taps and rows weight packers (array copies over all groups at once, where a
+    Python loop per group and tap made depthwise layers 50x slower) against their
+    layouts written out element by element."""
+    from tilegemm.conv import im2col as im2col_mod
+    w = RNG.standard_normal((K, Cg, kh, kw)).astype(np.float32)
+    buf, Mp = im2col_mod._pack_groups_taps(w, groups, KC, tile)
+    ref, Mp_ref = _pack_taps_by_loops(w, groups, KC, tile)
+    assert Mp == Mp_ref and np.array_equal(buf, ref)
+    p = conv_params((1, Cg * groups, kh + 2, kw + 2), w.shape, groups=groups)
+    buf, Np = im2col_mod._pack_weights_rows(w, p, KC, tile)
+    ref, Np_ref = _pack_rows_by_loops(w, groups, KC, tile)
+    assert Np == Np_ref and np.array_equal(buf, ref)
