@@ -62,8 +62,12 @@ def weight_transform(weight):
         ``U[4*a + b, c, k] = (G @ weight[k, c] @ G.T)[a, b]``.
     """
     g = G.astype(weight.dtype)
-    u = np.einsum("ai,kcij,bj->abck", g, weight, g, optimize=True)
-    return np.ascontiguousarray(u.reshape(16, weight.shape[1], weight.shape[0]))
+    # Two GEMMs over all filters at once (einsum took 8 ms for 128x128 filters):
+    # t[k, c, i, b] = sum_j g[k, c, i, j] G[b, j], then u[a, k, c, b] = sum_i G[a, i] t.
+    t = np.tensordot(weight, g, axes=([3], [1]))
+    u = np.tensordot(g, t, axes=([1], [2]))                # (a, K, C, b)
+    return np.ascontiguousarray(u.transpose(0, 3, 2, 1).reshape(16, weight.shape[1],
+                                                               weight.shape[0]))
 
 
 @numba.njit(inline="always", **JIT)
