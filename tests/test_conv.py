@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from reference import reference_conv
 from tilegemm.conv import engine, paths
 from tilegemm.conv.engine import Target
 from tilegemm.conv.params import conv_params
@@ -25,45 +26,7 @@ RNG = np.random.default_rng(1234)
 ZEN4_AVX512 = Target(lanes=16, mr=6, nr=64, l1d_bytes=32 << 10, l2_bytes=1 << 20)
 
 
-# --- the reference --------------------------------------------------------------------
 
-def reference_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
-    """float64 direct convolution of an NCHW input, written from the definition.
-
-    ``padding`` is an int, a pair or a (top, bottom, left, right) tuple.
-    """
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    sy, sx = (stride, stride) if np.isscalar(stride) else stride
-    dy, dx = (dilation, dilation) if np.isscalar(dilation) else dilation
-    if np.isscalar(padding):
-        padding = (padding,) * 4
-    elif len(padding) == 2:
-        padding = (padding[0], padding[0], padding[1], padding[1])
-    top, bottom, left, right = padding
-    N, C, H, W = x.shape
-    K, Cg, kh, kw = w.shape
-    Kg = K // groups
-    xp = np.zeros((N, C, H + top + bottom, W + left + right))
-    xp[:, :, top:top + H, left:left + W] = x
-    Ho = (H + top + bottom - dy * (kh - 1) - 1) // sy + 1
-    Wo = (W + left + right - dx * (kw - 1) - 1) // sx + 1
-    out = np.zeros((N, K, Ho, Wo))
-    for g in range(groups):
-        xg = xp[:, g * Cg:(g + 1) * Cg]
-        wg = w[g * Kg:(g + 1) * Kg]
-        for i in range(kh):
-            for j in range(kw):
-                patch = xg[:, :, i * dy:i * dy + sy * (Ho - 1) + 1:sy,
-                           j * dx:j * dx + sx * (Wo - 1) + 1:sx]
-                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, wg[:, :, i, j])
-    if b is not None:
-        out += np.asarray(b, np.float64).reshape(1, -1, 1, 1)
-    if activation in ("relu", "relu6"):
-        out = np.where(out < 0, 0, out)  # keeps NaN
-    if activation == "relu6":
-        out = np.where(out > 6, 6, out)
-    return out
 
 
 def _tolerance(x, w, dtype):
@@ -525,15 +488,18 @@ def test_plan_nhwc_grouped_and_depthwise():
     """NHWC: a grouped layer of a few output channels a group runs its groups as planes,
     one of many by the rows kernel; a depthwise layer with channels for the vector
     kernel runs direct (the planes path must not take it)."""
-    grouped = tilegemm.conv_plan((8, 28, 28, 256), (256, 8, 3, 3), padding=1, groups=32,
-                                 layout="NHWC")
-    assert grouped.algorithm == "im2col" and "planes" in grouped.path
-    wide = tilegemm.conv_plan((8, 28, 28, 256), (256, 128, 5, 5), padding=2, groups=2,
-                              layout="NHWC")
-    assert wide.algorithm == "im2col" and "in place" in wide.path
-    dw = tilegemm.conv_plan((8, 28, 28, 256), (256, 1, 3, 3), padding=1, groups=256,
-                            layout="NHWC")
-    assert dw.algorithm == "direct"
+    from tilegemm.conv.plan import choose
+
+    def plan(x, w, padding, groups):      # on the machine the thresholds were measured on
+        p = conv_params(x, w, 1, padding, 1, groups, "NHWC")
+        return choose(p, np.float32, 1, ZEN4_AVX512)
+
+    grouped = plan((8, 28, 28, 256), (256, 8, 3, 3), 1, 32)
+    assert grouped.algorithm == "im2col" and grouped.route == "im2col.planes"
+    wide = plan((8, 28, 28, 256), (256, 128, 5, 5), 2, 2)
+    assert wide.algorithm == "im2col" and wide.route == "im2col.rows"
+    dw = plan((8, 28, 28, 256), (256, 1, 3, 3), 1, 256)
+    assert dw.algorithm == "direct" and dw.route == "direct.nhwc_vector"
 
 
 def test_weight_changed_in_place_is_not_served_stale():
@@ -981,7 +947,13 @@ def test_depthwise_direct_images_smaller_than_a_vector(dtype, H, W):
     from tilegemm.tuning.peak import lanes_for
     shape = ((2, 3, H, W), (3, 3, 3), dict(padding=1, groups=3))
     args, kw_args = _flat_shape(shape)
-    assert not direct_mod.flat_applies(conv_params(*args, **kw_args), lanes_for(dtype))
+    p = conv_params(*args, **kw_args)
+    assert not direct_mod.flat_applies(p, 4)          # below a vector of 4 lanes or more
+    # The padded channel copy, on any host; then whatever direct picks on this one
+    # (128-bit vectors of float64 hold 2 pixels: rows end to end may serve them).
+    run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6",
+             path="direct.nchw_vector")
+    assert direct_mod.flat_applies(p, lanes_for(dtype)) == (H * W >= lanes_for(dtype))
     run_case(shape, "direct", "NCHW", dtype, bias=True, activation="relu6")
 
 

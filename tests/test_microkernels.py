@@ -96,7 +96,7 @@ def test_k_values_and_beta(spec, rng):
 def test_fused_epilogue(spec, epi, rng):
     dt, MR, NR, isa = spec
     kern = get_kernel(dt, MR, NR, isa)
-    for mr, nr, beta in ((MR, NR, 0.0), (MR, NR, 1.0), (MR - 1, NR - 3, 0.5)):
+    for mr, nr, beta in ((MR, NR, 0.0), (MR, NR, 1.0), (max(MR - 1, 1), max(NR - 3, 1), 0.5)):
         got, A, B, C0, bias = run_tile(kern, mr, nr, 33, beta, rng, epi=epi, a_scale=2.0)
         ref = reference(A, B, C0, beta)
         if epi & EPI_BIAS_ROW:
