@@ -1,0 +1,41 @@
+"""float64 references the tests compare tilegemm with, written from the definitions."""
+import numpy as np
+
+
+def reference_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
+    """float64 direct convolution of an NCHW input, written from the definition.
+
+    ``padding`` is an int, a pair or a (top, bottom, left, right) tuple.
+    """
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    sy, sx = (stride, stride) if np.isscalar(stride) else stride
+    dy, dx = (dilation, dilation) if np.isscalar(dilation) else dilation
+    if np.isscalar(padding):
+        padding = (padding,) * 4
+    elif len(padding) == 2:
+        padding = (padding[0], padding[0], padding[1], padding[1])
+    top, bottom, left, right = padding
+    N, C, H, W = x.shape
+    K, Cg, kh, kw = w.shape
+    Kg = K // groups
+    xp = np.zeros((N, C, H + top + bottom, W + left + right))
+    xp[:, :, top:top + H, left:left + W] = x
+    Ho = (H + top + bottom - dy * (kh - 1) - 1) // sy + 1
+    Wo = (W + left + right - dx * (kw - 1) - 1) // sx + 1
+    out = np.zeros((N, K, Ho, Wo))
+    for g in range(groups):
+        xg = xp[:, g * Cg:(g + 1) * Cg]
+        wg = w[g * Kg:(g + 1) * Kg]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xg[:, :, i * dy:i * dy + sy * (Ho - 1) + 1:sy,
+                           j * dx:j * dx + sx * (Wo - 1) + 1:sx]
+                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, wg[:, :, i, j])
+    if b is not None:
+        out += np.asarray(b, np.float64).reshape(1, -1, 1, 1)
+    if activation in ("relu", "relu6"):
+        out = np.where(out < 0, 0, out)  # keeps NaN
+    if activation == "relu6":
+        out = np.where(out > 6, 6, out)
+    return out
