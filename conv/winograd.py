@@ -19,35 +19,12 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.kernels.generator import EPI_BIAS_ROW
-from tilegemm.packing.winograd import weight_transform
-
-
-def _pack_panels(u, KC, R):
-    """The 16 (C x K) matrices ``u`` packed in R-wide micro-panels along K, k-major, per
-    KC block of C: block (xi, pc) at ``(xi*C + pc)*Kp`` (``Kp`` = K rounded up to R,
-    the padding zero), panel ``j`` of it at ``j*R*kc``, value (c, r) at ``c*R + r``.
-
-    That is packed B of each (C x K) matrix with NR = R, and packed A of its
-    transpose with MR = R.  Array copies, one per KC block, all 16 matrices at once
-    (a packer call per matrix and block made preparing ResNet-18 conv3_x's weights
-    7x the layer).  Returns (buffer, Kp).
-    """
-    _, C, K = u.shape
-    Kp = engine.round_up(K, R)
-    padded = np.zeros((16, C, Kp), u.dtype)
-    padded[:, :, :K] = u
-    buf = np.zeros(16 * C * Kp + 1, u.dtype)
-    per_matrix = buf[:-1].reshape(16, C * Kp)
-    for pc in range(0, C, KC):
-        kc = min(KC, C - pc)
-        block = padded[:, pc:pc + kc].reshape(16, kc, Kp // R, R).transpose(0, 2, 1, 3)
-        per_matrix[:, pc * Kp:(pc + kc) * Kp] = block.reshape(16, -1)
-    return buf, Kp
+from tilegemm.packing.winograd import pack_filter_transforms
 
 
 def _pack_transformed(w, KC, NR):
     """Transform one group's filters and pack each of the 16 (C x K) matrices as B."""
-    return _pack_panels(weight_transform(w), KC, NR)
+    return pack_filter_transforms(w, KC, NR)
 
 
 def prepare(w, groups, dtype):
@@ -97,7 +74,7 @@ def _pack_transformed_a(w, KC, MR):
     Block (xi, pc) starts at ``(xi*C + pc)*Kp`` with ``Kp`` = K rounded up to MR; the
     padding rows are zero, so the drivers can run every row panel as a full tile.
     """
-    return _pack_panels(weight_transform(w), KC, MR)  # U^T[xi][k, c] = u[xi, c, k]
+    return pack_filter_transforms(w, KC, MR)          # U^T[xi][k, c] = U[xi][c, k]
 
 
 def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):

@@ -13,7 +13,9 @@ product summed over channels is a GEMM::
 so the 16 products run on the engine's micro-kernels.  The tiles are the GEMM's
 rows (A operand) and output channels its columns (B operand):
 
-* :func:`weight_transform` computes every ``U`` once (numpy; the caller caches it).
+* :func:`weight_transform` computes every ``U`` (the reference layout) and
+  :func:`pack_filter_transforms` writes them straight into packed panels, once per
+  weight array (the caller caches them).
 * :func:`pack_a_winograd` computes ``V`` for a block of tiles and writes it straight
   into 16 packed-A slabs (MR-row k-major micro-panels), so the transformed input
   is never stored in any other layout.  Tiles that overhang the image read zeros;
@@ -61,13 +63,76 @@ def weight_transform(weight):
     ndarray, shape (16, C, K), C-contiguous, dtype of ``weight``
         ``U[4*a + b, c, k] = (G @ weight[k, c] @ G.T)[a, b]``.
     """
-    g = G.astype(weight.dtype)
-    # Two GEMMs over all filters at once (einsum took 8 ms for 128x128 filters):
-    # t[k, c, i, b] = sum_j g[k, c, i, j] G[b, j], then u[a, k, c, b] = sum_i G[a, i] t.
-    t = np.tensordot(weight, g, axes=([3], [1]))
-    u = np.tensordot(g, t, axes=([1], [2]))                # (a, K, C, b)
-    return np.ascontiguousarray(u.transpose(0, 3, 2, 1).reshape(16, weight.shape[1],
-                                                               weight.shape[0]))
+    return np.ascontiguousarray(filter_transforms(weight).transpose(2, 1, 0))
+
+
+def filter_transforms(weight):
+    """Each filter's ``G g G^T`` flattened: shape (K, C, 16), ``[k, c, 4*a + b]``."""
+    K, C = weight.shape[:2]
+    out = np.empty((K, C, 16), weight.dtype)
+    _filter_transforms(np.ascontiguousarray(weight), out.reshape(-1), C, K, 1,
+                       weight.dtype.type(0.5), True)
+    return out
+
+
+def pack_filter_transforms(weight, KC, R):
+    """The 16 (C x K) matrices ``U[xi]`` of :func:`weight_transform`, packed.
+
+    R-wide micro-panels along K, k-major, per KC block of C: block (xi, pc) at
+    ``(xi*C + pc)*Kp`` (``Kp`` = K rounded up to R, the padding zero), panel ``j``
+    of it at ``j*R*kc``, value (c, r) at ``c*R + r``.  That is packed B of each
+    ``U[xi]`` with NR = R, and packed A of its transpose with MR = R.
+
+    Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  A
+    compiled loop that writes each value where the kernels read it: einsum and
+    packer calls per matrix and block took 15 ms for ResNet-18 conv3_x's 128x128
+    filters (7x the layer), on the call path whenever the prepared-weight cache
+    misses.
+    """
+    K, C = weight.shape[:2]
+    Kp = -(-K // R) * R
+    buf = np.zeros(16 * C * Kp + 1, weight.dtype)
+    _filter_transforms(np.ascontiguousarray(weight), buf, KC, Kp, R, weight.dtype.type(0.5),
+                       False)
+    return buf, Kp
+
+
+@numba.njit(inline="always", **JIT)
+def _g_rows(x0, x1, x2, h):
+    """One 1-D weight transform ``G x`` over three values (G's rows: e0, (e0+e1+e2)/2,
+    (e0-e1+e2)/2, e2); ``h`` is 0.5 in the values' dtype."""
+    half = (x0 + x2) * h
+    return x0, half + x1 * h, half - x1 * h, x2
+
+
+@numba.njit(**JIT)
+def _filter_transforms(w, out, KC, Kp, R, h, flat):
+    """``(G @ w[k, c] @ G.T)[a, b]`` of every filter into ``out``.
+
+    ``flat``: at ``out[(k*C + c)*16 + 4*a + b]``.  Otherwise packed as
+    :func:`pack_filter_transforms` says (``KC``, ``Kp``, ``R``).  ``w`` is
+    C-contiguous (K, C, 3, 3), ``h`` 0.5 in its dtype.  Each filter's taps are read
+    into scalars (a view ``w[k, c]`` per filter would cost reference counting), G
+    applied down the columns, then along each row.
+    """
+    K, C = w.shape[0], w.shape[1]
+    for k in range(K):
+        j, r = k // R, k % R
+        for c in range(C):
+            pc = c // KC * KC
+            kc = min(KC, C - pc)
+            c0 = _g_rows(w[k, c, 0, 0], w[k, c, 1, 0], w[k, c, 2, 0], h)
+            c1 = _g_rows(w[k, c, 0, 1], w[k, c, 1, 1], w[k, c, 2, 1], h)
+            c2 = _g_rows(w[k, c, 0, 2], w[k, c, 1, 2], w[k, c, 2, 2], h)
+            for a in range(4):
+                row = _g_rows(c0[a], c1[a], c2[a], h)
+                for b in range(4):
+                    xi = 4 * a + b
+                    if flat:
+                        at = (k * C + c) * 16 + xi
+                    else:
+                        at = (xi * C + pc) * Kp + j * R * kc + (c - pc) * R + r
+                    out[at] = row[b]
 
 
 @numba.njit(inline="always", **JIT)
