@@ -1,0 +1,234 @@
+"""Differential fuzzing of conv2d against a float64 reference written in numpy.
+
+Each generated layer (batch, channels, groups incl. depthwise and channel
+multipliers, rectangular kernels 1-7, strides and dilations 1-3, every padding
+form, bias, activations, both layouts, float32 and float64, 1 or 2 threads, inputs
+and weights in random memory layouts) runs through ``algorithm="auto"`` and through
+every path of :data:`tilegemm.conv.paths.PATHS` that serves it, forced with
+``conv2d``'s internal ``_path``.  Every result must be within an error bound
+scaled by ``sqrt(reduction length) * eps`` and the magnitudes summed; the inputs
+must come back unchanged.
+
+Each example aims at a family of layers (depthwise, grouped with the output as
+wide as the input, Winograd's 3x3, 1x1, any) so that every path is reached in a
+short run: :func:`test_every_path_is_reached` asserts it.  ``TILEGEMM_FUZZ=long``
+selects the long profile (see ``fuzz_settings.py``).
+"""
+import threading
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import assume, given, note, strategies as st
+
+import tilegemm
+from fuzz_settings import fuzz_settings
+from reference import reference_conv
+from tilegemm.conv import paths
+from tilegemm.conv.params import conv_params
+
+#: Families of layers an example aims at; each reaches paths the others rarely do.
+AIMS = ("any", "depthwise", "grouped_same", "winograd", "pointwise", "wide_depthwise")
+#: Memory layouts the input and the weights may come in (see :func:`_arrange`).
+LAYOUTS = ("C", "F", "negative", "transposed", "offset", "misaligned", "broadcast")
+
+#: Paths run so far and the largest error/bound ratio per algorithm (the long
+#: profile prints them; see test_every_path_is_reached).
+REACHED = set()
+WORST = {}
+_record_lock = threading.Lock()
+
+
+@st.composite
+def layers(draw):
+    """(input shape NCHW, weight shape, conv2d keyword arguments, dtype, threads)."""
+    aim = draw(st.sampled_from(AIMS))
+    small = st.integers(1, 3)
+    N = draw(st.integers(1, 3))
+    if aim in ("depthwise", "wide_depthwise"):
+        # Wide: channels for two vectors of every ISA's lanes (direct.nhwc_vector).
+        groups = draw(st.integers(1, 12) if aim == "depthwise"
+                      else st.sampled_from((17, 32, 40, 64, 72)))
+        Cg, Kg = 1, (draw(st.sampled_from((1, 1, 2, 3))) if aim == "depthwise" else 1)
+    elif aim == "grouped_same":
+        groups, Cg, Kg = draw(st.integers(2, 8)), draw(st.integers(1, 6)), draw(st.integers(1, 9))
+    else:
+        groups = draw(st.sampled_from((1, 1, 1, 2, 3)))
+        Cg, Kg = draw(st.integers(1, 24)), draw(st.integers(1, 40))
+    if aim == "winograd":
+        kh = kw = 3
+    elif aim == "pointwise":
+        kh = kw = 1
+    else:
+        kh, kw = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    ones = aim in ("winograd", "pointwise", "grouped_same")
+    stride = (1, 1) if ones else (draw(small), draw(small))
+    dilation = (1, 1) if ones else (draw(small), draw(small))
+    if aim in ("depthwise", "wide_depthwise") and draw(st.booleans(), label="fit rows"):
+        # Rows as wide as the stride-phase planes (direct.flat): an odd kernel width
+        # padded by its reach on each side.
+        kw = draw(st.sampled_from((1, 3, 5, 7)))
+        padding = (draw(st.integers(0, 3)), dilation[1] * (kw - 1) // 2)
+    elif aim == "grouped_same":
+        padding = "same"
+    elif aim == "pointwise":
+        padding = 0
+    else:
+        padding = draw(st.one_of(
+            st.integers(0, 3), st.tuples(st.integers(0, 3), st.integers(0, 3)),
+            st.sampled_from(("valid", "same") if stride == (1, 1) else ("valid",))))
+    H, W = draw(st.integers(1, 14)), draw(st.integers(1, 14))
+    kwargs = dict(stride=stride if stride[0] != stride[1] else stride[0],
+                  dilation=dilation if dilation[0] != dilation[1] else dilation[0],
+                  padding=padding, groups=groups)
+    try:
+        p = conv_params((N, groups * Cg, H, W), (groups * Kg, Cg, kh, kw), **kwargs)
+    except ValueError:
+        assume(False)                  # an empty output: conv2d rejects it (tested elsewhere)
+    assume(p.Ho >= 1 and p.Wo >= 1)
+    dtype = draw(st.sampled_from((np.float32, np.float64)))
+    threads = draw(st.sampled_from((1, 2)))
+    return (N, groups * Cg, H, W), (groups * Kg, Cg, kh, kw), kwargs, dtype, threads
+
+
+def _arrange(draw, values, what):
+    """``values`` in a memory layout drawn from :data:`LAYOUTS`, the same numbers.
+
+    "broadcast" gives zero strides: ``values`` is first made constant along an
+    axis, so the caller must use the returned array's values for its reference.
+    """
+    kind = draw(st.sampled_from(LAYOUTS), label=f"{what} layout")
+    if kind == "F":
+        return np.asfortranarray(values)
+    if kind == "negative":
+        return np.flip(np.flip(values, -1).copy(), -1)
+    if kind == "transposed":
+        perm = draw(st.permutations(range(values.ndim)))
+        return np.ascontiguousarray(values.transpose(perm)).transpose(np.argsort(perm))
+    if kind == "offset":                # one element in: not 64-byte aligned
+        buf = np.empty(values.size + 1, values.dtype)
+        out = buf[1:].reshape(values.shape)
+        out[...] = values
+        return out
+    if kind == "misaligned":            # not even aligned to the element size
+        raw = np.empty(values.nbytes + 1, np.uint8)
+        out = raw[1:].view(values.dtype).reshape(values.shape)
+        out[...] = values
+        return out
+    if kind == "broadcast":
+        axis = draw(st.integers(0, values.ndim - 1))
+        return np.broadcast_to(values.take([0], axis=axis), values.shape)
+    return values
+
+
+def _bound(x, w, b, p, winograd):
+    """Elementwise error bound for the float64 reference of ``x`` (NCHW), ``w``, ``b``.
+
+    ``sqrt(R)`` ulps of the magnitudes summed (``R`` = the reduction length):
+    rounding errors of random signs grow like a random walk.  Winograd's transforms
+    mix a whole 4x4 input tile (including pixels that only the tile's outputs past
+    the image read) with all of a filter's taps before multiplying, so its bound is
+    absolute per 2x2 output tile: the largest input of the tile times the sum of
+    the filter's magnitudes.
+    """
+    eps = np.finfo(np.float32 if x.dtype == np.float32 and w.dtype == np.float32
+                   else np.float64).eps
+    reduction = p.Cg * p.kh * p.kw
+    if winograd:
+        TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+        xp = np.zeros((p.N, p.C, 2 * TH + 2, 2 * TW + 2))
+        rows, cols = min(p.H, 2 * TH + 2 - p.top), min(p.W, 2 * TW + 2 - p.left)
+        xp[:, :, p.top:p.top + rows, p.left:p.left + cols] = np.abs(x[:, :, :rows, :cols])
+        # The largest input of each tile's 4x4 window, over each group's channels.
+        windows = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))
+        tile_max = windows[:, :, ::2, ::2].max(axis=(4, 5))[:, :, :TH, :TW]
+        group_max = tile_max.reshape(p.N, p.groups, p.Cg, TH, TW).max(axis=2)
+        wsum = np.abs(w.astype(np.float64)).reshape(p.K, -1).sum(axis=1)
+        mag = np.repeat(group_max, p.Kg, axis=1) * wsum[None, :, None, None]
+        mag = np.repeat(np.repeat(mag, 2, axis=2), 2, axis=3)[:, :, :p.Ho, :p.Wo]
+        if b is not None:
+            mag = mag + np.abs(b.astype(np.float64)).reshape(1, -1, 1, 1)
+        return 2 * np.sqrt(reduction) * eps * mag + 1e-30
+    pads = (p.top, p.bottom, p.left, p.right)
+    kw = dict(stride=(p.sy, p.sx), dilation=(p.dy, p.dx), padding=pads, groups=p.groups)
+    mag = reference_conv(np.abs(x), np.abs(w), None if b is None else np.abs(b), **kw)
+    # 3 ulps per sqrt(R): a few times the largest ratio a long run saw (see the
+    # closing print of test_every_path_is_reached).
+    return 3 * np.sqrt(reduction) * eps * mag + 4 * eps * mag + 1e-30
+
+
+def _check(path, got, expected, bound, context):
+    got = np.asarray(got, np.float64)
+    err = np.abs(got - expected)
+    ratio = float(np.max(err / bound)) if got.size else 0.0
+    algorithm = path.partition(".")[0]
+    with _record_lock:
+        REACHED.add(path)
+        WORST[algorithm] = max(WORST.get(algorithm, 0.0), ratio)
+    bad = ~(err <= bound)               # NaN counts as bad
+    if bad.any():
+        at = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(err, nan=np.inf), -1)),
+                              err.shape)
+        pytest.fail(f"{context} via {path}: {int(bad.sum())} outputs off, worst at {at}: "
+                    f"expected {expected[at]!r}, got {got[at]!r}, bound {bound[at]!r}")
+
+
+def _run(x, w, b, kwargs, layout, activation, path, threads):
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        return tilegemm.conv2d(x, w, b, activation=activation, layout=layout, _path=path,
+                               **kwargs)
+    finally:
+        numba.set_num_threads(saved)
+
+
+@fuzz_settings(scale=1.5)      # 300 layers in CI: enough to reach every path
+@given(layer=layers(), data=st.data())
+def test_conv2d_matches_the_reference_on_every_path(layer, data):
+    x_shape, w_shape, kwargs, dtype, threads = layer
+    layout = data.draw(st.sampled_from(("NCHW", "NHWC")), label="layout")
+    activation = data.draw(st.sampled_from((None, "relu", "relu6")), label="activation")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1), label="seed"))
+    scale = data.draw(st.sampled_from((1.0, 1e-3, 1e3)), label="scale")
+    x_nchw = (rng.standard_normal(x_shape) * scale).astype(dtype)
+    w = _arrange(data.draw, rng.standard_normal(w_shape).astype(dtype), "weight")
+    b = (rng.standard_normal(w_shape[0]).astype(dtype)
+         if data.draw(st.booleans(), label="bias") else None)
+    x = x_nchw if layout == "NCHW" else x_nchw.transpose(0, 2, 3, 1)
+    x = _arrange(data.draw, np.ascontiguousarray(x), "input")
+    x_nchw = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)    # the values as arranged
+    x_before, w_before = x.copy(), w.copy()
+
+    p = conv_params(x.shape, w.shape, layout=layout, **kwargs)
+    expected = reference_conv(x_nchw, w, b, stride=(p.sy, p.sx), dilation=(p.dy, p.dx),
+                              padding=(p.top, p.bottom, p.left, p.right), groups=p.groups,
+                              activation=activation)
+    bounds = {}
+    chosen = tilegemm.conv_plan(x.shape, w.shape, layout=layout, dtype=dtype, **kwargs).route
+    runs = [None] + [path for path in paths.PATHS if paths.serves(path, p, np.dtype(dtype))]
+    for path in runs:
+        note(f"path {path}")
+        got = _run(x, w, b, kwargs, layout, activation, path, threads)
+        if layout == "NHWC":
+            got = got.transpose(0, 3, 1, 2)
+        assert got.shape == expected.shape and got.dtype == np.dtype(dtype)
+        name = chosen if path is None else path
+        winograd = name.startswith("winograd")
+        if winograd not in bounds:
+            bounds[winograd] = _bound(x_nchw, w, b, p, winograd)
+        _check(name, got, expected, bounds[winograd],
+               f"{x.shape} * {w.shape} {kwargs} {layout} {np.dtype(dtype)} {activation} "
+               f"{threads} thread(s)")
+    np.testing.assert_array_equal(x, x_before)       # inputs never modified
+    np.testing.assert_array_equal(w, w_before)
+
+
+def test_every_path_is_reached():
+    """Every path conv_plan can name ran on at least one generated layer."""
+    if not REACHED >= set(paths.PATHS):
+        test_conv2d_matches_the_reference_on_every_path()     # run alone (-k): fuzz first
+    missing = set(paths.PATHS) - REACHED
+    print("\nlargest error / bound per algorithm:",
+          {k: round(v, 4) for k, v in sorted(WORST.items())})
+    assert not missing, f"paths no generated layer reached: {sorted(missing)}"
