@@ -1,0 +1,819 @@
+"""Differential fuzzing of ``tilegemm.matmul`` and ``tilegemm.gemm`` against numpy references.
+
+What is generated (see the strategies below):
+
+* shapes: 0, 1, small odd sizes, and the sizes where the engine changes behaviour --
+  one below / at / above every register tile's MR and NR and the vector width, above
+  MC, around KC and the unpacked path's k block -- read from the kernel plan of the
+  dtype, so forced ISAs (``TILEGEMM_ISA=avx2|generic``) get their own edges;
+* 1-D operands, batch dimensions that broadcast (size-0 batches and empty m, n, k);
+* float32, float64 and mixed;
+* memory layouts: C and Fortran order, negative strides, steps of 2 and 3, a
+  sub-matrix of a larger array, a C array one element off an aligned start, one a
+  byte off (unaligned elements), strides that are not whole elements, zero strides
+  (``np.broadcast_to``); every unused byte around an operand is NaN, so a read
+  outside it shows in the result;
+* ``out=`` / ``c`` in those layouts, NaN-filled when it must be overwritten, or
+  sharing memory with an input; ``gemm``'s alpha, beta (0 with NaN in C, 1, 0.5, ...)
+  and transposes;
+* values: normal or positive or small integers, scaled by powers of two, and now and
+  then a NaN or an infinity, which must propagate exactly as in numpy.
+
+Checks: NaN and Inf where the reference has them and nowhere else; elsewhere
+``|got - ref| <= LIMIT * (g eps |alpha| (|A| @ |B|) + eps |beta C0|)`` (the largest
+ratio seen is recorded per dtype: see :func:`test_zz_report`); every byte of every
+input buffer unchanged; every byte of an output's buffer outside its elements
+unchanged.
+
+The growth g is sqrt(k): rounding errors of independent terms add up like a random
+walk, and sqrt(k) is what keeps the check sharp (at k = 3000 in float32, k eps |A||B|
+is as large as one whole term, so a k bound could miss a term dropped from a sum).
+It is k when every term of a dot product is the same (both operands constant along
+k, e.g. two broadcast operands): the errors then all have one sign and grow
+linearly -- measured at 0.125-0.5 k eps |A||B| per block of k the kernels sum in
+registers, i.e. up to 13 sqrt(k) eps |A||B| (avx2, k = 769), so a sqrt(k) bound
+would fail there.  Long runs (13,750 examples each, several on each of avx512,
+avx2 and generic) gave at most 1.95 with sqrt(k) and 0.54 with k: LIMIT = 4 leaves
+room for both.
+
+The reference is float64 numpy for float32 results, and ``np.longdouble`` (80-bit on
+x86) for float64 results and whenever NaN/Inf are present: a float64 reference
+has rounding errors of the same size as a float64 result's, and numpy's own loop
+(not BLAS) gives IEEE NaN/Inf semantics.
+
+Separately and deterministically, :func:`test_every_path_is_reached_and_memory_safe`
+runs chosen shapes down every GEMM path of ``kernels/driver.py`` (gemv, unpacked,
+packed, shared-B, per-thread blocks, split-k, matmul_small) with inputs against
+guard pages on either side and outputs against a guard page and inside canaries.
+Which path ran is observed by wrapping the driver's path functions with recorders
+that call straight through (:class:`PathRecorder`); nothing is forced.
+"""
+import collections
+import contextlib
+import functools
+import math
+import threading
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, note, strategies as st
+
+import tilegemm
+import tilegemm.api as api
+from tilegemm.kernels import driver
+from tilegemm.kernels.registry import registered_kernels
+
+from fuzz_settings import fuzz_settings, profile_name
+from guard import GUARD_PAGES, canaried_strided, guarded_empty
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+#: The error bound's constant: |err| <= LIMIT * (g eps |alpha||A||B| + eps |beta C0|), g =
+#: sqrt(k) (k for equal terms, see equal_terms).  The largest ratios observed are
+#: reported by test_zz_report; see the module docstring for what long runs showed.
+LIMIT = 4.0
+#: Multiply-adds per generated 2-D product: keeps an example (and its longdouble
+#: reference, numpy's plain loop) to a few milliseconds.
+MAX_MACS = 1_000_000
+#: ... and per batched product (all batch entries together).
+MAX_BATCH_MACS = 100_000
+
+#: Extended precision when the platform has it (x86: 64-bit mantissa).
+EXTENDED = np.longdouble if np.finfo(np.longdouble).eps < np.finfo(np.float64).eps else np.float64
+
+# Observations of this run, reported by test_zz_report.
+WORST = {}                      # "dtype, growth" -> (largest error/bound ratio, where)
+EXAMPLES = collections.Counter()            # fuzz test -> examples run
+PATHS_FUZZED = collections.Counter()        # driver path -> fuzz examples that took it
+_lock = threading.Lock()
+
+
+# ================================================================ observing the driver's paths
+
+class PathRecorder:
+    """Which GEMM paths of ``kernels/driver.py`` a call took.
+
+    Each of the driver's path functions is replaced by a wrapper that notes a label
+    and calls the original with the same arguments, returning what it returns, so a
+    recorded call runs exactly as an unrecorded one.  Labels: ``gemv``, ``unpacked``,
+    ``packed`` (serial paths, also inside threaded ones), ``shared_b``, ``split_k``,
+    ``blocks`` (threads each on their own block of C), ``matmul_small``.
+    """
+
+    WRAPPED = ((driver, "_gemv", "gemv"), (driver, "_unpacked", "unpacked"),
+               (driver, "_packed", "packed"), (driver, "_threaded", "threaded"),
+               (driver, "_shared_b", "shared_b"), (driver, "_split_k", "split_k"),
+               (driver, "matmul_small", "matmul_small"),
+               # api imported matmul_small by name: its own binding is what it calls.
+               (api, "matmul_small", "matmul_small"))
+
+    def __init__(self):
+        self._log = []          # list.append is atomic: pool threads record too
+
+    def install(self, mp):
+        for module, name, label in self.WRAPPED:
+            if hasattr(module, name):
+                mp.setattr(module, name, self._wrap(getattr(module, name), label))
+
+    def _wrap(self, fn, label):
+        @functools.wraps(fn)
+        def recorded(*args, **kwargs):
+            self._log.append(label)
+            return fn(*args, **kwargs)
+        return recorded
+
+    @contextlib.contextmanager
+    def call(self):
+        """``with rec.call() as paths:`` -- ``paths`` (a set) holds the labels afterwards."""
+        start = len(self._log)
+        paths = set()
+        try:
+            yield paths
+        finally:
+            paths.update(self._log[start:])
+            del self._log[start:]
+            if "threaded" in paths:
+                paths.discard("threaded")
+                if not paths & {"shared_b", "split_k"}:
+                    paths.add("blocks")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recorder():
+    rec = PathRecorder()
+    with pytest.MonkeyPatch.context() as mp:
+        rec.install(mp)
+        yield rec
+
+
+@contextlib.contextmanager
+def numba_threads(count):
+    """Run with ``count`` Numba threads (at most what Numba was started with), then restore."""
+    saved = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
+
+
+# ================================================================ sizes worth trying
+
+@functools.lru_cache(maxsize=None)
+def edges(dtype):
+    """(m/n sizes, k sizes) where the engine for ``dtype`` changes behaviour on this host.
+
+    From the default plan (MR x NR tile, KC/MC blocks, vector width) and every
+    narrower register tile the driver may pick for a product with few columns.
+    """
+    dtype = np.dtype(dtype)
+    kern, blk = driver._plan(dtype)
+    mrs = {kern.mr} | {mr for d, mr, _, _ in registered_kernels() if d == dtype}
+    nrs = {kern.nr} | {nr for d, _, nr, _ in registered_kernels() if d == dtype}
+    mn = {0, 1, 2, 3, 5, 7, 2 * kern.mr + 1, blk.mc + 1}
+    for x in mrs | nrs | {blk.lanes}:
+        mn |= {x - 1, x, x + 1}
+    # The vector width and 4 of them (the GEMV kernels' unroll), KC, the unpacked k block.
+    k = {0, 1, 2, 3, 5, 7, blk.lanes - 1, blk.lanes, blk.lanes + 1, 4 * blk.lanes - 1,
+         4 * blk.lanes + 1, blk.kc - 1, blk.kc, blk.kc + 1, 2 * blk.kc + 1,
+         driver.UNPACKED_KC + 1}
+    return tuple(sorted(s for s in mn if s >= 0)), tuple(sorted(s for s in k if s >= 0))
+
+
+def size_at_most(candidates, limit, small=40):
+    """A size <= ``limit``: an interesting one or any small one."""
+    chosen = [s for s in candidates if s <= limit] or [0]
+    # 0 comes from the candidates: drawn from the integers too, it would crowd out the rest.
+    return st.one_of(st.sampled_from(chosen), st.integers(min(1, limit), max(0, min(small, limit))))
+
+
+@st.composite
+def mnk(draw, dtype, budget=MAX_MACS):
+    """(m, n, k): k first (it may be just above KC), then m and n within the budget."""
+    sizes, ks = edges(dtype)
+    # The block edges (KC, the unpacked k block) get as many draws as the small sizes.
+    k = draw(st.one_of(size_at_most(ks, budget, small=48), st.sampled_from(ks)), label="k")
+    m = draw(size_at_most(sizes, budget // max(k, 1)), label="m")
+    n = draw(size_at_most(sizes, budget // max(k * m, 1)), label="n")
+    return m, n, k
+
+
+#: (dtype of a, dtype of b): same-dtype products weighted up, mixed ones compute in float64.
+DTYPE_PAIRS = st.sampled_from([(F32, F32)] * 3 + [(F64, F64)] * 2 + [(F32, F64), (F64, F32)])
+
+
+# ================================================================ values
+
+@st.composite
+def fills(draw):
+    """How an example's values are drawn: (distribution, power-of-two scale, specials?, seed).
+
+    Positive values make every dot product a sum without cancellation (the error
+    bound at its tightest); small integers make most products exact; a NaN or an
+    infinity now and then checks propagation.
+    """
+    return (draw(st.sampled_from(["normal", "normal", "positive", "integers"])),
+            draw(st.integers(-10, 10)),
+            draw(st.sampled_from([False] * 9 + [True])),
+            draw(st.integers(0, 2 ** 32 - 1)))
+
+
+def values(rng, shape, fill, dtype):
+    """Random values of ``shape`` drawn as ``fill`` says, exactly representable in ``dtype``."""
+    kind, scale, specials, _ = fill
+    if kind == "normal":
+        x = rng.standard_normal(shape)
+    elif kind == "positive":
+        x = rng.uniform(0.5, 2.0, shape)
+    else:
+        x = rng.integers(-4, 5, shape).astype(np.float64)
+    x = np.ldexp(x, scale).astype(dtype)
+    if specials and x.size:
+        flat = x.reshape(-1)
+        for i in rng.integers(0, x.size, rng.integers(1, 3)):
+            flat[i] = rng.choice([np.nan, np.inf, -np.inf])
+    return x
+
+
+# ================================================================ memory layouts
+
+#: Layouts of a 2-D operand (see :func:`operand`); "bcast*" are read-only, zero-stride views.
+LAYOUTS_2D = ("C", "F", "neg", "negrow", "negcol", "sub", "step", "offset", "oddbytes",
+              "misaligned", "bcast_rows", "bcast_cols")
+#: Layouts of any-dimensional operands (batched matmul, 1-D vectors).
+LAYOUTS_ND = ("C", "swap", "neg", "step", "offset", "bcast")
+#: Layouts a destination may take (writeable ones).
+OUT_LAYOUTS_2D = ("C", "F", "neg", "negrow", "sub", "step", "offset", "oddbytes", "misaligned")
+
+_NAN_BYTE = 0xFF        # all-ones bytes are a NaN in float32 and float64 alike
+
+
+def _parent(shape, dtype):
+    """A fresh contiguous buffer of NaN: whatever a layout does not use stays NaN."""
+    return np.full(shape, np.nan, dtype)
+
+
+def _byte_parent(nbytes):
+    return np.full(nbytes, _NAN_BYTE, np.uint8)
+
+
+def layout(shape, dtype, kind):
+    """An empty (NaN) array of ``shape`` in memory layout ``kind``: ``(view, parent)``.
+
+    ``parent`` is the contiguous allocation the view lives in (for the before/after
+    byte comparisons).  The broadcast layouts are built by :func:`operand`.
+    """
+    shape = tuple(shape)
+    nd = len(shape)
+    item = np.dtype(dtype).itemsize
+    size = math.prod(shape)
+    if kind == "C":
+        p = _parent(shape, dtype)
+        return p, p
+    if kind in ("F", "swap"):       # Fortran order in 2-D; the last two axes swapped in N-D
+        if nd < 2:
+            return layout(shape, dtype, "C")
+        p = _parent(shape[:-2] + shape[:-3:-1], dtype)
+        return (p.T if kind == "F" and nd == 2 else np.swapaxes(p, -1, -2)), p
+    if kind == "neg":               # every axis reversed
+        p = _parent(shape, dtype)
+        return p[(slice(None, None, -1),) * nd], p
+    if kind == "negrow":
+        p = _parent(shape, dtype)
+        return p[::-1], p
+    if kind == "negcol":
+        p = _parent(shape, dtype)
+        return p[:, ::-1], p
+    if kind == "sub":               # a block of a larger matrix (leading dimension > width)
+        p = _parent((shape[0] + 2, shape[1] + 3), dtype)
+        return p[1:1 + shape[0], 2:2 + shape[1]], p
+    if kind == "step":              # rows 2 apart and columns 3 apart (N-D: last axis by 2)
+        if nd == 2:
+            p = _parent((2 * shape[0], 3 * shape[1]), dtype)
+            return p[::2, ::3], p
+        p = _parent(shape[:-1] + (2 * shape[-1],) if nd else (), dtype)
+        return (p[..., ::2] if nd else p), p
+    if kind == "offset":            # C order one element past an aligned start
+        p = _parent(size + 1, dtype)
+        return p[1:].reshape(shape), p
+    if kind == "misaligned":        # C order one byte past an aligned start
+        p = _byte_parent(size * item + 1)
+        return np.ndarray(shape, dtype, buffer=p, offset=1), p
+    if kind == "oddbytes":          # rows a whole number of elements plus 3 bytes apart
+        rs = shape[1] * item + 3
+        p = _byte_parent(max(0, shape[0] * rs))
+        return np.ndarray(shape, dtype, buffer=p, strides=(rs, item)), p
+    raise ValueError(kind)
+
+
+def operand(rng, shape, dtype, kind, fill):
+    """An input: random values (see :func:`values`) in layout ``kind``: ``(view, parent)``.
+
+    The zero-stride (read-only) layouts make the values repeat: ``bcast``/``bcast_rows``
+    one row for all rows (N-D: one batch entry for all, 1-D: one value), ``bcast_cols``
+    one column for all columns.
+    """
+    shape = tuple(shape)
+    if kind.startswith("bcast") and shape:
+        small = (1,) + shape[1:] if kind in ("bcast", "bcast_rows") else shape[:-1] + (1,)
+        p = values(rng, small, fill, dtype)
+        return np.broadcast_to(p, shape), p
+    view, parent = layout(shape, dtype, kind)
+    view[...] = values(rng, shape, fill, dtype)
+    return view, parent
+
+
+def snapshot(parent):
+    """The bytes of a contiguous allocation, to compare after a call."""
+    return parent.reshape(-1).view(np.uint8).copy()
+
+
+def owned(parent, view):
+    """Mask of the bytes of ``parent`` that ``view``'s elements occupy."""
+    flat = parent.reshape(-1).view(np.uint8)
+    mask = np.zeros(flat.size, np.uint8)
+    if view.size:
+        twin = np.ndarray(view.shape, np.dtype(f"u{view.itemsize}"), buffer=mask,
+                          offset=view.ctypes.data - flat.ctypes.data, strides=view.strides)
+        twin[...] = np.iinfo(twin.dtype).max
+    return mask != 0
+
+
+def assert_untouched(parent, before, what, allowed=None):
+    """Every byte of ``parent`` equals ``before``, except where ``allowed`` (a mask)."""
+    after = parent.reshape(-1).view(np.uint8)
+    changed = after != before
+    if allowed is not None:
+        changed &= ~allowed
+    if changed.any():
+        where = np.flatnonzero(changed)
+        pytest.fail(f"{what}: {where.size} bytes changed outside what may be written, "
+                    f"first at byte {where[0]} of its buffer")
+
+
+# ================================================================ reference and the bound
+
+Expected = collections.namedtuple("Expected", "ref mag cmag k equal_terms")
+Expected.__doc__ = """What a product should be: the value, the magnitudes its error scales with
+(``|alpha| |A| @ |B|`` and ``|beta C0|``), k, and where all k terms are equal."""
+
+
+def equal_terms(a, b):
+    """Mask over ``a @ b``: whether each dot product sums k equal terms.
+
+    That is, row i of A and column j of B are each constant along k (NaN counting
+    as equal to NaN, as in a broadcast row holding one).  Then the rounding errors
+    all have one sign and add up linearly in the length of a block of k;
+    otherwise they behave like independent ones, growing as sqrt(k).
+    """
+    if a.shape[-1] < 2:     # k and sqrt(k) agree
+        return np.zeros(np.matmul(np.zeros(a.shape), np.zeros(b.shape)).shape, bool)
+
+    def constant(x, axis):
+        first = np.take(x, [0], axis=axis)
+        return ((x == first) | (np.isnan(x) & np.isnan(first))).all(axis=axis)
+
+    rows = a if a.ndim > 1 else a[None, :]
+    cols = b if b.ndim > 1 else b[:, None]
+    same = constant(rows, -1)[..., :, None] & constant(cols, -2)[..., None, :]
+    if b.ndim == 1:
+        same = same[..., 0]
+    if a.ndim == 1:
+        same = same[..., 0, :] if b.ndim > 1 else same[..., 0]
+    return same
+
+
+def reference(a, b, alpha=1.0, beta=0.0, c0=None):
+    """``alpha * a @ b + beta * c0`` with numpy's matmul semantics, as an :class:`Expected`.
+
+    float64 for float32 results; extended precision for float64 results and when
+    NaN/Inf are present (numpy's plain loop: IEEE semantics, no BLAS shortcuts).
+    """
+    dtype = np.result_type(a, b)
+    specials = not (np.isfinite(a).all() and np.isfinite(b).all())
+    prec = EXTENDED if (dtype == F64 or specials) else np.float64
+    with np.errstate(invalid="ignore"):     # inf * 0, inf - inf: NaN, as it should be
+        ref = np.matmul(np.asarray(a, prec), np.asarray(b, prec)) * prec(alpha)
+        mag = abs(alpha) * np.matmul(np.abs(np.asarray(a, np.float64)),
+                                     np.abs(np.asarray(b, np.float64)))
+        cmag = np.zeros_like(mag)
+        if c0 is not None and beta != 0:
+            ref = ref + prec(beta) * np.asarray(c0, prec)
+            cmag = np.abs(beta * np.asarray(c0, np.float64))
+    return Expected(np.asarray(ref), np.asarray(mag), np.asarray(cmag), a.shape[-1],
+                    np.asarray(equal_terms(a, b)))
+
+
+def check(got, expected, dtype, what):
+    """NaN/Inf exactly where the reference has them; elsewhere within the bound.
+
+    The bound is ``LIMIT * (g eps |alpha||A||B| + eps |beta C0|)`` with g = sqrt(k),
+    or g = k where every term of a dot product is the same (:func:`equal_terms`).
+    Records the largest error/bound ratio per dtype and growth in :data:`WORST`.
+    """
+    ref, mag, cmag, k, same = expected
+    got = np.asarray(got)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape}, numpy gives {ref.shape}"
+    assert got.dtype == dtype, f"{what}: dtype {got.dtype}, numpy gives {dtype}"
+    for name, bad in (("NaN", np.isnan(got) != np.isnan(ref)),
+                      ("Inf", (np.isinf(got) | np.isinf(ref)) & (got != ref) & ~np.isnan(got))):
+        if bad.any():
+            i = tuple(int(x) for x in np.argwhere(bad)[0])
+            pytest.fail(f"{what}: {int(bad.sum())} elements differ from numpy in {name}; "
+                        f"first at {i}: got {got[i]!r}, expected {ref[i]!r}")
+    finite = np.isfinite(ref)
+    if not finite.any():
+        return
+    eps = np.finfo(dtype).eps
+    g = np.where(same, max(k, 1), math.sqrt(max(k, 1)))
+    unit = (g * eps * mag + eps * cmag + np.finfo(dtype).tiny)[finite]
+    err = np.abs(got[finite].astype(ref.dtype) - ref[finite]).astype(np.float64)
+    ratios = err / unit
+    worst = int(np.argmax(ratios))
+    ratio = float(ratios[worst])
+    growth = "k" if np.broadcast_to(same, ref.shape)[finite][worst] else "sqrt(k)"
+    key = f"{dtype.name}, {growth}"
+    with _lock:
+        if ratio > WORST.get(key, (-1.0, ""))[0]:
+            WORST[key] = (ratio, f"k={k}: {what}")
+    if ratio > LIMIT:
+        i = tuple(int(x) for x in np.argwhere(finite)[worst])
+        pytest.fail(f"{what}: error {err[worst]!r} at {i} is {ratio:.2f}x {growth} eps |A||B| "
+                    f"(limit {LIMIT}): got {got[i]!r}, expected {float(ref[i])!r}")
+
+
+# ================================================================ fuzz: matmul, 2-D
+
+def overlapping(data, rng, x, shape, fill):
+    """``x`` moved into a fresh buffer, and a C-order array of ``shape`` overlapping it.
+
+    The new array starts a drawn number of elements into ``x`` (0: at its start), so
+    it overlaps part or all of it; the buffer beyond ``x`` holds random values (it
+    is read when gemm's beta is not 0).  Returns ``(moved x, overlapping array, buffer)``.
+    """
+    size = math.prod(shape)
+    s = data.draw(st.integers(0, x.size), label="offset into the input")
+    buf = np.ldexp(rng.standard_normal(max(x.size, s + size)), fill[1]).astype(x.dtype)
+    moved = buf[:x.size].reshape(x.shape)
+    moved[...] = x
+    return moved, buf[s:s + size].reshape(shape), buf
+
+
+def _victim(dtype, a, b, la, lb):
+    """The inputs an output may alias: same dtype as the result, writeable layout."""
+    return [name for name, x, lay in (("a", a, la), ("b", b, lb))
+            if x == dtype and not lay.startswith("bcast")]
+
+
+@fuzz_settings()
+@given(data=st.data())
+def test_matmul_2d_matches_numpy(recorder, data):
+    """2-D operands in every layout, with or without ``out`` (possibly overlapping an input)."""
+    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
+    dtype = np.result_type(da, db)
+    m, n, k = data.draw(mnk(dtype), label="m, n, k")
+    # C order weighted up: both operands in it is matmul's fast path (matmul_small).
+    la = data.draw(st.sampled_from(("C",) * 4 + LAYOUTS_2D), label="layout of a")
+    lb = data.draw(st.sampled_from(("C",) * 4 + LAYOUTS_2D), label="layout of b")
+    out_kind = data.draw(st.sampled_from((None, None) + OUT_LAYOUTS_2D + ("alias", "shifted")),
+                         label="out")
+    fill = data.draw(fills(), label="fill")
+    rng = np.random.default_rng(fill[3])
+
+    victims = _victim(dtype, da, db, la, lb) if out_kind in ("alias", "shifted") else []
+    victim = data.draw(st.sampled_from(victims), label="out overlaps") if victims else None
+    if out_kind in ("alias", "shifted") and victim is None:
+        out_kind = "C"
+    if out_kind == "alias":
+        # out *is* the input: the shapes must agree (a: n == k, b: m == k), in budget.
+        side = min(k, math.isqrt(MAX_MACS // max(m if victim == "a" else n, 1)))
+        k = side
+        if victim == "a":
+            n = side
+        else:
+            m = side
+
+    a, pa = operand(rng, (m, k), da, la, fill)
+    b, pb = operand(rng, (k, n), db, lb, fill)
+    if out_kind == "shifted":
+        moved, out, buf = overlapping(data, rng, a if victim == "a" else b, (m, n), fill)
+        po = buf
+        if victim == "a":
+            a, pa = moved, buf
+        else:
+            b, pb = moved, buf
+    elif out_kind == "alias":
+        out, po = (a, pa) if victim == "a" else (b, pb)
+    elif out_kind is not None:
+        out, po = layout((m, n), dtype, out_kind)     # NaN: every element must be written
+    else:
+        out = po = None
+    shares_input = out_kind in ("alias", "shifted")
+    note(f"a {a.shape} {a.dtype} strides {a.strides}; b {b.shape} {b.dtype} strides {b.strides}; "
+         f"out {None if out is None else (out.shape, out.strides)}")
+
+    a0, b0 = a.copy(), b.copy()
+    before = {name: (p, snapshot(p)) for name, p in (("a", pa), ("b", pb))
+              if not (shares_input and name == victim)}
+    out_before = None if po is None or shares_input else snapshot(po)
+    with recorder.call() as paths:
+        got = tilegemm.matmul(a, b, out=out)
+    with _lock:
+        PATHS_FUZZED.update(paths)
+        EXAMPLES["matmul 2-D"] += 1
+    out_desc = f"{out_kind}:{victim}" if shares_input else out_kind   # the victim is then in C order
+    what = (f"matmul {m}x{k} @ {k}x{n} {da.name}/{db.name} a={la} b={lb} out={out_desc} "
+            f"paths={sorted(paths)}")
+    if out is not None:
+        assert got is out, f"{what}: matmul did not return out"
+    check(got, reference(a0, b0), dtype, what)
+    for name, (p, snap) in before.items():
+        assert_untouched(p, snap, f"{what}: input {name}")
+    if out_before is not None:
+        assert_untouched(po, out_before, f"{what}: around out", allowed=owned(po, out))
+
+
+# ================================================================ fuzz: matmul, 1-D and batched
+
+@st.composite
+def batched_shapes(draw, dtype):
+    """(shape of a, shape of b): 1-D operands or batch dimensions that broadcast."""
+    sizes, ks = edges(dtype)
+    small = st.one_of(st.integers(0, 9), st.sampled_from([s for s in sizes if s <= 17]))
+    m, n = draw(small, label="m"), draw(small, label="n")
+    k = draw(st.one_of(st.integers(0, 9), st.sampled_from([s for s in ks if s <= 33])), label="k")
+    batch = draw(st.lists(st.sampled_from([1, 2, 3, 0, 2, 1]), max_size=2), label="batch")
+    if math.prod(batch) * max(m * n * k, 1) > MAX_BATCH_MACS:
+        batch = [1] * len(batch)
+
+    def one(core, vector):
+        if vector and draw(st.integers(0, 3)) == 0:   # a 1-D operand now and then
+            return (core[1],) if vector == "a" else (core[0],)
+        keep = draw(st.integers(0, len(batch)))
+        dims = tuple(1 if draw(st.integers(0, 3)) == 0 else d for d in batch[len(batch) - keep:])
+        return dims + core
+
+    return one((m, k), "a"), one((k, n), "b")
+
+
+@fuzz_settings(scale=0.75)
+@given(data=st.data())
+def test_matmul_batched_and_vectors_match_numpy(recorder, data):
+    """N-D and 1-D operands, batch broadcasting (incl. empty batches), ``out`` in a few layouts."""
+    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
+    dtype = np.result_type(da, db)
+    sa, sb = data.draw(batched_shapes(dtype), label="shapes")
+    la = data.draw(st.sampled_from(LAYOUTS_ND), label="layout of a")
+    lb = data.draw(st.sampled_from(LAYOUTS_ND), label="layout of b")
+    fill = data.draw(fills(), label="fill")
+    rng = np.random.default_rng(fill[3])
+    a, pa = operand(rng, sa, da, la, fill)
+    b, pb = operand(rng, sb, db, lb, fill)
+    shape = np.matmul(np.zeros(sa, np.float32), np.zeros(sb, np.float32)).shape
+    out_kinds = ("C",) if not shape else ("C", "swap", "step", "neg")
+    out_kind = data.draw(st.sampled_from((None,) + out_kinds), label="out")
+    out, po = layout(shape, dtype, out_kind) if out_kind else (None, None)
+
+    a0, b0 = a.copy(), b.copy()
+    before = [(name, p, snapshot(p)) for name, p in (("a", pa), ("b", pb))]
+    out_before = None if po is None else snapshot(po)
+    with recorder.call() as paths:
+        got = tilegemm.matmul(a, b, out=out)
+    with _lock:
+        PATHS_FUZZED.update(paths)
+        EXAMPLES["matmul batched/1-D"] += 1
+    what = (f"matmul {sa} @ {sb} {da.name}/{db.name} a={la} b={lb} out={out_kind} "
+            f"paths={sorted(paths)}")
+    if out is not None:
+        assert got is out, f"{what}: matmul did not return out"
+    check(got, reference(a0, b0), dtype, what)
+    for name, p, snap in before:
+        assert_untouched(p, snap, f"{what}: input {name}")
+    if out_before is not None:
+        assert_untouched(po, out_before, f"{what}: around out", allowed=owned(po, out))
+
+
+# ================================================================ fuzz: gemm
+
+#: alpha and beta values: the special ones of BLAS (0, 1) and a few others.
+ALPHAS = st.one_of(st.sampled_from([1.0, -1.0, 0.5, 2.5, 0.0]),
+                   st.floats(-4, 4, allow_nan=False, width=32))
+BETAS = st.one_of(st.sampled_from([0.0, 0.0, 1.0, 0.5, -2.0]),
+                  st.floats(-4, 4, allow_nan=False, width=32))
+C_LAYOUTS = (None,) + OUT_LAYOUTS_2D + ("shifted",)
+
+
+@fuzz_settings()
+@given(data=st.data())
+def test_gemm_matches_numpy(recorder, data):
+    """alpha/beta (beta = 0 with NaN in C), transposes, C in any layout or overlapping an input."""
+    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
+    dtype = np.result_type(da, db)
+    m, n, k = data.draw(mnk(dtype), label="m, n, k")
+    trans_a = data.draw(st.booleans(), label="trans_a")
+    trans_b = data.draw(st.booleans(), label="trans_b")
+    la = data.draw(st.sampled_from(LAYOUTS_2D), label="layout of a")
+    lb = data.draw(st.sampled_from(LAYOUTS_2D), label="layout of b")
+    c_kind = data.draw(st.sampled_from(C_LAYOUTS), label="c")
+    alpha = data.draw(ALPHAS, label="alpha")
+    beta = data.draw(BETAS, label="beta")
+    fill = data.draw(fills(), label="fill")
+    rng = np.random.default_rng(fill[3])
+
+    a, pa = operand(rng, (k, m) if trans_a else (m, k), da, la, fill)
+    b, pb = operand(rng, (n, k) if trans_b else (k, n), db, lb, fill)
+    victims = _victim(dtype, da, db, la, lb) if c_kind == "shifted" else []
+    if c_kind == "shifted" and not victims:
+        c_kind = "C"
+    victim = None
+    if c_kind is None:
+        c = pc = None
+    elif c_kind == "shifted":
+        victim = data.draw(st.sampled_from(victims), label="c overlaps")
+        moved, c, pc = overlapping(data, rng, a if victim == "a" else b, (m, n), fill)
+        buf = pc
+        if victim == "a":
+            a, pa = moved, buf
+        else:
+            b, pb = moved, buf
+    else:
+        c, pc = layout((m, n), dtype, c_kind)
+        if beta != 0:   # beta == 0 leaves the NaN: it must never reach the result
+            c[...] = np.ldexp(rng.standard_normal((m, n)), fill[1])
+    note(f"a {a.shape} {a.dtype} strides {a.strides}; b {b.shape} {b.dtype} strides {b.strides}; "
+         f"c {None if c is None else (c.shape, c.strides)}")
+
+    a0, b0 = a.copy(), b.copy()
+    c0 = None if c is None else c.copy()
+    before = {name: (p, snapshot(p)) for name, p in (("a", pa), ("b", pb)) if name != victim}
+    c_before = None if pc is None or victim else snapshot(pc)
+    with recorder.call() as paths:
+        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
+    with _lock:
+        PATHS_FUZZED.update(paths)
+        EXAMPLES["gemm"] += 1
+    what = (f"gemm {m}x{n}x{k} {da.name}/{db.name} trans=({trans_a},{trans_b}) a={la} b={lb} "
+            f"c={c_kind} alpha={alpha} beta={beta} paths={sorted(paths)}")
+    if c is not None:
+        assert got is c, f"{what}: gemm did not return c"
+    op_a = a0.T if trans_a else a0
+    op_b = b0.T if trans_b else b0
+    expected = reference(op_a, op_b, alpha, beta if c is not None else 0.0, c0)
+    check(got, expected, dtype, what)
+    for name, (p, snap) in before.items():
+        assert_untouched(p, snap, f"{what}: input {name}")
+    if c_before is not None:
+        assert_untouched(pc, c_before, f"{what}: around c", allowed=owned(pc, c))
+
+
+# ================================================================ every path, memory-safe
+
+def _serial_flops(dtype):
+    """The flops from which the driver shares a product (its own rule when it has one)."""
+    rule = getattr(driver, "_serial_flops", None)
+    return rule(dtype) if rule else driver.SERIAL_FLOPS
+
+
+#: Serial paths a threaded path may run on each thread's share (whichever fits it).
+SERIAL_PATHS = {"unpacked", "packed"}
+
+
+def path_cases(dtype):
+    """(required path labels, call, a shape, b shape, B in Fortran order, threads) per path.
+
+    The threaded shapes are sized from the driver's sharing threshold so that they
+    are shared on any host, but no larger.
+    """
+    kern, blk = driver._plan(dtype)
+    share = 1.25 * _serial_flops(dtype)          # flops clearly above the threshold
+
+    def rows_for(n, k):
+        return int(math.ceil(share / (2 * n * k)))
+
+    # Tall: C has many more row tiles than column tiles (B is then the larger side).
+    tall = max(rows_for(96, 96), 2 * 96 * kern.mr // kern.nr + 1, 8 * kern.mr)
+    wide = max(rows_for(16, 96), 8 * kern.nr)
+    long_k = max(rows_for(6 * 8, 1), 4 * driver.SPLIT_K_MIN)
+    gemv_rows = int(math.ceil(2.5 * driver.GEMV_SERIAL_ELEMENTS / 1024))
+    return [
+        ({"matmul_small"}, "matmul", (20, 30), (30, 17), False, 1),
+        ({"gemv"}, "matmul", (300,), (300, 77), False, 1),                  # m == 1, 1-D a
+        ({"gemv"}, "gemm", (77, 300), (300, 1), False, 1),                  # n == 1
+        ({"unpacked"}, "gemm", (40, 60), (60, 50), False, 1),
+        # B in Fortran order (non-unit column stride): packed; over MC rows and KC columns.
+        ({"packed"}, "gemm", (blk.mc + 5, blk.kc + 5), (blk.kc + 5, 2 * kern.nr + 3), True, 1),
+        # Tall C, B in one block: B packed once, threads take row blocks from a counter.
+        ({"shared_b"}, "gemm", (tall, 96), (96, 96), False, 2),
+        # Wide C: each thread its own block of columns (and packs A itself).
+        ({"blocks"}, "gemm", (16, 96), (96, wide), False, 2),
+        # Matrix-vector products split by rows among threads.
+        ({"blocks", "gemv"}, "gemm", (gemv_rows, 1024), (1024, 1), False, 2),
+        # C of a few tiles, long k: k split among threads, the parts summed.
+        ({"split_k"}, "gemm", (6, long_k), (long_k, 8), False, 2),
+    ]
+
+
+def _placed(values, where, order="C"):
+    """A copy of ``values`` against a guard page (``where`` = "after"/"before")."""
+    x = guarded_empty(values.shape, values.dtype, order=order, where=where)
+    x[...] = values
+    return x
+
+
+def _run_case(recorder, call, a, b, out, beta):
+    with recorder.call() as paths:
+        if call == "matmul":
+            got = tilegemm.matmul(a, b, out=out)
+        else:
+            got = tilegemm.gemm(a, b, out, beta=beta)
+    return got, paths
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+def test_every_path_is_reached_and_memory_safe(recorder, dtype):
+    """Each GEMM path of kernels/driver.py, reached by a chosen shape, in four placements:
+
+    plain numpy arrays; inputs starting just after guard pages and the output inside
+    canaries (for gemm with canary gaps between its rows too: a C whose row stride
+    exceeds its width); inputs and output each ending at a guard page; each starting
+    just after one.  gemm runs with beta = 0.5, so C's reads are guarded as well.
+    Each placement must take the expected path, match the reference, leave the
+    inputs alone and write nothing outside the output's elements.
+    """
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("the threaded paths need NUMBA_NUM_THREADS >= 2")
+    rng = np.random.default_rng(7)
+    reached = set()
+    for expect, call, sa, sb, fortran_b, threads in path_cases(dtype):
+        a_vals = rng.standard_normal(sa).astype(dtype)
+        b_vals = rng.standard_normal(sb).astype(dtype)
+        b_order = "F" if fortran_b else "C"
+        shape = np.matmul(a_vals, b_vals).shape
+        c_vals = rng.standard_normal(shape).astype(dtype)
+        beta = 0.5 if call == "gemm" else 0.0      # gemm reads C as well: guard its reads too
+        expected = reference(a_vals, b_vals, 1.0, beta, c_vals if beta else None)
+        what0 = f"{call} {sa} @ {sb} {dtype.name} threads={threads}"
+
+        # Canaries before guard pages: a write just past the output then fails with a
+        # message naming the side, before a guard page would end the process.
+        placements = [("plain", lambda v, order="C": np.array(v, order=order), None),
+                      ("canary", functools.partial(_placed, where="before"), "canary")]
+        placements += [(f"guard-{w}", functools.partial(_placed, where=w), w)
+                       for w in ("after", "before")]
+        for name, place, out_place in placements:
+            a = place(a_vals)
+            b = place(b_vals, order=b_order)
+            check_canary = None
+            if out_place in ("after", "before"):
+                out = guarded_empty(shape, dtype, where=out_place)
+            elif out_place == "canary":
+                gap = 3 if call == "gemm" else 0    # matmul_small needs a C-contiguous out
+                out, check_canary = canaried_strided(shape, dtype, row_gap=gap)
+            else:
+                out = np.empty(shape, dtype)
+            if beta:
+                out[...] = c_vals
+            else:
+                out[...] = np.nan
+            a_snap, b_snap = a.copy(), b.copy()
+            with numba_threads(threads):
+                got, paths = _run_case(recorder, call, a, b, out, beta)
+            what = f"{what0} placement={name} paths={sorted(paths)}"
+            allowed = expect | (SERIAL_PATHS if threads > 1 else set())
+            assert expect <= paths <= allowed, f"{what}: expected the path(s) {sorted(expect)}"
+            assert got is out
+            check(got, expected, dtype, what)
+            assert np.array_equal(a, a_snap) and np.array_equal(b, b_snap), \
+                f"{what}: inputs changed"
+            if check_canary is not None:
+                check_canary()
+            reached |= paths
+    every = {"gemv", "unpacked", "packed", "shared_b", "blocks", "split_k", "matmul_small"}
+    assert every <= reached, f"paths never reached: {sorted(every - reached)}"
+
+
+# ================================================================ report
+
+def test_zz_report(capsys):
+    """Examples run, paths the fuzzing took, and the largest error/bound ratio per dtype.
+
+    Runs last (file order).  Printed with ``-s``, and always under the long profile.
+    """
+    lines = [f"tilegemm GEMM fuzz ({profile_name()} profile): examples "
+             + ", ".join(f"{k}={v}" for k, v in sorted(EXAMPLES.items())),
+             "  paths taken by fuzz examples: "
+             + ", ".join(f"{k}={v}" for k, v in sorted(PATHS_FUZZED.items())),
+             "  largest error / (g eps |alpha||A||B| + eps |beta C0|), g = sqrt(k), or k when"
+             f" every term of a dot product is equal; limit {LIMIT}:"]
+    for name, (ratio, where) in sorted(WORST.items()):
+        lines.append(f"    {name}: {ratio:.3f}  ({where})")
+    text = "\n".join(lines)
+    if profile_name() == "long":
+        with capsys.disabled():
+            print("\n" + text)
+    else:
+        print(text)
+    for name, (ratio, where) in WORST.items():
+        assert ratio <= LIMIT, where
