@@ -177,9 +177,9 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
     return out
 
 
-#: What each path does, for :attr:`ConvPlan.path`.
+#: What each path does, for :attr:`ConvPlan.path` (pointwise, NCHW rows and the taps
+#: path's layouts are described by :func:`_describe`).
 DESCRIPTIONS = {
-    "im2col.pointwise": None,          # layout dependent: see _describe
     "im2col.rows": "im2col (all taps per tile, each pixel's channels read in place)",
     "im2col.planes": ("im2col (all taps per tile, each group's channels copied as planes, the "
                       "output written back interleaved)"),
