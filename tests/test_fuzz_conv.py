@@ -152,9 +152,9 @@ def _bound(x, w, b, p, winograd):
     pads = (p.top, p.bottom, p.left, p.right)
     kw = dict(stride=(p.sy, p.sx), dilation=(p.dy, p.dx), padding=pads, groups=p.groups)
     mag = reference_conv(np.abs(x), np.abs(w), None if b is None else np.abs(b), **kw)
-    # 3 ulps per sqrt(R): a few times the largest ratio a long run saw (see the
-    # closing print of test_every_path_is_reached).
-    return 3 * np.sqrt(reduction) * eps * mag + 4 * eps * mag + 1e-30
+    # 4 ulps per sqrt(R): 7,500-layer runs saw at most 1.4 (the closing print of
+    # test_every_path_is_reached gives the largest ratio of a run).
+    return 4 * np.sqrt(reduction) * eps * mag + 4 * eps * mag + 1e-30
 
 
 def _check(path, got, expected, bound, context):
