@@ -13,7 +13,7 @@ rung  function                      what it now respects
 1     :func:`loop_ikj`              cache lines: every inner access has unit stride
 2     :func:`blocked`               L2: a KC x NC panel of B is reused by all of A
 3     :func:`packed`                L1, TLB, prefetchers: contiguous micro-panels
-4     :func:`packed_register_tile`  registers, in intent: an MR x NR tile of C
+4     :func:`packed_register_tile`  registers: an MR x NR tile of sums in registers
 5     :func:`library_micro_kernel`  registers, really: the vector-IR micro-kernel
 6     :func:`threaded`              every core: the library's parallel driver
 ====  ============================  ==============================================
@@ -114,18 +114,41 @@ def blocked(a, b, c, KC, MC, NC):
 
 # --------------------------------------------------------------------------- rung 3
 @numba.njit(**JIT)
-def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack):
+def tile_in_local_array(kc, a_panel, b_panel, acc, MR, NR):
+    """``acc = a_panel @ b_panel`` for one ``MR x NR`` tile, summed in a small local array.
+
+    ``a_panel`` is a packed A micro-panel (``kc x MR``, k-major), ``b_panel`` a packed B
+    micro-panel (``kc x NR``, k-major), ``acc`` a scratch of ``MR*NR`` values.  For
+    each ``p`` a row of B (``NR`` contiguous values) is multiplied by each of the
+    ``MR`` A values and added to a row of ``acc``: slices from 0 with a run-time
+    length, so the ``j`` loop vectorises whatever NR is (a literal NR of 16 is
+    unrolled into scalar code instead).
+    """
+    acc[:] = 0
+    for p in range(kc):
+        b_row = b_panel[p * NR:(p + 1) * NR]
+        for i in range(MR):
+            a_ip = a_panel[p * MR + i]
+            acc_row = acc[i * NR:(i + 1) * NR]
+            for j in range(NR):
+                acc_row[j] += a_ip * b_row[j]
+
+
+@numba.njit(**JIT)
+def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc):
     """Rung 3: pack the A block and the B panel into contiguous micro-panels.
 
     Change: before they are used, the ``MC x KC`` block of A is copied into
     ``MR``-row micro-panels and the ``KC x NC`` panel of B into ``NR``-column
-    micro-panels, both k-major (the reference packers of ``tilegemm.packing.pack``).
-    The inner loops (jr, ir, then one ``MR x NR`` tile) now read memory strictly in order:
-    one micro-panel of A (``MR*KC``) and one of B (``KC*NR``) together fit L1, the
-    hardware prefetchers see plain streams and no access crosses a page needlessly.
-    The copy costs O(mk + kn) per block against O(mnk) arithmetic.  The C tile is
-    still read and written for every ``p``.  Buffers: ``apack >= ceil(MC/MR)*MR*KC``,
-    ``bpack >= ceil(NC/NR)*NR*KC``; a, b, c C-contiguous.
+    micro-panels, both k-major (the reference packers of ``tilegemm.packing.pack``),
+    and C is computed one ``MR x NR`` tile at a time (:func:`tile_in_local_array`):
+    the tile's sums stay in a small array (``acc``, L1) for the whole ``kc`` loop,
+    and C is read and written once per tile and KC block instead of once per
+    ``p``.  The micro-panels are read strictly in order: one of A (``MR*KC``) and one
+    of B (``KC*NR``) fit L1 together, the prefetchers see plain streams.  The copy
+    costs O(mk + kn) per block against O(mnk) arithmetic.  Buffers: ``apack >=
+    ceil(MC/MR)*MR*KC``, ``bpack >= ceil(NC/NR)*NR*KC``, ``acc >= MR*NR``; a, b, c
+    C-contiguous.
     """
     m, k = a.shape
     n = b.shape[1]
@@ -139,69 +162,131 @@ def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack):
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
-                for jr in range(0, nc, NR):
-                    for ir in range(0, mc, MR):
-                        a_panel = apack[ir * kc:(ir + MR) * kc]
-                        b_panel = bpack[jr * kc:(jr + NR) * kc]
-                        for i in range(min(MR, mc - ir)):   # the MR x NR tile, clipped at edges
+                for jr in range(0, nc, NR):          # B micro-panel: stays in L1 ...
+                    for ir in range(0, mc, MR):      # ... while A micro-panels stream
+                        tile_in_local_array(kc, apack[ir * kc:(ir + MR) * kc],
+                                            bpack[jr * kc:(jr + NR) * kc], acc, MR, NR)
+                        for i in range(min(MR, mc - ir)):     # clipped at the edges
                             c_row = c[ic + ir + i, jc + jr:min(jc + jr + NR, n)]
-                            for p in range(kc):
-                                a_ip = a_panel[p * MR + i]
-                                b_row = b_panel[p * NR:(p + 1) * NR]
-                                for j in range(c_row.shape[0]):
-                                    c_row[j] += a_ip * b_row[j]
+                            for j in range(c_row.shape[0]):
+                                c_row[j] += acc[i * NR + j]
 
 
 # --------------------------------------------------------------------------- rung 4
-@numba.njit(**JIT)
-def register_tile(kc, a_panel, b_panel, c_tile, MR, NR):
-    """The plain-Numba micro-kernel: ``c_tile += a_panel @ b_panel`` through a local tile.
+def register_tile_shape(vector_registers):
+    """(MR, NR) of rung 4's register tile: ``MR*NR`` accumulators, each a vector of
+    partial sums, in at most half the vector registers (the rest hold the loaded
+    rows): 2 x 8 with 32 registers (AVX-512), 2 x 4 with 16 (AVX2)."""
+    return (2, 8) if vector_registers >= 32 else (2, 4)
 
-    ``a_panel`` is one packed A micro-panel (``kc x MR``, k-major), ``b_panel`` one
-    packed B micro-panel (``kc x NR``, k-major), both zero padded; ``c_tile`` is the
-    (possibly clipped, at most ``MR x NR``) view of C.  The ``MR x NR`` sums are
-    accumulated in ``acc`` for all ``kc`` steps and C is touched once at the end.
+
+def _register_tile_source(MR, NR):
+    """Source of :func:`register_tile` for an ``MR x NR`` tile: one scalar sum per
+    element of C, written out (plain Numba has no arrays in registers)."""
+    sums = [(i, j) for i in range(MR) for j in range(NR)]
+    lines = ["def register_tile(kc, a, a_off, lda, b, b_off, c, c_off, ldc, mr, nr, zero):"]
+    # Rows past the last (mr of them are real) read the last row again: never stored.
+    lines += [f"    a{i} = a[a_off + min({i}, mr - 1) * lda:a_off + min({i}, mr - 1) * lda + kc]"
+              for i in range(MR)]
+    lines += [f"    b{j} = b[b_off + {j} * kc:b_off + {j + 1} * kc]" for j in range(NR)]
+    lines += [f"    s{i}_{j} = zero" for i, j in sums]
+    lines += ["    for p in range(kc):"]
+    lines += [f"        s{i}_{j} += a{i}[p] * b{j}[p]" for i, j in sums]
+    lines += [f"    if {i} < mr and {j} < nr:\n        c[c_off + {i} * ldc + {j}] += s{i}_{j}"
+              for i, j in sums]
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=None)
+def make_register_tile(MR, NR):
+    """Rung 4's micro-kernel for an ``MR x NR`` tile of C (compiled once per shape).
+
+    ``register_tile(kc, a, a_off, lda, b, b_off, c, c_off, ldc, mr, nr, zero)`` adds
+    to the ``mr x nr`` corner of the tile at ``c[c_off]`` (rows ``ldc`` apart) the
+    products of ``MR`` rows of A (``kc`` values each, contiguous, ``lda`` apart, from
+    ``a[a_off]``) and ``NR`` columns of B packed along k (``kc`` values each, one after
+    another from ``b[b_off]``).  ``zero`` is 0 in C's dtype.  Not cached on disk: the
+    function is made from generated source.
     """
-    acc = np.zeros((MR, NR), c_tile.dtype)
-    for p in range(kc):
-        for i in range(MR):
-            a_ip = a_panel[p * MR + i]
-            for j in range(NR):
-                acc[i, j] += a_ip * b_panel[p * NR + j]
-    for i in range(c_tile.shape[0]):
-        for j in range(c_tile.shape[1]):
-            c_tile[i, j] += acc[i, j]
+    namespace = {}
+    exec(_register_tile_source(MR, NR), namespace)
+    return numba.njit(**dict(JIT, cache=False))(namespace["register_tile"])
 
 
 @numba.njit(**JIT)
-def packed_register_tile(a, b, c, MR, NR, KC, MC, NC, apack, bpack):
-    """Rung 4: rung 3's five loops with an ``MR x NR`` register tile of C.
+def pack_columns(b, b_off, ldb, kc, nc, NR, bpack):
+    """Columns ``0:nc`` of the ``kc``-row block of B at ``b[b_off]`` (rows ``ldb`` apart),
+    each column's ``kc`` values contiguous (column ``j`` at ``j*kc``), zero columns up
+    to a multiple of ``NR``.  Rows of B are read in order."""
+    for j in range(nc, -(-nc // NR) * NR):
+        bpack[j * kc:(j + 1) * kc] = 0
+    for p in range(kc):
+        row = b[b_off + p * ldb:b_off + p * ldb + nc]
+        for j in range(nc):
+            bpack[j * kc + p] = row[j]
 
-    Change: the innermost work is :func:`register_tile`, which keeps the tile's
-    sums in a local ``acc`` across the whole ``kc`` loop and adds them to C once,
-    instead of a read-modify-write of the C tile for every ``p``.  The intent is
-    the C tile in registers: ``MR + NR`` loads for ``MR*NR`` FMAs per ``p``.  Plain
-    Numba gets only part of the way: the compiler cannot prove ``acc`` does not
-    overlap the packed panels, so ``acc`` stays in L1 (a load and a store per
-    FMA), and LLVM tunes this CPU for 256-bit vectors.  Rung 5 removes both limits.
+
+def register_tile_kc(MR, NR, itemsize):
+    """Rung 4's KC: the ``NR`` packed columns of B in half of L1d, reused by every
+    ``MR`` rows of A.  Its tiles are narrow, so KC is longer than the library's, which
+    also spreads each sum's final reduction over more products (n = 1024 on a
+    48 KiB L1d: 52 GFLOPS with the library's KC of 192, 63 with 768)."""
+    from tilegemm.tuning.machine import detect
+    return max(1, detect().l1d_bytes // 2 // (NR * itemsize))
+
+
+def packed_register_tile(a, b, c, KC=None, MC=None, NC=None):
+    """Rung 4: the same blocking with an ``MR x NR`` tile of C held in registers.
+
+    Change: the tile's ``MR*NR`` sums are scalars (:func:`make_register_tile`) and the
+    ``k`` loop is innermost, so LLVM vectorises along k and keeps each sum as a
+    vector of partial sums in a register for the whole KC block: per ``p``, ``MR + NR``
+    vector loads feed ``MR*NR`` vector FMAs, and no sum goes to memory before the
+    block ends.  Plain Numba vectorises only its innermost loop, which is why k goes
+    there: A's rows are already contiguous along k (read in place), B's columns are
+    packed along k (:func:`pack_columns`), and each sum is reduced across its vector
+    once per tile and block.  Rung 5 puts the vectors along n instead, as the library
+    does, and needs no reduction.  ``KC`` defaults to :func:`register_tile_kc`, ``MC``
+    and ``NC`` to the library's.
     """
     m, k = a.shape
     n = b.shape[1]
-    af, bf = a.reshape(-1), b.reshape(-1)
-    c[:, :] = 0
+    MR, NR = register_tile_shape(_vector_registers())
+    blk = blocking(a.dtype)
+    KC = KC or register_tile_kc(MR, NR, a.itemsize)
+    MC, NC = MC or blk.mc, NC or blk.nc
+    bpack = _column_buffer(a.dtype.name, NR, KC, min(NC, max(n, 1)))
+    _register_tile_loops(a.reshape(-1), b.reshape(-1), c.reshape(-1), m, n, k, KC, MC, NC,
+                         bpack, a.dtype.type(0), make_register_tile(MR, NR), MR, NR)
+
+
+@functools.lru_cache(maxsize=None)
+def _column_buffer(dtype_name, NR, KC, NC):
+    """Rung 4's packed columns of B: ``NC`` rounded up to ``NR`` columns of ``KC``."""
+    return aligned_empty(-(-NC // NR) * NR * KC, dtype_name)
+
+
+def _vector_registers():
+    from tilegemm.tuning.machine import detect
+    return detect().vector_registers
+
+
+@numba.njit(**dict(JIT, cache=False))
+def _register_tile_loops(af, bf, cf, m, n, k, KC, MC, NC, bpack, zero, tile, MR, NR):
+    """The jc, pc, ic, jr, ir loops of rung 4 around ``tile``; C zeroed first."""
+    cf[:m * n] = zero
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, k, KC):
             kc = min(KC, k - pc)
-            pack_b(bf, pc * n + jc, n, 1, kc, nc, NR, bpack)
+            pack_columns(bf, pc * n + jc, n, kc, nc, NR, bpack)
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
-                for jr in range(0, nc, NR):          # B micro-panel: stays in L1 ...
-                    for ir in range(0, mc, MR):      # ... while A micro-panels stream
-                        register_tile(kc, apack[ir * kc:(ir + MR) * kc],
-                                      bpack[jr * kc:(jr + NR) * kc],
-                                      c[ic + ir:ic + ir + MR, jc + jr:jc + jr + NR], MR, NR)
+                for jr in range(0, nc, NR):
+                    for ir in range(0, mc, MR):
+                        tile(kc, af, (ic + ir) * k + pc, k, bpack, jr * kc, cf,
+                             (ic + ir) * n + jc + jr, n, min(MR, mc - ir), min(NR, nc - jr),
+                             zero)
 
 
 # --------------------------------------------------------------------------- rung 5
@@ -277,10 +362,13 @@ RUNGS = (
 
 @functools.lru_cache(maxsize=None)
 def _buffers(dtype_name, MR, NR, KC, MC, NC):
-    """Pack buffers for one blocking, allocated once and reused (as the library does)."""
+    """Pack buffers and rung 3's tile scratch for one blocking, allocated once and
+    reused (as the library does).  B's buffer also holds rung 4's column panels
+    (its NR divides no more than the library's: padding to it takes no more room)."""
     apack = aligned_empty(-(-MC // MR) * MR * KC, dtype_name)
     bpack = aligned_empty(-(-NC // NR) * NR * KC, dtype_name)
-    return apack, bpack
+    acc = aligned_empty(MR * NR, dtype_name)
+    return apack, bpack, acc
 
 
 def compute(number, a, b, c=None, blk=None):
@@ -295,9 +383,10 @@ def compute(number, a, b, c=None, blk=None):
     c : ndarray, optional
         C-contiguous (m, n) output of the same dtype; allocated when omitted.
     blk : tilegemm.tuning.blocking.Blocking, optional
-        Block sizes for rungs 2-5 (default ``blocking(dtype)``); tests pass small ones
-        to exercise every loop on small matrices.  MR and NR must be the library's
-        for rung 5.  Rung 6 always uses the library's own plan.
+        Block sizes for rungs 2-5 (default ``blocking(dtype)``, and rung 4's own KC and
+        register tile); tests pass small ones to exercise every loop on small
+        matrices.  MR and NR must be the library's for rung 5.  Rung 6 always uses the
+        library's own plan.
 
     Returns
     -------
@@ -315,9 +404,10 @@ def compute(number, a, b, c=None, blk=None):
     if number == 6:
         threaded(a, b, c)
         return c
+    custom_blocks = blk is not None
     blk = blk or blocking(a.dtype)
     MR, NR, KC, MC, NC = blk.mr, blk.nr, blk.kc, blk.mc, blk.nc
-    apack, bpack = _buffers(a.dtype.name, MR, NR, KC, MC, NC)
+    apack, bpack, acc = _buffers(a.dtype.name, MR, NR, KC, MC, NC)
     if number == 0:
         naive_ijk(a, b, c)
     elif number == 1:
@@ -325,9 +415,12 @@ def compute(number, a, b, c=None, blk=None):
     elif number == 2:
         blocked(a, b, c, KC, MC, NC)
     elif number == 3:
-        packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack)
+        packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc)
     elif number == 4:
-        packed_register_tile(a, b, c, MR, NR, KC, MC, NC, apack, bpack)
+        if custom_blocks:
+            packed_register_tile(a, b, c, KC, MC, NC)
+        else:
+            packed_register_tile(a, b, c)     # its own KC (register_tile_kc)
     elif number == 5:
         kern = get_kernel(a.dtype, MR, NR)
         one = a.dtype.type(1)
@@ -347,7 +440,11 @@ PROBE_N = 128
 
 @dataclass
 class Result:
-    """One row of the ladder table (GFLOPS are best-of-runs rates)."""
+    """One row of the ladder table (GFLOPS are best-of-runs rates).
+
+    ``spread`` is the slowest run's time over the fastest one's, minus 1: how much
+    the repeats disagreed (a busy machine shows here first).
+    """
 
     rung: Rung
     n: int
@@ -356,6 +453,7 @@ class Result:
     first_call_s: float
     numpy_gflops: float
     peak_gflops: float
+    spread: float = 0.0
 
 
 def _operands(n, dtype):
@@ -365,14 +463,20 @@ def _operands(n, dtype):
     return a, b, np.empty((n, n), dtype)
 
 
-def _best_seconds(call, min_runs=3, min_total=0.3, max_runs=20):
-    """Best wall time of ``call()`` over a few runs (the minimum is the least disturbed)."""
+def _timed_runs(call, min_runs=5, min_total=0.5, max_runs=30):
+    """Wall times of ``call()`` over enough runs to be stable: at least ``min_runs``
+    and ``min_total`` seconds, at most ``max_runs``."""
     times = []
     while len(times) < min_runs or (sum(times) < min_total and len(times) < max_runs):
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def _best_seconds(call, min_runs=3, min_total=0.3, max_runs=20):
+    """Best wall time of ``call()`` over a few runs (the minimum is the least disturbed)."""
+    return min(_timed_runs(call, min_runs, min_total, max_runs))
 
 
 def _numpy_gflops(n, dtype, threads, cache):
@@ -412,12 +516,14 @@ def measure(rung, n, dtype=np.float32, numpy_cache=None, log=None):
         per_call = _best_seconds(lambda: compute(rung.number, a, b, c), min_runs=2, min_total=0)
         if size == n or per_call * 8 > CALL_BUDGET:
             break
-    gflops = 2 * size ** 3 / _best_seconds(lambda: compute(rung.number, a, b, c)) / 1e9
+    times = _timed_runs(lambda: compute(rung.number, a, b, c))
+    gflops = 2 * size ** 3 / min(times) / 1e9
     numpy = _numpy_gflops(size, dtype, threads, {} if numpy_cache is None else numpy_cache)
     peak = measured_peak_gflops(dtype, threads)
+    spread = max(times) / min(times) - 1
     if log:
-        log(f"  rung {rung.number}: n={size}, {gflops:.1f} GFLOPS")
-    return Result(rung, size, threads, gflops, first_call, numpy, peak)
+        log(f"  rung {rung.number}: n={size}, {gflops:.1f} GFLOPS (runs within {100 * spread:.0f}%)")
+    return Result(rung, size, threads, gflops, first_call, numpy, peak, spread)
 
 
 def run_ladder(n=1024, dtype=np.float32, log=None):
@@ -440,6 +546,34 @@ def format_table(results):
     return "\n".join(lines)
 
 
+#: Why a rung may not beat the one before it on some hosts, printed under the table
+#: when it does not.
+SLOWER_BECAUSE = {
+    3: "packing changes what is read, not what is written: like rung 2 it stores every "
+       "sum of C to L1 at every k step, and that store traffic, not the reads packing "
+       "straightens, bounds both (rung 4 keeps the sums in registers)",
+    4: "plain Numba's vectors here are as wide as LLVM's preferred width for this CPU, "
+       "and each sum is reduced across its vector once per tile",
+}
+#: Repeats of one rung further apart than this (slowest over fastest, minus 1) mean
+#: another program shared the cores.
+SPREAD_WARNING = 0.25
+#: A thread rung scaling less than this fraction of its thread count over rung 5 also does.
+SCALING_WARNING = 0.75
+
+
+def slower_notes(results):
+    """One line for each rung slower than the one before it by more than their
+    repeats' spread, saying why (:data:`SLOWER_BECAUSE`)."""
+    notes = []
+    for prev, r in zip(results, results[1:]):
+        if r.gflops * (1 + max(r.spread, prev.spread)) < prev.gflops:
+            reason = SLOWER_BECAUSE.get(r.rung.number, "see the rung's docstring")
+            notes.append(f"rung {r.rung.number} is slower than rung {prev.rung.number} here: "
+                         f"{reason}.")
+    return notes
+
+
 def _busy_machine_warning(results):
     """A warning when the figures show another program sharing the cores, else None."""
     # (An n-thread peak below n x the 1-thread peak is not a sign of this by itself:
@@ -448,6 +582,18 @@ def _busy_machine_warning(results):
         if r.gflops > r.peak_gflops:
             return (f"warning: rung {r.rung.number} ran above the measured peak, so the peak "
                     "was measured while another program used the cores; rerun when it is quiet")
+    for r in results:
+        if r.spread > SPREAD_WARNING:
+            return (f"warning: rung {r.rung.number}'s runs were {100 * r.spread:.0f}% apart: "
+                    "another program is probably using the cores; rerun when it is quiet")
+    single = {r.rung.number: r for r in results}
+    for r in results:
+        if r.threads > 1 and 5 in single:
+            scaling = r.gflops / single[5].gflops
+            if scaling < SCALING_WARNING * r.threads:
+                return (f"warning: rung {r.rung.number} on {r.threads} threads ran only "
+                        f"{scaling:.2f}x rung 5: another program is probably using a core; "
+                        "rerun when it is quiet")
     return None
 
 
@@ -514,6 +660,9 @@ def main(argv=None):
     table = format_table(results)
     print()
     print(table)
+    notes = slower_notes(results)
+    for note in notes:
+        print(note)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
           f"thread count; ladder took {time.perf_counter() - t0:.0f} s.")
     if any(np.isnan(r.numpy_gflops) for r in results):
@@ -525,7 +674,7 @@ def main(argv=None):
 
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ladder.md"), "w") as f:
-        f.write(table + "\n")
+        f.write(table + "\n" + "".join(f"\n{note}\n" for note in notes))
     try:
         plot(results, os.path.join(args.out, "ladder.png"), f"({m.isa}, {m.brand})")
     except ImportError:
