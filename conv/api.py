@@ -147,7 +147,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         Layout of ``input`` and of the result; NHWC is computed natively.
     _path, _out
         Internal, for tests: force a path of :data:`tilegemm.conv.paths.PATHS`
-        (``ValueError`` if it does not serve the layer), and write the result into
+        (``ValueError`` if it does not serve the layer; ``algorithm`` is then
+        ignored), and write the result into
         a given C-contiguous array of the result's shape and dtype (placed against
         a guard page by the memory-safety tests).
 
@@ -189,34 +190,33 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     w = np.ascontiguousarray(w, dtype=dtype)
     if b is not None:
         b = np.ascontiguousarray(b, dtype=dtype)
+    if _path is not None:
+        _check_forced(_path, p, dtype)
     if out.size == 0:
         return out
     if p.Cg == 0:
         return _trivial(x, b, out, p, act)
-    if _path is not None:
-        algorithm, path = _forced(_path, p, dtype)
-    else:
+    if _path is None:
         if algorithm == "auto":
             algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
                               os.environ.get("TILEGEMM_CONV_ALGORITHM"))
-        path = None                    # the algorithm's own route (conv.paths.path_of)
+        _path = paths.path_of(p, algorithm, dtype)
+    algorithm, _, loop = _path.partition(".")
     if algorithm == "winograd":
         return winograd.run(x, w, b, out, p, act)
     if algorithm == "direct":
-        return direct.run(x, w, b, out, p, act, path)
-    if path == "pointwise" or (path is None and p.pointwise):
+        return direct.run(x, w, b, out, p, act, loop)
+    if loop == "pointwise":
         return im2col.pointwise(x, w, b, out, p, act)
-    return im2col.run(x, w, b, out, p, act, path)
+    return im2col.run(x, w, b, out, p, act, loop)
 
 
-def _forced(path, p, dtype):
-    """(algorithm, loop) of a forced ``_path``, checked to serve ``p``."""
+def _check_forced(path, p, dtype):
+    """A forced ``_path`` must name a path that serves ``p`` (``algorithm`` is then ignored)."""
     if path not in paths.PATHS:
         raise ValueError(f"conv2d: unknown path {path!r}; expected one of {paths.PATHS}")
     if not paths.serves(path, p, dtype):
         raise ValueError(f"conv2d: path {path!r} does not serve this layer ({p})")
-    algorithm, _, loop = path.partition(".")
-    return algorithm, loop
 
 
 def _internal_out(out, p, dtype):

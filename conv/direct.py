@@ -292,24 +292,25 @@ def run(x, w, bias, out, p, act, path=None):
     mod = engine.conv_module(out.dtype)
     if path == FLAT:
         flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
-        if flat[0]:
-            # Depthwise, output as wide as the (phase) planes: rows end to end, a
-            # channel a task.
-            ntasks = p.N * p.C
-            threads = engine.threads_for(p.flops, ntasks)
-            per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
-            Hq, Wq = flat[1]
-            copy = p.sy * p.sx > 1
-            # The phase-split copy (stride > 1); stride 1 reads the input in place.
-            size = p.sy * p.sx * Hq * Wq + mod.LANES if copy else 1
-            (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (size,),
-                                              out.dtype)
-            wf = np.ascontiguousarray(w).reshape(-1)
-            args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
-            engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
-                counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
-                threads)
-            return out
+        if not flat[0]:
+            raise ValueError(f"direct: the rows-end-to-end loop does not serve {p}")
+        # Depthwise, output as wide as the (phase) planes: rows end to end, a
+        # channel a task.
+        ntasks = p.N * p.C
+        threads = engine.threads_for(p.flops, ntasks)
+        per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
+        Hq, Wq = flat[1]
+        copy = p.sy * p.sx > 1
+        # The phase-split copy (stride > 1); stride 1 reads the input in place.
+        size = p.sy * p.sx * Hq * Wq + mod.LANES if copy else 1
+        (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (size,),
+                                          out.dtype)
+        wf = np.ascontiguousarray(w).reshape(-1)
+        args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
+        engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
+            counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
+            threads)
+        return out
     if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
         ntasks = p.N * p.groups * -(-p.Kg // KB)

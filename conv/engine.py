@@ -26,6 +26,7 @@ from tilegemm.kernels import driver as _driver
 from tilegemm.kernels.driver import run_shares
 from tilegemm.kernels.registry import _write_if_changed, cache_dir
 from tilegemm.packing import aligned_empty
+from tilegemm.tuning.machine import detect
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TEMPLATE = os.path.join(_HERE, "_conv_tile.py")
@@ -45,13 +46,21 @@ def plan(dtype):
 Target = collections.namedtuple("Target", "lanes mr nr l1d_bytes l2_bytes")
 
 
-def host_target(dtype):
-    """The :data:`Target` of this machine for ``dtype`` (as detected or overridden)."""
-    from tilegemm.tuning.machine import detect
+_targets = {}
 
+
+def host_target(dtype):
+    """The :data:`Target` of this machine for ``dtype`` (as detected or overridden).
+
+    Kept per GEMM kernel (a new plan, e.g. after ``TILEGEMM_NR`` changed, names
+    another): every conv2d call routes through it, and building it cost 1.6 us."""
     kernel, _ = plan(dtype)
-    machine = detect()
-    return Target(kernel.lanes, kernel.mr, kernel.nr, machine.l1d_bytes, machine.l2_bytes)
+    target = _targets.get(kernel.name)
+    if target is None:
+        machine = detect()
+        target = _targets[kernel.name] = Target(kernel.lanes, kernel.mr, kernel.nr,
+                                                machine.l1d_bytes, machine.l2_bytes)
+    return target
 
 
 def round_up(x, m):

@@ -80,10 +80,10 @@ class ConvPlan:
     algorithm : str
         The choice: ``"im2col"``, ``"winograd"`` or ``"direct"``.
     path : str
-        A finer description (e.g. ``"im2col (1x1 as plain GEMM)"``).
+        What runs, in words (e.g. ``"im2col (1x1 stride 1: plain GEMM on the image)"``).
     route : str
-        The loop nest that runs, one of :data:`tilegemm.conv.paths.PATHS`
-        (e.g. ``"im2col.rows"``).
+        The name of the loop nest that runs, one of :data:`tilegemm.conv.paths.PATHS`
+        (e.g. ``"im2col.rows"``): the name tests force through ``conv2d``'s ``_path``.
     estimates : dict
         Estimated seconds of every applicable algorithm.
     params : ConvParams
