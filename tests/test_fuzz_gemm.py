@@ -466,13 +466,29 @@ def _victim(dtype, a, b, la, lb):
             if x == dtype and not lay.startswith("bcast")]
 
 
+def _recorded(recorder, kind, call):
+    """``call()`` with the GEMM paths it took recorded (and counted under ``kind``):
+    (result, paths)."""
+    with recorder.call() as paths:
+        got = call()
+    with _lock:
+        PATHS_FUZZED.update(paths)
+        EXAMPLES[kind] += 1
+    return got, paths
+
+
+def _draw_problem(data):
+    """(dtype of a, dtype of b, result dtype, (m, n, k)) of one 2-D product."""
+    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
+    dtype = np.result_type(da, db)
+    return da, db, dtype, data.draw(mnk(dtype), label="m, n, k")
+
+
 @fuzz_settings()
 @given(data=st.data())
 def test_matmul_2d_matches_numpy(recorder, data):
     """2-D operands in every layout, with or without ``out`` (possibly overlapping an input)."""
-    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
-    dtype = np.result_type(da, db)
-    m, n, k = data.draw(mnk(dtype), label="m, n, k")
+    da, db, dtype, (m, n, k) = _draw_problem(data)
     # C order weighted up: both operands in it is matmul's fast path (matmul_small).
     la = data.draw(st.sampled_from(("C",) * 4 + LAYOUTS_2D), label="layout of a")
     lb = data.draw(st.sampled_from(("C",) * 4 + LAYOUTS_2D), label="layout of b")
@@ -517,11 +533,7 @@ def test_matmul_2d_matches_numpy(recorder, data):
     before = {name: (p, snapshot(p)) for name, p in (("a", pa), ("b", pb))
               if not (shares_input and name == victim)}
     out_before = None if po is None or shares_input else snapshot(po)
-    with recorder.call() as paths:
-        got = tilegemm.matmul(a, b, out=out)
-    with _lock:
-        PATHS_FUZZED.update(paths)
-        EXAMPLES["matmul 2-D"] += 1
+    got, paths = _recorded(recorder, "matmul 2-D", lambda: tilegemm.matmul(a, b, out=out))
     out_desc = f"{out_kind}:{victim}" if shares_input else out_kind   # the victim is then in C order
     what = (f"matmul {m}x{k} @ {k}x{n} {da.name}/{db.name} a={la} b={lb} out={out_desc} "
             f"paths={sorted(paths)}")
@@ -578,11 +590,8 @@ def test_matmul_batched_and_vectors_match_numpy(recorder, data):
     a0, b0 = a.copy(), b.copy()
     before = [(name, p, snapshot(p)) for name, p in (("a", pa), ("b", pb))]
     out_before = None if po is None else snapshot(po)
-    with recorder.call() as paths:
-        got = tilegemm.matmul(a, b, out=out)
-    with _lock:
-        PATHS_FUZZED.update(paths)
-        EXAMPLES["matmul batched/1-D"] += 1
+    got, paths = _recorded(recorder, "matmul batched/1-D",
+                           lambda: tilegemm.matmul(a, b, out=out))
     what = (f"matmul {sa} @ {sb} {da.name}/{db.name} a={la} b={lb} out={out_kind} "
             f"paths={sorted(paths)}")
     if out is not None:
@@ -608,9 +617,7 @@ C_LAYOUTS = (None,) + OUT_LAYOUTS_2D + ("shifted",)
 @given(data=st.data())
 def test_gemm_matches_numpy(recorder, data):
     """alpha/beta (beta = 0 with NaN in C), transposes, C in any layout or overlapping an input."""
-    da, db = data.draw(DTYPE_PAIRS, label="dtypes")
-    dtype = np.result_type(da, db)
-    m, n, k = data.draw(mnk(dtype), label="m, n, k")
+    da, db, dtype, (m, n, k) = _draw_problem(data)
     trans_a = data.draw(st.booleans(), label="trans_a")
     trans_b = data.draw(st.booleans(), label="trans_b")
     la = data.draw(st.sampled_from(LAYOUTS_2D), label="layout of a")
@@ -648,11 +655,8 @@ def test_gemm_matches_numpy(recorder, data):
     c0 = None if c is None else c.copy()
     before = {name: (p, snapshot(p)) for name, p in (("a", pa), ("b", pb)) if name != victim}
     c_before = None if pc is None or victim else snapshot(pc)
-    with recorder.call() as paths:
-        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b)
-    with _lock:
-        PATHS_FUZZED.update(paths)
-        EXAMPLES["gemm"] += 1
+    got, paths = _recorded(recorder, "gemm", lambda: tilegemm.gemm(
+        a, b, c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b))
     what = (f"gemm {m}x{n}x{k} {da.name}/{db.name} trans=({trans_a},{trans_b}) a={la} b={lb} "
             f"c={c_kind} alpha={alpha} beta={beta} paths={sorted(paths)}")
     if c is not None:
