@@ -466,6 +466,18 @@ def _victim(dtype, a, b, la, lb):
             if x == dtype and not lay.startswith("bcast")]
 
 
+def _shift_into_output(data, rng, victim, operands, shape, fill):
+    """Move input ``victim`` ("a" or "b") into a buffer that the output of ``shape`` also
+    lies in (:func:`overlapping`): (a, a's buffer, b, b's buffer, out, out's buffer)."""
+    a, pa, b, pb = operands
+    moved, out, buf = overlapping(data, rng, a if victim == "a" else b, shape, fill)
+    if victim == "a":
+        a, pa = moved, buf
+    else:
+        b, pb = moved, buf
+    return a, pa, b, pb, out, buf
+
+
 def _recorded(recorder, kind, call):
     """``call()`` with the GEMM paths it took recorded (and counted under ``kind``):
     (result, paths)."""
@@ -513,12 +525,8 @@ def test_matmul_2d_matches_numpy(recorder, data):
     a, pa = operand(rng, (m, k), da, la, fill)
     b, pb = operand(rng, (k, n), db, lb, fill)
     if out_kind == "shifted":
-        moved, out, buf = overlapping(data, rng, a if victim == "a" else b, (m, n), fill)
-        po = buf
-        if victim == "a":
-            a, pa = moved, buf
-        else:
-            b, pb = moved, buf
+        a, pa, b, pb, out, po = _shift_into_output(data, rng, victim, (a, pa, b, pb), (m, n),
+                                                   fill)
     elif out_kind == "alias":
         out, po = (a, pa) if victim == "a" else (b, pb)
     elif out_kind is not None:
@@ -638,12 +646,8 @@ def test_gemm_matches_numpy(recorder, data):
         c = pc = None
     elif c_kind == "shifted":
         victim = data.draw(st.sampled_from(victims), label="c overlaps")
-        moved, c, pc = overlapping(data, rng, a if victim == "a" else b, (m, n), fill)
-        buf = pc
-        if victim == "a":
-            a, pa = moved, buf
-        else:
-            b, pb = moved, buf
+        a, pa, b, pb, c, pc = _shift_into_output(data, rng, victim, (a, pa, b, pb), (m, n),
+                                                 fill)
     else:
         c, pc = layout((m, n), dtype, c_kind)
         if beta != 0:   # beta == 0 leaves the NaN: it must never reach the result
