@@ -17,15 +17,13 @@ read-only.
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
 from tilegemm.conv.params import PADDED, PHASED
-from tilegemm.kernels.generator import (EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, make_masked_copy,
-                                        make_depthwise_flat, make_depthwise_nhwc,
-                                        make_depthwise_rows,
-                                        make_deinterleave, make_direct_row,
-                                        make_microkernel, make_transpose,
-                                        make_winograd_input, make_winograd_output, next_task,
-                                        prefetch)
+from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
+from tilegemm.kernels.generator import (make_masked_copy, make_depthwise_flat,
+                                        make_depthwise_nhwc, make_depthwise_rows,
+                                        make_deinterleave, make_direct_row, make_microkernel,
+                                        make_transpose, make_winograd_input, make_winograd_output,
+                                        next_task, prefetch)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd

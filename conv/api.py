@@ -14,7 +14,7 @@ import numpy as np
 from tilegemm.conv import direct, engine, im2col, paths, winograd
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
-from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
+from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}

@@ -26,9 +26,9 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
+from tilegemm.ground.contracts import EPI_BIAS_COL, JIT
 from tilegemm.conv import engine
-from tilegemm.kernels.generator import EPI_BIAS_COL, next_task
+from tilegemm.kernels.generator import next_task
 from tilegemm.packing.im2col import _valid_range
 from tilegemm.packing.winograd import _activate
 

@@ -20,7 +20,7 @@ import numpy as np
 from tilegemm.conv import engine
 from tilegemm.conv.params import FLAT, PADDED, PHASED
 from tilegemm.kernels.driver import gemm_into
-from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.packing import pack_a
 from tilegemm.tuning.machine import detect, l1_alias_period
 

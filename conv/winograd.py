@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.kernels.generator import EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_ROW
 from tilegemm.packing.winograd import pack_filter_transforms
 
 

@@ -18,10 +18,9 @@ Loops, outermost first (BLIS names):
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
-from tilegemm.kernels.generator import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6,
-                                        acquire, make_gemv_kernels, make_microkernel,
-                                        make_pack_panel, next_task, publish)
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
+from tilegemm.kernels.generator import (acquire, make_gemv_kernels, make_microkernel,
+                                       make_pack_panel, next_task, publish)
 
 # --- configuration ---
 DTYPE = np.float32

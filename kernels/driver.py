@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from tilegemm.kernels import pool
-from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles

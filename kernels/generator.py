@@ -29,6 +29,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 #: k steps per iteration of the micro-kernel's main loop.
@@ -43,10 +45,6 @@ FMA_CHAINS = 8
 #: Bytes ahead of the current position that the matrix-vector dot products prefetch.
 GEMV_PREFETCH = 1024
 
-EPI_BIAS_ROW = 1
-EPI_BIAS_COL = 2
-EPI_RELU = 4
-EPI_RELU6 = 8
 
 _NUMBA_FLOAT = {np.float32: types.float32, np.float64: types.float64}
 

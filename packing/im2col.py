@@ -26,7 +26,7 @@ the bottom/right padding is implied by ``Ho``/``Wo``).
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
+from tilegemm.ground.contracts import JIT
 
 
 def conv_output_size(size, kernel, stride, pad_before, pad_after, dilation):

@@ -20,7 +20,7 @@ than the vector copy.
 """
 import numba
 
-from tilegemm.config import JIT
+from tilegemm.ground.contracts import JIT
 
 
 @numba.njit(inline='always', **JIT)

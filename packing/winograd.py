@@ -31,8 +31,7 @@ Image strides and offsets follow :mod:`tilegemm.packing.im2col`; ``geom`` here i
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
-from tilegemm.kernels.generator import EPI_RELU, EPI_RELU6
+from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT
 
 #: Input transform: V = BT @ d @ BT.T
 BT = np.array([[1, 0, -1, 0],

@@ -274,7 +274,7 @@ def test_vector_input_transform_matches_BT(dtype, H, W, pad):
 def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     """The NCHW output transform (A^T m A + bias + activation) writes only the image."""
     from tilegemm.conv import engine
-    from tilegemm.kernels.generator import EPI_BIAS_ROW
+    from tilegemm.ground.contracts import EPI_BIAS_ROW
     mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1)
     TH, TW = -(-Ho // 2), -(-Wo // 2)
     geom = (Ho, Wo, Ho, Wo, 1, 1, TH, TW)

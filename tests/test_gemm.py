@@ -298,7 +298,7 @@ def test_concurrent_calls_from_python_threads():
 def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch):
     """Two threads: B packed once and shared, split over rows, columns or k (small C,
     long k), GEMV split, fused epilogue."""
-    from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+    from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
     splits = []
     real_split_k, real_run = driver._split_k, driver.run_shares
@@ -399,7 +399,7 @@ def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     bias = rng.standard_normal(m).astype(dtype)
-    from tilegemm.kernels.generator import EPI_BIAS_ROW, EPI_RELU
+    from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU
     epi = EPI_BIAS_ROW | EPI_RELU
     expected = np.maximum(2.0 * ref_gemm(a, b) + bias[:, None], 0)
     size = k * -(-n // kern.nr) * kern.nr

@@ -10,7 +10,7 @@ numpy and the plain-Numba register-tile kernel of the cache-blocking ladder.
 import numpy as np
 import pytest
 
-from tilegemm.kernels.generator import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
 from tilegemm.kernels.registry import get_kernel, registered_kernels
 from tilegemm.packing import aligned_empty
 from tilegemm.tuning.blocking import blocking

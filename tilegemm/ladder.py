@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from tilegemm.config import JIT
+from tilegemm.ground.contracts import JIT
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty, pack_a, pack_b

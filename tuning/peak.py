@@ -15,8 +15,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilegemm.config import JIT
-from tilegemm.kernels.generator import _fma, _splat
+from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.generator import (_fma, _splat)
 from tilegemm.tuning.machine import detect
 
 
