@@ -19,10 +19,10 @@ import numba
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, round_up  # noqa: F401 (round_up: the paths')
+from tilegemm.ground.workspace import buffers, thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels import driver as _driver
-from tilegemm.kernels.driver import run_shares
-from tilegemm.packing import aligned_empty
+from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (the paths' threads)
 from tilegemm.tuning.machine import detect
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,10 +58,6 @@ def host_target(dtype):
     return target
 
 
-def round_up(x, m):
-    return -(-x // m) * m
-
-
 def balanced_kc(k, kc_max):
     """KC no larger than ``kc_max`` that cuts ``k`` into equal blocks (no runt last block)."""
     return -(-k // -(-k // kc_max))
@@ -92,52 +88,6 @@ def conv_module(dtype):
     kernel, _ = plan(dtype)
     with _module_lock:
         return _load(kernel)
-
-
-# --- per-thread scratch ---------------------------------------------------------------
-
-_workspace = threading.local()
-
-
-def buffers(key, sizes, dtype):
-    """Per-Python-thread 64-byte aligned buffers of at least ``sizes`` elements, reused."""
-    store = getattr(_workspace, "buffers", None)
-    if store is None:
-        store = _workspace.buffers = {}
-    key = (key, np.dtype(dtype).str)
-    have = store.get(key)
-    if have is None or any(h.size < s for h, s in zip(have, sizes)):
-        have = store[key] = tuple(aligned_empty(s, dtype) for s in sizes)
-    return have
-
-
-def thread_buffers(key, threads, sizes, dtype):
-    """Like :func:`buffers`, as 2-D arrays with one 64-byte aligned row per thread.
-
-    The views are kept with the buffers under them (up to ``_VIEWS_MAX`` shapes):
-    a small layer's call takes them from a dict instead of remaking them.
-    """
-    bkey = (key, np.dtype(dtype).str)
-    views = getattr(_workspace, "views", None)
-    if views is None:
-        views = _workspace.views = {}
-    shape = (threads, tuple(sizes))
-    entry = views.get(bkey)
-    if entry is not None and _workspace.buffers.get(bkey) is entry[0]:
-        made = entry[1].get(shape)
-        if made is not None:
-            return made
-    padded = [round_up(s, 64) for s in sizes]
-    flat = buffers(key, [threads * s for s in padded], dtype)
-    made = tuple(f[:threads * s].reshape(threads, s) for f, s in zip(flat, padded))
-    if entry is None or entry[0] is not flat or len(entry[1]) >= _VIEWS_MAX:
-        entry = views[bkey] = (flat, {})      # views of replaced buffers go with them
-    entry[1][shape] = made
-    return made
-
-
-#: Shapes of views kept per set of buffers.
-_VIEWS_MAX = 64
 
 
 # --- prepared weights -----------------------------------------------------------------
@@ -273,21 +223,3 @@ def threads_for(flops, tasks):
     if flops < SERIAL_FLOPS:
         return 1
     return max(1, min(numba.get_num_threads(), tasks))
-
-
-def launch(run, threads):
-    """``run(t, counter)`` for ``t`` in ``range(threads)``, each on its own Python thread.
-
-    ``counter`` is a fresh one-element int64 array from which the jitted task loops
-    take their tasks (see ``next_task``), so a thread the machine slows down takes
-    fewer.  The task loops release the GIL, so the threads run in parallel; the
-    calling thread takes ``t = 0`` itself.  Python threads rather than Numba's
-    parallel loops keep concurrent calls from several Python threads safe, as in
-    the GEMM driver.
-    """
-    counter = np.zeros(1, np.int64)
-    if threads <= 1:
-        run(0, counter)
-        return
-    # The pools GEMM uses too; the counter tells the spinning pool a worker has begun.
-    run_shares(run, [(t, counter) for t in range(threads)], gate=counter)

@@ -20,16 +20,14 @@ release the GIL on the pool's Python threads.  This keeps the engine free of
 Numba's parallel machinery: no threading-layer constraints on concurrent calls
 from several Python threads, and seconds less compile time.
 """
-import concurrent.futures
-import threading
-
 import numba
 import numpy as np
 
-from tilegemm.kernels import pool
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, round_up
+from tilegemm.ground.workspace import buffers
+from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.registry import get_kernel
-from tilegemm.packing import aligned_empty, flat_view
+from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
@@ -49,67 +47,6 @@ GEMV_SERIAL_ELEMENTS = 1 << 20
 
 #: Split k among threads only when each slice has at least this many.
 SPLIT_K_MIN = 1024
-
-_workspace = threading.local()
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def executor():
-    """The process-wide pool that runs the shares of a product beyond the caller's own.
-
-    Created once, with as many workers as Numba could ever be asked for minus one
-    (the calling thread takes a share itself); workers start only when used.  It
-    is never replaced, so a caller can never be handed a pool another thread shut.
-    """
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                    thread_name_prefix="tilegemm")
-    return _pool
-
-
-def run_shares(fn, shares, gate=None):
-    """Run ``fn(*share)`` for every share: the first on this thread, the rest on pool threads.
-
-    The spinning pool (:mod:`tilegemm.kernels.pool`) takes them when it is free; a call
-    that finds it busy (another Python thread's) uses the queue-based :func:`executor`.
-    ``gate``: the shares' task counter, if they take tasks from one (see ``SpinPool.run``).
-    """
-    spinning = pool.acquire(len(shares) - 1) if len(shares) > 1 else None
-    if spinning is not None:
-        try:
-            return spinning.run(fn, shares, gate)
-        finally:
-            spinning.busy.release()
-    futures = [executor().submit(fn, *share) for share in shares[1:]]
-    fn(*shares[0])
-    for f in futures:
-        f.result()
-
-
-def _buffers(key, sizes, dtype):
-    """Per-Python-thread pack buffers, grown as needed and reused across calls.
-
-    Each Python thread gets its own, so concurrent calls never share a buffer.
-    """
-    try:
-        store = _workspace.buffers
-    except AttributeError:
-        store = _workspace.buffers = {}
-    have = store.get(key)
-    if have is not None:
-        for buf, size in zip(have, sizes):
-            if buf.size < size:
-                break
-        else:
-            return have
-    have = store[key] = tuple(aligned_empty(max(s, 1), dtype) for s in sizes)
-    return have
-
 
 _plans = {}
 
@@ -155,10 +92,6 @@ SMALL_BYTES = None
 
 def _small_bytes():
     return detect().l2_bytes if SMALL_BYTES is None else SMALL_BYTES
-
-
-def _round_up(x, m):
-    return -(-x // m) * m
 
 
 def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
@@ -315,13 +248,13 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
         return
     by_rows = m / kern.mr >= n / kern.nr
     # B the larger side (matrix-vector products keep their own path) and one B block.
-    if min(m, n) > 1 and by_rows and k * _round_up(n, kern.nr) <= blk.kc * blk.nc:
+    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
-    step = _round_up(-(-length // threads), unit)
+    step = round_up(-(-length // threads), unit)
     jobs = []
     for start in range(0, length, step):
         size = min(step, length - start)
@@ -351,15 +284,15 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     """
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(blk.kc, k))
-    NC = min(blk.nc, _round_up(n, NR))
-    MC = min(blk.mc, _round_up(m, MR))
-    size = max(1, k * _round_up(n, NR))
+    NC = min(blk.nc, round_up(n, NR))
+    MC = min(blk.mc, round_up(m, MR))
+    size = max(1, k * round_up(n, NR))
     counter, ready = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    (shared,) = _buffers((kern.name, "shared_b"), (size,), kern.dtype)
+    (shared,) = buffers((kern.name, "shared_b"), (size,), kern.dtype)
 
     def run(packer):
         # Buffers of the thread this runs on: its A blocks, and its own B if it comes early.
-        apack, own = _buffers((kern.name, "shared_b_task"), (MC * KC, 1 if packer else size),
+        apack, own = buffers((kern.name, "shared_b_task"), (MC * KC, 1 if packer else size),
                               kern.dtype)
         kern.module.gemm_tasks(counter, ready, packer, m, n, k, *args, bias, epi, KC, MC, NC,
                                apack, shared, own)
@@ -374,7 +307,7 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
     """
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     one, zero = kern.dtype.type(1), kern.dtype.type(0)
-    step = _round_up(-(-k // threads), 8)
+    step = round_up(-(-k // threads), 8)
     parts = np.empty((-(-k // step), m * n), kern.dtype)
     jobs = []
     for t, k0 in enumerate(range(0, k, step)):
@@ -388,7 +321,7 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
 def _gemv(kern, m, n, k, args, bias, epi):
     """m == 1 or n == 1: one pass over the matrix operand, no packing."""
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
-    (acc,) = _buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
+    (acc,) = buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
     gemv = kern.module.gemv
     if n == 1:   # y (m) = A (m x k) @ b[:, 0]
         gemv(m, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, beta, cf, c_off, c_rs,
@@ -402,7 +335,7 @@ def _unpacked(kern, m, n, k, args, bias, epi):
     """The strided kernel straight on A and B; only the edge panels are packed."""
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(UNPACKED_KC, k))
-    apack, bpack = _buffers((kern.name, "unpacked"), (MR * KC, NR * KC), kern.dtype)
+    apack, bpack = buffers((kern.name, "unpacked"), (MR * KC, NR * KC), kern.dtype)
     kern.module.gemm_small(m, n, k, *args, bias, epi, KC, apack, bpack)
 
 
@@ -410,7 +343,7 @@ def _packed(kern, blk, m, n, k, args, bias, epi):
     """The five-loop driver over packed panels."""
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(blk.kc, k))
-    NC = min(blk.nc, _round_up(n, NR))
-    MC = min(blk.mc, _round_up(m, MR))
-    apack, bpack = _buffers((kern.name, "packed"), (MC * KC, NC * KC), kern.dtype)
+    NC = min(blk.nc, round_up(n, NR))
+    MC = min(blk.mc, round_up(m, MR))
+    apack, bpack = buffers((kern.name, "packed"), (MC * KC, NC * KC), kern.dtype)
     kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack)

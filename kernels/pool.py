@@ -9,7 +9,13 @@ share is done, watches the workers' completion flags.  Both watch in jitted code
 that releases the GIL, with atomic loads and the ``pause`` hint.  Calls that
 arrive while the pool is busy (other Python threads) get ``None`` from
 :func:`acquire` and use the queue-based pool instead.
+
+Every threaded call goes through :func:`run_shares` (a list of shares) or
+:func:`launch` (task loops over a shared counter).  Python threads rather than
+Numba's parallel machinery keep concurrent calls from several Python threads safe
+(no threading-layer constraints) and save seconds of compile time.
 """
+import concurrent.futures
 import os
 import threading
 import time
@@ -187,3 +193,59 @@ def acquire(needed):
     if spinning.workers < needed or not spinning.busy.acquire(blocking=False):
         return None
     return spinning
+
+
+_queue_pool = None
+_queue_pool_lock = threading.Lock()
+
+
+def executor():
+    """The process-wide queue-based pool, for calls that find the spinning pool busy.
+
+    Created once, with as many workers as Numba could ever be asked for minus one
+    (the calling thread takes a share itself); workers start only when used.  It
+    is never replaced, so a caller can never be handed a pool another thread shut.
+    """
+    global _queue_pool
+    if _queue_pool is None:
+        with _queue_pool_lock:
+            if _queue_pool is None:
+                _queue_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                    thread_name_prefix="tilegemm")
+    return _queue_pool
+
+
+def run_shares(fn, shares, gate=None):
+    """Run ``fn(*share)`` for every share: the first on this thread, the rest on pool threads.
+
+    The spinning pool takes them when it is free; a call that finds it busy (another
+    Python thread's) uses the queue-based :func:`executor`.  ``gate``: the shares'
+    task counter, if they take tasks from one (see ``SpinPool.run``).
+    """
+    spinning = acquire(len(shares) - 1) if len(shares) > 1 else None
+    if spinning is not None:
+        try:
+            return spinning.run(fn, shares, gate)
+        finally:
+            spinning.busy.release()
+    futures = [executor().submit(fn, *share) for share in shares[1:]]
+    fn(*shares[0])
+    for f in futures:
+        f.result()
+
+
+def launch(run, threads):
+    """``run(t, counter)`` for ``t`` in ``range(threads)``, each on its own Python thread.
+
+    ``counter`` is a fresh one-element int64 array from which the jitted task loops
+    take their tasks (see ``next_task``), so a thread the machine slows down takes
+    fewer.  The task loops release the GIL, so the threads run in parallel; the
+    calling thread takes ``t = 0`` itself.
+    """
+    counter = np.zeros(1, np.int64)
+    if threads <= 1:
+        run(0, counter)
+        return
+    # The counter tells the spinning pool that a worker has begun.
+    run_shares(run, [(t, counter) for t in range(threads)], gate=counter)

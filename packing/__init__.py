@@ -1,6 +1,7 @@
 """Packing of A/B micro-panels from any strides, and the flat views the packers read."""
 import numpy as np
 
+from tilegemm.ground.workspace import aligned_empty
 from tilegemm.packing.pack import pack_a, pack_a_panel, pack_b, pack_b_panel
 
 __all__ = ["flat_view", "aligned_empty", "pack_a", "pack_b", "pack_a_panel", "pack_b_panel"]
@@ -35,11 +36,3 @@ def flat_view(x):
     flat = np.lib.stride_tricks.as_strided(base, shape=(span,), strides=(item,),
                                            writeable=base.flags.writeable)
     return flat, -lo, rs, cs
-
-
-def aligned_empty(n, dtype, align=64):
-    """An uninitialised 1-D array of ``n`` elements whose data starts on an ``align``-byte boundary."""
-    dtype = np.dtype(dtype)
-    raw = np.empty(n * dtype.itemsize + align, np.uint8)
-    start = (-raw.ctypes.data) % align
-    return raw[start:start + n * dtype.itemsize].view(dtype)
