@@ -32,7 +32,7 @@ _PACKING = os.path.join(os.path.dirname(_HERE), "packing")
 
 def plan(dtype):
     """(kernel, blocking) the GEMM engine uses for ``dtype``."""
-    return _driver._plan(np.dtype(dtype))
+    return _driver.kernel_for(np.dtype(dtype))
 
 
 #: The machine facts that decide which path serves a layer: the vector width in

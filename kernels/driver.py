@@ -33,13 +33,10 @@ from tilegemm.tuning.machine import detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
-#: pool thread costs ~65 us (wake-up); on an AVX-512 core 256^3 ran 0.6-1.1x of one
-#: thread on two.
+#: pool thread costs more than it saves (figures in docs/kernels.md, Threads).
 SERIAL_FLOPS = 2 * 320 ** 3
 #: ... or below this many seconds of one core at its nominal peak, when that is fewer
-#: flops: the handoff costs the same time on a slower core, so it shares smaller
-#: products.  On a Zen 3 core (AVX2, 78 GFLOPS nominal) 256^3 on two threads ran
-#: 1.5x one thread (121 against 79 GFLOPS).
+#: flops: the handoff costs the same time on a slower core, so it shares smaller products.
 SERIAL_SECONDS = 200e-6
 
 #: A matrix-vector product is shared only when its matrix has this many elements per thread.
@@ -51,7 +48,7 @@ SPLIT_K_MIN = 1024
 _plans = {}
 
 
-def _plan(dtype, n=None):
+def kernel_for(dtype, n=None):
     """(kernel, blocking) for a product with ``n`` columns, looked up once per process.
 
     The default tile (``n`` None or wide) is the widest that fits the registers.
@@ -83,10 +80,10 @@ UNPACKED_KC = 512
 
 #: Up to this many rows of C the unpacked path ignores how B's rows fall on L1's sets:
 #: its panel is re-read from L2 by a few row panels only, and packing, a pass over A
-#: and B per use of each value m or n times, costs the more (see _fits_unpacked).
+#: and B per use of each value m or n times, costs the more (see fits_unpacked).
 UNPACKED_FEW_ROWS = 48
 
-#: Cache bytes the unpacked path may count on (see _fits_unpacked); None means the L2 size.
+#: Cache bytes the unpacked path may count on (see fits_unpacked); None means the L2 size.
 SMALL_BYTES = None
 
 
@@ -140,7 +137,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         return c
 
     dtype = c.dtype
-    kern, blk = _plan(dtype, n)
+    kern, blk = kernel_for(dtype, n)
     scalar = dtype.type
     args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
     bias = kern.no_bias if bias is None else bias
@@ -149,7 +146,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     if m == 1 or n == 1:
         shares = m * n * k // GEMV_SERIAL_ELEMENTS
     else:
-        shares = int(2 * (2 * m * n * k) // _serial_flops(dtype))
+        shares = int(2 * (2 * m * n * k) // serial_flops(dtype))
     if threads is None:
         # Only worth asking when the product is big enough to share.
         threads = numba.get_num_threads() if shares >= 2 else 1
@@ -161,7 +158,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     return c
 
 
-def _serial_flops(dtype):
+def serial_flops(dtype):
     """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``)."""
     return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * nominal_peak_gflops(dtype) * 1e9))
 
@@ -183,7 +180,7 @@ def matmul_small(a, b, c):
     The general entry spends several microseconds in Python deciding paths and
     describing strides; a small C-contiguous product has only one sensible path.
     """
-    kern, _ = _plan(c.dtype, c.shape[1])
+    kern, _ = kernel_for(c.dtype, c.shape[1])
     kern.module.matmul_small(a, b, c, UNPACKED_KC)
     return c
 
@@ -199,32 +196,25 @@ def _serial(kern, blk, m, n, k, args, bias, epi):
     """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
     if m == 1 or n == 1:
         _gemv(kern, m, n, k, args, bias, epi)
-    elif args[8] == 1 and _fits_unpacked(kern, m, n, k, args[7]):
+    elif args[8] == 1 and fits_unpacked(kern, m, n, k, args[7]):
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
 
 
-def _fits_unpacked(kern, m, n, k, ldb):
+def fits_unpacked(kern, m, n, k, ldb):
     """Whether to skip packing: one column of tiles, or B's and A's k blocks fit in cache.
 
     Per KC block the unpacked path walks C by columns of tiles: each B micro-panel
     is read in place down its column and A's block (m x KC) is re-read for every
     column.  With a single column nothing is re-read.  Otherwise both k blocks must
-    sit in L2: measured (float32, one run each) unpacked against packed 1.08x vs
-    0.87x numpy at 512^3 and 0.78x vs 0.59x at 200^3, but 0.68x vs 1.26x at
-    256x3136x1152 and 0.32x vs 0.96x at 1024^3, where B streams from memory
-    through rows a page or more apart.  A long k alone does not matter, and there
-    packing costs most (a pass over A and B for every m or n uses of a value):
-    32x32x32768 ran 1.35x faster unpacked, 100x100x10000 1.05x.
-
+    sit in L2, where B streaming from memory through rows a page or more apart
+    would cost more than packing.  A long k alone does not matter, and there
+    packing costs most (a pass over A and B for every m or n uses of a value).
     And the micro-panel's rows, ``ldb`` elements apart, must spread over L1's sets
     (see :func:`~tilegemm.tuning.machine.l1_alias_period`), or every tile down the
     column reloads them from L2 -- unless C has only a few row panels
-    (``UNPACKED_FEW_ROWS``).  Measured on a Zen 3 (float32, 1 thread, median of 7
-    alternated rounds), packed against unpacked: 256^3 (rows 1 KiB apart) 1.17x,
-    256x256x64 1.14x, 96x512x96 1.20x, 192^3 1.07x; 224^3 and 300x300x100, whose
-    rows spread, 0.96-0.98x; 32 rows, 0.7-0.8x whatever the rows' spacing.
+    (``UNPACKED_FEW_ROWS``).  The measurements behind the rule: docs/kernels.md, Paths.
     """
     if n <= kern.nr:
         return True

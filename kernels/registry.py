@@ -101,7 +101,7 @@ def registered_kernels():
     """Every (dtype, MR, NR, ISA) the driver may pick on this machine: all register tiles.
 
     The widest tile serves general products; narrower ones serve products with
-    fewer columns than its NR (see ``kernels.driver._plan``).
+    fewer columns than its NR (see ``kernels.driver.kernel_for``).
     """
     from tilegemm.tuning.blocking import register_tiles
     isa = detect().isa

@@ -168,7 +168,7 @@ def edges(dtype):
     narrower register tile the driver may pick for a product with few columns.
     """
     dtype = np.dtype(dtype)
-    kern, blk = driver._plan(dtype)
+    kern, blk = driver.kernel_for(dtype)
     mrs = {kern.mr} | {mr for d, mr, _, _ in registered_kernels() if d == dtype}
     nrs = {kern.nr} | {nr for d, _, nr, _ in registered_kernels() if d == dtype}
     mn = {0, 1, 2, 3, 5, 7, 2 * kern.mr + 1, blk.mc + 1}
@@ -677,9 +677,9 @@ def test_gemm_matches_numpy(recorder, data):
 
 # ================================================================ every path, memory-safe
 
-def _serial_flops(dtype):
+def serial_flops(dtype):
     """The flops from which the driver shares a product (its own rule when it has one)."""
-    rule = getattr(driver, "_serial_flops", None)
+    rule = getattr(driver, "serial_flops", None)
     return rule(dtype) if rule else driver.SERIAL_FLOPS
 
 
@@ -693,8 +693,8 @@ def path_cases(dtype):
     The threaded shapes are sized from the driver's sharing threshold so that they
     are shared on any host, but no larger.
     """
-    kern, blk = driver._plan(dtype)
-    share = 1.25 * _serial_flops(dtype)          # flops clearly above the threshold
+    kern, blk = driver.kernel_for(dtype)
+    share = 1.25 * serial_flops(dtype)          # flops clearly above the threshold
 
     def rows_for(n, k):
         return int(math.ceil(share / (2 * n * k)))

@@ -322,10 +322,10 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     c = c0.copy()
     gemm_into(a, b, c, 1.5, 0.5, bias, epi, threads=2)
     assert 2 in splits, "the product was not shared between two threads"
-    kern, _ = driver._plan(np.dtype(dtype), n)
+    kern, _ = driver.kernel_for(np.dtype(dtype), n)
     few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
     assert ("k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
-    kern, blk = driver._plan(np.dtype(dtype), n)
+    kern, blk = driver.kernel_for(np.dtype(dtype), n)
     shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr
               and k * -(-n // kern.nr) * kern.nr <= blk.kc * blk.nc)
     assert ("b" in splits) == shared, "B is shared exactly when it is the larger side and fits"
@@ -371,28 +371,28 @@ def test_unpacked_path_needs_b_rows_spread_over_l1_sets():
     """B read in place down a column of tiles must stay in L1: rows 1 KiB apart share
     L1's sets every 4 rows, so only (L1 / 4 KiB ways) x 4 of them fit."""
     from tilegemm.tuning.machine import detect
-    kern, _ = driver._plan(np.dtype(np.float32), 256)
+    kern, _ = driver.kernel_for(np.dtype(np.float32), 256)
     rows = detect().l1d_bytes // 4096 * 4
-    assert driver._fits_unpacked(kern, 64, 256, rows, 256)
-    assert not driver._fits_unpacked(kern, 64, 256, rows + 8, 256)
+    assert driver.fits_unpacked(kern, 64, 256, rows, 256)
+    assert not driver.fits_unpacked(kern, 64, 256, rows + 8, 256)
     # 300 floats (1200 bytes) apart: the same sets only every 256 rows.
-    assert driver._fits_unpacked(kern, 64, 300, rows + 8, 300)
+    assert driver.fits_unpacked(kern, 64, 300, rows + 8, 300)
     # A few rows of C re-read the panel a few times only.
-    assert driver._fits_unpacked(kern, driver.UNPACKED_FEW_ROWS, 256, rows + 8, 256)
+    assert driver.fits_unpacked(kern, driver.UNPACKED_FEW_ROWS, 256, rows + 8, 256)
 
 
 def test_unpacked_path_counts_b_per_k_block():
     """A long k does not keep the unpacked path away: only a KC block of B must fit."""
-    kern, _ = driver._plan(np.dtype(np.float32), 32)
-    assert driver._fits_unpacked(kern, 32, 32, 32768, 32)
-    assert not driver._fits_unpacked(kern, 32, 4096, 32768, 4096)   # its KC block does not fit
+    kern, _ = driver.kernel_for(np.dtype(np.float32), 32)
+    assert driver.fits_unpacked(kern, 32, 32, 32768, 32)
+    assert not driver.fits_unpacked(kern, 32, 4096, 32768, 4096)   # its KC block does not fit
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
     """``gemm_tasks`` alone: as the packer, as a thread finding B ready (its own buffer
     holds NaN, so reading it would show), and as one coming before B is ready."""
-    kern, blk = driver._plan(np.dtype(dtype), 100)
+    kern, blk = driver.kernel_for(np.dtype(dtype), 100)
     mod = kern.module
     m, n, k = 70, 100, 45
     KC, MC, NC = 16, 2 * kern.mr, 2 * kern.nr       # several k, row and column blocks
