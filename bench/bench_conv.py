@@ -35,7 +35,7 @@ import numpy as np
 
 import tilegemm
 import tilegemm.conv.plan
-from tilegemm import bench, bench_conv
+from tilegemm.tools import conv_suite, timing
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 
@@ -43,13 +43,13 @@ ALGORITHMS = ("im2col", "winograd", "direct", "auto")
 
 
 def conv_layers():
-    """The benchmark layers (``tilegemm.bench_conv.LAYERS``, shared with the report) as dicts.
+    """The benchmark layers (``tilegemm.conv_suite.LAYERS``, shared with the report) as dicts.
 
     Keys: name, C, H, W, K, kh, kw, stride, padding, groups; the batch is the caller's.
     """
     return [dict(name=ly.name, C=ly.c, H=ly.h, W=ly.w, K=ly.k, kh=ly.kh, kw=ly.kw,
                  stride=ly.stride, padding=ly.padding, groups=ly.groups)
-            for ly in bench_conv.LAYERS]
+            for ly in conv_suite.LAYERS]
 
 
 def operands(ly, batch, dtype=np.float32, seed=0, layout="NCHW"):
@@ -95,8 +95,8 @@ def interleaved_best(fns, repeat, min_time=0.05, settle=0.0, ramp=0.0):
     """Best seconds per callable, calling each once per round (after one warm-up call).
 
     ``settle``: seconds to sleep before each sample, so that a peer's spinning worker
-    threads (OpenMP, OpenBLAS) have gone idle (see ``tilegemm.bench.settle_time``);
-    ``ramp``: seconds of untimed calls after it (``tilegemm.bench.ramp_time``).
+    threads (OpenMP, OpenBLAS) have gone idle (see ``tilegemm.timing.settle_time``);
+    ``ramp``: seconds of untimed calls after it (``tilegemm.timing.ramp_time``).
     """
     for f in fns.values():
         f()
@@ -108,7 +108,7 @@ def interleaved_best(fns, repeat, min_time=0.05, settle=0.0, ramp=0.0):
     best = {name: float("inf") for name in fns}
     for _ in range(repeat):
         for name, f in fns.items():
-            bench.before_sample(f, settle, ramp)
+            timing.before_sample(f, settle, ramp)
             t0 = time.perf_counter()
             for _ in range(calls[name]):
                 f()
@@ -127,8 +127,8 @@ def own_flops(p, algorithm):
 def bench_layer(ly, batch, threads, repeat, peak, layout="NCHW"):
     x, w, b = operands(ly, batch, layout=layout)
     fns, p = parties(ly, x, w, b, layout)
-    best = interleaved_best(fns, repeat, settle=bench.settle_time(threads),
-                            ramp=bench.ramp_time(threads))
+    best = interleaved_best(fns, repeat, settle=timing.settle_time(threads),
+                            ramp=timing.ramp_time(threads))
     plan = tilegemm.conv_plan(x.shape, w.shape, ly["stride"], ly["padding"], 1, ly["groups"],
                               layout=layout, threads=threads)
     rows = []
@@ -148,7 +148,7 @@ def bench_scaling(ly, batch, threads, repeat, layout="NCHW"):
     x, w, b = operands(ly, batch, layout=layout)
     fns, _ = parties(ly, x, w, b, layout)
 
-    torch = bench.torch_module()
+    torch = timing.torch_module()
 
     def at(n, f):
         def call():
@@ -164,8 +164,8 @@ def bench_scaling(ly, batch, threads, repeat, layout="NCHW"):
     for name, f in fns.items():
         timed[(name, 1)] = at(1, f)
         timed[(name, threads)] = at(threads, f)
-    best = interleaved_best(timed, repeat, settle=bench.settle_time(threads),
-                            ramp=bench.ramp_time(threads))
+    best = interleaved_best(timed, repeat, settle=timing.settle_time(threads),
+                            ramp=timing.ramp_time(threads))
     return [dict(layer=ly["name"], party=name, one=best[(name, 1)], many=best[(name, threads)])
             for name in fns]
 

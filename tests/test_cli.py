@@ -15,10 +15,11 @@ import sys
 import pytest
 
 import tilegemm
-from tilegemm import bench_conv
-from tilegemm.cli import Progress, main
-from tilegemm.report import machine_info
-from tilegemm.report_compare import compare_rows
+from tilegemm.tools import timing
+from tilegemm.tools.cli import main
+from tilegemm.tools.compare import compare_rows
+from tilegemm.tools.progress import Progress
+from tilegemm.tools.report import machine_info
 
 TINY = ["bench", "--sizes", "16,32", "--dtype", "float32", "--threads", "1",
         "--reps", "2", "--min-time", "0.001"]
@@ -116,7 +117,7 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     md = (out_dir / "report.md").read_text()
     tables = assert_valid_markdown_tables(md)
     assert any("16x16x16" in row for t in tables for row in t)
-    if tilegemm.bench.optional_import("matplotlib") is not None:
+    if timing.optional_import("matplotlib") is not None:
         assert report["plots"] == ["gemm_float32.png"]
         assert (out_dir / "gemm_float32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "![gemm_float32](gemm_float32.png)" in md
@@ -176,18 +177,6 @@ def test_bench_explicit_shapes(tmp_path, capsys):
         (1, 24, 40, "custom"), (17, 3, 5, "custom")]
 
 
-def test_conv_not_available_is_reported_not_fatal(tmp_path, capsys, monkeypatch):
-    monkeypatch.delattr(tilegemm, "conv2d", raising=False)
-    status, out, _ = run_cli(["bench", "--op", "conv", "--dtype", "float32", "--threads", "1",
-                              "--out", str(tmp_path)], capsys)
-    assert status == 0
-    assert "not available" in out
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["conv"]["available"] is False and report["conv"]["records"] == []
-    assert "Not available" in (tmp_path / "report.md").read_text()
-
-
-@pytest.mark.skipif(not bench_conv.conv_available()[0], reason="tilegemm.conv2d not available")
 def test_conv_layers_every_algorithm_or_na(tmp_path, capsys):
     status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet18_conv5_x,resnet50_1x1",
                                 "--batch", "1", "--dtype", "float32", "--threads", "1",

@@ -13,7 +13,7 @@ The noise band of a comparison comes from the reports themselves: each party's
 when it exceeds twice the sum of the spreads involved (never less than
 :data:`MIN_NOISE`).
 """
-from tilegemm.report import format_table
+from tilegemm.tools.report import format_table
 
 #: Smallest noise band, so that single-repetition reports (spread 0) do not flag everything.
 MIN_NOISE = 0.01

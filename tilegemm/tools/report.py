@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 import tilegemm
-from tilegemm import bench
+from tilegemm.tools import timing
 
 DTYPES = ("float32", "float64")
 
@@ -39,7 +39,7 @@ def _peak_entry(dtype, thread_counts, measure):
     per = {}
     for t in thread_counts:
         per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
-                       "measured": bench.peak_gflops(dtype, t) if measure else None}
+                       "measured": timing.peak_gflops(dtype, t) if measure else None}
     top = per[str(max(thread_counts))]
     return {"threads": max(thread_counts), "nominal": top["nominal"],
             "measured": top["measured"], "per_threads": per}
@@ -48,12 +48,12 @@ def _peak_entry(dtype, thread_counts, measure):
 def peer_versions():
     """Versions of numpy, its BLAS and torch (None when torch is not installed)."""
     blas = None
-    threadpoolctl = bench.optional_import("threadpoolctl")
+    threadpoolctl = timing.optional_import("threadpoolctl")
     if threadpoolctl is not None:
         for lib in threadpoolctl.threadpool_info():
             if lib.get("user_api") == "blas" and "numpy" in lib.get("filepath", ""):
                 blas = f"{lib.get('internal_api')} {lib.get('version')}"
-    torch = bench.torch_module()
+    torch = timing.torch_module()
     return {"numpy": np.__version__, "numpy_blas": blas,
             "torch": torch.__version__ if torch else None,
             "threadpoolctl": threadpoolctl.__version__ if threadpoolctl else None}
@@ -79,7 +79,7 @@ def machine_info(measure_peak=True):
     """
     from tilegemm.tuning.machine import detect
     m = detect()
-    all_threads = bench.max_threads()
+    all_threads = timing.max_threads()
     thread_counts = sorted({1, all_threads})
     info = {
         "tilegemm_version": tilegemm.__version__,
@@ -140,7 +140,7 @@ def info_text(info):
     rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
-        ["dtype"] + [bench.threads_text(t) for t in counts], rows).splitlines()]
+        ["dtype"] + [timing.threads_text(t) for t in counts], rows).splitlines()]
     return "\n".join(lines)
 
 
@@ -213,7 +213,7 @@ def gemm_tables(records, has_torch):
             if not r["check"]["ok"]:
                 row[1] += " (WRONG RESULT)"
             rows.append(row)
-        title = (f"GEMM {dtype}, {bench.threads_text(threads)}, measured peak "
+        title = (f"GEMM {dtype}, {timing.threads_text(threads)}, measured peak "
                  f"{recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
@@ -245,7 +245,7 @@ def conv_tables(records, has_torch):
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
                 rows.append(row + (["-", "-"] if has_torch else []))
-        title = (f"Convolution {dtype}, {bench.threads_text(threads)}, measured peak "
+        title = (f"Convolution {dtype}, {timing.threads_text(threads)}, measured peak "
                  f"{recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
@@ -349,10 +349,8 @@ def markdown_report(report):
                 "the cache the first run left.", "",
                 format_table(headers, rows, markdown=True), ""]
     conv = report["conv"]
-    if conv["available"] is not None:
+    if conv["available"]:
         out += ["## Convolution", ""]
-        if not conv["available"]:
-            out += [f"Not available: {conv['reason']}.", ""]
         for title, headers, rows in conv_tables(conv["records"], has_torch):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
     out += ["## Plots", ""]

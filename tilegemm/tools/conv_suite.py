@@ -4,9 +4,6 @@ Figures are *effective* GFLOPS: the direct convolution's flop count
 (2·N·K·Ho·Wo·(C/groups)·kh·kw) over the time, whatever the algorithm, so the
 columns compare speed.  % of peak uses the algorithm's own flop count (Winograd
 F(2×2,3×3) multiplies 2.25× less), so it says how well the hardware is used.
-
-When ``tilegemm.conv2d`` does not exist yet, :func:`conv_available` says so and
-the CLI reports convolution as not available instead of failing.
 """
 import math
 import time
@@ -14,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm import bench
+from tilegemm.tools import timing
 
 #: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.
 ALGORITHMS = ("im2col", "winograd", "direct", "auto")
@@ -47,7 +44,7 @@ class ConvLayer:
                 f"@{self.h}x{self.w}")
 
 
-#: The benchmark layers, for the report and for ``bench/bench_conv.py`` alike: ResNet-18's
+#: The benchmark layers, for the report and for ``bench/`` alike: ResNet-18's
 #: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3), a
 #: MobileNet depthwise layer, where direct convolution applies, and ResNeXt-50's grouped
 #: 3x3 (32 groups of 8 channels).
@@ -68,14 +65,6 @@ QUICK_LAYERS = ("resnet18_conv2_x", "resnet50_1x1", "resnet18_3x3_s2")
 
 #: Batch of the full suite (issue 3) and of ``--quick``.
 BATCH, QUICK_BATCH = 8, 1
-
-
-def conv_available():
-    """(True, "") when ``tilegemm.conv2d`` exists, else (False, reason)."""
-    import tilegemm
-    if callable(getattr(tilegemm, "conv2d", None)):
-        return True, ""
-    return False, "tilegemm.conv2d is not available in this build (convolution not implemented yet)"
 
 
 @dataclass(frozen=True)
@@ -109,7 +98,7 @@ class ConvCase:
 
     def title(self):
         return (f"conv {self.layer.name} N={self.batch} {self.dtype} "
-                f"{bench.threads_text(self.threads)}")
+                f"{timing.threads_text(self.threads)}")
 
 
 def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):
@@ -131,7 +120,7 @@ def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):
     return [ConvCase(by_name[n], batch, d, t) for d in dtypes for t in threads for n in names]
 
 
-def _operands(case, seed=0):
+def operands(case, seed=0):
     ly = case.layer
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((case.batch, ly.c, ly.h, ly.w)).astype(case.dtype)
@@ -139,14 +128,14 @@ def _operands(case, seed=0):
     return x, w
 
 
-def _ours(x, w, layer, algorithm):
+def tilegemm_party(x, w, layer, algorithm):
     import tilegemm
     return lambda: tilegemm.conv2d(x, w, None, layer.stride, layer.padding, 1, layer.groups,
                                    algorithm=algorithm)
 
 
-def _torch_party(x, w, layer):
-    torch = bench.torch_module()
+def torch_party(x, w, layer):
+    torch = timing.torch_module()
     if torch is None:
         return None
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
@@ -154,7 +143,7 @@ def _torch_party(x, w, layer):
     return lambda: f(tx, tw, None, layer.stride, layer.padding, 1, layer.groups)
 
 
-def _probe(fn):
+def probe(fn):
     """First call of ``fn``: (seconds, output) or (None, reason) when it does not apply."""
     t0 = time.perf_counter()
     try:
@@ -191,35 +180,35 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
         (empty without torch).  ``budget`` caps the seconds of timed samples per
         party (slow algorithms get fewer repetitions).
     """
-    x, w = _operands(case)
+    x, w = operands(case)
     ly = case.layer
     parties, first, outputs, not_applicable = {}, {}, {}, {}
-    with bench.pinned_threads(case.threads):
-        torch_fn = _torch_party(x, w, ly) if "torch" in peers else None
+    with timing.pinned_threads(case.threads):
+        torch_fn = torch_party(x, w, ly) if "torch" in peers else None
         if torch_fn is not None:
             parties["torch"] = torch_fn
         for algo in algorithms:
-            fn = _ours(x, w, ly, algo)
-            seconds, result = _probe(fn)
+            fn = tilegemm_party(x, w, ly, algo)
+            seconds, result = probe(fn)
             if seconds is None:
                 not_applicable[algo] = result
                 continue
             name = f"tilegemm:{algo}"
             parties[name], first[name], outputs[name] = fn, seconds, result
-        timings = bench.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=bench.settle_time(case.threads),
-                                    ramp=bench.ramp_time(case.threads), budget=budget,
+        timings = timing.interleaved(parties, reps=reps, min_time=min_time,
+                                    settle=timing.settle_time(case.threads),
+                                    ramp=timing.ramp_time(case.threads), budget=budget,
                                     first_calls=first)
-        peak = bench.peak_gflops(case.dtype, case.threads)
+        peak = timing.peak_gflops(case.dtype, case.threads)
         chosen = auto_choice(case, x, w) if "tilegemm:auto" in parties else None
-    results = bench.summarise(timings, case.flops, peak)
+    results = timing.summarise(timings, case.flops, peak)
     for name, row in results.items():
         algo = name.split(":", 1)[1] if ":" in name else None
         if algo == "auto" and chosen:
             row["chose"] = chosen
             algo = chosen
         if algo and peak:
-            own = bench.gflops(case.algorithm_flops(algo), row["best_s"])
+            own = timing.gflops(case.algorithm_flops(algo), row["best_s"])
             row["pct_peak"] = 100.0 * own / peak
         if algo and "torch" in results:
             row["ratio"] = row["gflops"] / results["torch"]["gflops"]
@@ -233,13 +222,13 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
 
 def _check(x, w, layer, outputs):
     """Max relative error of every algorithm against a float64 reference (torch)."""
-    torch = bench.torch_module()
+    torch = timing.torch_module()
     if torch is None or not outputs:
         return {}
     f = torch.nn.functional.conv2d
     ref = f(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
             None, layer.stride, layer.padding, 1, layer.groups).numpy()
-    from tilegemm.bench_gemm import max_rel_error
+    from tilegemm.tools.gemm_suite import max_rel_error
     tol = 1e-3 if x.dtype == np.float32 else 1e-9  # Winograd's transforms cost some digits
     checks = {}
     for name, out in outputs.items():

@@ -8,7 +8,9 @@ import os
 import sys
 from dataclasses import dataclass, asdict
 
-from tilegemm import bench, bench_conv, bench_gemm, report
+from tilegemm.tools import conv_suite, gemm_suite, report, timing
+from tilegemm.tools.options import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+from tilegemm.tools.progress import Progress
 
 
 @dataclass
@@ -18,7 +20,7 @@ class BenchPlan:
     ops: tuple = ("gemm", "conv")
     dtypes: tuple = ("float32", "float64")
     threads: tuple = (1,)
-    sizes: tuple = bench_gemm.SQUARE_SIZES
+    sizes: tuple = gemm_suite.SQUARE_SIZES
     shapes: tuple = ()
     skinny: bool = True
     quick: bool = False
@@ -34,12 +36,11 @@ class BenchPlan:
 
     @classmethod
     def from_args(cls, args, command):
-        """Validate the parsed ``bench`` options; raises ``cli.UsageError`` on bad input."""
-        from tilegemm.cli import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+        """Validate the parsed ``bench`` options; raises :class:`UsageError` on bad input."""
         explicit = args.sizes is not None or args.shapes is not None
         sizes = parse_sizes(args.sizes) if args.sizes is not None else (
             () if explicit else
-            bench_gemm.QUICK_SQUARE_SIZES if args.quick else bench_gemm.SQUARE_SIZES)
+            gemm_suite.QUICK_SQUARE_SIZES if args.quick else gemm_suite.SQUARE_SIZES)
         reps = args.reps if args.reps is not None else (3 if args.quick else 5)
         min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.05)
         if reps < 1:
@@ -48,11 +49,11 @@ class BenchPlan:
             raise UsageError(f"--min-time must be positive, got {min_time}")
         if args.batch is not None and args.batch < 1:
             raise UsageError(f"--batch must be at least 1, got {args.batch}")
-        threads = parse_threads(args.threads) if args.threads else sorted({1, bench.max_threads()})
+        threads = parse_threads(args.threads) if args.threads else sorted({1, timing.max_threads()})
         layers = None
         if args.layers:
             layers = tuple(x.strip() for x in args.layers.split(","))
-            known = {ly.name for ly in bench_conv.LAYERS}
+            known = {ly.name for ly in conv_suite.LAYERS}
             unknown = [x for x in layers if x not in known]
             if unknown:
                 raise UsageError(f"--layers: unknown layer {unknown[0]!r}; known: "
@@ -83,25 +84,23 @@ def _plan_steps(plan, rep):
     """The measurement steps of ``plan``; each appends its result to ``rep``."""
     steps = []
     if "gemm" in plan.ops:
-        for case in bench_gemm.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
+        for case in gemm_suite.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
                                           plan.shapes, plan.skinny):
             steps.append(_Step(case.title(), lambda c=case: rep["gemm"].append(
-                bench_gemm.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
+                gemm_suite.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
     if "conv" in plan.ops:
-        ok, reason = bench_conv.conv_available()
-        rep["conv"].update(available=ok, reason=reason)
-        if ok:
-            for case in bench_conv.conv_cases(plan.dtypes, plan.threads, plan.quick,
-                                              plan.layers, plan.batch):
-                steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
-                    bench_conv.run_conv_case(c, plan.reps, plan.min_time,
-                                             peers=tuple(p for p in plan.peers if p == "torch"),
-                                             budget=2.0 if plan.quick else 10.0))))
+        rep["conv"]["available"] = True
+        for case in conv_suite.conv_cases(plan.dtypes, plan.threads, plan.quick,
+                                          plan.layers, plan.batch):
+            steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
+                conv_suite.run_conv_case(c, plan.reps, plan.min_time,
+                                         peers=tuple(p for p in plan.peers if p == "torch"),
+                                         budget=2.0 if plan.quick else 10.0))))
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
                                "then warm cache)",
-                               lambda d=dtype: rep["first_call"].append(bench_gemm.first_call(d))))
+                               lambda d=dtype: rep["first_call"].append(gemm_suite.first_call(d))))
     return steps
 
 
@@ -116,18 +115,16 @@ def print_tables(rep, stream=sys.stdout):
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
               + report.format_table(headers, rows), file=stream)
-    if rep["conv"]["available"] is False:
-        print(f"\nConvolution: not available ({rep['conv']['reason']}).", file=stream)
 
 
 def _write_plots(rep, out_dir):
-    from tilegemm import report_plots
+    from tilegemm.tools import plots  # imports matplotlib: only when drawing
     os.makedirs(out_dir, exist_ok=True)
-    if not report_plots.matplotlib_available():
-        rep["plots_skipped"] = report_plots.PLOTS_SKIPPED
+    if not plots.matplotlib_available():
+        rep["plots_skipped"] = plots.PLOTS_SKIPPED
         return
     try:
-        rep["plots"] = report_plots.write_plots(rep, out_dir)
+        rep["plots"] = plots.write_plots(rep, out_dir)
     except Exception as exc:  # a plotting problem must not cost the measurements
         rep["plots_skipped"] = f"Plots failed ({type(exc).__name__}: {exc}); the tables are complete."
 
@@ -150,7 +147,6 @@ def run_plan(plan, stdout=None, stderr=None):
         Exit status: 0, or 1 when a benchmarked result was wrong.
     """
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    from tilegemm.cli import Progress
     machine = {}
     steps = [_Step("machine: detect, measure the FMA peak",
                    lambda: machine.update(report.machine_info(measure_peak=True)))]
@@ -158,12 +154,12 @@ def run_plan(plan, stdout=None, stderr=None):
     rep = report.new_report(plan.settings(), machine)
     steps += _plan_steps(plan, rep)
     progress.total = len(steps)
-    rep["load_average"] = {"start": bench.load_average()}
+    rep["load_average"] = {"start": timing.load_average()}
     for step in steps:
         progress.step(step.label)
         step.run()
     progress.close()
-    rep["load_average"]["end"] = bench.load_average()
+    rep["load_average"]["end"] = timing.load_average()
     note = report.busy_note(rep["load_average"], rep["machine"].get("cores", 1))
     if note:
         print(note, file=stderr)
