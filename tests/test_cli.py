@@ -196,6 +196,42 @@ def test_conv_layers_every_algorithm_or_na(tmp_path, capsys):
     assert "n/a" in md
 
 
+def test_conv_nhwc_with_ms_and_memory(tmp_path, capsys):
+    status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet18_conv5_x",
+                                "--batch", "1", "--dtype", "float32", "--threads", "1",
+                                "--reps", "1", "--min-time", "0.001", "--layout", "NHWC", "--ms",
+                                "--memory", "--no-plots", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    (rec,) = report["conv"]["records"]
+    assert rec["layout"] == "NHWC" and "tilegemm:im2col" in rec["results"]
+    assert all(c["ok"] for c in rec["check"].values())
+    assert "NHWC" in out and " ms" in out
+    memory = report["conv"]["memory"]
+    assert memory["layer"] == "vgg16_conv1_2" and 0 < memory["extra_bytes"]
+    assert memory["explicit_bytes"] > 0 and "explicit patch matrix" in out
+    assert_valid_markdown_tables((tmp_path / "report.md").read_text())
+
+
+@pytest.mark.skipif(timing.max_threads() < 2, reason="needs 2 threads")
+def test_conv_scaling_times_one_against_many(tmp_path, capsys):
+    status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet50_1x1",
+                                "--batch", "1", "--dtype", "float32", "--threads", "2",
+                                "--reps", "1", "--min-time", "0.001", "--scaling",
+                                "--no-plots", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["conv"]["records"] == []
+    (rec,) = report["conv"]["scaling"]
+    assert rec["threads"] == 2 and "winograd" in rec["not_applicable"]
+    parties = {r["party"] for r in rec["rows"]}
+    assert {"tilegemm:im2col", "tilegemm:auto"} <= parties
+    assert all(r["one_s"] > 0 and r["many_s"] > 0 for r in rec["rows"])
+    assert rec["apart"]["speedup"] > 0
+    assert "thread scaling" in out and "apart" in out
+    assert_valid_markdown_tables((tmp_path / "report.md").read_text())
+
+
 # --------------------------------------------------------------------------- compare
 
 def test_compare_flags_changes_beyond_the_noise(tiny_report, tmp_path, capsys):
@@ -240,6 +276,8 @@ def test_compare_same_report_is_within_noise(tiny_report, capsys):
     (["bench", "--reps", "0"], "--reps"),
     (["bench", "--min-time", "-1"], "--min-time"),
     (["bench", "--layers", "lenet"], "unknown layer"),
+    (["bench", "--op", "conv", "--scaling", "--threads", "1"], "--scaling"),
+    (["bench", "--layout", "NWHC"], "invalid choice"),
     (["bench", "--op", "fft"], "invalid choice"),
     (["bench", "--frobnicate"], "unrecognized arguments"),
     (["bench", "--compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read"),

@@ -3,6 +3,7 @@
     python -m tilegemm info [--json]
     python -m tilegemm bench [--quick] [--op gemm|conv|all] [--dtype ...] [--threads ...]
                              [--sizes ...] [--out DIR]
+    python -m tilegemm bench --op conv [--layout NHWC] [--ms] [--scaling] [--memory]
     python -m tilegemm bench --compare A.json B.json
     python -m tilegemm ladder [...]          (options of tilegemm.ladder)
 
@@ -57,6 +58,15 @@ def build_parser():
                    help="minimum seconds per timed sample (default 0.05, --quick 0.02)")
     b.add_argument("--layers", default=None, help="convolution layers (comma list of names)")
     b.add_argument("--batch", type=int, default=None, help="convolution batch (default 8, --quick 1)")
+    b.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW",
+                   help="convolution data layout; NHWC runs torch on channels-last data")
+    b.add_argument("--ms", action="store_true",
+                   help="add milliseconds per call to the convolution tables")
+    b.add_argument("--scaling", action="store_true",
+                   help="convolution: instead of the tables per thread count, time each "
+                        "party at 1 thread and at the largest --threads in the same rounds")
+    b.add_argument("--memory", action="store_true",
+                   help="convolution: measure im2col's extra memory on vgg16_conv1_2")
     b.add_argument("--no-torch", action="store_true", help="do not time torch even if installed")
     b.add_argument("--no-first-call", action="store_true",
                    help="skip the fresh-process first-call measurement")

@@ -22,7 +22,8 @@ MIN_NOISE = 0.01
 def _key(rec):
     if rec["op"] == "gemm":
         return ("gemm", rec["kind"], rec["shape"], rec["dtype"], rec["threads"])
-    return ("conv", rec["layer"], f"N={rec['batch']}", rec["dtype"], rec["threads"])
+    return ("conv", rec["layer"], f"N={rec['batch']}", rec.get("layout", "NCHW"), rec["dtype"],
+            rec["threads"])
 
 
 def _records(report):

@@ -219,16 +219,25 @@ def gemm_tables(records, has_torch):
     return tables
 
 
-def conv_tables(records, has_torch):
-    """[(title, headers, rows)] for the convolution records (one row per layer and algorithm)."""
+def _ms(row):
+    return _fmt(row["best_s"] * 1e3, 2) if row else "-"
+
+
+def conv_tables(records, has_torch, ms=False):
+    """[(title, headers, rows)] for the convolution records (one row per layer and algorithm).
+
+    ``ms`` adds the milliseconds per call of each algorithm (and of torch).
+    """
     tables = []
     for (dtype, threads), recs in _groups(records).items():
         headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", "% peak"]
+        headers += ["ms"] if ms else []
         if has_torch:
-            headers += ["torch GFLOPS", "× torch"]
+            headers += ["torch GFLOPS", "× torch"] + (["torch ms"] if ms else [])
         rows = []
         for r in recs:
-            torch_g = r["results"].get("torch", {}).get("gflops")
+            torch_row = r["results"].get("torch")
+            torch_g = torch_row["gflops"] if torch_row else None
             for name, res in r["results"].items():
                 if name == "torch":
                     continue
@@ -236,19 +245,63 @@ def conv_tables(records, has_torch):
                 if res.get("chose"):
                     algo += f" → {res['chose']}"
                 row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
-                       _fmt(res["pct_peak"])]
+                       _fmt(res["pct_peak"])] + ([_ms(res)] if ms else [])
                 if has_torch:
                     row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
+                    row += [_ms(torch_row)] if ms else []
                 if not r["check"].get(name, {}).get("ok", True):
                     row[3] += " (WRONG RESULT)"
                 rows.append(row)
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
-                rows.append(row + (["-", "-"] if has_torch else []))
-        title = (f"Convolution {dtype}, {timing.threads_text(threads)}, measured peak "
-                 f"{recs[0]['peak_gflops']:.0f} GFLOPS")
+                rows.append(row + ["-"] * (len(headers) - len(row)))
+        title = (f"Convolution {dtype}{_layout_text(recs[0])}, {timing.threads_text(threads)}, "
+                 f"measured peak {recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
+
+
+def _layout_text(record):
+    """", NHWC" for channels-last records; nothing for NCHW (and reports from before layouts)."""
+    layout = record.get("layout", "NCHW")
+    return f", {layout}" if layout != "NCHW" else ""
+
+
+def scaling_tables(records):
+    """[(title, headers, rows)] for ``--scaling`` records: one table per dtype."""
+    tables = []
+    for (dtype, threads), recs in _groups(records).items():
+        many = timing.threads_text(threads)
+        headers = ["layer", "party", "1 thread ms", f"{many} ms", "speed-up"]
+        rows = []
+        for r in recs:
+            for row in r["rows"]:
+                rows.append([r["layer"], row["party"].replace("tilegemm:", ""),
+                             _fmt(row["one_s"] * 1e3, 2), _fmt(row["many_s"] * 1e3, 2),
+                             f"{row['speedup']:.2f}×"])
+            apart = r["apart"]
+            rows.append([r["layer"], f"apart ({threads} × 1-thread auto)",
+                         _fmt(apart["alone_s"] * 1e3, 2), _fmt(apart["together_s"] * 1e3, 2),
+                         f"{apart['speedup']:.2f}×"])
+        title = (f"Convolution thread scaling {dtype}{_layout_text(recs[0])}, batch "
+                 f"{recs[0]['batch']}: 1 thread against {many}, timed in the same rounds")
+        tables.append((title, headers, rows))
+    return tables
+
+
+def memory_text(memory):
+    """One line on im2col's extra memory (``--memory``)."""
+    extra, explicit = memory["extra_bytes"], memory["explicit_bytes"]
+    return (f"im2col extra memory on {memory['layer']} (batch 1, {memory['dtype']}, "
+            f"{memory['layout']}): {extra / 2**20:.1f} MiB implicit vs "
+            f"{explicit / 2**20:.1f} MiB explicit patch matrix ({100 * extra / explicit:.1f}%)")
+
+
+def all_conv_tables(report):
+    """Every convolution table of ``report`` (timings, then ``--scaling``), as (title, headers, rows)."""
+    conv, settings = report["conv"], report["settings"]
+    tables = conv_tables(conv["records"], has_torch_results(report), settings.get("ms", False))
+    return tables + scaling_tables(conv.get("scaling", []))
 
 
 def first_call_table(records):
@@ -351,8 +404,10 @@ def markdown_report(report):
     conv = report["conv"]
     if conv["available"]:
         out += ["## Convolution", ""]
-        for title, headers, rows in conv_tables(conv["records"], has_torch):
+        for title, headers, rows in all_conv_tables(report):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+        if conv.get("memory"):
+            out += [memory_text(conv["memory"]) + ".", ""]
     out += ["## Plots", ""]
     for path in report["plots"]:
         out += [f"![{os.path.splitext(path)[0]}]({path})", ""]

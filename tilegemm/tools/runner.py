@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass, asdict
 
-from tilegemm.tools import conv_suite, gemm_suite, report, timing
+from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, report, timing
 from tilegemm.tools.options import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
 from tilegemm.tools.progress import Progress
 
@@ -28,6 +28,10 @@ class BenchPlan:
     min_time: float = 0.05
     layers: tuple = None
     batch: int = None
+    layout: str = "NCHW"
+    ms: bool = False
+    scaling: bool = False
+    memory: bool = False
     peers: tuple = ("numpy", "torch")
     first_call: bool = True
     plots: bool = True
@@ -58,6 +62,9 @@ class BenchPlan:
             if unknown:
                 raise UsageError(f"--layers: unknown layer {unknown[0]!r}; known: "
                                  + ", ".join(sorted(known)))
+        if args.scaling and max(threads) < 2:
+            raise UsageError("--scaling compares 1 thread with more: give --threads 2 or more "
+                             f"(at most {timing.max_threads()} here)")
         # --sizes/--shapes name GEMM products: without an explicit --op they mean gemm only.
         op = args.op or ("gemm" if explicit else "all")
         return cls(
@@ -65,7 +72,8 @@ class BenchPlan:
             dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
             sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
             skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
-            layers=layers, batch=args.batch,
+            layers=layers, batch=args.batch, layout=args.layout, ms=args.ms,
+            scaling=args.scaling, memory=args.memory,
             peers=("numpy",) if args.no_torch else ("numpy", "torch"),
             first_call=not args.no_first_call and not explicit, plots=not args.no_plots,
             out=args.out, command=command)
@@ -90,12 +98,7 @@ def _plan_steps(plan, rep):
                 gemm_suite.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
     if "conv" in plan.ops:
         rep["conv"]["available"] = True
-        for case in conv_suite.conv_cases(plan.dtypes, plan.threads, plan.quick,
-                                          plan.layers, plan.batch):
-            steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
-                conv_suite.run_conv_case(c, plan.reps, plan.min_time,
-                                         peers=tuple(p for p in plan.peers if p == "torch"),
-                                         budget=2.0 if plan.quick else 10.0))))
+        steps += _conv_steps(plan, rep["conv"])
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
@@ -104,17 +107,46 @@ def _plan_steps(plan, rep):
     return steps
 
 
+def _conv_steps(plan, conv):
+    """The convolution steps: timings (or ``--scaling``), then ``--memory``."""
+    steps = []
+    peers = tuple(p for p in plan.peers if p == "torch")
+    budget = 2.0 if plan.quick else 10.0
+    threads = (max(plan.threads),) if plan.scaling else plan.threads
+    cases = conv_suite.conv_cases(plan.dtypes, threads, plan.quick, plan.layers, plan.batch,
+                                  plan.layout)
+    if plan.scaling:
+        conv["scaling"] = []
+        for case in cases:
+            steps.append(_Step(f"{case.title()}: 1 thread against {case.threads}",
+                               lambda c=case: conv["scaling"].append(
+                                   conv_scaling.run_scaling_case(c, plan.reps, plan.min_time,
+                                                                 peers, budget))))
+    else:
+        for case in cases:
+            steps.append(_Step(case.title(), lambda c=case: conv["records"].append(
+                conv_suite.run_conv_case(c, plan.reps, plan.min_time, peers=peers,
+                                         budget=budget))))
+    if plan.memory:
+        steps.append(_Step(f"im2col memory on {conv_suite.MEMORY_LAYER}",
+                           lambda: conv.update(memory=conv_suite.im2col_memory(
+                               plan.dtypes[0], plan.layout))))
+    return steps
+
+
 def print_tables(rep, stream=sys.stdout):
     """The report's tables as plain text (what ``bench`` prints on stdout)."""
     has_torch = report.has_torch_results(rep)
     tables = report.gemm_tables(rep["gemm"], has_torch)
-    tables += report.conv_tables(rep["conv"]["records"], has_torch)
+    tables += report.all_conv_tables(rep)
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
     if rep["first_call"]:
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
               + report.format_table(headers, rows), file=stream)
+    if rep["conv"].get("memory"):
+        print("\n" + report.memory_text(rep["conv"]["memory"]), file=stream)
 
 
 def _write_plots(rep, out_dir):
