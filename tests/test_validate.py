@@ -20,6 +20,7 @@ def test_float_array_keeps_subclasses_and_wraps_conversion_errors():
         validate.float_array([[1.0], [1.0, 2.0]], "x", "f")
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_plain_float_array_refuses_masked_and_drops_subclasses():
     with pytest.raises(TypeError, match="masked array"):
         validate.plain_float_array(np.ma.masked_array(np.ones(2)), "a", "f")
