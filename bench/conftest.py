@@ -1,8 +1,8 @@
 """pytest-benchmark suites for tilegemm: ``pytest bench/ --benchmark-only``.
 
 The cases, the callables timed, thread pinning, warm-up and calls per round all
-come from :mod:`tilegemm.bench`, :mod:`tilegemm.bench_gemm` and
-:mod:`tilegemm.bench_conv` -- the code ``python -m tilegemm bench`` runs -- so the
+come from :mod:`tilegemm.tools.timing`, :mod:`tilegemm.tools.gemm_suite` and
+:mod:`tilegemm.tools.conv_suite` -- the code ``python -m tilegemm bench`` runs -- so the
 two never disagree on what is measured.  pytest-benchmark times one party per
 test (it cannot interleave), groups ours and the peers by case, and adds
 ``gflops`` / ``pct_peak`` to each result's ``extra_info``; for ratios measured
@@ -24,17 +24,17 @@ def pytest_addoption(parser):
 
 
 def _selection(config):
-    from tilegemm import bench, bench_gemm
-    from tilegemm.cli import parse_dtypes, parse_sizes, parse_threads
+    from tilegemm.tools import gemm_suite, timing
+    from tilegemm.tools.options import parse_dtypes, parse_sizes, parse_threads
     quick = config.getoption("--tg-quick")
     sizes = config.getoption("--tg-sizes")
     threads = config.getoption("--tg-threads")
     return {
         "quick": quick,
         "dtypes": parse_dtypes(config.getoption("--tg-dtype")),
-        "threads": parse_threads(threads) if threads else sorted({1, bench.max_threads()}),
+        "threads": parse_threads(threads) if threads else sorted({1, timing.max_threads()}),
         "sizes": parse_sizes(sizes) if sizes else (
-            bench_gemm.QUICK_SQUARE_SIZES if quick else bench_gemm.SQUARE_SIZES),
+            gemm_suite.QUICK_SQUARE_SIZES if quick else gemm_suite.SQUARE_SIZES),
         "skinny": sizes is None,
     }
 
@@ -43,12 +43,12 @@ def pytest_generate_tests(metafunc):
     """Parametrise ``gemm_case`` / ``conv_case`` from the command-line selection."""
     sel = _selection(metafunc.config)
     if "gemm_case" in metafunc.fixturenames:
-        from tilegemm.bench_gemm import gemm_cases
+        from tilegemm.tools.gemm_suite import gemm_cases
         cases = gemm_cases(sel["dtypes"], sel["threads"], sel["sizes"], skinny=sel["skinny"])
         metafunc.parametrize("gemm_case", cases,
                              ids=[f"{c.dtype}-{c.shape}-{c.threads}t" for c in cases])
     if "conv_case" in metafunc.fixturenames:
-        from tilegemm.bench_conv import conv_cases
+        from tilegemm.tools.conv_suite import conv_cases
         cases = conv_cases(sel["dtypes"], sel["threads"], quick=sel["quick"])
         metafunc.parametrize("conv_case", cases,
                              ids=[f"{c.dtype}-{c.layer.name}-N{c.batch}-{c.threads}t"
@@ -63,20 +63,20 @@ def timed(benchmark):
 
     Returns a function ``timed(fn, flops, dtype, threads, group, reps=5)``.
     """
-    from tilegemm import bench
+    from tilegemm.tools import timing
 
     def run(fn, flops, dtype, threads, group, reps=5, min_time=0.05):
         benchmark.group = group
-        with bench.pinned_threads(threads):
-            first = bench.warm_up(fn)
-            calls, _ = bench.calibrate(fn, min_time)
+        with timing.pinned_threads(threads):
+            first = timing.warm_up(fn)
+            calls, _ = timing.calibrate(fn, min_time)
             benchmark.pedantic(fn, rounds=reps, iterations=calls, warmup_rounds=0)
-            peak = bench.peak_gflops(dtype, threads)
+            peak = timing.peak_gflops(dtype, threads)
         best = benchmark.stats.stats.min
         benchmark.extra_info.update(
             first_call_s=first, calls_per_round=calls, flops=flops,
-            gflops=bench.gflops(flops, best), peak_gflops=peak,
-            pct_peak=100 * bench.gflops(flops, best) / peak)
+            gflops=timing.gflops(flops, best), peak_gflops=peak,
+            pct_peak=100 * timing.gflops(flops, best) / peak)
         return benchmark
 
     return run

@@ -6,7 +6,7 @@ It is ``python -m tilegemm bench --op gemm`` with the options passed through.
 """
 import sys
 
-from tilegemm.cli import main
+from tilegemm.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "--op", "gemm", *sys.argv[1:]]))

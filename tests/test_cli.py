@@ -15,10 +15,11 @@ import sys
 import pytest
 
 import tilegemm
-from tilegemm import bench_conv
-from tilegemm.cli import Progress, main
-from tilegemm.report import machine_info
-from tilegemm.report_compare import compare_rows
+from tilegemm.tools import timing
+from tilegemm.tools.cli import main
+from tilegemm.tools.compare import compare_rows
+from tilegemm.tools.progress import Progress
+from tilegemm.tools.report import machine_info
 
 TINY = ["bench", "--sizes", "16,32", "--dtype", "float32", "--threads", "1",
         "--reps", "2", "--min-time", "0.001"]
@@ -116,7 +117,7 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     md = (out_dir / "report.md").read_text()
     tables = assert_valid_markdown_tables(md)
     assert any("16x16x16" in row for t in tables for row in t)
-    if tilegemm.bench.optional_import("matplotlib") is not None:
+    if timing.optional_import("matplotlib") is not None:
         assert report["plots"] == ["gemm_float32.png"]
         assert (out_dir / "gemm_float32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "![gemm_float32](gemm_float32.png)" in md
@@ -176,18 +177,6 @@ def test_bench_explicit_shapes(tmp_path, capsys):
         (1, 24, 40, "custom"), (17, 3, 5, "custom")]
 
 
-def test_conv_not_available_is_reported_not_fatal(tmp_path, capsys, monkeypatch):
-    monkeypatch.delattr(tilegemm, "conv2d", raising=False)
-    status, out, _ = run_cli(["bench", "--op", "conv", "--dtype", "float32", "--threads", "1",
-                              "--out", str(tmp_path)], capsys)
-    assert status == 0
-    assert "not available" in out
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["conv"]["available"] is False and report["conv"]["records"] == []
-    assert "Not available" in (tmp_path / "report.md").read_text()
-
-
-@pytest.mark.skipif(not bench_conv.conv_available()[0], reason="tilegemm.conv2d not available")
 def test_conv_layers_every_algorithm_or_na(tmp_path, capsys):
     status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet18_conv5_x,resnet50_1x1",
                                 "--batch", "1", "--dtype", "float32", "--threads", "1",
@@ -205,6 +194,42 @@ def test_conv_layers_every_algorithm_or_na(tmp_path, capsys):
     md = (tmp_path / "report.md").read_text()
     assert_valid_markdown_tables(md)
     assert "n/a" in md
+
+
+def test_conv_nhwc_with_ms_and_memory(tmp_path, capsys):
+    status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet18_conv5_x",
+                                "--batch", "1", "--dtype", "float32", "--threads", "1",
+                                "--reps", "1", "--min-time", "0.001", "--layout", "NHWC", "--ms",
+                                "--memory", "--no-plots", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    (rec,) = report["conv"]["records"]
+    assert rec["layout"] == "NHWC" and "tilegemm:im2col" in rec["results"]
+    assert all(c["ok"] for c in rec["check"].values())
+    assert "NHWC" in out and " ms" in out
+    memory = report["conv"]["memory"]
+    assert memory["layer"] == "vgg16_conv1_2" and 0 < memory["extra_bytes"]
+    assert memory["explicit_bytes"] > 0 and "explicit patch matrix" in out
+    assert_valid_markdown_tables((tmp_path / "report.md").read_text())
+
+
+@pytest.mark.skipif(timing.max_threads() < 2, reason="needs 2 threads")
+def test_conv_scaling_times_one_against_many(tmp_path, capsys):
+    status, out, err = run_cli(["bench", "--op", "conv", "--layers", "resnet50_1x1",
+                                "--batch", "1", "--dtype", "float32", "--threads", "2",
+                                "--reps", "1", "--min-time", "0.001", "--scaling",
+                                "--no-plots", "--out", str(tmp_path)], capsys)
+    assert status == 0, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["conv"]["records"] == []
+    (rec,) = report["conv"]["scaling"]
+    assert rec["threads"] == 2 and "winograd" in rec["not_applicable"]
+    parties = {r["party"] for r in rec["rows"]}
+    assert {"tilegemm:im2col", "tilegemm:auto"} <= parties
+    assert all(r["one_s"] > 0 and r["many_s"] > 0 for r in rec["rows"])
+    assert rec["apart"]["speedup"] > 0
+    assert "thread scaling" in out and "apart" in out
+    assert_valid_markdown_tables((tmp_path / "report.md").read_text())
 
 
 # --------------------------------------------------------------------------- compare
@@ -251,6 +276,8 @@ def test_compare_same_report_is_within_noise(tiny_report, capsys):
     (["bench", "--reps", "0"], "--reps"),
     (["bench", "--min-time", "-1"], "--min-time"),
     (["bench", "--layers", "lenet"], "unknown layer"),
+    (["bench", "--op", "conv", "--scaling", "--threads", "1"], "--scaling"),
+    (["bench", "--layout", "NWHC"], "invalid choice"),
     (["bench", "--op", "fft"], "invalid choice"),
     (["bench", "--frobnicate"], "unrecognized arguments"),
     (["bench", "--compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read"),

@@ -1,43 +1,20 @@
 """Public GEMM entry points with numpy (``matmul``) and BLAS (``gemm``) semantics.
 
-Everything is validated here in plain Python; the jitted engine below assumes
-2-D arrays of one float dtype with consistent shapes.
+Everything is validated here in plain Python (the checks shared with conv2d are
+in :mod:`tilegemm.ground.validate`); the jitted engine below assumes 2-D arrays of
+one float dtype with consistent shapes.
 """
 import math
-import numbers
 
 import numpy as np
 
+from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overlaps,
+                                      plain_float_array, real_scalar)
 from tilegemm.kernels.driver import gemm_into, matmul_small, small_product
-
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _as_float_array(x, name, func):
-    if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(f"{func}: {name} is a masked array; pass .filled(value) or .data")
-    x = np.asarray(x)  # subclasses such as np.matrix become plain arrays (a view)
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
-                        "float64 only (cast with .astype(np.float32) or np.float64)")
-    return x
 
 
 def _result_dtype(a, b):
     return np.result_type(a.dtype, b.dtype)
-
-
-def _check_out(out, shape, dtype, func, name="out"):
-    """Validate a destination array; returns it as a plain ndarray view (writes land in it)."""
-    if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
-        raise TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != tuple(shape):
-        raise ValueError(f"{func}: {name} has shape {out.shape}, expected {tuple(shape)}")
-    if out.dtype != dtype:
-        raise TypeError(f"{func}: {name} has dtype {out.dtype}, expected {dtype}")
-    if not out.flags.writeable:
-        raise ValueError(f"{func}: {name} is read-only")
-    return out.view(np.ndarray)
 
 
 def _plain_out(out, a, b):
@@ -46,11 +23,7 @@ def _plain_out(out, a, b):
     if out is None:
         return True
     return (type(out) is np.ndarray and out.dtype == a.dtype and out.flags.writeable
-            and out.shape == (a.shape[0], b.shape[-1]) and not _overlaps(out, a, b))
-
-
-def _overlaps(out, *inputs):
-    return any(np.may_share_memory(out, x) for x in inputs)
+            and out.shape == (a.shape[0], b.shape[-1]) and not overlaps(out, a, b))
 
 
 def matmul(a, b, /, out=None):
@@ -80,7 +53,7 @@ def matmul(a, b, /, out=None):
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
-            and a.dtype == b.dtype and a.dtype in _FLOATS and _plain_out(out, a, b)):
+            and a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and _plain_out(out, a, b)):
         # The common case, kept short: tiny products are dominated by call overhead.
         if a.shape[1] != b.shape[0]:
             raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
@@ -90,8 +63,8 @@ def matmul(a, b, /, out=None):
                 and small_product(a, b)):
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
-    a = _as_float_array(a, "a", "matmul")
-    b = _as_float_array(b, "b", "matmul")
+    a = plain_float_array(a, "a", "matmul")
+    b = plain_float_array(b, "b", "matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
     dtype = _result_dtype(a, b)
@@ -110,12 +83,12 @@ def matmul(a, b, /, out=None):
     shape = batch + (m, n)
     squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
     out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
-    dest = None if out is None else _check_out(out, out_shape, dtype, "matmul")
+    dest = None if out is None else check_out(out, out_shape, dtype, "matmul")
     a2 = a2.astype(dtype, copy=False)
     b2 = b2.astype(dtype, copy=False)
 
     target = dest
-    if dest is None or _overlaps(dest, a, b):
+    if dest is None or overlaps(dest, a, b):
         target = np.empty(out_shape, dtype)
     result = target.reshape(shape)  # a view: only length-1 axes were dropped
     _batched(a2, b2, result, batch)
@@ -143,26 +116,6 @@ def _batched(a, b, c, batch):
     b_full = np.broadcast_to(b, batch + b.shape[-2:])
     for idx in np.ndindex(*batch):
         gemm_into(a_full[idx], b_full[idx], c[idx])
-
-
-def _check_scalar(x, name, dtype):
-    """alpha/beta: a real number that is representable in the computing dtype."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-        raise TypeError(f"gemm: {name} must be a real number, got {type(x).__name__}")
-    try:
-        value = float(x)
-    except OverflowError:
-        raise ValueError(f"gemm: {name}={x} is too large for {dtype}") from None
-    if np.isfinite(value) and not np.isfinite(dtype.type(value)):
-        raise ValueError(f"gemm: {name}={x} is too large for {dtype}")
-    return value
-
-
-def _check_flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"gemm: {name} must be True or False, got {x!r} "
-                        "(BLAS-style 'N'/'T' strings are not accepted)")
-    return bool(x)
 
 
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
@@ -195,13 +148,13 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
         Non-2-D operands, mismatched shapes, read-only ``c``, alpha/beta too large
         for the dtype.
     """
-    a = _as_float_array(a, "a", "gemm")
-    b = _as_float_array(b, "b", "gemm")
+    a = plain_float_array(a, "a", "gemm")
+    b = plain_float_array(b, "b", "gemm")
     dtype = _result_dtype(a, b)
-    alpha = _check_scalar(alpha, "alpha", dtype)
-    beta = _check_scalar(beta, "beta", dtype)
-    trans_a = _check_flag(trans_a, "trans_a")
-    trans_b = _check_flag(trans_b, "trans_b")
+    alpha = real_scalar(alpha, "alpha", "gemm", dtype)
+    beta = real_scalar(beta, "beta", "gemm", dtype)
+    trans_a = check_flag(trans_a, "trans_a", "gemm")
+    trans_b = check_flag(trans_b, "trans_b", "gemm")
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"gemm: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
     op_a = a.T if trans_a else a
@@ -214,10 +167,10 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
         c = dest = np.empty(shape, dtype)
         beta = 0.0
     else:
-        dest = _check_out(c, shape, dtype, "gemm", name="c")
+        dest = check_out(c, shape, dtype, "gemm", name="c")
     op_a = op_a.astype(dtype, copy=False)
     op_b = op_b.astype(dtype, copy=False)
-    if _overlaps(dest, a, b):
+    if overlaps(dest, a, b):
         tmp = np.array(dest, order="C") if beta != 0 else np.empty(shape, dtype)
         gemm_into(op_a, op_b, tmp, alpha, beta)
         dest[...] = tmp

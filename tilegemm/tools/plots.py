@@ -10,8 +10,8 @@ backend or global pyplot state is involved.
 """
 import os
 
-from tilegemm import bench
-from tilegemm.bench_conv import ALGORITHMS
+from tilegemm.tools import timing
+from tilegemm.tools.conv_suite import ALGORITHMS
 
 PLOTS_SKIPPED = ("Plots skipped: matplotlib is not installed. Install it with "
                  "`pip install matplotlib` (or `pip install -e .[bench]`) and run again.")
@@ -25,7 +25,7 @@ STYLE = {
 
 
 def matplotlib_available():
-    return bench.optional_import("matplotlib") is not None
+    return timing.optional_import("matplotlib") is not None
 
 
 def _figure(ncols, width=6.4, height=4.6):
@@ -70,7 +70,7 @@ def plot_gemm_square(records, dtype, path):
         ax.set_ylim(0, recs[0]["peak_gflops"] * 1.12)
         ax.set_xlabel("matrix size n (n×n times n×n)")
         ax.set_ylabel("GFLOPS (2·n³ / time)")
-        ax.set_title(f"GEMM {dtype}, {bench.threads_text(threads)}")
+        ax.set_title(f"GEMM {dtype}, {timing.threads_text(threads)}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best")
     fig.savefig(path, dpi=110)
@@ -103,7 +103,7 @@ def plot_gemm_other(records, dtype, path):
         series = {p: [r["results"].get(p, {}).get("gflops") for r in recs] for p in parties}
         _bars(ax, cats, series, recs[0]["peak_gflops"])
         ax.set_ylabel("GFLOPS (2·m·n·k / time)")
-        ax.set_title(f"GEMM {dtype}, skinny shapes, {bench.threads_text(threads)}")
+        ax.set_title(f"GEMM {dtype}, skinny shapes, {timing.threads_text(threads)}")
     fig.savefig(path, dpi=110)
 
 
@@ -119,7 +119,7 @@ def plot_conv(records, dtype, threads, path):
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])
     ax.set_ylabel("effective GFLOPS (direct-conv flops / time)")
-    ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {bench.threads_text(threads)}"
+    ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {timing.threads_text(threads)}"
                  "\n(no bar: the algorithm does not apply to the layer)")
     fig.savefig(path, dpi=110)
 

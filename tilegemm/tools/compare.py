@@ -13,7 +13,7 @@ The noise band of a comparison comes from the reports themselves: each party's
 when it exceeds twice the sum of the spreads involved (never less than
 :data:`MIN_NOISE`).
 """
-from tilegemm.report import format_table
+from tilegemm.tools.report import format_table
 
 #: Smallest noise band, so that single-repetition reports (spread 0) do not flag everything.
 MIN_NOISE = 0.01
@@ -22,7 +22,8 @@ MIN_NOISE = 0.01
 def _key(rec):
     if rec["op"] == "gemm":
         return ("gemm", rec["kind"], rec["shape"], rec["dtype"], rec["threads"])
-    return ("conv", rec["layer"], f"N={rec['batch']}", rec["dtype"], rec["threads"])
+    return ("conv", rec["layer"], f"N={rec['batch']}", rec.get("layout", "NCHW"), rec["dtype"],
+            rec["threads"])
 
 
 def _records(report):

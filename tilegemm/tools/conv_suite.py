@@ -4,17 +4,17 @@ Figures are *effective* GFLOPS: the direct convolution's flop count
 (2·N·K·Ho·Wo·(C/groups)·kh·kw) over the time, whatever the algorithm, so the
 columns compare speed.  % of peak uses the algorithm's own flop count (Winograd
 F(2×2,3×3) multiplies 2.25× less), so it says how well the hardware is used.
-
-When ``tilegemm.conv2d`` does not exist yet, :func:`conv_available` says so and
-the CLI reports convolution as not available instead of failing.
 """
 import math
+import threading
 import time
+import tracemalloc
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
-from tilegemm import bench
+from tilegemm.tools import timing
 
 #: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.
 ALGORITHMS = ("im2col", "winograd", "direct", "auto")
@@ -47,7 +47,7 @@ class ConvLayer:
                 f"@{self.h}x{self.w}")
 
 
-#: The benchmark layers, for the report and for ``bench/bench_conv.py`` alike: ResNet-18's
+#: The benchmark layers, for the report and for ``bench/`` alike: ResNet-18's
 #: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3), a
 #: MobileNet depthwise layer, where direct convolution applies, and ResNeXt-50's grouped
 #: 3x3 (32 groups of 8 channels).
@@ -66,26 +66,19 @@ LAYERS = (
 #: ``--quick`` keeps one layer per path: Winograd-able 3x3, 1x1, stride-2 3x3.
 QUICK_LAYERS = ("resnet18_conv2_x", "resnet50_1x1", "resnet18_3x3_s2")
 
-#: Batch of the full suite (issue 3) and of ``--quick``.
+#: Batch of the full suite and of ``--quick``.
 BATCH, QUICK_BATCH = 8, 1
-
-
-def conv_available():
-    """(True, "") when ``tilegemm.conv2d`` exists, else (False, reason)."""
-    import tilegemm
-    if callable(getattr(tilegemm, "conv2d", None)):
-        return True, ""
-    return False, "tilegemm.conv2d is not available in this build (convolution not implemented yet)"
 
 
 @dataclass(frozen=True)
 class ConvCase:
-    """One layer at one batch size, dtype and thread count."""
+    """One layer at one batch size, dtype, thread count and data layout."""
 
     layer: ConvLayer
     batch: int
     dtype: str
     threads: int
+    layout: str = "NCHW"
 
     @property
     def flops(self):
@@ -108,11 +101,12 @@ class ConvCase:
         return 2.0 * 16 * tiles * ly.k * (ly.c // ly.groups)
 
     def title(self):
-        return (f"conv {self.layer.name} N={self.batch} {self.dtype} "
-                f"{bench.threads_text(self.threads)}")
+        layout = f" {self.layout}" if self.layout != "NCHW" else ""
+        return (f"conv {self.layer.name} N={self.batch} {self.dtype}{layout} "
+                f"{timing.threads_text(self.threads)}")
 
 
-def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):
+def conv_cases(dtypes, threads, quick=False, layers=None, batch=None, layout="NCHW"):
     """Cases for every (dtype, thread count, layer).
 
     Parameters
@@ -121,6 +115,8 @@ def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):
         Layer names from :data:`LAYERS`; default all (``quick``: :data:`QUICK_LAYERS`).
     batch : int, optional
         Default :data:`BATCH` (``quick``: :data:`QUICK_BATCH`).
+    layout : {"NCHW", "NHWC"}
+        Layout of the input and output of every call.
     """
     names = layers or (QUICK_LAYERS if quick else [ly.name for ly in LAYERS])
     by_name = {ly.name: ly for ly in LAYERS}
@@ -128,33 +124,45 @@ def conv_cases(dtypes, threads, quick=False, layers=None, batch=None):
     if unknown:
         raise ValueError(f"unknown layer(s) {unknown}; known: {sorted(by_name)}")
     batch = batch or (QUICK_BATCH if quick else BATCH)
-    return [ConvCase(by_name[n], batch, d, t) for d in dtypes for t in threads for n in names]
+    return [ConvCase(by_name[n], batch, d, t, layout)
+            for d in dtypes for t in threads for n in names]
 
 
-def _operands(case, seed=0):
+def operands(case, seed=0):
+    """Random (x, w) for a case; x C-contiguous in the case's layout."""
     ly = case.layer
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((case.batch, ly.c, ly.h, ly.w)).astype(case.dtype)
+    if case.layout == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     w = rng.standard_normal((ly.k, ly.c // ly.groups, ly.kh, ly.kw)).astype(case.dtype)
     return x, w
 
 
-def _ours(x, w, layer, algorithm):
+def tilegemm_party(x, w, layer, algorithm, layout="NCHW"):
+    """A zero-argument call of ``tilegemm.conv2d`` with ``algorithm`` on ``layout`` data."""
     import tilegemm
     return lambda: tilegemm.conv2d(x, w, None, layer.stride, layer.padding, 1, layer.groups,
-                                   algorithm=algorithm)
+                                   algorithm=algorithm, layout=layout)
 
 
-def _torch_party(x, w, layer):
-    torch = bench.torch_module()
+def torch_party(x, w, layer, layout="NCHW"):
+    """A zero-argument call of torch's conv2d (None without torch).
+
+    NHWC data is handed over as the same memory seen as NCHW with channels-last
+    strides, and the weight as channels-last, so torch runs its channels-last kernels.
+    """
+    torch = timing.torch_module()
     if torch is None:
         return None
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    if layout == "NHWC":
+        tx, tw = tx.permute(0, 3, 1, 2), tw.contiguous(memory_format=torch.channels_last)
     f = torch.nn.functional.conv2d
     return lambda: f(tx, tw, None, layer.stride, layer.padding, 1, layer.groups)
 
 
-def _probe(fn):
+def probe(fn):
     """First call of ``fn``: (seconds, output) or (None, reason) when it does not apply."""
     t0 = time.perf_counter()
     try:
@@ -171,7 +179,7 @@ def auto_choice(case, x, w):
     if plan is None:
         return None
     ly = case.layer
-    return plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups,
+    return plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups, layout=case.layout,
                 dtype=np.dtype(case.dtype), threads=case.threads).algorithm
 
 
@@ -191,55 +199,58 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
         (empty without torch).  ``budget`` caps the seconds of timed samples per
         party (slow algorithms get fewer repetitions).
     """
-    x, w = _operands(case)
+    x, w = operands(case)
     ly = case.layer
     parties, first, outputs, not_applicable = {}, {}, {}, {}
-    with bench.pinned_threads(case.threads):
-        torch_fn = _torch_party(x, w, ly) if "torch" in peers else None
+    with timing.pinned_threads(case.threads):
+        torch_fn = torch_party(x, w, ly, case.layout) if "torch" in peers else None
         if torch_fn is not None:
             parties["torch"] = torch_fn
         for algo in algorithms:
-            fn = _ours(x, w, ly, algo)
-            seconds, result = _probe(fn)
+            fn = tilegemm_party(x, w, ly, algo, case.layout)
+            seconds, result = probe(fn)
             if seconds is None:
                 not_applicable[algo] = result
                 continue
             name = f"tilegemm:{algo}"
             parties[name], first[name], outputs[name] = fn, seconds, result
-        timings = bench.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=bench.settle_time(case.threads),
-                                    ramp=bench.ramp_time(case.threads), budget=budget,
+        timings = timing.interleaved(parties, reps=reps, min_time=min_time,
+                                    settle=timing.settle_time(case.threads),
+                                    ramp=timing.ramp_time(case.threads), budget=budget,
                                     first_calls=first)
-        peak = bench.peak_gflops(case.dtype, case.threads)
+        peak = timing.peak_gflops(case.dtype, case.threads)
         chosen = auto_choice(case, x, w) if "tilegemm:auto" in parties else None
-    results = bench.summarise(timings, case.flops, peak)
+    results = timing.summarise(timings, case.flops, peak)
     for name, row in results.items():
         algo = name.split(":", 1)[1] if ":" in name else None
         if algo == "auto" and chosen:
             row["chose"] = chosen
             algo = chosen
         if algo and peak:
-            own = bench.gflops(case.algorithm_flops(algo), row["best_s"])
+            own = timing.gflops(case.algorithm_flops(algo), row["best_s"])
             row["pct_peak"] = 100.0 * own / peak
         if algo and "torch" in results:
             row["ratio"] = row["gflops"] / results["torch"]["gflops"]
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
-        "dtype": case.dtype, "threads": case.threads, "flops": case.flops,
+        "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,
         "peak_gflops": peak, "reps": reps, "results": results,
-        "not_applicable": not_applicable, "check": _check(x, w, ly, outputs),
+        "not_applicable": not_applicable, "check": _check(x, w, ly, outputs, case.layout),
     }
 
 
-def _check(x, w, layer, outputs):
+def _check(x, w, layer, outputs, layout="NCHW"):
     """Max relative error of every algorithm against a float64 reference (torch)."""
-    torch = bench.torch_module()
+    torch = timing.torch_module()
     if torch is None or not outputs:
         return {}
+    if layout == "NHWC":  # compare in NCHW: the reference's layout
+        x = x.transpose(0, 3, 1, 2)
+        outputs = {name: out.transpose(0, 3, 1, 2) for name, out in outputs.items()}
     f = torch.nn.functional.conv2d
     ref = f(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
             None, layer.stride, layer.padding, 1, layer.groups).numpy()
-    from tilegemm.bench_gemm import max_rel_error
+    from tilegemm.tools.gemm_suite import max_rel_error
     tol = 1e-3 if x.dtype == np.float32 else 1e-9  # Winograd's transforms cost some digits
     checks = {}
     for name, out in outputs.items():
@@ -248,3 +259,47 @@ def _check(x, w, layer, outputs):
         checks[name] = {"max_rel_error": err if math.isfinite(err) else None,
                         "tolerance": tol, "ok": ok}
     return checks
+
+
+#: The layer whose im2col memory ``--memory`` measures: the largest patch matrix.
+MEMORY_LAYER = "vgg16_conv1_2"
+
+
+def im2col_memory(dtype="float32", layout="NCHW", layer=MEMORY_LAYER):
+    """Peak extra bytes of implicit im2col on one batch-1 layer, and the explicit matrix's.
+
+    The call runs on 1 thread.  It is compiled first, then traced (``tracemalloc``) with its weights
+    prepared again and in a new Python thread, whose scratch buffers are new too,
+    so everything the call allocates is counted; the output is subtracted.
+
+    Returns
+    -------
+    dict
+        ``layer``, ``dtype``, ``layout``, ``extra_bytes`` and ``explicit_bytes``
+        (C/groups·kh·kw·Ho·Wo elements: the patch matrix explicit im2col would build).
+    """
+    ly = {x.name: x for x in LAYERS}[layer]
+    x, w = operands(ConvCase(ly, 1, dtype, 1, layout))
+    call = tilegemm_party(x, w, ly, "im2col", layout)
+    call()                            # compiles
+    w = w.copy()                      # a new weight array: prepared again, inside the trace
+    call = tilegemm_party(x, w, ly, "im2col", layout)
+    peak = []
+
+    def traced():
+        numba.set_num_threads(1)
+        tracemalloc.start()
+        try:
+            call()
+            peak.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+
+    worker = threading.Thread(target=traced)
+    worker.start()
+    worker.join()
+    ho, wo = ly.out_hw
+    out_bytes = ly.k * ho * wo * x.itemsize
+    explicit = (ly.c // ly.groups) * ly.kh * ly.kw * ho * wo * x.itemsize
+    return {"layer": layer, "dtype": dtype, "layout": layout,
+            "extra_bytes": peak[0] - out_bytes, "explicit_bytes": explicit}

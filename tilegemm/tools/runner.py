@@ -8,7 +8,9 @@ import os
 import sys
 from dataclasses import dataclass, asdict
 
-from tilegemm import bench, bench_conv, bench_gemm, report
+from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, report, timing
+from tilegemm.tools.options import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+from tilegemm.tools.progress import Progress
 
 
 @dataclass
@@ -18,7 +20,7 @@ class BenchPlan:
     ops: tuple = ("gemm", "conv")
     dtypes: tuple = ("float32", "float64")
     threads: tuple = (1,)
-    sizes: tuple = bench_gemm.SQUARE_SIZES
+    sizes: tuple = gemm_suite.SQUARE_SIZES
     shapes: tuple = ()
     skinny: bool = True
     quick: bool = False
@@ -26,6 +28,10 @@ class BenchPlan:
     min_time: float = 0.05
     layers: tuple = None
     batch: int = None
+    layout: str = "NCHW"
+    ms: bool = False
+    scaling: bool = False
+    memory: bool = False
     peers: tuple = ("numpy", "torch")
     first_call: bool = True
     plots: bool = True
@@ -34,12 +40,11 @@ class BenchPlan:
 
     @classmethod
     def from_args(cls, args, command):
-        """Validate the parsed ``bench`` options; raises ``cli.UsageError`` on bad input."""
-        from tilegemm.cli import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+        """Validate the parsed ``bench`` options; raises :class:`UsageError` on bad input."""
         explicit = args.sizes is not None or args.shapes is not None
         sizes = parse_sizes(args.sizes) if args.sizes is not None else (
             () if explicit else
-            bench_gemm.QUICK_SQUARE_SIZES if args.quick else bench_gemm.SQUARE_SIZES)
+            gemm_suite.QUICK_SQUARE_SIZES if args.quick else gemm_suite.SQUARE_SIZES)
         reps = args.reps if args.reps is not None else (3 if args.quick else 5)
         min_time = args.min_time if args.min_time is not None else (0.02 if args.quick else 0.05)
         if reps < 1:
@@ -48,15 +53,18 @@ class BenchPlan:
             raise UsageError(f"--min-time must be positive, got {min_time}")
         if args.batch is not None and args.batch < 1:
             raise UsageError(f"--batch must be at least 1, got {args.batch}")
-        threads = parse_threads(args.threads) if args.threads else sorted({1, bench.max_threads()})
+        threads = parse_threads(args.threads) if args.threads else sorted({1, timing.max_threads()})
         layers = None
         if args.layers:
             layers = tuple(x.strip() for x in args.layers.split(","))
-            known = {ly.name for ly in bench_conv.LAYERS}
+            known = {ly.name for ly in conv_suite.LAYERS}
             unknown = [x for x in layers if x not in known]
             if unknown:
                 raise UsageError(f"--layers: unknown layer {unknown[0]!r}; known: "
                                  + ", ".join(sorted(known)))
+        if args.scaling and max(threads) < 2:
+            raise UsageError("--scaling compares 1 thread with more: give --threads 2 or more "
+                             f"(at most {timing.max_threads()} here)")
         # --sizes/--shapes name GEMM products: without an explicit --op they mean gemm only.
         op = args.op or ("gemm" if explicit else "all")
         return cls(
@@ -64,7 +72,8 @@ class BenchPlan:
             dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
             sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
             skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
-            layers=layers, batch=args.batch,
+            layers=layers, batch=args.batch, layout=args.layout, ms=args.ms,
+            scaling=args.scaling, memory=args.memory,
             peers=("numpy",) if args.no_torch else ("numpy", "torch"),
             first_call=not args.no_first_call and not explicit, plots=not args.no_plots,
             out=args.out, command=command)
@@ -83,25 +92,45 @@ def _plan_steps(plan, rep):
     """The measurement steps of ``plan``; each appends its result to ``rep``."""
     steps = []
     if "gemm" in plan.ops:
-        for case in bench_gemm.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
+        for case in gemm_suite.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
                                           plan.shapes, plan.skinny):
             steps.append(_Step(case.title(), lambda c=case: rep["gemm"].append(
-                bench_gemm.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
+                gemm_suite.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
     if "conv" in plan.ops:
-        ok, reason = bench_conv.conv_available()
-        rep["conv"].update(available=ok, reason=reason)
-        if ok:
-            for case in bench_conv.conv_cases(plan.dtypes, plan.threads, plan.quick,
-                                              plan.layers, plan.batch):
-                steps.append(_Step(case.title(), lambda c=case: rep["conv"]["records"].append(
-                    bench_conv.run_conv_case(c, plan.reps, plan.min_time,
-                                             peers=tuple(p for p in plan.peers if p == "torch"),
-                                             budget=2.0 if plan.quick else 10.0))))
+        rep["conv"]["available"] = True
+        steps += _conv_steps(plan, rep["conv"])
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
                                "then warm cache)",
-                               lambda d=dtype: rep["first_call"].append(bench_gemm.first_call(d))))
+                               lambda d=dtype: rep["first_call"].append(gemm_suite.first_call(d))))
+    return steps
+
+
+def _conv_steps(plan, conv):
+    """The convolution steps: timings (or ``--scaling``), then ``--memory``."""
+    steps = []
+    peers = tuple(p for p in plan.peers if p == "torch")
+    budget = 2.0 if plan.quick else 10.0
+    threads = (max(plan.threads),) if plan.scaling else plan.threads
+    cases = conv_suite.conv_cases(plan.dtypes, threads, plan.quick, plan.layers, plan.batch,
+                                  plan.layout)
+    if plan.scaling:
+        conv["scaling"] = []
+        for case in cases:
+            steps.append(_Step(f"{case.title()}: 1 thread against {case.threads}",
+                               lambda c=case: conv["scaling"].append(
+                                   conv_scaling.run_scaling_case(c, plan.reps, plan.min_time,
+                                                                 peers, budget))))
+    else:
+        for case in cases:
+            steps.append(_Step(case.title(), lambda c=case: conv["records"].append(
+                conv_suite.run_conv_case(c, plan.reps, plan.min_time, peers=peers,
+                                         budget=budget))))
+    if plan.memory:
+        steps.append(_Step(f"im2col memory on {conv_suite.MEMORY_LAYER}",
+                           lambda: conv.update(memory=conv_suite.im2col_memory(
+                               plan.dtypes[0], plan.layout))))
     return steps
 
 
@@ -109,25 +138,25 @@ def print_tables(rep, stream=sys.stdout):
     """The report's tables as plain text (what ``bench`` prints on stdout)."""
     has_torch = report.has_torch_results(rep)
     tables = report.gemm_tables(rep["gemm"], has_torch)
-    tables += report.conv_tables(rep["conv"]["records"], has_torch)
+    tables += report.all_conv_tables(rep)
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
     if rep["first_call"]:
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
               + report.format_table(headers, rows), file=stream)
-    if rep["conv"]["available"] is False:
-        print(f"\nConvolution: not available ({rep['conv']['reason']}).", file=stream)
+    if rep["conv"].get("memory"):
+        print("\n" + report.memory_text(rep["conv"]["memory"]), file=stream)
 
 
 def _write_plots(rep, out_dir):
-    from tilegemm import report_plots
+    from tilegemm.tools import plots  # imports matplotlib: only when drawing
     os.makedirs(out_dir, exist_ok=True)
-    if not report_plots.matplotlib_available():
-        rep["plots_skipped"] = report_plots.PLOTS_SKIPPED
+    if not plots.matplotlib_available():
+        rep["plots_skipped"] = plots.PLOTS_SKIPPED
         return
     try:
-        rep["plots"] = report_plots.write_plots(rep, out_dir)
+        rep["plots"] = plots.write_plots(rep, out_dir)
     except Exception as exc:  # a plotting problem must not cost the measurements
         rep["plots_skipped"] = f"Plots failed ({type(exc).__name__}: {exc}); the tables are complete."
 
@@ -150,7 +179,6 @@ def run_plan(plan, stdout=None, stderr=None):
         Exit status: 0, or 1 when a benchmarked result was wrong.
     """
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    from tilegemm.cli import Progress
     machine = {}
     steps = [_Step("machine: detect, measure the FMA peak",
                    lambda: machine.update(report.machine_info(measure_peak=True)))]
@@ -158,12 +186,12 @@ def run_plan(plan, stdout=None, stderr=None):
     rep = report.new_report(plan.settings(), machine)
     steps += _plan_steps(plan, rep)
     progress.total = len(steps)
-    rep["load_average"] = {"start": bench.load_average()}
+    rep["load_average"] = {"start": timing.load_average()}
     for step in steps:
         progress.step(step.label)
         step.run()
     progress.close()
-    rep["load_average"]["end"] = bench.load_average()
+    rep["load_average"]["end"] = timing.load_average()
     note = report.busy_note(rep["load_average"], rep["machine"].get("cores", 1))
     if note:
         print(note, file=stderr)

@@ -3,7 +3,7 @@
 Cases are square products (n = 64 ... 4096) and skinny ones (a row vector, a
 column vector, a long inner dimension, a tall-thin product), for each dtype and
 thread count.  Every case times tilegemm, numpy and (when installed) torch with
-the rules of :mod:`tilegemm.bench`.  Separately, :func:`first_call` measures the
+the rules of :mod:`tilegemm.tools.timing`.  Separately, :func:`first_call` measures the
 first call in a fresh Python process, with an empty and with a warm Numba cache.
 """
 import json
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm import bench
+from tilegemm.tools import timing
 
 #: Square sizes of the full suite and of ``--quick``.
 SQUARE_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -51,7 +51,7 @@ class GemmCase:
 
     def title(self):
         """Short description for progress lines."""
-        return f"gemm {self.dtype} {self.shape} ({self.kind}) {bench.threads_text(self.threads)}"
+        return f"gemm {self.dtype} {self.shape} ({self.kind}) {timing.threads_text(self.threads)}"
 
 
 def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):
@@ -84,7 +84,7 @@ def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):
     return cases
 
 
-def _operands(case, seed=0):
+def operands(case, seed=0):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((case.m, case.k)).astype(case.dtype)
     b = rng.standard_normal((case.k, case.n)).astype(case.dtype)
@@ -108,7 +108,7 @@ def gemm_parties(case, a, b, peers=("numpy", "torch")):
     if "numpy" in peers:
         outputs["numpy"] = np.empty_like(outputs["tilegemm"])
         parties["numpy"] = lambda: np.matmul(a, b, out=outputs["numpy"])
-    torch = bench.torch_module() if "torch" in peers else None
+    torch = timing.torch_module() if "torch" in peers else None
     if torch is not None:
         outputs["torch"] = np.empty_like(outputs["tilegemm"])
         # from_numpy shares memory: torch writes straight into outputs["torch"].
@@ -138,14 +138,14 @@ def run_gemm_case(case, reps=5, min_time=0.05, peers=("numpy", "torch")):
     peer GFLOPS: above 1 means tilegemm is faster) and a correctness check of
     tilegemm's result against numpy's.
     """
-    a, b = _operands(case)
-    with bench.pinned_threads(case.threads):
+    a, b = operands(case)
+    with timing.pinned_threads(case.threads):
         parties, outputs = gemm_parties(case, a, b, peers)
-        timings = bench.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=bench.settle_time(case.threads),
-                                    ramp=bench.ramp_time(case.threads))
-        peak = bench.peak_gflops(case.dtype, case.threads)
-    results = bench.summarise(timings, case.flops, peak)
+        timings = timing.interleaved(parties, reps=reps, min_time=min_time,
+                                    settle=timing.settle_time(case.threads),
+                                    ramp=timing.ramp_time(case.threads))
+        peak = timing.peak_gflops(case.dtype, case.threads)
+    results = timing.summarise(timings, case.flops, peak)
     ours = results["tilegemm"]["gflops"]
     for name, row in results.items():
         if name != "tilegemm":
@@ -215,7 +215,7 @@ def first_call(dtype="float32", n=256, threads=None):
         ``{"dtype", "n", "threads", "cold": {...}, "warm": {...}}`` where each run
         has ``import_s``, ``first_call_s`` and ``second_call_s``.
     """
-    threads = threads or bench.max_threads()
+    threads = threads or timing.max_threads()
     with tempfile.TemporaryDirectory(prefix="tilegemm-first-call-") as cache_dir:
         cold = _fresh_process_call(n, dtype, cache_dir, threads)
         warm = _fresh_process_call(n, dtype, cache_dir, threads)

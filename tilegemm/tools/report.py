@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 import tilegemm
-from tilegemm import bench
+from tilegemm.tools import timing
 
 DTYPES = ("float32", "float64")
 
@@ -39,7 +39,7 @@ def _peak_entry(dtype, thread_counts, measure):
     per = {}
     for t in thread_counts:
         per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
-                       "measured": bench.peak_gflops(dtype, t) if measure else None}
+                       "measured": timing.peak_gflops(dtype, t) if measure else None}
     top = per[str(max(thread_counts))]
     return {"threads": max(thread_counts), "nominal": top["nominal"],
             "measured": top["measured"], "per_threads": per}
@@ -48,12 +48,12 @@ def _peak_entry(dtype, thread_counts, measure):
 def peer_versions():
     """Versions of numpy, its BLAS and torch (None when torch is not installed)."""
     blas = None
-    threadpoolctl = bench.optional_import("threadpoolctl")
+    threadpoolctl = timing.optional_import("threadpoolctl")
     if threadpoolctl is not None:
         for lib in threadpoolctl.threadpool_info():
             if lib.get("user_api") == "blas" and "numpy" in lib.get("filepath", ""):
                 blas = f"{lib.get('internal_api')} {lib.get('version')}"
-    torch = bench.torch_module()
+    torch = timing.torch_module()
     return {"numpy": np.__version__, "numpy_blas": blas,
             "torch": torch.__version__ if torch else None,
             "threadpoolctl": threadpoolctl.__version__ if threadpoolctl else None}
@@ -79,7 +79,7 @@ def machine_info(measure_peak=True):
     """
     from tilegemm.tuning.machine import detect
     m = detect()
-    all_threads = bench.max_threads()
+    all_threads = timing.max_threads()
     thread_counts = sorted({1, all_threads})
     info = {
         "tilegemm_version": tilegemm.__version__,
@@ -140,7 +140,7 @@ def info_text(info):
     rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
-        ["dtype"] + [bench.threads_text(t) for t in counts], rows).splitlines()]
+        ["dtype"] + [timing.threads_text(t) for t in counts], rows).splitlines()]
     return "\n".join(lines)
 
 
@@ -213,22 +213,31 @@ def gemm_tables(records, has_torch):
             if not r["check"]["ok"]:
                 row[1] += " (WRONG RESULT)"
             rows.append(row)
-        title = (f"GEMM {dtype}, {bench.threads_text(threads)}, measured peak "
+        title = (f"GEMM {dtype}, {timing.threads_text(threads)}, measured peak "
                  f"{recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
 
 
-def conv_tables(records, has_torch):
-    """[(title, headers, rows)] for the convolution records (one row per layer and algorithm)."""
+def _ms(row):
+    return _fmt(row["best_s"] * 1e3, 2) if row else "-"
+
+
+def conv_tables(records, has_torch, ms=False):
+    """[(title, headers, rows)] for the convolution records (one row per layer and algorithm).
+
+    ``ms`` adds the milliseconds per call of each algorithm (and of torch).
+    """
     tables = []
     for (dtype, threads), recs in _groups(records).items():
         headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", "% peak"]
+        headers += ["ms"] if ms else []
         if has_torch:
-            headers += ["torch GFLOPS", "× torch"]
+            headers += ["torch GFLOPS", "× torch"] + (["torch ms"] if ms else [])
         rows = []
         for r in recs:
-            torch_g = r["results"].get("torch", {}).get("gflops")
+            torch_row = r["results"].get("torch")
+            torch_g = torch_row["gflops"] if torch_row else None
             for name, res in r["results"].items():
                 if name == "torch":
                     continue
@@ -236,19 +245,63 @@ def conv_tables(records, has_torch):
                 if res.get("chose"):
                     algo += f" → {res['chose']}"
                 row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
-                       _fmt(res["pct_peak"])]
+                       _fmt(res["pct_peak"])] + ([_ms(res)] if ms else [])
                 if has_torch:
                     row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
+                    row += [_ms(torch_row)] if ms else []
                 if not r["check"].get(name, {}).get("ok", True):
                     row[3] += " (WRONG RESULT)"
                 rows.append(row)
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
-                rows.append(row + (["-", "-"] if has_torch else []))
-        title = (f"Convolution {dtype}, {bench.threads_text(threads)}, measured peak "
-                 f"{recs[0]['peak_gflops']:.0f} GFLOPS")
+                rows.append(row + ["-"] * (len(headers) - len(row)))
+        title = (f"Convolution {dtype}{_layout_text(recs[0])}, {timing.threads_text(threads)}, "
+                 f"measured peak {recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
+
+
+def _layout_text(record):
+    """", NHWC" for channels-last records; nothing for NCHW (and reports from before layouts)."""
+    layout = record.get("layout", "NCHW")
+    return f", {layout}" if layout != "NCHW" else ""
+
+
+def scaling_tables(records):
+    """[(title, headers, rows)] for ``--scaling`` records: one table per dtype."""
+    tables = []
+    for (dtype, threads), recs in _groups(records).items():
+        many = timing.threads_text(threads)
+        headers = ["layer", "party", "1 thread ms", f"{many} ms", "speed-up"]
+        rows = []
+        for r in recs:
+            for row in r["rows"]:
+                rows.append([r["layer"], row["party"].replace("tilegemm:", ""),
+                             _fmt(row["one_s"] * 1e3, 2), _fmt(row["many_s"] * 1e3, 2),
+                             f"{row['speedup']:.2f}×"])
+            apart = r["apart"]
+            rows.append([r["layer"], f"apart ({threads} × 1-thread auto)",
+                         _fmt(apart["alone_s"] * 1e3, 2), _fmt(apart["together_s"] * 1e3, 2),
+                         f"{apart['speedup']:.2f}×"])
+        title = (f"Convolution thread scaling {dtype}{_layout_text(recs[0])}, batch "
+                 f"{recs[0]['batch']}: 1 thread against {many}, timed in the same rounds")
+        tables.append((title, headers, rows))
+    return tables
+
+
+def memory_text(memory):
+    """One line on im2col's extra memory (``--memory``)."""
+    extra, explicit = memory["extra_bytes"], memory["explicit_bytes"]
+    return (f"im2col extra memory on {memory['layer']} (batch 1, {memory['dtype']}, "
+            f"{memory['layout']}): {extra / 2**20:.1f} MiB implicit vs "
+            f"{explicit / 2**20:.1f} MiB explicit patch matrix ({100 * extra / explicit:.1f}%)")
+
+
+def all_conv_tables(report):
+    """Every convolution table of ``report`` (timings, then ``--scaling``), as (title, headers, rows)."""
+    conv, settings = report["conv"], report["settings"]
+    tables = conv_tables(conv["records"], has_torch_results(report), settings.get("ms", False))
+    return tables + scaling_tables(conv.get("scaling", []))
 
 
 def first_call_table(records):
@@ -349,12 +402,12 @@ def markdown_report(report):
                 "the cache the first run left.", "",
                 format_table(headers, rows, markdown=True), ""]
     conv = report["conv"]
-    if conv["available"] is not None:
+    if conv["available"]:
         out += ["## Convolution", ""]
-        if not conv["available"]:
-            out += [f"Not available: {conv['reason']}.", ""]
-        for title, headers, rows in conv_tables(conv["records"], has_torch):
+        for title, headers, rows in all_conv_tables(report):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+        if conv.get("memory"):
+            out += [memory_text(conv["memory"]) + ".", ""]
     out += ["## Plots", ""]
     for path in report["plots"]:
         out += [f"![{os.path.splitext(path)[0]}]({path})", ""]

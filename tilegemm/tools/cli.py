@@ -3,6 +3,7 @@
     python -m tilegemm info [--json]
     python -m tilegemm bench [--quick] [--op gemm|conv|all] [--dtype ...] [--threads ...]
                              [--sizes ...] [--out DIR]
+    python -m tilegemm bench --op conv [--layout NHWC] [--ms] [--scaling] [--memory]
     python -m tilegemm bench --compare A.json B.json
     python -m tilegemm ladder [...]          (options of tilegemm.ladder)
 
@@ -14,116 +15,10 @@ import json
 import os
 import shlex
 import sys
-import time
+
+from tilegemm.tools.options import UsageError
 
 USAGE_ERROR = 2
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed without a traceback, exit status 2."""
-
-
-# --------------------------------------------------------------------------- option parsing
-
-_DTYPE_ALIASES = {"float32": "float32", "f32": "float32", "single": "float32",
-                  "float64": "float64", "f64": "float64", "double": "float64"}
-
-
-def parse_dtypes(text):
-    """``"float32"``, ``"f64"``, ``"all"`` or a comma list -> list of dtype names."""
-    if text == "all":
-        return ["float32", "float64"]
-    out = []
-    for item in text.split(","):
-        name = _DTYPE_ALIASES.get(item.strip().lower())
-        if name is None:
-            raise UsageError(f"--dtype: unknown dtype {item!r}; use float32, float64 "
-                             "(or f32, f64), a comma list, or all")
-        if name not in out:
-            out.append(name)
-    return out
-
-
-def _positive_ints(text, option):
-    values = []
-    for item in text.split(","):
-        try:
-            value = int(item)
-        except ValueError:
-            raise UsageError(f"{option}: {item!r} is not an integer "
-                             f"(expected a comma list such as 64,128)") from None
-        if value <= 0:
-            raise UsageError(f"{option}: sizes must be positive, got {value}")
-        values.append(value)
-    return values
-
-
-def parse_sizes(text):
-    """``"64,128"`` -> [64, 128]."""
-    return _positive_ints(text, "--sizes")
-
-
-def parse_shapes(text):
-    """``"2048x64x2048,1x512x512"`` -> [(2048, 64, 2048), (1, 512, 512)] as (m, n, k)."""
-    shapes = []
-    for item in text.split(","):
-        parts = item.lower().split("x")
-        if len(parts) != 3:
-            raise UsageError(f"--shapes: {item!r} is not MxNxK (e.g. 2048x64x2048)")
-        shapes.append(tuple(_positive_ints(",".join(parts), "--shapes")))
-    return shapes
-
-
-def parse_threads(text):
-    """``"1,2"`` or ``"2"`` -> thread counts, each within what Numba was started with."""
-    from tilegemm.bench import max_threads
-    counts = _positive_ints(text, "--threads")
-    too_many = [t for t in counts if t > max_threads()]
-    if too_many:
-        raise UsageError(f"--threads: {too_many[0]} is more than the {max_threads()} threads "
-                         "available (NUMBA_NUM_THREADS / CPU count)")
-    return sorted(set(counts))
-
-
-# --------------------------------------------------------------------------- progress
-
-class Progress:
-    """A progress bar on a terminal, one plain line per step otherwise.
-
-    Parameters
-    ----------
-    total : int
-        Number of steps.
-    stream : file, optional
-        Defaults to ``sys.stderr`` so that the tables on stdout stay clean.
-    """
-
-    def __init__(self, total, stream=None):
-        self.total, self.count = total, 0
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0 = time.perf_counter()
-
-    def step(self, label):
-        """Announce that step ``label`` is starting."""
-        self.count += 1
-        elapsed = time.perf_counter() - self.t0
-        if self.tty:
-            width = 24
-            filled = width * (self.count - 1) // max(self.total, 1)
-            bar = "#" * filled + "." * (width - filled)
-            line = f"\r[{bar}] {self.count}/{self.total} {elapsed:5.0f}s  {label}"
-            self.stream.write(line[:120].ljust(120))
-        else:
-            self.stream.write(f"[{self.count}/{self.total}] {elapsed:.0f}s {label}\n")
-        self.stream.flush()
-
-    def close(self):
-        elapsed = time.perf_counter() - self.t0
-        if self.tty:
-            self.stream.write("\r" + " " * 120 + "\r")
-        self.stream.write(f"done: {self.total} step(s) in {elapsed:.0f}s\n")
-        self.stream.flush()
 
 
 # --------------------------------------------------------------------------- parser
@@ -163,6 +58,15 @@ def build_parser():
                    help="minimum seconds per timed sample (default 0.05, --quick 0.02)")
     b.add_argument("--layers", default=None, help="convolution layers (comma list of names)")
     b.add_argument("--batch", type=int, default=None, help="convolution batch (default 8, --quick 1)")
+    b.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW",
+                   help="convolution data layout; NHWC runs torch on channels-last data")
+    b.add_argument("--ms", action="store_true",
+                   help="add milliseconds per call to the convolution tables")
+    b.add_argument("--scaling", action="store_true",
+                   help="convolution: instead of the tables per thread count, time each "
+                        "party at 1 thread and at the largest --threads in the same rounds")
+    b.add_argument("--memory", action="store_true",
+                   help="convolution: measure im2col's extra memory on vgg16_conv1_2")
     b.add_argument("--no-torch", action="store_true", help="do not time torch even if installed")
     b.add_argument("--no-first-call", action="store_true",
                    help="skip the fresh-process first-call measurement")
@@ -181,7 +85,7 @@ def build_parser():
 # --------------------------------------------------------------------------- commands
 
 def cmd_info(args):
-    from tilegemm.report import info_text, machine_info
+    from tilegemm.tools.report import info_text, machine_info
     info = machine_info(measure_peak=not args.no_peak)
     print(json.dumps(info, indent=1) if args.json else info_text(info))
     return 0
@@ -202,8 +106,8 @@ def cmd_ladder(argv):
 
 
 def cmd_compare(paths):
-    from tilegemm.report import load_report
-    from tilegemm.report_compare import compare_text
+    from tilegemm.tools.report import load_report
+    from tilegemm.tools.compare import compare_text
     try:
         a, b = (load_report(p) for p in paths)
     except ValueError as exc:
@@ -215,7 +119,7 @@ def cmd_compare(paths):
 def cmd_bench(args, argv):
     if args.compare:
         return cmd_compare(args.compare)
-    from tilegemm.bench_run import BenchPlan, run_plan
+    from tilegemm.tools.runner import BenchPlan, run_plan
     plan = BenchPlan.from_args(args, command="python -m tilegemm " + shlex.join(argv))
     return run_plan(plan)
 

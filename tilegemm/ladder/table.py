@@ -1,0 +1,164 @@
+"""``tilegemm ladder``: the ladder's table, its notes, its chart and the command."""
+import argparse
+import os
+import sys
+import textwrap
+import time
+
+import numba
+import numpy as np
+
+from tilegemm.ladder.runner import CALL_BUDGET, run_ladder
+from tilegemm.tuning.blocking import blocking
+
+
+def format_table(results):
+    """The ladder as a Markdown table (prints well in a terminal, pastes into docs)."""
+    head = ("| rung | what | n | threads | GFLOPS | % of peak | x prev | x rung 0 "
+            "| numpy GFLOPS | first call s |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for i, r in enumerate(results):
+        prev = f"{r.gflops / results[i - 1].gflops:.2f}" if i else "-"
+        base = f"{r.gflops / results[0].gflops:.1f}"
+        lines.append(f"| {r.rung.number} | {r.rung.title} | {r.n} | {r.threads} | {r.gflops:.1f} "
+                     f"| {100 * r.gflops / r.peak_gflops:.1f} | {prev} | {base} "
+                     f"| {r.numpy_gflops:.1f} | {r.first_call_s:.2f} |")
+    return "\n".join(lines)
+
+
+#: Why a rung may not beat the one before it on some hosts, printed under the table
+#: when it does not.
+SLOWER_BECAUSE = {
+    3: "packing changes what is read, not what is written: like rung 2 it stores every "
+       "sum of C to L1 at every k step, and that store traffic, not the reads packing "
+       "straightens, bounds both (rung 4 keeps the sums in registers)",
+    4: "plain Numba's vectors here are as wide as LLVM's preferred width for this CPU, "
+       "and each sum is reduced across its vector once per tile",
+}
+#: Repeats of one rung further apart than this (slowest over fastest, minus 1) mean
+#: another program shared the cores.
+SPREAD_WARNING = 0.25
+#: A thread rung scaling less than this fraction of its thread count over rung 5 also does.
+SCALING_WARNING = 0.75
+
+
+def slower_notes(results):
+    """One line for each rung slower than the one before it by more than their
+    repeats' spread, saying why (:data:`SLOWER_BECAUSE`)."""
+    notes = []
+    for prev, r in zip(results, results[1:]):
+        if r.gflops * (1 + max(r.spread, prev.spread)) < prev.gflops:
+            reason = SLOWER_BECAUSE.get(r.rung.number, "see the rung's docstring")
+            notes.append(f"rung {r.rung.number} is slower than rung {prev.rung.number} here: "
+                         f"{reason}.")
+    return notes
+
+
+def _busy_machine_warning(results):
+    """A warning when the figures show another program sharing the cores, else None."""
+    # (An n-thread peak below n x the 1-thread peak is not a sign of this by itself:
+    # cores may share an FMA unit or drop their clock when all of them run 512-bit code.)
+    for r in results:
+        if r.gflops > r.peak_gflops:
+            return (f"warning: rung {r.rung.number} ran above the measured peak, so the peak "
+                    "was measured while another program used the cores; rerun when it is quiet")
+    for r in results:
+        if r.spread > SPREAD_WARNING:
+            return (f"warning: rung {r.rung.number}'s runs were {100 * r.spread:.0f}% apart: "
+                    "another program is probably using the cores; rerun when it is quiet")
+    single = {r.rung.number: r for r in results}
+    for r in results:
+        if r.threads > 1 and 5 in single:
+            scaling = r.gflops / single[5].gflops
+            if scaling < SCALING_WARNING * r.threads:
+                return (f"warning: rung {r.rung.number} on {r.threads} threads ran only "
+                        f"{scaling:.2f}x rung 5: another program is probably using a core; "
+                        "rerun when it is quiet")
+    return None
+
+
+def plot(results, path, machine_label=""):
+    """A bar chart of the ladder (log scale: the rungs span two orders of magnitude)."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    x = np.arange(len(results))
+    colors = ["tab:orange" if r.rung.parallel else "tab:blue" for r in results]
+    bars = ax.bar(x, [r.gflops for r in results], color=colors, width=0.65)
+    for bar, r in zip(bars, results):
+        ax.annotate(f"{r.gflops:.1f}\nn={r.n}", (bar.get_x() + bar.get_width() / 2, r.gflops),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.scatter(x, [r.numpy_gflops for r in results], marker="_", s=900, color="black",
+               zorder=3, label="numpy, same n and threads")
+    for threads, style in ((1, "--"), (max(r.threads for r in results), ":")):
+        peak = next((r.peak_gflops for r in results if r.threads == threads), None)
+        if peak:
+            ax.axhline(peak, color="gray", linestyle=style, linewidth=1,
+                       label=f"measured FMA peak, {threads} thread{'s' if threads > 1 else ''}")
+    ax.set_yscale("log")
+    ax.set_ylim(top=max(r.peak_gflops for r in results) * 2.5)
+    ax.set_xticks(x, [f"{r.rung.number}\n" + textwrap.fill(r.rung.title, 14) for r in results],
+                  fontsize=8)
+    ax.set_ylabel("GFLOPS (log scale)")
+    ax.set_title(f"The cache-blocking ladder {machine_label}".strip(), fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    """``tilegemm ladder``: measure the ladder, print the table, write the chart.
+
+    Returns the process exit status.
+    """
+    parser = argparse.ArgumentParser(
+        prog="tilegemm ladder",
+        description="Measure seven GEMMs, from the naive loop to the library's threaded "
+                    "engine, on this machine (float32, square n x n).")
+    parser.add_argument("--n", type=int, default=1024,
+                        help="matrix size (default 1024); a slow rung uses n halved until one "
+                             f"call takes under {CALL_BUDGET} s")
+    parser.add_argument("--out", default=".",
+                        help="directory for ladder.png and ladder.md (default: current)")
+    args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error("--n must be positive")
+
+    from tilegemm.tuning.machine import detect
+    m = detect()
+    blk = blocking(np.float32)
+    print(f"{m.brand}: {m.isa}, L1d {m.l1d_bytes // 1024} KiB, L2 {m.l2_bytes // 1024} KiB "
+          f"per core, {numba.get_num_threads()} threads")
+    print(f"float32 blocking: MR={blk.mr} NR={blk.nr} KC={blk.kc} MC={blk.mc} NC={blk.nc}")
+    print("measuring (compiles on first use) ...", flush=True)
+    t0 = time.perf_counter()
+    results = run_ladder(args.n, np.float32, log=lambda s: print(s, flush=True))
+    table = format_table(results)
+    print()
+    print(table)
+    notes = slower_notes(results)
+    for note in notes:
+        print(note)
+    print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
+          f"thread count; ladder took {time.perf_counter() - t0:.0f} s.")
+    if any(np.isnan(r.numpy_gflops) for r in results):
+        print("numpy column empty: pip install threadpoolctl to limit numpy's threads",
+              file=sys.stderr)
+    warning = _busy_machine_warning(results)
+    if warning:
+        print(warning, file=sys.stderr)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ladder.md"), "w") as f:
+        f.write(table + "\n" + "".join(f"\n{note}\n" for note in notes))
+    try:
+        plot(results, os.path.join(args.out, "ladder.png"), f"({m.isa}, {m.brand})")
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)", file=sys.stderr)
+    else:
+        print(f"wrote {os.path.join(args.out, 'ladder.png')} and ladder.md")
+    return 0
