@@ -8,7 +8,7 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
 * NCHW -- lanes over the output width: for each kernel tap, one input row segment
   is multiplied into ``KB`` output-channel rows (each input value loaded once per
   block of channels).  With a horizontal stride of 1 the generated
-  ``direct_nchw_task`` (``conv/_conv_tile.py``) runs instead: explicit vectors of
+  ``direct_nchw_task`` (``conv/_tile_direct.py``) runs instead: explicit vectors of
   output pixels, a channel's whole kernel window summed in one register.  Depthwise
   layers whose output is as wide as the image (or its stride-phase planes) run
   ``depthwise_flat_tasks``: the rows end to end as one vector run
@@ -169,7 +169,7 @@ def flat_applies(p, lanes):
 
 @functools.lru_cache(maxsize=64)
 def flat_geometry(p, lanes, vectors, short, dtype):
-    """What ``depthwise_flat_tasks`` (``conv/_conv_tile.py``) needs for ``p``:
+    """What ``depthwise_flat_tasks`` (``conv/_tile_direct.py``) needs for ``p``:
     ``(applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks, shorts)``.
 
     It applies to depthwise NCHW layers whose output is exactly as wide as the
@@ -246,7 +246,7 @@ def nhwc_vector_applies(p, dtype, lanes=None):
     by default)."""
     lanes = engine.host_target(dtype).lanes if lanes is None else lanes
     return (p.layout == "NHWC" and p.Cg == 1 and p.Kg == 1
-            and p.C >= engine.conv_module(dtype).DW_NHWC_VECTORS * lanes)
+            and p.C >= engine.family_module("direct", dtype).DW_NHWC_VECTORS * lanes)
 
 
 #: The loops of :func:`run`: depthwise NCHW rows end to end (:func:`flat_applies`), the
@@ -289,7 +289,7 @@ def run(x, w, bias, out, p, act, path=None):
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("direct", out.dtype)
     if path == FLAT:
         flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
         if not flat[0]:

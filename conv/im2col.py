@@ -124,7 +124,7 @@ def serves(path, p, dtype=np.float32):
 
 def _run_nchw(x, w, bias, out, p, act):
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("im2col", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     plan = _nchw_plan(p, out.dtype.str, engine.threads_for(p.flops // p.groups, 1 << 30), MR, NR,
                       blk.kc, blk.mc, blk.nc, TASKS_PER_THREAD, IM2COL_PART_COLUMNS)
@@ -343,7 +343,7 @@ def _run_rows(x, w, bias, out, p, act):
     goes through a per-thread buffer, transposed into the output's planes.
     """
     kernel, _ = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("rows", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     machine = detect()
     plan = _rows_plan(p, out.dtype.itemsize, engine.threads_for(p.flops, 1 << 30), MR, NR,
@@ -427,7 +427,7 @@ def _tap_rows_cols(kh, kw):
 
 @functools.lru_cache(maxsize=256)
 def _phase_geometry(p):
-    """(Hq, Wq, chan, taps) of the grid B is read on (see ``conv/_conv_tile.py``).
+    """(Hq, Wq, chan, taps) of the grid B is read on (see ``conv/_tile_taps.py``).
 
     The grid is ``Wq`` wide; tap ``t`` reads ``taps[t]`` elements from a grid
     position; channels are ``chan`` apart (the image's own channel stride for the
@@ -661,14 +661,14 @@ def _run_shifted(x, w, bias, out, p, act):
     From the image itself with stride 1 and ``Wo == W``, else from a stride-split
     copy of each image, unpadded where its planes are as wide as the output
     (:func:`_layout`); see the section "im2col without patches" of
-    ``conv/_conv_tile.py``.  Tasks are, for every group, images or parts of an image's
+    ``conv/_tile_taps.py``.  Tasks are, for every group, images or parts of an image's
     column blocks (to balance the threads, see ``TASKS_PER_THREAD``), plus the
     batched tails (``shifted_tails``); a thread that copies keeps the image (group)
     it works on in its own buffer.  Each group's weights are packed on their own,
     its row panels start at its first output channel.
     """
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("taps", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = shifted_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)
     apack, Mp, finite = _taps_weights(w, p.groups, KC, MR)
@@ -809,7 +809,7 @@ def _run_planes(x, w, bias, out, p, act):
     each group as over an NCHW image read in place (:func:`_run_shifted`) and write C
     back interleaved (``transpose_copy`` again)."""
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("planes", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     q = _group_image(p)
     KC = shifted_kc(q, MR, NR, out.itemsize, detect().l1d_bytes)

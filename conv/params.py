@@ -10,7 +10,7 @@ from tilegemm.packing.im2col import conv_output_size
 LAYOUTS = ("NCHW", "NHWC")
 ACTIVATIONS = (None, "relu", "relu6")
 ALGORITHMS = ("auto", "im2col", "winograd", "direct")
-#: Where the im2col taps kernel reads B (the drivers in ``conv/_conv_tile.py`` and the
+#: Where the im2col taps kernel reads B (the drivers in ``conv/_tile_taps.py`` and the
 #: planning in ``conv/im2col.py``): a zero-padded stride-split copy whose grid is wider
 #: than the output; the image itself (stride 1, ``Wo == W``); an unpadded stride-split
 #: copy whose planes are as wide as the output.

@@ -150,7 +150,7 @@ def _run_nchw(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
@@ -204,7 +204,7 @@ def _run_nhwc(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     packed, KC = prepare(w, p.groups, out.dtype)
     Kp = packed[0][1]

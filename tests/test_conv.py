@@ -229,7 +229,7 @@ def test_output_transform_matches_AT():
 def _vector_transform_case(dtype, H, W, pad, N=2):
     """Geometry, strides and the run table of the vector transforms for an NCHW image."""
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("winograd", dtype)
     Ho, Wo = H + 2 * pad - 2, W + 2 * pad - 2
     TH, TW = -(-Ho // 2), -(-Wo // 2)
     geom = (H, W, Ho, Wo, pad, pad, TH, TW)
@@ -354,7 +354,7 @@ def test_pack_b_im2col_matches_explicit(geom):
 def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
     """The generated NCHW packer (vector row copies) writes the explicit patch matrix."""
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("im2col", dtype)
     NR = engine.plan(dtype)[0].nr
     C, H, W = 3, 7, geom["W"]
     x = RNG.standard_normal((C, H, W)).astype(dtype)
@@ -846,10 +846,19 @@ def _threads(n):
         numba.set_num_threads(saved)
 
 
+def _family_of(tasks):
+    """The driver family (``conv/_tile_<family>.py``) whose module holds task loop ``tasks``."""
+    for prefix, family in (("shifted_nhwc", "planes"), ("shifted", "taps"), ("rows", "rows"),
+                           ("im2col", "im2col"), ("winograd", "winograd")):
+        if tasks.startswith(prefix):
+            return family
+    return "direct"
+
+
 def _record_arg(monkeypatch, name, index, dtype=np.float32):
-    """Wrap the ``dtype`` conv module's task loop ``name``: each call records its argument
-    ``index`` in the list returned."""
-    mod = engine.conv_module(dtype)
+    """Wrap the ``dtype`` task loop ``name`` (in its family's module): each call records
+    its argument ``index`` in the list returned."""
+    mod = engine.family_module(_family_of(name), dtype)
     real, seen = getattr(mod, name), []
 
     def spy(*args):
@@ -966,7 +975,7 @@ def _flat_shape(shape):
 def _flat_parts(shape, lanes=8):
     """(params, geometry) of the depthwise rows-end-to-end path for ``shape``."""
     from tilegemm.conv import direct as direct_mod
-    mod = engine.conv_module(np.float32)
+    mod = engine.family_module("direct", np.float32)
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, C, H, W), (K, 1, kh, kw), **kw_args)
     return p, direct_mod.flat_geometry(p, lanes, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT,
@@ -1000,7 +1009,7 @@ def test_depthwise_flat_geometry_covers_every_output_reading_inside(name):
     p, (applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks,
         shorts) = _flat_parts(FLAT_DEPTHWISE[name])
     assert applies and (Hq, Wq) == (-(-p.H // p.sy), -(-p.W // p.sx)) and Wq == p.Wo
-    mod = engine.conv_module(np.float32)
+    mod = engine.family_module("direct", np.float32)
     pixels, T = p.Ho * p.Wo, p.kh * p.kw
     # Tap (i, j) reads stride phase (a, b), r rows and c columns from the grid position.
     i, j = np.divmod(np.arange(T), p.kw)
@@ -1317,7 +1326,7 @@ def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px, spill):
     """The stride-split padded copy, vector rows (stride 1 and 2, whole vectors, the
     last one overlapped or masked) and scalar (3) alike; with ``spill`` nothing is
     written past a vector after the last channel."""
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("shared", dtype)
     C = 3
     x = np.random.default_rng(H * W).standard_normal((C, H, W)).astype(dtype)
     Hq, Wq = -(-(H + 2 * py) // sy), -(-(W + 2 * px) // sx)
