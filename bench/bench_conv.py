@@ -119,8 +119,7 @@ def interleaved_best(fns, repeat, min_time=0.05, settle=0.0, ramp=0.0):
 def own_flops(p, algorithm):
     """The flops an algorithm actually performs in its multiplies (for % of peak)."""
     if algorithm == "winograd":
-        tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
-        return 2 * 16 * tiles * p.Cg * p.K
+        return p.winograd_flops
     return p.flops
 
 

@@ -29,7 +29,7 @@ SOURCE_HASH = ""
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 _TAPS = engine.template_module("taps", DTYPE, MR, NR, ISA)
 transpose_copy = _SHARED.transpose_copy
-shifted_block = _TAPS.shifted_block
+taps_block = _TAPS.taps_block
 
 
 # --- im2col without patches, NHWC grouped: each group's channels copied as planes ---------
@@ -43,7 +43,7 @@ shifted_block = _TAPS.shifted_block
 
 
 @numba.njit(**JIT)
-def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, out_pixels,
+def planes_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, out_pixels,
                        Cg, taps, ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC,
                        NCB, xq, cbuf):
     """Tasks (image, block of ``G`` groups) taken from ``counter`` until ``ntasks`` are out.
@@ -72,7 +72,7 @@ def shifted_nhwc_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pi
             cols = min(NCB, out_pixels - j0)
             for i in range(ng):
                 g = g0 + i
-                shifted_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
+                taps_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
                               apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
                               cbuf[i * Kg * NCB:], NCB, bias, g * bias_group, epi)
             transpose_copy(cbuf, 0, NCB, ng * Kg, cols, out,

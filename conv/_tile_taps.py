@@ -15,7 +15,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.conv.params import PADDED, PHASED
+from tilegemm.conv.taps import PADDED, PHASED
 from tilegemm.ground.contracts import JIT
 from tilegemm.kernels.generator import next_task
 from tilegemm.kernels.generator import make_microkernel
@@ -86,7 +86,7 @@ def short_rows(rows):
 
 
 @numba.njit(**JIT)
-def shifted_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
+def taps_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
                   m0, m1, rows_full, short, j0, cols, c, c_off, ldc, tail, tail_ld, bias, b_off,
                   epi):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
@@ -156,7 +156,7 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 
 @numba.njit(**JIT)
-def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
+def taps_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
                  apack, a_off, Mp, M, out, o_off, os, bias, b_off, epi, KC, MC, NCB, Hq, Wq,
                  layout, direct, chan, slack, q_end, xq, cbuf):
     """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
@@ -172,7 +172,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
     valid columns are copied out.  A thread whose previous task had the same image
     skips the copy (``copy`` False).  ``taps`` holds each kernel tap's offset from
     a grid position, ``masks`` and ``sched`` the masks and each panel's tap
-    schedule (see :func:`shifted_block`); ``cbuf`` is an ``Mp x NCB`` block of C
+    schedule (see :func:`taps_block`); ``cbuf`` is an ``Mp x NCB`` block of C
     (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
@@ -201,7 +201,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
         if layout != PADDED and not direct:
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
-            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
+            taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
                           a_off, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, b_off,
                           epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
@@ -210,7 +210,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
             short = short_rows(M - m_full)
-            shifted_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
+            taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
                           a_off, Mp, 0, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB,
                           bias, b_off, epi)
             full = cols // NR * NR
@@ -221,7 +221,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
                 _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
                            M - m_full, cols - done)
             continue
-        shifted_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp, 0,
+        taps_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp, 0,
                       Mp, 0, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, b_off, epi)
         # The valid columns, one output-row run at a time.
         q = j0
@@ -236,7 +236,7 @@ def shifted_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, mask
 
 @numba.njit(**JIT)
 def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
-    """B of :func:`shifted_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
+    """B of :func:`taps_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
 
     Column ``j = n*tail + i`` is tail column ``i`` of image ``n``; row ``t*kc + k``
     is what tap ``t`` reads there in channel ``pc + k``: the pixel ``reads[t, i]``
@@ -261,7 +261,7 @@ def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
 
 
 @numba.njit(**JIT)
-def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off, Mp, M, m0, m1,
+def taps_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off, Mp, M, m0, m1,
                   out, o_off, os, bias, b_off, epi, bpack, cbuf):
     """Rows ``m0:m1`` (MR multiples) of grid columns ``q0:q0+tail`` (the part of a panel
     after the last whole one) of every image, as one GEMM with columns from all the
@@ -287,7 +287,7 @@ def shifted_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off,
 
 
 @numba.njit(**JIT)
-def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off, xs, geom, Cg,
+def taps_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off, xs, geom, Cg,
                   taps, ntaps, masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
                   Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts,
                   tail_imgs, xq, cbuf, bpack):
@@ -296,7 +296,7 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
     Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M`` output channels from
     ``g*M``, its packed weights start at ``apack[g*a_group]`` and its bias at
     ``bias[g*bias_group]``.  In a group, the first ``tail_tasks`` run
-    :func:`shifted_tails` over the grid columns from ``q_end`` on (``reads``: where
+    :func:`taps_tails` over the grid columns from ``q_end`` on (``reads``: where
     their taps read in a channel): ``tail_imgs`` images per GEMM, each cut into
     ``tail_parts`` shares of its row panels so threads split that work too.  The
     others are image * parts + part, up to ``q_end``.
@@ -318,14 +318,14 @@ def shifted_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off,
             per = (Mp // MR + tail_parts - 1) // tail_parts * MR
             m0 = task % tail_parts * per
             if m0 < Mp:
-                shifted_tails(x, xg + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
+                taps_tails(x, xg + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
                               q_end, grid - q_end, KC, apack, ag, Mp, M, m0, min(Mp, m0 + per),
                               out, og + n0 * os[0], os, bias, bg, epi, bpack, cbuf)
             continue
         task -= tail_tasks
         n = task // parts
         image = g * N + n               # the copy in xq is of this image's group
-        shifted_task(n, task % parts, parts, image != last, x, xg, xs, geom, Cg, taps, ntaps,
+        taps_task(n, task % parts, parts, image != last, x, xg, xs, geom, Cg, taps, ntaps,
                      masks, sched, apack, ag, Mp, M, out, og, os, bias, bg, epi, KC, MC, NCB,
                      Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
         last = image

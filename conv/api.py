@@ -11,7 +11,7 @@ import os
 import numba
 import numpy as np
 
-from tilegemm.conv import direct, engine, im2col, paths, winograd
+from tilegemm.conv import engine, paths
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
@@ -201,14 +201,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
             algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
                               os.environ.get("TILEGEMM_CONV_ALGORITHM"))
         _path = paths.path_of(p, algorithm, dtype)
-    algorithm, _, loop = _path.partition(".")
-    if algorithm == "winograd":
-        return winograd.run(x, w, b, out, p, act)
-    if algorithm == "direct":
-        return direct.run(x, w, b, out, p, act, loop)
-    if loop == "pointwise":
-        return im2col.pointwise(x, w, b, out, p, act)
-    return im2col.run(x, w, b, out, p, act, loop)
+    return paths.run(_path, x, w, b, out, p, act)
 
 
 def _check_forced(path, p, dtype):

@@ -26,11 +26,11 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, JIT
+from tilegemm.ground.contracts import EPI_BIAS_COL, JIT, cdiv, round_up
 from tilegemm.conv import engine
 from tilegemm.kernels.generator import next_task
-from tilegemm.packing.im2col import _valid_range
-from tilegemm.packing.winograd import _activate
+from tilegemm.packing.im2col import valid_range
+from tilegemm.packing.winograd import activate
 
 #: Output channels accumulated together in NCHW (each input row is read once per block).
 KB = 8
@@ -63,7 +63,7 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
                 row = ((n * C + g * Cg + c) * H + ih) * W
                 for j in range(kw):
                     iw0 = j * dx - px
-                    lo, hi = _valid_range(iw0, sx, Wo, W)
+                    lo, hi = valid_range(iw0, sx, Wo, W)
                     src = row + iw0
                     for kk in range(kn):
                         wv = w[(((k0 + kk) * Cg + c) * kh + i) * kw + j]
@@ -80,7 +80,7 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
                 y = acc[kk * Wo + ow]
                 if has_bias:
                     y += bias[k0 + kk]
-                out[dst + ow] = _activate(y, act)
+                out[dst + ow] = activate(y, act)
 
 
 @numba.njit(**JIT)
@@ -134,7 +134,7 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
             y = acc[k]
             if has_bias:
                 y += bias[k]
-            out[dst + k] = _activate(y, act)
+            out[dst + k] = activate(y, act)
 
 
 @numba.njit(**JIT)
@@ -163,7 +163,7 @@ def flat_applies(p, lanes):
     """Whether a depthwise layer runs its rows end to end (:func:`flat_geometry`): NCHW,
     an output exactly as wide as the image's stride-phase planes, a whole vector of
     ``lanes`` outputs at least."""
-    return (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.Wo == -(-p.W // p.sx)
+    return (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.Wo == cdiv(p.W, p.sx)
             and p.Ho * p.Wo >= lanes)
 
 
@@ -193,7 +193,7 @@ def flat_geometry(p, lanes, vectors, short, dtype):
     geometry: shared, never written.
     """
     itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
-    Hq, Wq = -(-p.H // p.sy), -(-p.W // p.sx)
+    Hq, Wq = cdiv(p.H, p.sy), cdiv(p.W, p.sx)
     pixels = p.Ho * p.Wo
     none = np.zeros(0, np.int64)
     if not flat_applies(p, lanes):
@@ -313,12 +313,12 @@ def run(x, w, bias, out, p, act, path=None):
         return out
     if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
-        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         # Depthwise layers copy each channel zero padded into acc (see direct_nchw_task).
         Hp, Wp = mod.depthwise_plane(geom)
         (accs,) = engine.thread_buffers("direct_nchw_vec", max(threads, 1),
-                                        (max(KB * engine.round_up(p.Wo, 64), Hp * Wp),),
+                                        (max(KB * round_up(p.Wo, 64), Hp * Wp),),
                                         out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo * min(KB, p.Kg)))
@@ -326,7 +326,7 @@ def run(x, w, bias, out, p, act, path=None):
         engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
         return out
     if path == NCHW:
-        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)

@@ -20,9 +20,8 @@ import numba
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import JIT
-from tilegemm.kernels import driver as _driver
-from tilegemm.kernels.driver import run_shares
+from tilegemm.ground.contracts import JIT, cdiv, round_up
+from tilegemm.kernels.driver import kernel_plan, run_shares
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import aligned_empty
 from tilegemm.tuning.machine import ISA_SHAPE, detect
@@ -32,7 +31,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def plan(dtype):
     """(kernel, blocking) the GEMM engine uses for ``dtype``."""
-    return _driver._plan(np.dtype(dtype))
+    return kernel_plan(np.dtype(dtype))
 
 
 #: The machine facts that decide which path serves a layer: the vector width in
@@ -58,13 +57,9 @@ def host_target(dtype):
     return target
 
 
-def round_up(x, m):
-    return -(-x // m) * m
-
-
 def balanced_kc(k, kc_max):
     """KC no larger than ``kc_max`` that cuts ``k`` into equal blocks (no runt last block)."""
-    return -(-k // -(-k // kc_max))
+    return cdiv(k, cdiv(k, kc_max))
 
 
 # --- generated drivers, one template per family ---------------------------------------
@@ -77,8 +72,8 @@ ISA_FAMILIES = ("shared", "direct")
 #: The other templates (and conv modules) each family's template compiles in.
 _INLINES = {"shared": (), "direct": ("_tile_shared.py",), "im2col": ("_tile_shared.py",),
             "rows": ("_tile_shared.py",), "winograd": (),
-            "taps": ("_tile_shared.py", "params.py"),
-            "planes": ("_tile_shared.py", "_tile_taps.py", "params.py")}
+            "taps": ("_tile_shared.py", "taps.py"),
+            "planes": ("_tile_shared.py", "_tile_taps.py", "taps.py")}
 _KERNELS = os.path.join(os.path.dirname(_HERE), "kernels")
 _GROUND = os.path.join(os.path.dirname(_HERE), "ground")
 
@@ -333,6 +328,12 @@ def clear_prepared():
 
 #: Below this many flops a convolution runs on one thread: starting the pool costs more.
 SERIAL_FLOPS = 2 * 64 ** 3
+#: With several threads, the packed and taps paths cut images into column parts
+#: (pixel blocks) until there are this many tasks per thread: tasks are taken from a
+#: shared counter, so finer ones even out threads the machine slows down or starts
+#: late (figures in docs/conv-paths.md).  Not for layers the taps path reads from a
+#: copy: every thread taking a part of an image copies all of it.
+TASKS_PER_THREAD = 16
 
 
 def threads_for(flops, tasks):

@@ -19,10 +19,11 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
-from tilegemm.conv.im2col import (PLANES, ROWS, SHIFTED, _layout, route, rows_kc,
-                                  rows_merged)
-from tilegemm.conv.params import FLAT, PHASED, conv_params
-from tilegemm.conv.paths import path_of
+from tilegemm.conv import taps
+from tilegemm.conv.params import conv_params
+from tilegemm.conv.paths import PLANES, ROWS, TAPS, im2col_route, path_of
+from tilegemm.conv.rows import rows_kc, rows_merged
+from tilegemm.ground.contracts import round_up
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -101,13 +102,9 @@ class ConvPlan:
     route: str = ""
 
 
-def _round_up(x, m):
-    return -(-x // m) * m
-
-
 def _tile_fill(rows, cols, mr, nr):
     """Fraction of the MR x NR register tiles the GEMM's rows x cols fill."""
-    return (rows / _round_up(rows, mr)) * (cols / _round_up(cols, nr))
+    return (rows / round_up(rows, mr)) * (cols / round_up(cols, nr))
 
 
 def _gemm_seconds(flops, rows, cols, depth, mr, nr, peak):
@@ -128,7 +125,7 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
     out = {}
-    im2col_path = route(p, dtype, target)
+    im2col_path = im2col_route(p, dtype, target)
     if p.layout == "NCHW" or im2col_path == PLANES:
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
@@ -143,10 +140,10 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
         copy = p.N * p.K * pixels * ns / PLANES_COPY_RATE if p.layout == "NCHW" else 0
         out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
                          / ROWS_SPEEDUP + copy)
-    elif im2col_path == SHIFTED:
+    elif im2col_path == TAPS:
         # The taps kernel reads B in place (no patches), all groups in one task loop;
         # strides other than 1 read a stride-split copy of each image.
-        copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
+        copy = p.N * p.C * p.H * p.W * ns / COPY_RATE if taps.copies(p) else 0
         out["im2col"] = gemm + copy
     elif im2col_path == PLANES:
         # NHWC grouped: the taps kernel on each group's channels copied as planes, the
@@ -158,9 +155,8 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
                                                      else PACK_RATE)
         out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
-        tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
-        flops = 2 * 16 * tiles * p.Cg * p.K
-        gemm = _gemm_seconds(flops, tiles, p.Kg, p.Cg, mr, nr, peak)
+        tiles = p.winograd_tiles
+        gemm = _gemm_seconds(p.winograd_flops, tiles, p.Kg, p.Cg, mr, nr, peak)
         if p.layout == "NCHW":
             rate_in, rate_out = WINOGRAD_IN_RATE_VECTOR, WINOGRAD_OUT_RATE_VECTOR
         else:
@@ -195,12 +191,12 @@ def _describe(route, p):
     if route == "im2col.rows" and p.layout == "NCHW":
         return ("im2col (all taps per tile, each pixel's channels read in place, the "
                 "tiles of C transposed into the output planes)")
-    if route == "im2col.shifted":
-        return {FLAT: "im2col (all taps per tile, B read in place from the image through "
+    if route == "im2col.taps":
+        return {taps.FLAT: "im2col (all taps per tile, B read in place from the image through "
                       "load masks)",
-                PHASED: "im2col (all taps per tile, B read in place from an unpadded "
+                taps.PHASED: "im2col (all taps per tile, B read in place from an unpadded "
                         "stride-split image copy through load masks)"}.get(
-            _layout(p), "im2col (all taps per tile, B read in place from a stride-split "
+            taps.layout_of(p), "im2col (all taps per tile, B read in place from a stride-split "
                         "image copy)")
     return DESCRIPTIONS.get(route) or route.partition(".")[0]
 

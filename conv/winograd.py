@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.packing.winograd import pack_filter_transforms
 
 
@@ -64,7 +64,7 @@ def _stream_floor(C, Kp, MR, itemsize, l3_bytes):
     """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
     the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
     if l3_bytes and 16 * C * Kp * itemsize > l3_bytes // 4:
-        return engine.round_up(NHWC_STREAM_TILES, MR)
+        return round_up(NHWC_STREAM_TILES, MR)
     return MR
 
 
@@ -106,7 +106,7 @@ def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts
     columns times its rows plus ``NCHW_INPUT_ROWS``.  With ``min_parts`` > 1 every
     block is split at least that far.
     """
-    cols = [engine.round_up(min(NB, tiles_total - t0), NR) for t0 in range(0, tiles_total, NB)]
+    cols = [round_up(min(NB, tiles_total - t0), NR) for t0 in range(0, tiles_total, NB)]
     blocks = len(cols)
     if threads <= 1 or (min_parts <= 1 and blocks >= NCHW_SPLIT_BLOCKS_PER_THREAD * threads):
         return blocks, 1
@@ -136,7 +136,7 @@ def _slab(size, itemsize):
     those 16 lines in one L1 set (4 KiB aliasing), the extra line spreads them out.
     """
     line = 64 // itemsize
-    return engine.round_up(size, line) + line
+    return round_up(size, line) + line
 
 
 def run(x, w, bias, out, p, act):
@@ -161,15 +161,15 @@ def _run_nchw(x, w, bias, out, p, act):
         return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
 
     upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
-    TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
-    group_threads = -(-threads // p.groups)
+    group_threads = cdiv(threads, p.groups)
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
-    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // group_threads), NR)))
-    blocks = -(-tiles_total // NB)
+    NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
+    blocks = cdiv(tiles_total, NB)
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
     # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
     # ResNet-18 conv5_x (2.1 MB of slabs) 3.08 ms in two parts against 3.25 whole
@@ -182,7 +182,7 @@ def _run_nchw(x, w, bias, out, p, act):
     ntasks = (whole + (blocks - whole) * parts) * p.groups
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)
-    m_slab = _slab((Kp if whole else -(-panels // parts) * MR) * NB, out.itemsize)
+    m_slab = _slab((Kp if whole else cdiv(panels, parts) * MR) * NB, out.itemsize)
     bpacks, mbufs, tiles = engine.thread_buffers(
         ("winograd_nchw", kernel.name), max(threads, 1), (16 * b_slab, 16 * m_slab, MR * NR),
         out.dtype)
@@ -209,16 +209,16 @@ def _run_nhwc(x, w, bias, out, p, act):
     packed, KC = prepare(w, p.groups, out.dtype)
     Kp = packed[0][1]
     NC = min(blk.nc, Kp)
-    TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     machine = detect()
     MT = tile_block(p.Cg, Kp, KC, MR, machine.l2_bytes, out.itemsize, machine.l3_bytes)
     # At least a few blocks per thread so that uneven blocks balance out, but not
     # below the floor of a streamed weight transform (see tile_block).
-    balanced = engine.round_up(-(-tiles_total // (NHWC_BLOCKS_PER_THREAD * threads)), MR)
+    balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
     MT = min(MT, max(balanced, _stream_floor(p.Cg, Kp, MR, out.itemsize, machine.l3_bytes)))
-    ntasks = -(-tiles_total // MT)
+    ntasks = cdiv(tiles_total, MT)
     threads = min(threads, ntasks)
     a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)
     apacks, mbufs, tiles, vs = engine.thread_buffers(

@@ -136,6 +136,12 @@ def _plan(dtype, n=None):
     return plan
 
 
+def kernel_plan(dtype, n=None):
+    """``(kernel, blocking)`` the GEMM engine uses for ``dtype`` (and a product of ``n``
+    columns), looked up once per process: what other components build on."""
+    return _plan(dtype, n)
+
+
 def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()

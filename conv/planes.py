@@ -1,0 +1,92 @@
+"""The planes path: NHWC grouped layers, each group's channels copied as planes.
+
+Serves NHWC layers other than 1x1 stride 1, with stride 1 and the output as wide
+as the image, whose copied planes fit ``TAPS_MAX_BYTES`` (:func:`serves`); the
+planner takes it for groups of fewer output channels than NR (:func:`applies`),
+which would leave most of each rows-kernel tile empty.
+
+Cost: the taps kernel's GEMM on each group, plus copying the input into planes
+and the output back interleaved (about the input and the output once each).
+The drivers are ``conv/_tile_planes.py`` (they call the taps path's).
+"""
+import dataclasses
+import functools
+
+import numpy as np
+
+from tilegemm.conv import engine, taps
+from tilegemm.conv.taps import (column_block, group_bias, panel_masks, phase_geometry,
+                                reads_image, taps_kc, weights)
+from tilegemm.ground.contracts import cdiv
+from tilegemm.tuning.machine import detect
+
+
+def applies(p, dtype=np.float32, target=None):
+    """Whether :func:`run` serves ``p`` (:func:`serves`) and wins: groups
+    of fewer output channels than NR.
+
+    The rows kernel's tiles are NR output channels of one group: with fewer, most of
+    each tile is empty.  1 thread, batch 8, against torch channels-last: ResNeXt's 128
+    channels in 32 groups at 56x56 (4 a group) 9.4 ms through planes, 24.1 by rows,
+    torch 13.9; 64 channels in 8 groups 6.7 and 10.5 (torch 6.1).  From NR on, rows
+    win: 64 channels in 2 groups 10.8 ms against 13.5 (torch 9.9), 512 in 32 groups
+    at 14x14 3.1 against 3.9 (torch 3.3).
+    """
+    target = engine.host_target(dtype) if target is None else target
+    return p.groups > 1 and p.Kg < target.nr and serves(p, dtype)
+
+
+def serves(p, dtype):
+    """Whether :func:`run` computes ``p``: NHWC, not 1x1, stride 1 with
+    ``Wo == W``, and a task's planes of at most ``TAPS_MAX_BYTES``."""
+    itemsize = np.dtype(dtype).itemsize
+    return (p.layout == "NHWC" and not p.pointwise and reads_image(p)
+            and groups_per_task(p, itemsize) * p.Cg * p.H * p.W * itemsize <= taps.TAPS_MAX_BYTES)
+
+
+#: Bytes of input channels a task of the NHWC grouped path copies per pixel, at least:
+#: whole cache lines, read once, and runs long enough for the copy to stream.  1
+#: thread, batch 8, median of 7 rounds: ResNeXt's 128 channels in 32 groups at 56x56
+#: 8.7 ms with 256 bytes (64 channels) a task, 9.7 with 64, 18.5 with one group.
+PLANES_RUN_BYTES = 256
+
+
+def groups_per_task(p, itemsize):
+    """Groups per task of :func:`run`: a cache line of each pixel's channels."""
+    return max(1, min(p.groups, cdiv(PLANES_RUN_BYTES, p.Cg * itemsize)))
+
+
+@functools.lru_cache(maxsize=256)
+def group_image(p):
+    """One group of one image as an NCHW layer: the geometry of the planes copied."""
+    return dataclasses.replace(p, N=1, C=p.Cg, K=p.Kg, groups=1, layout="NCHW")
+
+
+def run(x, w, bias, out, p, act):
+    """NHWC grouped convolution: tasks (image, block of groups, see ``PLANES_RUN_BYTES``)
+    copy the block's channels as planes (``transpose_copy``), run the taps kernel over
+    each group as over an NCHW image read in place (:func:`run`) and write C
+    back interleaved (``transpose_copy`` again)."""
+    kernel, blk = engine.plan(out.dtype)
+    mod = engine.family_module("planes", out.dtype)
+    MR, NR = kernel.mr, kernel.nr
+    q = group_image(p)
+    KC = taps_kc(q, MR, NR, out.itemsize, detect().l1d_bytes)
+    apack, Mp, finite = weights(w, p.groups, KC, MR)
+    _, _, _, offsets = phase_geometry(q)
+    masks, sched = panel_masks(q, NR, out.dtype, group=finite)
+    pixels, out_pixels = p.H * p.W, p.Ho * p.Wo
+    NCB = column_block(out_pixels, 1, Mp, out.itemsize, NR, taps.TAPS_C_BYTES)
+    b, bias_group, epi = group_bias(bias, p, Mp, out.dtype, act)
+    G = groups_per_task(p, out.itemsize)
+    ntasks = p.N * cdiv(p.groups, G)
+    threads = min(engine.threads_for(p.flops, 1 << 30), ntasks)
+    xqs, cbufs = engine.thread_buffers(("im2col_planes", kernel.name), threads,
+                                       (G * p.Cg * pixels, ((G - 1) * p.Kg + Mp) * NCB),
+                                       out.dtype)
+    args = (ntasks, p.groups, G, apack.size // p.groups, bias_group, x.reshape(-1), p.C, pixels,
+            out_pixels, p.Cg, offsets, len(offsets), masks, sched, apack, Mp, p.Kg, p.K,
+            out.reshape(-1), b, epi, KC, blk.mc, NCB)
+    engine.launch(lambda t, counter: mod.planes_tasks(counter, *args, xqs[t], cbufs[t]),
+                  threads)
+    return out
