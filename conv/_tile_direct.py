@@ -42,9 +42,8 @@ depthwise_flat_inside = make_depthwise_flat(DTYPE, LANES, DW_FLAT_VECTORS, insid
 depthwise_flat_inside_short = make_depthwise_flat(DTYPE, LANES, DW_FLAT_SHORT, inside=True)
 depthwise_flat = make_depthwise_flat(DTYPE, LANES, DW_FLAT_SHORT)
 #: Depthwise NHWC: eight vectors of one pixel's channels per call (eight FMA chains,
-#: each pixel's channels read in one contiguous run; 1 thread, 256 channels at 28x28:
-#: 1.75 ms, against 2.4 ms for 4 vectors x 2 pixels and 4.5 ms for 2 x 4, whose
-#: pixels, C apart, are more streams than the prefetchers follow).  Layers with
+#: each pixel's channels read in one contiguous run; several pixels, C apart, are
+#: more streams than the prefetchers follow: docs/conv-paths.md).  Layers with
 #: fewer channels run 2 vectors x 4 pixels, single pixels at the image's edges.
 DW_NHWC_WIDE = 8
 DW_NHWC_VECTORS = 2

@@ -38,7 +38,7 @@ def transpose_copy(x, src, lds, rows, cols, y, dst, ldd):
     """``y[dst + j*ldd + r] = x[src + r*lds + j]`` for ``r < rows``, ``j < cols``.
 
     LANES x LANES blocks transposed in registers (:func:`transpose`); the last rows
-    and columns one at a time.  Element by element, the copy took 1.5 ns an element.
+    and columns one at a time (an element at a time was slow: docs/conv-paths.md).
     """
     full_r = rows // LANES * LANES
     full_j = cols // LANES * LANES

@@ -267,8 +267,8 @@ def taps_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off, Mp
     after the last whole one) of every image, as one GEMM with columns from all the
     images.
 
-    Each image's own tail panel would run mostly idle lanes (ResNet-18 conv4_x: 4
-    of 16 columns, 5% of the layer's time; conv5_x: 1 column, 19%).  A is the taps
+    Each image's own tail panel would run mostly idle lanes (ResNet-18 conv5_x: 1
+    column of 16).  A is the taps
     kernel's (each row panel's taps are one packed panel of ``ntaps*kc``), B is
     packed from the images by :func:`pack_tails`, C goes through ``cbuf`` into
     each image.

@@ -47,7 +47,7 @@ def host_target(dtype):
     """The :data:`Target` of this machine for ``dtype`` (as detected or overridden).
 
     Kept per GEMM kernel (a new plan, e.g. after ``TILEGEMM_NR`` changed, names
-    another): every conv2d call routes through it, and building it cost 1.6 us."""
+    another): every conv2d call routes through it."""
     kernel, _ = plan(dtype)
     target = _targets.get(kernel.name)
     if target is None:
@@ -270,9 +270,8 @@ def prepared(kind, weight, params, build):
 
 
 #: Weights of at least this many bytes per thread are compared on several threads at
-#: once.  Read by the calling thread alone, before the others start, the comparison
-#: of ResNet-18 conv5_x's 9.4 MB of weights took 1.3 ms of a 10.5 ms 2-thread
-#: Winograd call (conv4_x's 2.4 MB: 0.4 of 7.6 ms), mostly from memory.
+#: once: read by the calling thread alone, before the others start, the comparison
+#: of large weights is a visible share of a call (docs/conv-paths.md).
 COMPARE_BYTES_PER_THREAD = 1 << 20
 #: Elements compared between tests for a difference: the loop inside vectorises.
 _COMPARE_BLOCK = 4096

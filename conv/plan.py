@@ -33,13 +33,11 @@ K_HALF = 24
 DIRECT_EFFICIENCY = 0.015
 #: ... and of the vector direct loop (NCHW, horizontal stride 1): ~3.5% on MobileNet depthwise.
 DIRECT_VECTOR_EFFICIENCY = 0.035
-#: ... and of depthwise rows run end to end (``tilegemm.conv.direct.flat_applies``),
-#: measured on a Zen 3 (AVX2), batch 8: 6% at 7x7, 20% at 28x28 with stride 1;
-#: 3.5% with stride 2, which splits each channel by stride phase first.
+#: ... and of depthwise rows run end to end (``tilegemm.conv.direct.flat_applies``);
+#: with stride 2 each channel is split by stride phase first.
 DIRECT_FLAT_EFFICIENCY = 0.06
 DIRECT_FLAT_COPY_EFFICIENCY = 0.035
-#: ... and of depthwise NHWC layers on vectors of channels: 15-48% on the same machine
-#: (batch 8: 64 channels at 112x112 stride 2 the least, 256 at 28x28 the most).
+#: ... and of depthwise NHWC layers on vectors of channels.
 DIRECT_NHWC_VECTOR_EFFICIENCY = 0.15
 #: Seconds of Python-side set-up per group (Winograd, and im2col's packing path, launch
 #: their task loops once per group).
@@ -54,14 +52,11 @@ PLANES_COPY_RATE = 1.5
 #: How much faster than ``_gemm_seconds`` says the taps kernel runs (its short row
 #: panels write only their rows; every tap of a channel block per C update).  Applied
 #: where the estimate competes with NHWC Winograd, whose model matches it: NHWC
-#: grouped layers (1 thread, batch 8: 64 channels in 2 groups at 56x56 13.3 ms against
-#: Winograd's 18.3, estimated 20.1 and 16.9 without it).  On NCHW layers the taps
-#: kernel ran 1.3-1.5x its estimate too (ResNet-18 conv3_x: 21.9 ms, estimated 31.1),
-#: but there the estimate already ranks the algorithms as measured.
+#: grouped layers.  On NCHW layers the estimate already ranks the algorithms as
+#: measured.
 TAPS_SPEEDUP = 1.4
-#: The same for the NHWC rows kernel (``im2col._run_rows``), against NHWC Winograd:
-#: 1 thread, batch 8, ResNet-18 conv2_x ran 19.6 ms (Winograd 21.7), conv3_x 19.8
-#: (15.9), conv5_x 22.8 (17.1); VGG-16 conv1_2 324 (343).
+#: The same for the NHWC rows kernel (``tilegemm.conv.rows.run``), against NHWC
+#: Winograd.
 ROWS_SPEEDUP = 1.55
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12

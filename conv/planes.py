@@ -26,11 +26,7 @@ def applies(p, dtype=np.float32, target=None):
     of fewer output channels than NR.
 
     The rows kernel's tiles are NR output channels of one group: with fewer, most of
-    each tile is empty.  1 thread, batch 8, against torch channels-last: ResNeXt's 128
-    channels in 32 groups at 56x56 (4 a group) 9.4 ms through planes, 24.1 by rows,
-    torch 13.9; 64 channels in 8 groups 6.7 and 10.5 (torch 6.1).  From NR on, rows
-    win: 64 channels in 2 groups 10.8 ms against 13.5 (torch 9.9), 512 in 32 groups
-    at 14x14 3.1 against 3.9 (torch 3.3).
+    each tile is empty; from NR on, rows win (docs/conv-paths.md).
     """
     target = engine.host_target(dtype) if target is None else target
     return p.groups > 1 and p.Kg < target.nr and serves(p, dtype)
@@ -45,9 +41,8 @@ def serves(p, dtype):
 
 
 #: Bytes of input channels a task of the NHWC grouped path copies per pixel, at least:
-#: whole cache lines, read once, and runs long enough for the copy to stream.  1
-#: thread, batch 8, median of 7 rounds: ResNeXt's 128 channels in 32 groups at 56x56
-#: 8.7 ms with 256 bytes (64 channels) a task, 9.7 with 64, 18.5 with one group.
+#: whole cache lines, read once, and runs long enough for the copy to stream
+#: (docs/conv-paths.md).
 PLANES_RUN_BYTES = 256
 
 

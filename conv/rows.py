@@ -20,7 +20,7 @@ from tilegemm.tuning.machine import detect
 
 #: Share of L1d the input pixels of one tile (its row panel, every tap, KC channels)
 #: may take: KC is as large as that allows, each call then sums that many k steps
-#: per tap (ResNet-18 conv4_x, 1 thread: 26 channels 82 GFLOPS, 128 channels 87).
+#: per tap (docs/conv-paths.md).
 ROWS_A_L1 = 0.5
 #: Share of L2 a block of packed weights (``ntaps x KC`` rows, NC columns) may take:
 #: it is read again for every row panel of pixels.
@@ -63,7 +63,7 @@ ROWS_NCHW_MAX_PLANE = 4096
 
 def nchw_applies(p, dtype=np.float32, target=None):
     """Whether an NCHW layer runs on the rows kernel (:func:`run`) rather than the
-    taps kernel (:func:`run`): one group, not 1x1 stride 1, at least
+    taps kernel (:func:`tilegemm.conv.taps.run`): one group, not 1x1 stride 1, at least
     ``ROWS_NCHW_MIN_CHANNELS`` channels, an output plane of at most
     ``ROWS_NCHW_MAX_PLANE`` pixels, and register tiles at least as full.
 
@@ -71,14 +71,9 @@ def nchw_applies(p, dtype=np.float32, target=None):
     pixels of the whole batch by ``NR`` channels), the taps kernel's along an
     image's output plane (``MR`` channels by ``NR`` pixels): small planes leave the
     taps kernel's lanes empty (ResNet-18 conv5_x, 49 pixels, 64 lanes), output
-    channels short of ``NR`` the rows kernel's.  Measured on an AVX-512 Zen 4
-    (6x64 tile, fp32, 1 thread, batch 8, rows against taps in the same rounds):
-    ResNet-18 conv2_x-conv5_x 1.04, 1.07, 1.03 and 1.45x, its stride-2 layers
-    1.08 and 1.60x, 128 -> 64 channels at 14x14 1.07x, 5x5 at 28x28 1.05x; but
-    96 output channels 0.80x, 16 or 3 input channels 0.24 and 0.62x, 32 channels
-    0.97-0.99x, and planes of 112x112 and 224x224 0.93-0.96x (each tile reads
-    its channels from that many pages; the rows kernel also writes C through a
-    transposing copy).
+    channels short of ``NR`` the rows kernel's; large planes cost the rows kernel
+    a page per channel a tile reads, and its C goes through a transposing copy.
+    Measurements: docs/conv-paths.md.
     """
     if p.layout != "NCHW" or p.groups != 1 or p.pointwise:
         return False

@@ -26,9 +26,8 @@ from tilegemm.tuning.machine import detect, l1_alias_period
 PADDED, FLAT, PHASED = 0, 1, 2
 
 #: Largest stride-split image copy (bytes, per thread) the path may make: the bound on
-#: its extra memory, whatever the image size.  Copies past L2 still paid off: a 3.3 MB
-#: copy (64 channels at 112x112) ran 22.1 ms against 27.7 ms packing patches.  The
-#: stride-1 layout reads the image in place, whatever its size.
+#: its extra memory, whatever the image size (copies past L2 still pay off against
+#: packing patches).  The stride-1 layout reads the image in place, whatever its size.
 TAPS_MAX_BYTES = 4 << 20
 #: Bytes of the C block (all output channels x a block of grid columns) kept in L2.
 TAPS_C_BYTES = 1 << 19
@@ -190,11 +189,8 @@ def serves(p, dtype=np.float32):
     at most ``TAPS_MAX_BYTES``.
 
     Whatever the channel count: the taps kernel sums every tap of a k block per C
-    update, so few channels do not leave it dominated by C updates.  Zen 3, fp32,
-    batch 8, 1 thread, against packing patches (same rounds): 8->8 channels at 56x56
-    0.92 against 3.33 ms, 16->16 2.66 against 6.76, 3->16 at 224x224 10.5 against
-    18.8, 32->64 stride 2 (a copy) 5.45 against 6.63; grouped layers gain most
-    (ResNeXt's 128 channels in 32 groups at 56x56: 4.7 against 30.4 ms).
+    update, so few channels do not leave it dominated by C updates; grouped layers
+    gain most against packing patches (docs/conv-paths.md).
 
     1x1 stride-1 convolutions need no patches anyway (their packing is a row copy).
     """
@@ -208,11 +204,7 @@ def serves(p, dtype=np.float32):
 
 def aliasing(stride_bytes, rows):
     """Whether more than two of ``rows`` rows ``stride_bytes`` apart (a tile of C) share
-    L1 sets.
-
-    Measured (1 thread, 64 channels, batch 2): a 6-row tile's rows all on the same
-    sets (224x224 channels) ran 13% faster through a buffer; two per set (112x112)
-    1% slower.
+    L1 sets: such a tile's C then goes through a buffer (docs/conv-paths.md).
     """
     return cdiv(rows, l1_alias_period(stride_bytes)) > 2
 
@@ -226,17 +218,13 @@ def taps_kc(p, mr, nr, itemsize, l1d_bytes):
     in each of two phase planes and one in the other two), each ``NR`` values plus
     the taps' column reach (and a line for their alignment), and ``MR*kh*kw``
     packed weights.  Both fit half of L1d, so the image rows stay there across the
-    row panels down a column.  Measured on a Zen 3 (32 KiB L1d, 6x16 tile, batch 8,
-    1 thread): 16-26 channels against 128 made ResNet-18 conv2_x 27.9 -> 24.5 ms,
-    conv4_x 28.0 -> 25.1 ms; counting the stride-2 layer's six rows instead of
-    three (16 channels, not 22) made it 4-6% faster again.
+    row panels down a column.
 
     The rows must also spread over L1's sets.  An x86 L1d is indexed within a 4 KiB
     page, so with channels ``S`` bytes apart the same row of every
     ``4096 / gcd(S, 4096)``-th channel falls on the same sets, of which there are
-    ``l1d_bytes / 4096`` ways: at most that many channels per alias class.  VGG-16
-    conv1_2 (224x224 channels, 49 pages apart) runs 8 channels a block, 1.45x faster
-    than 22 (batch 2, one process, alternated).
+    ``l1d_bytes / 4096`` ways: at most that many channels per alias class.
+    Measurements: docs/conv-paths.md.
     """
     i, j = _tap_rows_cols(p.kh, p.kw)
     rows = {((a * p.dy) % p.sy, (b * p.dx) % p.sx, (a * p.dy) // p.sy) for a, b in zip(i, j)}

@@ -44,10 +44,7 @@ def prepare(w, groups, dtype):
 NHWC_BLOCKS_PER_THREAD = 4
 #: NHWC: tiles per block, at least, when the transformed weights take more than a
 #: quarter of L3.  Every block streams all 16 of them, from memory once they no longer
-#: stay in L3, so a block of a few tiles is bound by that stream.  Batch 8, against
-#: 6-tile blocks (the L2 budget), same rounds: ResNet-18 conv5_x in NHWC (16.8 MB of
-#: transformed weights) 1.50x faster on 1 thread, 1.17-1.23x on 2; taken for conv4_x
-#: too (4.2 MB) it was 1.02x on 1 thread but 0.93-0.94x on 2.
+#: stay in L3, so a block of a few tiles is bound by that stream (docs/conv-paths.md).
 NHWC_STREAM_TILES = 64
 
 
@@ -84,8 +81,7 @@ def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
 
 
 #: NCHW: a block's input transform costs about as much as this many rows of its 16 GEMMs
-#: (+5% a call at 1 thread with the rows of ResNet-18 conv4_x in two parts, 258 rows;
-#: +10% for conv3_x, 132 rows).
+#: (docs/conv-paths.md).
 NCHW_INPUT_ROWS = 14
 
 
@@ -171,10 +167,7 @@ def _run_nchw(x, w, bias, out, p, act):
     NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
     blocks = cdiv(tiles_total, NB)
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
-    # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
-    # ResNet-18 conv5_x (2.1 MB of slabs) 3.08 ms in two parts against 3.25 whole
-    # (1 thread: 5.72 against 5.64, so not there); conv4_x (1.06 MB) 2.37 ms all in
-    # two parts against 2.25 with only the last block split.
+    # then at most half the rows a task (docs/conv-paths.md).
     spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
     panels = Kp // MR
     whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, group_threads,
