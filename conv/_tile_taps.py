@@ -156,11 +156,15 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 
 @numba.njit(**JIT)
-def taps_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, sched,
-                 apack, a_off, Mp, M, out, o_off, os, bias, b_off, epi, KC, MC, NCB, Hq, Wq,
-                 layout, direct, chan, slack, q_end, xq, cbuf):
-    """Part ``part`` of ``parts`` of image ``n``: its share of the column blocks of the
-    output grid's first ``q_end`` columns.
+def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
+    """Part ``part`` of ``plan[0].parts`` of image ``n`` in group ``g``: its share of the
+    column blocks of the output grid's first ``q_end`` columns.
+
+    ``plan`` is :func:`tilegemm.conv.taps.taps_plan`'s record (its names below),
+    ``grid`` ``(taps, masks, sched, reads)``, ``epilogue`` ``(bias, bias_group,
+    epi)``, ``bufs`` the thread's ``(xq, cbuf, bpack)``.  Group ``g`` reads channels
+    ``g*Cg:`` of ``x``, writes its ``M`` output channels from ``g*M``, its packed
+    weights start at ``apack[g*a_group]`` and its bias at ``bias[g*bias_group]``.
 
     ``layout`` FLAT (stride 1 and ``Wq == Wo == W``): the grid is the image plane and
     the output plane, B is read from ``x`` itself, channels ``chan`` apart.  PHASED:
@@ -175,28 +179,38 @@ def taps_task(n, part, parts, copy, x, x_off, xs, geom, Cg, taps, ntaps, masks, 
     schedule (see :func:`taps_block`); ``cbuf`` is an ``Mp x NCB`` block of C
     (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
     """
-    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    r = plan[0]
+    taps, masks, sched, _ = grid
+    bias, bias_group, epi = epilogue
+    xq, cbuf, _ = bufs
+    H, W, Wo, sy, sx, py, px = r.H, r.W, r.Wo, r.sy, r.sx, r.py, r.px
+    Cg, M, Mp, ntaps, KC, MC, NCB = r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
+    Hq, Wq, layout, direct, chan, slack = r.Hq, r.Wq, r.layout, r.direct, r.chan, r.slack
+    parts, q_end = r.parts, r.q_end
+    x_off, o_off = g * Cg * r.xs_c, g * M * r.os_k
+    a_off, b_off = g * r.a_group, g * bias_group
+    xs0, xs1, xs2 = r.xs_n, r.xs_c, r.xs_h
     if layout == PHASED:
         # Unpadded planes (the taps reach across their edges through masks), after
         # ``slack`` zeros: B starts there.
         if copy:
-            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, 0, 0, Hq, Wq,
+            phase_split(x, x_off + n * xs0, xs1, xs2, Cg, H, W, sy, sx, 0, 0, Hq, Wq,
                         chan, xq[slack:])
         src, src_off = xq, slack
     else:
         if copy and layout == PADDED:
-            phase_split(x, x_off + n * xs[0], xs[1], xs[2], Cg, H, W, sy, sx, py, px, Hq, Wq,
+            phase_split(x, x_off + n * xs0, xs1, xs2, Cg, H, W, sy, sx, py, px, Hq, Wq,
                         chan, xq)
-        src, src_off = x, x_off + n * xs[0]
-    co = o_off + n * os[0]
-    sk = os[1]
-    grid = q_end
+        src, src_off = x, x_off + n * xs0
+    co = o_off + n * r.os_n
+    sk = r.os_k
+    columns = q_end
     m_full = M // MR * MR
-    blocks = (grid + NCB - 1) // NCB
+    blocks = (columns + NCB - 1) // NCB
     per_part = (blocks + parts - 1) // parts
     for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
         j0 = blk * NCB
-        cols = min(NCB, grid - j0)
+        cols = min(NCB, columns - j0)
         panels = (cols + NR - 1) // NR * NR
         if layout != PADDED and not direct:
             # A tile's rows would share L1 sets in out (channels a whole number of pages
@@ -261,48 +275,59 @@ def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
 
 
 @numba.njit(**JIT)
-def taps_tails(x, x_off, xs, N, Cg, reads, ntaps, q0, tail, KC, apack, a_off, Mp, M, m0, m1,
-                  out, o_off, os, bias, b_off, epi, bpack, cbuf):
-    """Rows ``m0:m1`` (MR multiples) of grid columns ``q0:q0+tail`` (the part of a panel
-    after the last whole one) of every image, as one GEMM with columns from all the
-    images.
+def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
+    """Tails task ``task`` of group ``g``: rows ``m0:m1`` (MR multiples, a share of
+    ``tail_parts``) of grid columns ``q_end:`` (the part of a panel after the last
+    whole one) of ``tail_imgs`` images, as one GEMM with columns from all of them.
 
-    Each image's own tail panel would run mostly idle lanes (ResNet-18 conv5_x: 1
-    column of 16).  A is the taps
+    Each image's own tail panel would run mostly idle lanes.  A is the taps
     kernel's (each row panel's taps are one packed panel of ``ntaps*kc``), B is
-    packed from the images by :func:`pack_tails`, C goes through ``cbuf`` into
-    each image.
+    packed from the images by :func:`pack_tails` (``reads``: where the taps read in
+    a channel), C goes through the thread's ``cbuf`` into each image.  Arguments as
+    for :func:`taps_task`.
     """
-    ldc = (N * tail + NR - 1) // NR * NR
+    r = plan[0]
+    bias, bias_group, epi = epilogue
+    _, cbuf, bpack = bufs
+    Cg, M, Mp, ntaps, KC = r.Cg, r.M, r.Mp, r.ntaps, r.KC
+    N = (r.ntasks // r.groups - r.tail_tasks) // r.parts
+    n0 = task // r.tail_parts * r.tail_imgs
+    per = (Mp // MR + r.tail_parts - 1) // r.tail_parts * MR
+    m0 = task % r.tail_parts * per
+    if m0 >= Mp:
+        return
+    m1 = min(Mp, m0 + per)
+    images = min(r.tail_imgs, N - n0)
+    q0, tail = r.q_end, r.Ho * r.Wq - r.q_end
+    x_off = g * Cg * r.xs_c + n0 * r.xs_n
+    o_off = g * M * r.os_k + n0 * r.os_n
+    a_off, b_off = g * r.a_group, g * bias_group
+    ldc = (images * tail + NR - 1) // NR * NR
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
-        pack_tails(x, x_off, xs[0], xs[1], N, reads, ntaps, tail, pc, kc, bpack)
+        pack_tails(x, x_off, r.xs_n, r.xs_c, images, reads, ntaps, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
         macro_kernel(m1 - m0, ldc, ntaps * kc, apack, a_off + (pc * Mp + m0 * kc) * ntaps, bpack,
                      0, cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, b_off + m0, 0, e)
-    for n in range(N):
-        _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * os[0] + m0 * os[1] + q0,
-                   os[1], min(m1, M) - m0, tail)
+    for n in range(images):
+        _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * r.os_n + m0 * r.os_k + q0,
+                   r.os_k, min(m1, M) - m0, tail)
 
 
 @numba.njit(**JIT)
-def taps_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off, xs, geom, Cg,
-                  taps, ntaps, masks, sched, apack, Mp, M, out, o_off, os, bias, epi, KC, MC, NCB,
-                  Hq, Wq, layout, direct, chan, slack, q_end, reads, tail_tasks, tail_parts,
-                  tail_imgs, xq, cbuf, bpack):
+def taps_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
     """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 
-    Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M`` output channels from
-    ``g*M``, its packed weights start at ``apack[g*a_group]`` and its bias at
-    ``bias[g*bias_group]``.  In a group, the first ``tail_tasks`` run
-    :func:`taps_tails` over the grid columns from ``q_end`` on (``reads``: where
-    their taps read in a channel): ``tail_imgs`` images per GEMM, each cut into
-    ``tail_parts`` shares of its row panels so threads split that work too.  The
-    others are image * parts + part, up to ``q_end``.
+    In a group, the first ``tail_tasks`` run :func:`taps_tails` over the grid columns
+    from ``q_end`` on: ``tail_imgs`` images per GEMM, each cut into ``tail_parts``
+    shares of its row panels so threads split that work too.  The others are image
+    * parts + part, up to ``q_end`` (:func:`taps_task`).  Arguments as for
+    :func:`taps_task`; ``plan`` is the plan's record, read once per call.
     """
-    grid = geom[2] * Wq
-    per_group = ntasks // groups
+    r = plan[0]
+    ntasks, tail_tasks, parts = r.ntasks, r.tail_tasks, r.parts
+    per_group = ntasks // r.groups
     N = (per_group - tail_tasks) // parts
     last = -1
     while True:
@@ -311,22 +336,12 @@ def taps_tasks(counter, ntasks, parts, groups, a_group, bias_group, x, x_off, xs
             break
         g = task // per_group
         task -= g * per_group
-        xg, og = x_off + g * Cg * xs[1], o_off + g * M * os[1]
-        ag, bg = g * a_group, g * bias_group
         if task < tail_tasks:
-            n0 = task // tail_parts * tail_imgs
-            per = (Mp // MR + tail_parts - 1) // tail_parts * MR
-            m0 = task % tail_parts * per
-            if m0 < Mp:
-                taps_tails(x, xg + n0 * xs[0], xs, min(tail_imgs, N - n0), Cg, reads, ntaps,
-                              q_end, grid - q_end, KC, apack, ag, Mp, M, m0, min(Mp, m0 + per),
-                              out, og + n0 * os[0], os, bias, bg, epi, bpack, cbuf)
+            taps_tails(task, g, plan, grid[3], x, apack, epilogue, out, bufs)
             continue
         task -= tail_tasks
         n = task // parts
         image = g * N + n               # the copy in xq is of this image's group
-        taps_task(n, task % parts, parts, image != last, x, xg, xs, geom, Cg, taps, ntaps,
-                     masks, sched, apack, ag, Mp, M, out, og, os, bias, bg, epi, KC, MC, NCB,
-                     Hq, Wq, layout, direct, chan, slack, q_end, xq, cbuf)
+        taps_task(n, task % parts, g, image != last, plan, grid, x, apack, epilogue, out, bufs)
         last = image
 

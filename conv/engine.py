@@ -57,6 +57,20 @@ def host_target(dtype):
     return target
 
 
+def record(**numbers):
+    """A plan's numbers as one read-only record (a one-element structured array of int64).
+
+    A task loop takes the plan whole as this one argument and reads ``plan[0].name``:
+    Numba types it from its dtype at C speed, where a namedtuple would cost a
+    Python-level look at every field on every call.  Built once per plan (cached).
+    """
+    rec = np.zeros(1, np.dtype([(name, np.int64) for name in numbers]))
+    for name, value in numbers.items():
+        rec[0][name] = value
+    rec.flags.writeable = False
+    return rec
+
+
 def balanced_kc(k, kc_max):
     """KC no larger than ``kc_max`` that cuts ``k`` into equal blocks (no runt last block)."""
     return cdiv(k, cdiv(k, kc_max))

@@ -301,38 +301,39 @@ def run(x, w, bias, out, p, act):
     KC = taps_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)
     apack, Mp, finite = weights(w, p.groups, KC, MR)
     threads = engine.threads_for(p.flops, 1 << 30)
-    plan = taps_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp,
-                         TAPS_C_BYTES, TAPS_TAIL_COLUMNS, engine.TASKS_PER_THREAD)
+    plan = taps_plan(p, out.dtype.str, threads, finite, MR, NR, KC, Mp, blk.mc,
+                     TAPS_C_BYTES, TAPS_TAIL_COLUMNS, engine.TASKS_PER_THREAD)
     b, bias_group, epi = group_bias(bias, p, Mp, out.dtype, act)
     xqs, cbufs, bpacks = engine.thread_buffers(("im2col_taps", kernel.name), plan.threads,
                                                plan.sizes, out.dtype)
     if plan.layout != FLAT:
         xqs[:, :plan.slack] = 0        # keep the slack finite (dropped columns read it)
         xqs[:, plan.slack + p.Cg * plan.chan:plan.sizes[0]] = 0
-    args = (plan.ntasks, plan.parts, p.groups, apack.size // p.groups, bias_group,
-            x.reshape(-1), 0, plan.xs, plan.geom, p.Cg, plan.taps, len(plan.taps), plan.masks,
-            plan.sched, apack, Mp, p.Kg, out.reshape(-1), 0, plan.os, b, epi, KC, blk.mc,
-            plan.NCB, plan.Hq, plan.Wq, plan.layout, plan.direct, plan.chan, plan.slack,
-            plan.q_end, plan.reads, plan.tail_tasks, plan.tail_parts, plan.tail_imgs)
-    engine.launch(lambda t, counter: mod.taps_tasks(counter, *args, xqs[t], cbufs[t],
-                                                       bpacks[t]), plan.threads)
+    grid = (plan.taps, plan.masks, plan.sched, plan.reads)
+    x, out1 = x.reshape(-1), out.reshape(-1)
+    engine.launch(lambda t, counter: mod.taps_tasks(counter, plan.numbers, grid, x, apack,
+                                                    (b, bias_group, epi), out1,
+                                                    (xqs[t], cbufs[t], bpacks[t])),
+                  plan.threads)
     return out
 
 
 TapsPlan = collections.namedtuple(
     "TapsPlan", "threads ntasks parts NCB layout Hq Wq chan taps masks sched direct q_end "
-                   "reads tail_imgs tail_parts tail_tasks slack sizes xs os geom")
+                "reads tail_imgs tail_parts tail_tasks slack sizes numbers")
 
 
 @functools.lru_cache(maxsize=256)
-def taps_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_columns,
-                  tasks_per_thread):
+def taps_plan(p, dtype, threads, finite, MR, NR, KC, Mp, MC, c_bytes, tail_columns,
+              tasks_per_thread):
     """What :func:`run` derives from the geometry alone, once per layer shape.
 
     ``dtype`` is the output's dtype string, ``threads`` the most the call may use,
-    ``finite`` whether the weights are finite; the tuning constants are arguments
-    so that changing them takes effect.  Arrays in the plan are shared: never
-    written.
+    ``finite`` whether the weights are finite, ``KC``, ``Mp`` and ``MC`` the
+    blocking; the tuning constants are arguments so that changing them takes
+    effect.  Arrays in the plan are shared: never written.  ``numbers`` is what the
+    task loops read (:func:`tilegemm.conv.engine.record`): the blocking, the task
+    split, the grid, ``geom`` and the strides ``xs_*`` and ``os_*``.
     """
     itemsize = np.dtype(dtype).itemsize
     Hq, Wq, chan, taps = phase_geometry(p)
@@ -375,9 +376,21 @@ def taps_plan(p, dtype, threads, finite, MR, NR, KC, Mp, c_bytes, tail_columns,
     tail_tasks = cdiv(p.N, tail_imgs) * tail_parts if q_end < grid else 0
     ntasks = (p.N * parts + tail_tasks) * p.groups
     sizes = (size, Mp * max(NCB, tail_ld), max(1, tail_ld * len(taps) * KC))
+    numbers = engine.record(
+        ntasks=ntasks, parts=parts, groups=p.groups, a_group=len(taps) * p.Cg * Mp + 1,
+        Cg=p.Cg, M=p.Kg, Mp=Mp, ntaps=len(taps), KC=KC, MC=MC, NCB=NCB, Hq=Hq, Wq=Wq,
+        layout=layout, direct=direct, chan=chan, slack=slack, q_end=q_end,
+        tail_tasks=tail_tasks, tail_parts=tail_parts, tail_imgs=tail_imgs,
+        **dict(zip(GEOM, p.geom())),
+        **dict(zip(("xs_n", "xs_c", "xs_h", "xs_w"), p.input_strides())),
+        **dict(zip(("os_n", "os_k", "os_h", "os_w"), p.output_strides())))
     return TapsPlan(max(1, min(threads, ntasks)), ntasks, parts, NCB, layout, Hq, Wq, chan,
-                       taps, masks, sched, direct, q_end, reads, tail_imgs, tail_parts,
-                       tail_tasks, slack, sizes, p.input_strides(), p.output_strides(), p.geom())
+                    taps, masks, sched, direct, q_end, reads, tail_imgs, tail_parts,
+                    tail_tasks, slack, sizes, numbers)
+
+
+#: Names of :meth:`ConvParams.geom`'s values in a plan's record.
+GEOM = ("H", "W", "Ho", "Wo", "kh", "kw", "sy", "sx", "py", "px", "dy", "dx")
 
 
 

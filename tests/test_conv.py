@@ -677,15 +677,14 @@ def test_taps_tails_split_only_when_too_few_for_the_threads():
     tails again.  Two 25x25 images of 256 channels (one tails GEMM a group): one group
     split, 32 groups not."""
     from tilegemm.conv import taps as taps_mod
-    kernel, _ = engine.plan(np.float32)
+    kernel, blk = engine.plan(np.float32)
     for groups, split in ((1, 2), (32, 1)):
         p = conv_params((2, 256, 25, 25), (256, 256 // groups, 3, 3), 1, 1, 1, groups)
         KC = taps_mod.taps_kc(p, kernel.mr, kernel.nr, 4, 32 << 10)
         Mp = round_up(p.Kg, kernel.mr)
-        plan = taps_mod.taps_plan(p, "<f4", 2, True, kernel.mr, kernel.nr, KC, Mp,
-                                        taps_mod.TAPS_C_BYTES,
-                                        taps_mod.TAPS_TAIL_COLUMNS,
-                                        engine.TASKS_PER_THREAD)
+        plan = taps_mod.taps_plan(p, "<f4", 2, True, kernel.mr, kernel.nr, KC, Mp, blk.mc,
+                                  taps_mod.TAPS_C_BYTES, taps_mod.TAPS_TAIL_COLUMNS,
+                                  engine.TASKS_PER_THREAD)
         assert plan.q_end < 25 * 25 and plan.tail_parts == split
 
 
@@ -695,7 +694,7 @@ def test_taps_tails_split_only_when_too_few_for_the_threads():
 def test_grouped_im2col_runs_every_group_in_one_task_loop(name, threads, dtype, monkeypatch):
     from tilegemm.conv import taps as taps_mod
     shape = GROUPED_TAPS[name]
-    groups = _record_arg(monkeypatch, "taps_tasks", 3, dtype)
+    groups = _record_arg(monkeypatch, "taps_tasks", 1, dtype, field="groups")
     assert taps_mod.serves(conv_params(*_shapes(shape), **shape[2]))
     with _threads(threads):
         run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6",
@@ -856,14 +855,15 @@ def _family_of(tasks):
     return "direct"
 
 
-def _record_arg(monkeypatch, name, index, dtype=np.float32):
+def _record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
     """Wrap the ``dtype`` task loop ``name`` (in its family's module): each call records
-    its argument ``index`` in the list returned."""
+    its argument ``index`` in the list returned (with ``field``, that field of the
+    argument, a plan's record)."""
     mod = engine.family_module(_family_of(name), dtype)
     real, seen = getattr(mod, name), []
 
     def spy(*args):
-        seen.append(args[index])
+        seen.append(args[index] if field is None else int(args[index][0][field]))
         return real(*args)
 
     monkeypatch.setattr(mod, name, spy)
@@ -887,7 +887,7 @@ def test_taps_path_cuts_a_batch_into_parts(c_bytes, monkeypatch):
     """Several images read in place, all threads: images are cut into parts for balance."""
     from tilegemm.conv import taps as taps_mod
     monkeypatch.setattr(taps_mod, "TAPS_C_BYTES", c_bytes)
-    parts = _record_arg(monkeypatch, "taps_tasks", 2)
+    parts = _record_arg(monkeypatch, "taps_tasks", 1, field="parts")
     _, (K, kh, kw), kw_args = TAPS_CASES["many_channels"]
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(((3, 64, 19, 23), (K, kh, kw), kw_args), "im2col", "NCHW", np.float32,
