@@ -35,6 +35,8 @@ LANES = _KERNEL.lanes
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 masked_copy = _SHARED.masked_copy
 copy_run = _SHARED.copy_run
+geom_of = _SHARED.geom_of
+strides_of = _SHARED.strides_of
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
@@ -97,28 +99,35 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
 
 
 @numba.njit(**JIT)
-def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                     out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
-    """One task = (image n, NC block of output pixels, slice of output channels).
+def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs):
+    """One task = (image n, NC block of output pixels, slice of output channels) of group ``g``.
 
-    ``apack`` holds the weights as packed A for every KC block (block ``pc`` at
-    ``pc*Mp``, ``Mp`` = M rounded up to MR, zero rows).  B panels are packed from the
-    image by :func:`pack_b_im2col_rows`; bias (per row, ``Mp`` values) and activation
-    ride on the last KC block.  When M is not a multiple of MR the last row panel runs
-    as a full tile into ``edge`` (MR x NC rounded up to NR), copied out at the end,
-    rather than through the scalar edge-tile path.
+    ``plan`` is :func:`tilegemm.conv.im2col.packed_plan`'s record (its names below).
+    ``apack`` holds the group's weights as packed A for every KC block (block ``pc``
+    at ``pc*Mp``, ``Mp`` = M rounded up to MR, zero rows).  B panels are packed from
+    the image by :func:`pack_b_im2col_rows` into the thread's ``bufs[0]``; bias (per
+    row, ``Mp`` values) and activation ride on the last KC block.  When M is not a
+    multiple of MR the last row panel runs as a full tile into ``bufs[1]`` (MR x NC
+    rounded up to NR), copied out at the end, rather than through the scalar
+    edge-tile path.
     """
+    r = plan[0]
+    bpack, edge = bufs
+    geom = geom_of(r)
+    xs, os = strides_of(r)
+    ckk, KC, MC, NC, Mp, M = r.ckk, r.KC, r.MC, r.NC, r.Mp, r.M
+    n_jc, msplit, mstep = r.n_jc, r.msplit, r.mstep
     n = task // (n_jc * msplit)
     jb = (task // msplit) % n_jc
     m0 = (task % msplit) * mstep
     m1 = min(M, m0 + mstep)
     m_full = m0 + (m1 - m0) // MR * MR
-    pixels = geom[2] * geom[3]
+    pixels = r.Ho * r.Wo
     jc = jb * NC
     nc = min(NC, pixels - jc)
     ld_edge = (NC + NR - 1) // NR * NR
-    xo = x_off + n * xs[0]
-    co = o_off + n * os[0]
+    xo = g * r.Cg * xs[1] + n * xs[0]
+    co = g * M * os[1] + n * os[0]
     ldc = os[1]
     for pc in range(0, ckk, KC):
         kc = min(KC, ckk - pc)
@@ -139,13 +148,12 @@ def im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
 
 
 @numba.njit(**JIT)
-def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep,
-                      n_jc, out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge):
+def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs):
     """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out."""
+    the plan's ``ntasks`` are out."""
+    ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        im2col_nchw_task(task, x, x_off, xs, geom, ckk, apack, Mp, M, msplit, mstep, n_jc,
-                         out, o_off, os, bias, epi, KC, MC, NC, bpack, tile, edge)
+        im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs)

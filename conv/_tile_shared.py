@@ -25,6 +25,18 @@ deinterleave = make_deinterleave(DTYPE, LANES)
 
 
 @numba.njit(inline='always', **JIT)
+def geom_of(r):
+    """A plan record's geometry as :meth:`ConvParams.geom`'s tuple (see ``engine.record``)."""
+    return (r.H, r.W, r.Ho, r.Wo, r.kh, r.kw, r.sy, r.sx, r.py, r.px, r.dy, r.dx)
+
+
+@numba.njit(inline='always', **JIT)
+def strides_of(r):
+    """A plan record's input and output strides, ``(xs, os)``, each ``(n, c, y, x)``."""
+    return (r.xs_n, r.xs_c, r.xs_h, r.xs_w), (r.os_n, r.os_k, r.os_h, r.os_w)
+
+
+@numba.njit(inline='always', **JIT)
 def copy_run(x, src, first, W, buf, dst, count, step):
     """:func:`masked_copy` of ``count <= LANES`` pixels ``step`` (1 or 2) apart."""
     if step == 1:

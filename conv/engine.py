@@ -57,13 +57,23 @@ def host_target(dtype):
     return target
 
 
-def record(**numbers):
+#: Names a plan's record gives :meth:`ConvParams.geom`'s values and the strides.
+GEOM = ("H", "W", "Ho", "Wo", "kh", "kw", "sy", "sx", "py", "px", "dy", "dx")
+STRIDES = ("xs_n", "xs_c", "xs_h", "xs_w", "os_n", "os_k", "os_h", "os_w")
+
+
+def record(p=None, **numbers):
     """A plan's numbers as one read-only record (a one-element structured array of int64).
 
     A task loop takes the plan whole as this one argument and reads ``plan[0].name``:
     Numba types it from its dtype at C speed, where a namedtuple would cost a
     Python-level look at every field on every call.  Built once per plan (cached).
+    With :class:`ConvParams` ``p``, the record also holds its geometry (:data:`GEOM`)
+    and the input and output strides (:data:`STRIDES`).
     """
+    if p is not None:
+        numbers.update(zip(GEOM, p.geom()))
+        numbers.update(zip(STRIDES, p.input_strides() + p.output_strides()))
     rec = np.zeros(1, np.dtype([(name, np.int64) for name in numbers]))
     for name, value in numbers.items():
         rec[0][name] = value

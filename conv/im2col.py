@@ -96,18 +96,15 @@ def run(x, w, bias, out, p, act):
     bpacks, tiles, edges = engine.thread_buffers(("im2col_nchw", kernel.name), plan.threads,
                                                  plan.sizes, out.dtype)
     for g in range(p.groups):
-        apack, Mp = packed[g]
-        args = (plan.ntasks, xf, g * p.Cg * plan.xs[1], plan.xs, plan.geom, ckk, apack, Mp, p.Kg,
-                plan.msplit, plan.mstep, plan.n_jc, of, g * p.Kg * plan.os[1], plan.os,
-                biases[g], epi, KC, blk.mc, plan.NC)
-        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(counter, *args, bpacks[t], tiles[t],
-                                                            edges[t]),
-                      plan.threads)
+        apack, bias_g = packed[g][0], biases[g]
+        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(
+            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t])),
+            plan.threads)
     return out
 
 
 PackedPlan = collections.namedtuple("PackedPlan", "ckk KC Mp NC n_jc msplit mstep ntasks threads "
-                                              "sizes xs os geom")
+                                                "sizes numbers")
 
 
 @functools.lru_cache(maxsize=256)
@@ -138,6 +135,7 @@ def packed_plan(p, dtype, threads, MR, NR, kc, mc, nc, tasks_per_thread, part_co
     msplit = cdiv(p.Kg, mstep)
     ntasks = p.N * n_jc * msplit
     sizes = (KC * round_up(NC, NR), MR * NR, MR * round_up(NC, NR))
+    numbers = engine.record(ntasks=ntasks, ckk=ckk, KC=KC, MC=mc, NC=NC, Mp=Mp, M=p.Kg, Cg=p.Cg,
+                            n_jc=n_jc, msplit=msplit, mstep=mstep, p=p)
     return PackedPlan(ckk, KC, Mp, NC, n_jc, msplit, mstep, ntasks,
-                    max(1, min(threads, ntasks)), sizes, p.input_strides(), p.output_strides(),
-                    p.geom())
+                      max(1, min(threads, ntasks)), sizes, numbers)

@@ -333,7 +333,7 @@ def taps_plan(p, dtype, threads, finite, MR, NR, KC, Mp, MC, c_bytes, tail_colum
     blocking; the tuning constants are arguments so that changing them takes
     effect.  Arrays in the plan are shared: never written.  ``numbers`` is what the
     task loops read (:func:`tilegemm.conv.engine.record`): the blocking, the task
-    split, the grid, ``geom`` and the strides ``xs_*`` and ``os_*``.
+    split, the grid, the geometry and the strides.
     """
     itemsize = np.dtype(dtype).itemsize
     Hq, Wq, chan, taps = phase_geometry(p)
@@ -380,17 +380,11 @@ def taps_plan(p, dtype, threads, finite, MR, NR, KC, Mp, MC, c_bytes, tail_colum
         ntasks=ntasks, parts=parts, groups=p.groups, a_group=len(taps) * p.Cg * Mp + 1,
         Cg=p.Cg, M=p.Kg, Mp=Mp, ntaps=len(taps), KC=KC, MC=MC, NCB=NCB, Hq=Hq, Wq=Wq,
         layout=layout, direct=direct, chan=chan, slack=slack, q_end=q_end,
-        tail_tasks=tail_tasks, tail_parts=tail_parts, tail_imgs=tail_imgs,
-        **dict(zip(GEOM, p.geom())),
-        **dict(zip(("xs_n", "xs_c", "xs_h", "xs_w"), p.input_strides())),
-        **dict(zip(("os_n", "os_k", "os_h", "os_w"), p.output_strides())))
+        tail_tasks=tail_tasks, tail_parts=tail_parts, tail_imgs=tail_imgs, p=p)
     return TapsPlan(max(1, min(threads, ntasks)), ntasks, parts, NCB, layout, Hq, Wq, chan,
                     taps, masks, sched, direct, q_end, reads, tail_imgs, tail_parts,
                     tail_tasks, slack, sizes, numbers)
 
-
-#: Names of :meth:`ConvParams.geom`'s values in a plan's record.
-GEOM = ("H", "W", "Ho", "Wo", "kh", "kw", "sy", "sx", "py", "px", "dy", "dx")
 
 
 

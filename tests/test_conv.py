@@ -1426,7 +1426,7 @@ def test_taps_path_last_row_panel(K, N):
                                    ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
-    blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
+    blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 1, field="n_jc")
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
                  path="im2col.packed")
