@@ -33,6 +33,7 @@ macro_kernel = _KERNEL.module.macro_kernel
 LANES = _KERNEL.lanes
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 transpose_copy = _SHARED.transpose_copy
+geom_of = _SHARED.geom_of
 
 
 # --- implicit im2col, NHWC, A rows read in place: out[N*Ho*Wo, K] = col^T @ W^T ----------
@@ -143,8 +144,7 @@ def pixel_offsets(geom, strides, p0, count, m, runs, offs):
 
 
 @numba.njit(**JIT)
-def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                   KS, parts, runs, zeros, offs):
+def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
     """Output pixels ``task // parts * MP`` on (at most ``MP``, a multiple of MR), output
     channels ``task % parts * KS`` on (at most ``KS``, a multiple of NR) of each group.
 
@@ -153,10 +153,15 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
     tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
     output channels (their weights stay in L2), row panels of pixels (their input
     rows stay in L1), NR panels.  ``runs``: a kernel row's taps may be read as one
-    run (``im2col.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
-    with ``runs``.
+    run (``rows.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
+    with ``runs``.  ``plan`` is :func:`tilegemm.conv.rows.rows_plan`'s record (its
+    names here); ``offs`` is the thread's.
     """
-    kh, kw = geom[4], geom[5]
+    r = plan[0]
+    geom = geom_of(r)
+    C, Cg, G, Np, K, Kg = r.C, r.Cg, r.G, r.Np, r.K, r.Kg
+    KC, NC, MP, m, KS, parts, runs = r.KC, r.NC, r.MP, r.m, r.KS, r.parts, r.merged != 0
+    kh, kw = r.kh, r.kw
     ntaps = kh * kw
     stride = panel_stride(ntaps)
     p0 = task // parts * MP
@@ -196,20 +201,19 @@ def rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC
 
 
 @numba.njit(**JIT)
-def rows_nhwc_tasks(counter, ntasks, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC,
-                    NC, MP, m, KS, parts, runs, zeros, offs):
-    """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
+def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs):
+    """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until the plan's ``ntasks``
+    are out."""
+    ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        rows_nhwc_task(task, x, geom, C, Cg, G, bpack, Np, K, Kg, out, bias, epi, KC, NC, MP, m,
-                       KS, parts, runs, zeros, offs)
+        rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs)
 
 
 @numba.njit(**JIT)
-def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
-                   zeros, offs, cbuf):
+def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
     """Output pixels ``task // parts * MP`` on, output channels ``task % parts * KS`` on, of
     an NCHW batch, on the rows kernel.
 
@@ -218,8 +222,13 @@ def rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m
     read at the same stride).  The tile of C, pixels by channels, builds up in
     ``cbuf`` (``Np`` wide, at least ``MP`` rows) and is transposed into ``out`` once,
     after the last KC block: the kernel's vectors run along the output channels.
+    ``bufs`` is the thread's ``(offs, cbuf)``.
     """
-    H, W, Ho, Wo, kh, kw = geom[0], geom[1], geom[2], geom[3], geom[4], geom[5]
+    r = plan[0]
+    offs, cbuf = bufs
+    geom = geom_of(r)
+    C, Np, K, KC, NC, MP, m, KS, parts = r.C, r.Np, r.K, r.KC, r.NC, r.MP, r.m, r.KS, r.parts
+    H, W, Ho, Wo, kh, kw = r.H, r.W, r.Ho, r.Wo, r.kh, r.kw
     ntaps = kh * kw
     stride = panel_stride(ntaps)
     hw = H * W
@@ -271,12 +280,12 @@ def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
 
 
 @numba.njit(**JIT)
-def rows_nchw_tasks(counter, ntasks, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m,
-                    KS, parts, zeros, offs, cbuf):
-    """Tasks of :func:`rows_nchw_task` taken from ``counter`` until ``ntasks`` are out."""
+def rows_nchw_tasks(counter, plan, x, bpack, bias, epi, out, zeros, bufs):
+    """Tasks of :func:`rows_nchw_task` taken from ``counter`` until the plan's ``ntasks``
+    are out."""
+    ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        rows_nchw_task(task, x, geom, C, bpack, Np, K, out, bias, epi, KC, NC, MP, m, KS, parts,
-                       zeros, offs, cbuf)
+        rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs)

@@ -52,7 +52,7 @@ def pack_weights(w, p, KC, NR):
 
 
 RowsPlan = collections.namedtuple("RowsPlan", "KC NC MP m KS parts ntasks threads merged offs "
-                                              "zeros cbuf")
+                                              "zeros cbuf numbers")
 
 
 #: NCHW layers run on the rows kernel only with this many input channels (a group) ...
@@ -148,8 +148,10 @@ def rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2
     else:
         zeros = p.kw * p.Cg if merged else KC
         cbuf = 1
+    numbers = engine.record(ntasks=ntasks, KC=KC, NC=NC, MP=MP, m=m, KS=KS, parts=parts,
+                            merged=merged, C=p.C, Cg=p.Cg, G=p.groups, K=p.K, Kg=p.Kg, Np=Np, p=p)
     return RowsPlan(KC, NC, MP, m, KS, parts, ntasks, max(1, min(threads, ntasks)), merged, offs,
-                    zeros, cbuf)
+                    zeros, cbuf, numbers)
 
 
 @functools.lru_cache(maxsize=16)
@@ -181,18 +183,16 @@ def run(x, w, bias, out, p, act):
     zeros = zero_row(plan.zeros, out.dtype.str)
     (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
                                     np.intp)
+    x1, out1 = x.reshape(-1), out.reshape(-1)
     if p.layout == "NCHW":
         (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
                                          (plan.cbuf,), out.dtype)
-        args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, bpack, Np, p.K, out.reshape(-1), b,
-                epi, plan.KC, plan.NC, plan.MP, plan.m, plan.KS, plan.parts, zeros)
-        engine.launch(lambda t, counter: mod.rows_nchw_tasks(counter, *args, offs[t], cbufs[t]),
-                      plan.threads)
+        engine.launch(lambda t, counter: mod.rows_nchw_tasks(
+            counter, plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
+            plan.threads)
         return out
-    args = (plan.ntasks, x.reshape(-1), p.geom(), p.C, p.Cg, p.groups, bpack, Np, p.K, p.Kg,
-            out.reshape(-1), b, epi, plan.KC, plan.NC, plan.MP, plan.m, plan.KS, plan.parts,
-            plan.merged, zeros)
-    engine.launch(lambda t, counter: mod.rows_nhwc_tasks(counter, *args, offs[t]), plan.threads)
+    engine.launch(lambda t, counter: mod.rows_nhwc_tasks(
+        counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t]), plan.threads)
     return out
 
 

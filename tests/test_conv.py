@@ -767,7 +767,7 @@ def _run_rows_path(shape, layout, threads, dtype, activation, monkeypatch):
     monkeypatch.setattr(rows_mod, "ROWS_A_L1", 1 / 16)
     monkeypatch.setattr(rows_mod, "ROWS_B_L2", 1 / 2048)
     monkeypatch.setattr(rows_mod, "ROWS_A_L2", 1 / 4096)
-    tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype)
+    tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype, field="ntasks")
     with _threads(threads):
         run_case(shape, "im2col", layout, dtype, bias=True, activation=activation,
                  path="im2col.rows")
@@ -803,12 +803,12 @@ def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
     _run_rows_path(shape, "NCHW", threads, dtype, "relu", monkeypatch)
 
 
-@pytest.mark.parametrize("layout, tasks, index", [("NCHW", "rows_nchw_tasks", 16),
-                                                   ("NHWC", "rows_nhwc_tasks", 18)])
-def test_rows_tasks_split_the_output_channels_for_threads(layout, tasks, index, monkeypatch):
+@pytest.mark.parametrize("layout, tasks", [("NCHW", "rows_nchw_tasks"),
+                                            ("NHWC", "rows_nhwc_tasks")])
+def test_rows_tasks_split_the_output_channels_for_threads(layout, tasks, monkeypatch):
     """Weights larger than the image, all threads: tasks take parts of the output
     channels too (each pixel block would stream all the weights), and still add up."""
-    parts = _record_arg(monkeypatch, tasks, index)
+    parts = _record_arg(monkeypatch, tasks, 1, field="parts")
     shape = ((2, 64, 5, 4), (200, 3, 3), dict(padding=1))
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", layout, np.float32, bias=True, activation="relu")
