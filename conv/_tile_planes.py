@@ -43,10 +43,12 @@ taps_block = _TAPS.taps_block
 
 
 @numba.njit(**JIT)
-def planes_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, out_pixels,
-                       Cg, taps, ntaps, masks, sched, apack, Mp, Kg, K, out, bias, epi, KC, MC,
-                       NCB, xq, cbuf):
+def planes_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
     """Tasks (image, block of ``G`` groups) taken from ``counter`` until ``ntasks`` are out.
+
+    ``plan`` is :func:`tilegemm.conv.planes.planes_plan`'s record (its names here),
+    ``grid`` ``(taps, masks, sched)``, ``epilogue`` ``(bias, bias_group, epi)``,
+    ``bufs`` the thread's ``(xq, cbuf)``.
 
     Group ``g``'s packed weights start at ``apack[g*a_group]``, its bias at
     ``bias[g*bias_group]``; ``taps``, ``masks`` and ``sched`` are those of an NCHW
@@ -60,6 +62,13 @@ def planes_tasks(counter, ntasks, groups, G, a_group, bias_group, x, C, pixels, 
     consecutive rows, then into ``out`` (NHWC, ``K`` channels).  ``cbuf`` holds
     ``(G - 1)*Kg + Mp`` rows of ``NCB``.
     """
+    r = plan[0]
+    taps, masks, sched = grid
+    bias, bias_group, epi = epilogue
+    xq, cbuf = bufs
+    ntasks, groups, G, a_group, C, pixels = r.ntasks, r.groups, r.G, r.a_group, r.C, r.pixels
+    out_pixels, Cg, ntaps, Mp, Kg, K = r.out_pixels, r.Cg, r.ntaps, r.Mp, r.Kg, r.K
+    KC, MC, NCB = r.KC, r.MC, r.NCB
     blocks = (groups + G - 1) // G
     while True:
         task = next_task(counter)

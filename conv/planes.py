@@ -9,6 +9,7 @@ Cost: the taps kernel's GEMM on each group, plus copying the input into planes
 and the output back interleaved (about the input and the output once each).
 The drivers are ``conv/_tile_planes.py`` (they call the taps path's).
 """
+import collections
 import dataclasses
 import functools
 
@@ -60,7 +61,7 @@ def group_image(p):
 def run(x, w, bias, out, p, act):
     """NHWC grouped convolution: tasks (image, block of groups, see ``PLANES_RUN_BYTES``)
     copy the block's channels as planes (``transpose_copy``), run the taps kernel over
-    each group as over an NCHW image read in place (:func:`run`) and write C
+    each group as over an NCHW image read in place (:func:`tilegemm.conv.taps.run`) and write C
     back interleaved (``transpose_copy`` again)."""
     kernel, blk = engine.plan(out.dtype)
     mod = engine.family_module("planes", out.dtype)
@@ -68,20 +69,37 @@ def run(x, w, bias, out, p, act):
     q = group_image(p)
     KC = taps_kc(q, MR, NR, out.itemsize, detect().l1d_bytes)
     apack, Mp, finite = weights(w, p.groups, KC, MR)
-    _, _, _, offsets = phase_geometry(q)
-    masks, sched = panel_masks(q, NR, out.dtype, group=finite)
-    pixels, out_pixels = p.H * p.W, p.Ho * p.Wo
-    NCB = column_block(out_pixels, 1, Mp, out.itemsize, NR, taps.TAPS_C_BYTES)
-    b, bias_group, epi = group_bias(bias, p, Mp, out.dtype, act)
-    G = groups_per_task(p, out.itemsize)
-    ntasks = p.N * cdiv(p.groups, G)
-    threads = min(engine.threads_for(p.flops, 1 << 30), ntasks)
-    xqs, cbufs = engine.thread_buffers(("im2col_planes", kernel.name), threads,
-                                       (G * p.Cg * pixels, ((G - 1) * p.Kg + Mp) * NCB),
+    plan = planes_plan(p, out.dtype.str, NR, KC, Mp, blk.mc, finite, taps.TAPS_C_BYTES)
+    epilogue = group_bias(bias, p, Mp, out.dtype, act)
+    threads = min(engine.threads_for(p.flops, 1 << 30), plan.ntasks)
+    xqs, cbufs = engine.thread_buffers(("im2col_planes", kernel.name), threads, plan.sizes,
                                        out.dtype)
-    args = (ntasks, p.groups, G, apack.size // p.groups, bias_group, x.reshape(-1), p.C, pixels,
-            out_pixels, p.Cg, offsets, len(offsets), masks, sched, apack, Mp, p.Kg, p.K,
-            out.reshape(-1), b, epi, KC, blk.mc, NCB)
-    engine.launch(lambda t, counter: mod.planes_tasks(counter, *args, xqs[t], cbufs[t]),
+    grid, x1, out1 = (plan.taps, plan.masks, plan.sched), x.reshape(-1), out.reshape(-1)
+    engine.launch(lambda t, counter: mod.planes_tasks(counter, plan.numbers, grid, x1, apack,
+                                                      epilogue, out1, (xqs[t], cbufs[t])),
                   threads)
     return out
+
+
+PlanesPlan = collections.namedtuple("PlanesPlan", "ntasks sizes taps masks sched numbers")
+
+
+@functools.lru_cache(maxsize=256)
+def planes_plan(p, dtype, NR, KC, Mp, MC, finite, c_bytes):
+    """What :func:`run` derives from the geometry alone, once per layer shape: the
+    task split, the buffer sizes, the taps kernel's grid of one group's planes and
+    the record the task loop reads (:func:`tilegemm.conv.engine.record`)."""
+    itemsize = np.dtype(dtype).itemsize
+    q = group_image(p)
+    _, _, _, offsets = phase_geometry(q)
+    masks, sched = panel_masks(q, NR, dtype, group=finite)
+    pixels, out_pixels = p.H * p.W, p.Ho * p.Wo
+    NCB = column_block(out_pixels, 1, Mp, itemsize, NR, c_bytes)
+    G = groups_per_task(p, itemsize)
+    ntasks = p.N * cdiv(p.groups, G)
+    numbers = engine.record(ntasks=ntasks, groups=p.groups, G=G,
+                            a_group=len(offsets) * p.Cg * Mp + 1, C=p.C, pixels=pixels,
+                            out_pixels=out_pixels, Cg=p.Cg, ntaps=len(offsets), Mp=Mp, Kg=p.Kg,
+                            K=p.K, KC=KC, MC=MC, NCB=NCB)
+    sizes = (G * p.Cg * pixels, ((G - 1) * p.Kg + Mp) * NCB)
+    return PlanesPlan(ntasks, sizes, offsets, masks, sched, numbers)

@@ -727,7 +727,7 @@ def test_grouped_nhwc_im2col_copies_groups_as_planes(name, threads, dtype, monke
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, H, W, C), (K, C // kw_args["groups"], kh, kw), layout="NHWC", **kw_args)
     assert paths.serves("im2col.planes", p, dtype)
-    blocks = _record_arg(monkeypatch, "planes_tasks", 3, dtype)     # groups per task
+    blocks = _record_arg(monkeypatch, "planes_tasks", 1, dtype, field="G")  # groups a task
     with _threads(threads):
         run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu",
                  path="im2col.planes")
