@@ -72,9 +72,7 @@ def depthwise_plane(geom):
 
 
 @numba.njit(**JIT)
-def depthwise_flat_tasks(counter, ntasks, per_tick, x, planes, w, bias, has_bias, act, out,
-                         out_plane, geom, copy, Hq, Wq, taps, masks, starts, rows, inner,
-                         colmask, blocks, shorts, xq):
+def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
     """Depthwise channels whose output (``out_plane`` pixels) is as wide as the image's
     stride-phase planes (``Hq x Wq``), its rows end to end (:func:`depthwise_flat`);
     task ``c`` is the ``c``-th channel of the batch, ``per_tick`` at a time taken
@@ -87,10 +85,19 @@ def depthwise_flat_tasks(counter, ntasks, per_tick, x, planes, w, bias, has_bias
     ``tilegemm.conv.direct.flat_geometry``'s.  One loop over the channels, the
     kernels called on one array: a small channel is a few hundred cycles, which a
     function call per channel (its arrays' reference counts) would double.
+
+    ``plan`` is :func:`tilegemm.conv.direct.flat_plan`'s record (its names here),
+    ``grid`` the geometry's arrays ``(taps, masks, starts, rows, inner, colmask,
+    blocks, shorts)``; ``epi`` the epilogue flags (``EPI_BIAS_ROW``: ``bias`` per
+    channel).
     """
-    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    r = plan[0]
+    taps, masks, starts, rows, inner, colmask, blocks, shorts = grid
+    H, W, kh, kw, sy, sx = r.H, r.W, r.kh, r.kw, r.sy, r.sx
+    ntasks, per_tick, out_plane, copy = r.ntasks, r.per_tick, r.out_plane, r.copy != 0
+    Hq, Wq = r.Hq, r.Wq
     ntaps = kh * kw
-    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    has_bias = epi & EPI_BIAS_ROW
     K = w.size // ntaps
     nvec = starts.size
     while True:

@@ -21,12 +21,13 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
 The bias and activation are applied to the accumulator before it is stored.
 Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
 """
+import collections
 import functools
 
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, JIT, cdiv, round_up
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, round_up
 from tilegemm.conv import engine
 from tilegemm.kernels.generator import next_task
 from tilegemm.packing.im2col import valid_range
@@ -240,6 +241,29 @@ def flat_geometry(p, lanes, vectors, short, dtype):
             (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
 
 
+FlatPlan = collections.namedtuple("FlatPlan", "ntasks copy size grid numbers")
+
+
+@functools.lru_cache(maxsize=64)
+def flat_plan(p, lanes, vectors, short, dtype, tick_outputs):
+    """What the rows-end-to-end depthwise loop (``depthwise_flat_tasks``) takes for
+    ``p``, once per layer shape, or None where it does not apply: a channel a task,
+    ``per_tick`` channels per counter tick (``tick_outputs`` outputs at least), the
+    stride-phase copy's size (stride 1 reads the input in place), the geometry's
+    arrays (:func:`flat_geometry`) and the record the loop reads
+    (:func:`tilegemm.conv.engine.record`)."""
+    flat = flat_geometry(p, lanes, vectors, short, np.dtype(dtype))
+    if not flat[0]:
+        return None
+    Hq, Wq = flat[1]
+    ntasks = p.N * p.C
+    copy = p.sy * p.sx > 1
+    size = p.sy * p.sx * Hq * Wq + lanes if copy else 1
+    numbers = engine.record(ntasks=ntasks, per_tick=max(1, tick_outputs // (p.Ho * p.Wo)),
+                            out_plane=p.Ho * p.Wo, copy=copy, Hq=Hq, Wq=Wq, p=p)
+    return FlatPlan(ntasks, copy, size, tuple(flat[2:]), numbers)
+
+
 def nhwc_vector_applies(p, dtype, lanes=None):
     """Whether the depthwise NHWC kernel (vectors of channels) serves ``p``: depthwise,
     NHWC, channels for at least ``DW_NHWC_VECTORS`` vectors of ``lanes`` (the host's
@@ -291,25 +315,18 @@ def run(x, w, bias, out, p, act, path=None):
     xf, of = x.reshape(-1), out.reshape(-1)
     mod = engine.family_module("direct", out.dtype)
     if path == FLAT:
-        flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
-        if not flat[0]:
+        plan = flat_plan(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype.str,
+                         TICK_OUTPUTS)
+        if plan is None:
             raise ValueError(f"direct: the rows-end-to-end loop does not serve {p}")
-        # Depthwise, output as wide as the (phase) planes: rows end to end, a
-        # channel a task.
-        ntasks = p.N * p.C
-        threads = engine.threads_for(p.flops, ntasks)
-        per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
-        Hq, Wq = flat[1]
-        copy = p.sy * p.sx > 1
-        # The phase-split copy (stride > 1); stride 1 reads the input in place.
-        size = p.sy * p.sx * Hq * Wq + mod.LANES if copy else 1
-        (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (size,),
+        threads = engine.threads_for(p.flops, plan.ntasks)
+        (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (plan.size,),
                                           out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
+        epi = act | (EPI_BIAS_ROW if has_bias else 0)
         engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
-            counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
-            threads)
+            counter, plan.numbers, plan.grid, xf, planes[t] if plan.copy else xf, wf, b, epi,
+            of, planes[t]), threads)
         return out
     if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
