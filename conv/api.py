@@ -11,7 +11,7 @@ import os
 import numba
 import numpy as np
 
-from tilegemm.conv import direct, engine, im2col, paths, winograd
+from tilegemm.conv import engine, paths
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
@@ -66,9 +66,8 @@ class ConvWeights:
     (Winograd's ``G g G^T``, packed panels) is built on first use and kept with
     this object, and calls never compare the weights again.  With a plain array,
     :func:`conv2d` keeps what it built for the last 32 arrays and compares the
-    array with a copy on every call, to notice changes made in place: reading both
-    cost up to 6% of a Winograd call on ResNet-18 conv4_x (2.4 MB of weights) on one
-    thread and 9-12% on two, where it is work only the calling thread does.
+    array with a copy on every call, to notice changes made in place, work only the
+    calling thread does.
 
     Parameters
     ----------
@@ -167,22 +166,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         negative padding, an empty output, a bias of the wrong length, an unknown
         algorithm/activation/layout, or an algorithm that does not apply.
     """
-    func = "conv2d"
-    if isinstance(weight, ConvWeights):
-        weight = weight._frozen.array
-    _check_choice(algorithm, ALGORITHMS, "algorithm", func)
-    _check_choice(activation, ACTIVATIONS, "activation", func)
-    x = _float_array(input, "input", func)
-    w = _float_array(weight, "weight", func)
-    b = None if bias is None else _float_array(bias, "bias", func)
-    p = conv_params(x.shape, w.shape, stride, padding, dilation, groups, layout, func)
-    if b is not None and b.shape != (p.K,):
-        raise ValueError(f"{func}: bias must have shape ({p.K},) (one value per output channel), "
-                         f"got {b.shape}")
-    if algorithm == "winograd" and not p.winograd_ok:
-        raise ValueError(f"{func}: algorithm='winograd' (F(2x2,3x3)) needs a 3x3 kernel, stride 1 "
-                         f"and dilation 1; got a {p.kh}x{p.kw} kernel, stride {(p.sy, p.sx)}, "
-                         f"dilation {(p.dy, p.dx)}")
+    x, w, b, p = _operands(input, weight, bias, (stride, padding, dilation, groups, layout),
+                           algorithm, activation)
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
     out = np.empty(p.output_shape(), dtype) if _out is None else _internal_out(_out, p, dtype)
     act = _ACT_FLAGS[activation]
@@ -201,14 +186,29 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
             algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
                               os.environ.get("TILEGEMM_CONV_ALGORITHM"))
         _path = paths.path_of(p, algorithm, dtype)
-    algorithm, _, loop = _path.partition(".")
-    if algorithm == "winograd":
-        return winograd.run(x, w, b, out, p, act)
-    if algorithm == "direct":
-        return direct.run(x, w, b, out, p, act, loop)
-    if loop == "pointwise":
-        return im2col.pointwise(x, w, b, out, p, act)
-    return im2col.run(x, w, b, out, p, act, loop)
+    return paths.run(_path, x, w, b, out, p, act)
+
+
+def _operands(input, weight, bias, geometry, algorithm, activation, func="conv2d"):
+    """``conv2d``'s arrays (float, not yet cast) and :class:`ConvParams`, validated.
+
+    ``geometry`` is ``(stride, padding, dilation, groups, layout)``."""
+    if isinstance(weight, ConvWeights):
+        weight = weight._frozen.array
+    _check_choice(algorithm, ALGORITHMS, "algorithm", func)
+    _check_choice(activation, ACTIVATIONS, "activation", func)
+    x = _float_array(input, "input", func)
+    w = _float_array(weight, "weight", func)
+    b = None if bias is None else _float_array(bias, "bias", func)
+    p = conv_params(x.shape, w.shape, *geometry, func)
+    if b is not None and b.shape != (p.K,):
+        raise ValueError(f"{func}: bias must have shape ({p.K},) (one value per output channel), "
+                         f"got {b.shape}")
+    if algorithm == "winograd" and not p.winograd_ok:
+        raise ValueError(f"{func}: algorithm='winograd' (F(2x2,3x3)) needs a 3x3 kernel, stride 1 "
+                         f"and dilation 1; got a {p.kh}x{p.kw} kernel, stride {(p.sy, p.sx)}, "
+                         f"dilation {(p.dy, p.dx)}")
+    return x, w, b, p
 
 
 def _check_forced(path, p, dtype):

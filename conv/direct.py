@@ -8,7 +8,7 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
 * NCHW -- lanes over the output width: for each kernel tap, one input row segment
   is multiplied into ``KB`` output-channel rows (each input value loaded once per
   block of channels).  With a horizontal stride of 1 the generated
-  ``direct_nchw_task`` (``conv/_conv_tile.py``) runs instead: explicit vectors of
+  ``direct_nchw_task`` (``conv/_tile_direct.py``) runs instead: explicit vectors of
   output pixels, a channel's whole kernel window summed in one register.  Depthwise
   layers whose output is as wide as the image (or its stride-phase planes) run
   ``depthwise_flat_tasks``: the rows end to end as one vector run
@@ -21,16 +21,17 @@ small L1-resident accumulator, with the vector lanes over the contiguous axis:
 The bias and activation are applied to the accumulator before it is stored.
 Geometry tuples are as in :mod:`tilegemm.packing.im2col`.
 """
+import collections
 import functools
 
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, JIT
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, round_up
 from tilegemm.conv import engine
 from tilegemm.kernels.generator import next_task
-from tilegemm.packing.im2col import _valid_range
-from tilegemm.packing.winograd import _activate
+from tilegemm.packing.im2col import valid_range
+from tilegemm.packing.winograd import activate
 
 #: Output channels accumulated together in NCHW (each input row is read once per block).
 KB = 8
@@ -63,7 +64,7 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
                 row = ((n * C + g * Cg + c) * H + ih) * W
                 for j in range(kw):
                     iw0 = j * dx - px
-                    lo, hi = _valid_range(iw0, sx, Wo, W)
+                    lo, hi = valid_range(iw0, sx, Wo, W)
                     src = row + iw0
                     for kk in range(kn):
                         wv = w[(((k0 + kk) * Cg + c) * kh + i) * kw + j]
@@ -80,7 +81,7 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
                 y = acc[kk * Wo + ow]
                 if has_bias:
                     y += bias[k0 + kk]
-                out[dst + ow] = _activate(y, act)
+                out[dst + ow] = activate(y, act)
 
 
 @numba.njit(**JIT)
@@ -134,7 +135,7 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
             y = acc[k]
             if has_bias:
                 y += bias[k]
-            out[dst + k] = _activate(y, act)
+            out[dst + k] = activate(y, act)
 
 
 @numba.njit(**JIT)
@@ -163,13 +164,13 @@ def flat_applies(p, lanes):
     """Whether a depthwise layer runs its rows end to end (:func:`flat_geometry`): NCHW,
     an output exactly as wide as the image's stride-phase planes, a whole vector of
     ``lanes`` outputs at least."""
-    return (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.Wo == -(-p.W // p.sx)
+    return (p.layout == "NCHW" and p.Cg == 1 and p.Kg == 1 and p.Wo == cdiv(p.W, p.sx)
             and p.Ho * p.Wo >= lanes)
 
 
 @functools.lru_cache(maxsize=64)
 def flat_geometry(p, lanes, vectors, short, dtype):
-    """What ``depthwise_flat_tasks`` (``conv/_conv_tile.py``) needs for ``p``:
+    """What ``depthwise_flat_tasks`` (``conv/_tile_direct.py``) needs for ``p``:
     ``(applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks, shorts)``.
 
     It applies to depthwise NCHW layers whose output is exactly as wide as the
@@ -193,7 +194,7 @@ def flat_geometry(p, lanes, vectors, short, dtype):
     geometry: shared, never written.
     """
     itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
-    Hq, Wq = -(-p.H // p.sy), -(-p.W // p.sx)
+    Hq, Wq = cdiv(p.H, p.sy), cdiv(p.W, p.sx)
     pixels = p.Ho * p.Wo
     none = np.zeros(0, np.int64)
     if not flat_applies(p, lanes):
@@ -240,13 +241,36 @@ def flat_geometry(p, lanes, vectors, short, dtype):
             (blocks * lanes).astype(np.int64), (shorts * lanes).astype(np.int64))
 
 
+FlatPlan = collections.namedtuple("FlatPlan", "ntasks copy size grid numbers")
+
+
+@functools.lru_cache(maxsize=64)
+def flat_plan(p, lanes, vectors, short, dtype, tick_outputs):
+    """What the rows-end-to-end depthwise loop (``depthwise_flat_tasks``) takes for
+    ``p``, once per layer shape, or None where it does not apply: a channel a task,
+    ``per_tick`` channels per counter tick (``tick_outputs`` outputs at least), the
+    stride-phase copy's size (stride 1 reads the input in place), the geometry's
+    arrays (:func:`flat_geometry`) and the record the loop reads
+    (:func:`tilegemm.conv.engine.record`)."""
+    flat = flat_geometry(p, lanes, vectors, short, np.dtype(dtype))
+    if not flat[0]:
+        return None
+    Hq, Wq = flat[1]
+    ntasks = p.N * p.C
+    copy = p.sy * p.sx > 1
+    size = p.sy * p.sx * Hq * Wq + lanes if copy else 1
+    numbers = engine.record(ntasks=ntasks, per_tick=max(1, tick_outputs // (p.Ho * p.Wo)),
+                            out_plane=p.Ho * p.Wo, copy=copy, Hq=Hq, Wq=Wq, p=p)
+    return FlatPlan(ntasks, copy, size, tuple(flat[2:]), numbers)
+
+
 def nhwc_vector_applies(p, dtype, lanes=None):
     """Whether the depthwise NHWC kernel (vectors of channels) serves ``p``: depthwise,
     NHWC, channels for at least ``DW_NHWC_VECTORS`` vectors of ``lanes`` (the host's
     by default)."""
     lanes = engine.host_target(dtype).lanes if lanes is None else lanes
     return (p.layout == "NHWC" and p.Cg == 1 and p.Kg == 1
-            and p.C >= engine.conv_module(dtype).DW_NHWC_VECTORS * lanes)
+            and p.C >= engine.family_module("direct", dtype).DW_NHWC_VECTORS * lanes)
 
 
 #: The loops of :func:`run`: depthwise NCHW rows end to end (:func:`flat_applies`), the
@@ -289,36 +313,29 @@ def run(x, w, bias, out, p, act, path=None):
     shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("direct", out.dtype)
     if path == FLAT:
-        flat = flat_geometry(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype)
-        if not flat[0]:
+        plan = flat_plan(p, mod.LANES, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT, out.dtype.str,
+                         TICK_OUTPUTS)
+        if plan is None:
             raise ValueError(f"direct: the rows-end-to-end loop does not serve {p}")
-        # Depthwise, output as wide as the (phase) planes: rows end to end, a
-        # channel a task.
-        ntasks = p.N * p.C
-        threads = engine.threads_for(p.flops, ntasks)
-        per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo))
-        Hq, Wq = flat[1]
-        copy = p.sy * p.sx > 1
-        # The phase-split copy (stride > 1); stride 1 reads the input in place.
-        size = p.sy * p.sx * Hq * Wq + mod.LANES if copy else 1
-        (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (size,),
+        threads = engine.threads_for(p.flops, plan.ntasks)
+        (planes,) = engine.thread_buffers("depthwise_flat", max(threads, 1), (plan.size,),
                                           out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        args = (b, has_bias, act, of, p.Ho * p.Wo, geom, copy, Hq, Wq) + flat[2:]
+        epi = act | (EPI_BIAS_ROW if has_bias else 0)
         engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
-            counter, ntasks, per_tick, xf, planes[t] if copy else xf, wf, *args, planes[t]),
-            threads)
+            counter, plan.numbers, plan.grid, xf, planes[t] if plan.copy else xf, wf, b, epi,
+            of, planes[t]), threads)
         return out
     if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
-        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         # Depthwise layers copy each channel zero padded into acc (see direct_nchw_task).
         Hp, Wp = mod.depthwise_plane(geom)
         (accs,) = engine.thread_buffers("direct_nchw_vec", max(threads, 1),
-                                        (max(KB * engine.round_up(p.Wo, 64), Hp * Wp),),
+                                        (max(KB * round_up(p.Wo, 64), Hp * Wp),),
                                         out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo * min(KB, p.Kg)))
@@ -326,7 +343,7 @@ def run(x, w, bias, out, p, act, path=None):
         engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
         return out
     if path == NCHW:
-        ntasks = p.N * p.groups * -(-p.Kg // KB)
+        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)

@@ -1,7 +1,9 @@
 """Running convolutions on the GEMM engine: compiled drivers, buffers, prepared weights, threads.
 
-* :func:`conv_module` -- the module of convolution drivers bound to the GEMM kernel
-  of a dtype, written from ``conv/_conv_tile.py`` (see that file).
+* :func:`family_module` -- the compiled drivers of one family (im2col, rows, taps,
+  planes, Winograd, direct), written from ``conv/_tile_<family>.py`` on first use:
+  per GEMM kernel for the families that run its micro-kernel, per (dtype, ISA)
+  for the direct family, so a layer compiles only what it runs.
 * :func:`prepared` -- a small cache of weights already transformed and packed, keyed
   on the weight array and checked against a copy of its contents, so repeated
   calls with the same weights skip the work and weights changed in place are
@@ -10,7 +12,6 @@
 * :func:`launch` -- run a task loop on one or several Python threads.
 """
 import collections
-import functools
 import os
 import threading
 import weakref
@@ -19,20 +20,19 @@ import numba
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import JIT, round_up  # noqa: F401 (round_up: the paths')
+from tilegemm.ground.contracts import JIT, cdiv, round_up  # noqa: F401 (round_up: the paths')
 from tilegemm.ground.workspace import buffers, thread_buffers  # noqa: F401 (the paths' scratch)
-from tilegemm.kernels import driver as _driver
+from tilegemm.kernels.driver import kernel_for
 from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (the paths' threads)
-from tilegemm.tuning.machine import detect
+from tilegemm.kernels.registry import get_kernel
+from tilegemm.tuning.machine import ISA_SHAPE, detect
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TEMPLATE = os.path.join(_HERE, "_conv_tile.py")
-_PACKING = os.path.join(os.path.dirname(_HERE), "packing")
 
 
 def plan(dtype):
     """(kernel, blocking) the GEMM engine uses for ``dtype``."""
-    return _driver.kernel_for(np.dtype(dtype))
+    return kernel_for(np.dtype(dtype))
 
 
 #: The machine facts that decide which path serves a layer: the vector width in
@@ -48,7 +48,7 @@ def host_target(dtype):
     """The :data:`Target` of this machine for ``dtype`` (as detected or overridden).
 
     Kept per GEMM kernel (a new plan, e.g. after ``TILEGEMM_NR`` changed, names
-    another): every conv2d call routes through it, and building it cost 1.6 us."""
+    another): every conv2d call routes through it."""
     kernel, _ = plan(dtype)
     target = _targets.get(kernel.name)
     if target is None:
@@ -58,36 +58,127 @@ def host_target(dtype):
     return target
 
 
+#: Names a plan's record gives :meth:`ConvParams.geom`'s values and the strides.
+GEOM = ("H", "W", "Ho", "Wo", "kh", "kw", "sy", "sx", "py", "px", "dy", "dx")
+STRIDES = ("xs_n", "xs_c", "xs_h", "xs_w", "os_n", "os_k", "os_h", "os_w")
+
+
+def record(p=None, **numbers):
+    """A plan's numbers as one read-only record (a one-element structured array of int64).
+
+    A task loop takes the plan whole as this one argument and reads ``plan[0].name``:
+    Numba types it from its dtype at C speed, where a namedtuple would cost a
+    Python-level look at every field on every call.  Built once per plan (cached).
+    With :class:`ConvParams` ``p``, the record also holds its geometry (:data:`GEOM`)
+    and the input and output strides (:data:`STRIDES`).
+    """
+    if p is not None:
+        numbers.update(zip(GEOM, p.geom()))
+        numbers.update(zip(STRIDES, p.input_strides() + p.output_strides()))
+    rec = np.zeros(1, np.dtype([(name, np.int64) for name in numbers]))
+    for name, value in numbers.items():
+        rec[0][name] = value
+    rec.flags.writeable = False
+    return rec
+
+
 def balanced_kc(k, kc_max):
     """KC no larger than ``kc_max`` that cuts ``k`` into equal blocks (no runt last block)."""
-    return -(-k // -(-k // kc_max))
+    return cdiv(k, cdiv(k, kc_max))
 
 
-def _source_hash(kernel):
-    """Hash of every source the generated drivers inline: a change must invalidate the cache."""
-    paths = [kernel.module.__file__, _TEMPLATE, os.path.join(_HERE, "params.py")]
-    paths += [os.path.join(_PACKING, f) for f in ("pack.py", "im2col.py", "winograd.py")]
+# --- generated drivers, one template per family ---------------------------------------
+
+#: Families written per GEMM kernel (MR, NR, ISA): they run its micro-kernel.
+GEMM_FAMILIES = ("im2col", "rows", "taps", "planes", "winograd")
+#: Families written per (dtype, ISA): ``shared`` (copies several families call) and
+#: ``direct`` (direct and depthwise convolution, no micro-kernel).
+ISA_FAMILIES = ("shared", "direct")
+#: The other templates (and conv modules) each family's template compiles in.
+_INLINES = {"shared": (), "direct": ("_tile_shared.py",), "im2col": ("_tile_shared.py",),
+            "rows": ("_tile_shared.py",), "winograd": (),
+            "taps": ("_tile_shared.py", "taps.py"),
+            "planes": ("_tile_shared.py", "_tile_taps.py", "taps.py")}
+_KERNELS = os.path.join(os.path.dirname(_HERE), "kernels")
+_GROUND = os.path.join(os.path.dirname(_HERE), "ground")
+
+
+def _template(family):
+    return os.path.join(_HERE, f"_tile_{family}.py")
+
+
+def _source_hash(family, kernel):
+    """Digest of every source ``family``'s generated code inlines: a change rewrites the module.
+
+    A GEMM kernel's module is named with a digest of the kernels, packing and
+    ground sources; a family without one hashes the kernels and ground sources.
+    """
+    paths = [_template(family)] + [os.path.join(_HERE, f) for f in _INLINES[family]]
+    if kernel is not None:
+        paths.append(kernel.module.__file__)
+    else:
+        paths += loader.python_files(_KERNELS) + loader.python_files(_GROUND)
     return loader.digest(paths)
 
 
-_module_lock = threading.Lock()
+_module_lock = threading.RLock()     # a template loads the templates it calls while loaded
+_modules = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _load(kernel):
-    source_hash = _source_hash(kernel)
-    config = [f"DTYPE = np.{kernel.dtype.name}", f"MR = {kernel.mr}", f"NR = {kernel.nr}",
-              f"ISA = {kernel.isa!r}", f"SOURCE_HASH = {source_hash!r}"]
-    header = "# Generated by tilegemm.conv.engine from conv/_conv_tile.py; do not edit.\n"
-    return loader.load_generated(f"conv_{kernel.name}_{source_hash}",
-                                 loader.configured(_TEMPLATE, config, header))
+def template_module(family, dtype, mr=0, nr=0, isa=None):
+    """The module written from ``conv/_tile_{family}.py`` for one configuration.
+
+    Parameters
+    ----------
+    family : str
+        One of :data:`GEMM_FAMILIES` (``mr``, ``nr`` and ``isa`` name the GEMM
+        kernel) or :data:`ISA_FAMILIES` (``isa`` alone; ``mr`` and ``nr`` ignored).
+    dtype : numpy dtype
+    """
+    dtype = np.dtype(dtype)
+    key = (family, dtype, mr, nr, isa)
+    module = _modules.get(key)
+    if module is None:
+        with _module_lock:
+            module = _modules.get(key)
+            if module is None:
+                module = _modules[key] = _load(family, dtype, mr, nr, isa)
+    return module
 
 
-def conv_module(dtype):
-    """The compiled convolution drivers for ``dtype``'s GEMM kernel."""
+def _load(family, dtype, mr, nr, isa):
+    lanes = ISA_SHAPE[isa][0] // (8 * dtype.itemsize)
+    if family in ISA_FAMILIES:
+        kernel, config = None, [f"LANES = {lanes}"]
+        name = f"conv_{family}_f{dtype.itemsize * 8}_{isa}"
+    else:
+        kernel = get_kernel(dtype, mr, nr, isa)
+        config = [f"MR = {mr}", f"NR = {nr}"]
+        name = f"conv_{family}_{kernel.name}"
+    source_hash = _source_hash(family, kernel)
+    config = [f"DTYPE = np.{dtype.name}"] + config + [f"ISA = {isa!r}",
+                                                      f"SOURCE_HASH = {source_hash!r}"]
+    header = (f"# Generated by tilegemm.conv.engine from conv/_tile_{family}.py; "
+              "do not edit.\n")
+    return loader.load_generated(f"{name}_{source_hash}",
+                                 loader.configured(_template(family), config, header))
+
+
+def family_module(family, dtype):
+    """The compiled drivers of ``family`` for ``dtype``'s GEMM kernel (its ISA for
+    :data:`ISA_FAMILIES`), loaded on first use."""
     kernel, _ = plan(dtype)
-    with _module_lock:
-        return _load(kernel)
+    module = _by_kernel.get((family, kernel.name))   # every conv2d call asks: kept cheap
+    if module is None:
+        if family in ISA_FAMILIES:
+            module = template_module(family, dtype, isa=kernel.isa)
+        else:
+            module = template_module(family, dtype, kernel.mr, kernel.nr, kernel.isa)
+        _by_kernel[(family, kernel.name)] = module
+    return module
+
+
+_by_kernel = {}
 
 
 # --- prepared weights -----------------------------------------------------------------
@@ -158,9 +249,8 @@ def prepared(kind, weight, params, build):
 
 
 #: Weights of at least this many bytes per thread are compared on several threads at
-#: once.  Read by the calling thread alone, before the others start, the comparison
-#: of ResNet-18 conv5_x's 9.4 MB of weights took 1.3 ms of a 10.5 ms 2-thread
-#: Winograd call (conv4_x's 2.4 MB: 0.4 of 7.6 ms), mostly from memory.
+#: once: read by the calling thread alone, before the others start, the comparison
+#: of large weights is a visible share of a call (docs/conv-paths.md).
 COMPARE_BYTES_PER_THREAD = 1 << 20
 #: Elements compared between tests for a difference: the loop inside vectorises.
 _COMPARE_BLOCK = 4096
@@ -216,6 +306,12 @@ def clear_prepared():
 
 #: Below this many flops a convolution runs on one thread: starting the pool costs more.
 SERIAL_FLOPS = 2 * 64 ** 3
+#: With several threads, the packed and taps paths cut images into column parts
+#: (pixel blocks) until there are this many tasks per thread: tasks are taken from a
+#: shared counter, so finer ones even out threads the machine slows down or starts
+#: late (figures in docs/conv-paths.md).  Not for layers the taps path reads from a
+#: copy: every thread taking a part of an image copies all of it.
+TASKS_PER_THREAD = 16
 
 
 def threads_for(flops, tasks):

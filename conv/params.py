@@ -5,16 +5,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilegemm.ground.contracts import cdiv
 from tilegemm.packing.im2col import conv_output_size
 
 LAYOUTS = ("NCHW", "NHWC")
 ACTIVATIONS = (None, "relu", "relu6")
 ALGORITHMS = ("auto", "im2col", "winograd", "direct")
-#: Where the im2col taps kernel reads B (the drivers in ``conv/_conv_tile.py`` and the
-#: planning in ``conv/im2col.py``): a zero-padded stride-split copy whose grid is wider
-#: than the output; the image itself (stride 1, ``Wo == W``); an unpadded stride-split
-#: copy whose planes are as wide as the output.
-PADDED, FLAT, PHASED = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -67,6 +63,17 @@ class ConvParams:
     def flops(self):
         """Multiply-adds x 2 of the direct definition (the 'effective' flop count)."""
         return 2 * self.N * self.K * self.Cg * self.kh * self.kw * self.Ho * self.Wo
+
+    @property
+    def winograd_tiles(self):
+        """2x2 output tiles of F(2x2, 3x3) over the batch."""
+        return self.N * cdiv(self.Ho, 2) * cdiv(self.Wo, 2)
+
+    @property
+    def winograd_flops(self):
+        """Flops of Winograd's 16 GEMMs (16 products per 2x2 output tile instead of 36;
+        transforms not counted)."""
+        return 2 * 16 * self.winograd_tiles * self.Cg * self.K
 
     @property
     def depthwise(self):

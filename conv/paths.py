@@ -1,21 +1,44 @@
-"""Every loop nest ``conv2d`` can run, by name, and which one runs a given layer.
+"""Every loop nest ``conv2d`` can run, by name, which one runs a given layer, and running it.
 
 A path is ``"{algorithm}.{loop}"``: the algorithm a caller names (``im2col``,
 ``winograd``, ``direct``) and the loop nest that carries it out for the layer's
-layout and shape.  :func:`path_of` is the one place that says which path runs;
-``conv2d`` dispatches on it and :func:`tilegemm.conv_plan` reports it, so a test
-that records the paths of its cases knows exactly what ran.  :func:`serves` says
-whether a path computes a layer correctly whatever its speed: the paths that
-tests may force through ``conv2d``'s internal ``_path`` argument.
+layout and shape.  The im2col loops are one module each: :mod:`~tilegemm.conv.im2col`
+(``pointwise`` and ``packed``), :mod:`~tilegemm.conv.rows`, :mod:`~tilegemm.conv.taps`
+and :mod:`~tilegemm.conv.planes`; each says through public predicates when it
+serves a layer and when it wins.  :func:`path_of` is the one place that says which
+path runs; ``conv2d`` dispatches on it (:func:`run`) and
+:func:`tilegemm.conv_plan` reports it, so a test that records the paths of its
+cases knows exactly what ran.  :func:`serves` says whether a path computes a layer
+correctly whatever its speed: the paths that tests may force through ``conv2d``'s
+internal ``_path`` argument.
 """
 import numpy as np
 
-from tilegemm.conv import direct, im2col
+from tilegemm.conv import direct, engine, im2col, planes, rows, taps, winograd
+
+#: The im2col loops other than ``pointwise``: the rows kernel (A's rows read in
+#: place), the taps kernel (B read in place or from a stride-split copy), the taps
+#: kernel over NHWC groups copied as planes, and B panels packed from the image.
+ROWS, TAPS, PLANES, PACKED = "rows", "taps", "planes", "packed"
+IM2COL_LOOPS = (ROWS, TAPS, PLANES, PACKED)
 
 #: Every path, in the order of the algorithms.
-PATHS = (("im2col.pointwise",) + tuple(f"im2col.{name}" for name in im2col.PATHS)
+PATHS = (("im2col.pointwise",) + tuple(f"im2col.{name}" for name in IM2COL_LOOPS)
          + ("winograd.nchw", "winograd.nhwc")
          + tuple(f"direct.{name}" for name in direct.PATHS))
+
+
+def im2col_route(p, dtype=np.float32, target=None):
+    """Which im2col loop runs ``p`` (1x1 stride-1 layers aside: ``pointwise``):
+    ``ROWS``, ``TAPS``, ``PLANES`` or ``PACKED``.
+
+    ``target`` (:data:`tilegemm.conv.engine.Target`) defaults to the host's."""
+    target = engine.host_target(dtype) if target is None else target
+    if p.layout == "NCHW":
+        if rows.nchw_applies(p, dtype, target):
+            return ROWS
+        return TAPS if taps.serves(p, dtype) else PACKED
+    return PLANES if planes.applies(p, dtype, target) else ROWS
 
 
 def path_of(p, algorithm, dtype=np.float32, target=None):
@@ -24,7 +47,7 @@ def path_of(p, algorithm, dtype=np.float32, target=None):
     if algorithm == "im2col":
         if p.pointwise:
             return "im2col.pointwise"
-        return "im2col." + im2col.route(p, dtype, target)
+        return "im2col." + im2col_route(p, dtype, target)
     if algorithm == "winograd":
         return "winograd." + p.layout.lower()
     if algorithm == "direct":
@@ -36,11 +59,28 @@ def serves(path, p, dtype=np.float32):
     """Whether ``path`` computes ``p`` correctly on this host."""
     algorithm, _, loop = path.partition(".")
     if algorithm == "im2col":
-        if loop == "pointwise":
-            return p.pointwise
-        return im2col.serves(loop, p, dtype)
+        return {"pointwise": lambda: p.pointwise, PACKED: lambda: p.layout == "NCHW",
+                TAPS: lambda: taps.serves(p, dtype), ROWS: lambda: rows.serves(p),
+                PLANES: lambda: planes.serves(p, dtype)}.get(loop, lambda: False)()
     if algorithm == "winograd":
         return p.winograd_ok and loop == p.layout.lower()
     if algorithm == "direct":
         return loop in direct.PATHS and direct.serves(loop, p, dtype)
     return False
+
+
+_IM2COL_RUNS = {"pointwise": im2col.pointwise, PACKED: im2col.run, ROWS: rows.run,
+                TAPS: taps.run, PLANES: planes.run}
+
+
+def run(path, x, w, bias, out, p, act):
+    """Run ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) into ``out``.
+
+    ``x`` is C-contiguous in ``p.layout``, ``w`` (K, C/groups, kh, kw) contiguous,
+    ``out`` C-contiguous, ``act`` the activation's epilogue flags."""
+    algorithm, _, loop = path.partition(".")
+    if algorithm == "im2col":
+        return _IM2COL_RUNS[loop](x, w, bias, out, p, act)
+    if algorithm == "winograd":
+        return winograd.run(x, w, bias, out, p, act)
+    return direct.run(x, w, bias, out, p, act, loop)

@@ -7,7 +7,7 @@ Each algorithm's time is estimated from the shape as
 where the GEMM efficiency falls with the fraction of each register tile the shape
 leaves empty (few output channels, few pixels) and with a short reduction (the
 micro-kernel's fixed cost of loading and storing its tile is amortised over the
-k loop).  The constants below were fitted to ``bench/bench_conv.py`` on the
+k loop).  The constants below were fitted with ``tilegemm bench --op conv`` on the
 development machine (AVX-512, fp32); only their ratios matter, since the choice
 compares estimates with each other.  ``TILEGEMM_CONV_ALGORITHM`` forces a choice.
 """
@@ -19,10 +19,11 @@ import numba
 import numpy as np
 
 from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
-from tilegemm.conv.im2col import (PLANES, ROWS, SHIFTED, _layout, route, rows_kc,
-                                  rows_merged)
-from tilegemm.conv.params import FLAT, PHASED, conv_params
-from tilegemm.conv.paths import path_of
+from tilegemm.conv import taps
+from tilegemm.conv.params import conv_params
+from tilegemm.conv.paths import PLANES, ROWS, TAPS, im2col_route, path_of
+from tilegemm.conv.rows import rows_kc, rows_merged
+from tilegemm.ground.contracts import round_up
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -32,13 +33,11 @@ K_HALF = 24
 DIRECT_EFFICIENCY = 0.015
 #: ... and of the vector direct loop (NCHW, horizontal stride 1): ~3.5% on MobileNet depthwise.
 DIRECT_VECTOR_EFFICIENCY = 0.035
-#: ... and of depthwise rows run end to end (``tilegemm.conv.direct.flat_applies``),
-#: measured on a Zen 3 (AVX2), batch 8: 6% at 7x7, 20% at 28x28 with stride 1;
-#: 3.5% with stride 2, which splits each channel by stride phase first.
+#: ... and of depthwise rows run end to end (``tilegemm.conv.direct.flat_applies``);
+#: with stride 2 each channel is split by stride phase first.
 DIRECT_FLAT_EFFICIENCY = 0.06
 DIRECT_FLAT_COPY_EFFICIENCY = 0.035
-#: ... and of depthwise NHWC layers on vectors of channels: 15-48% on the same machine
-#: (batch 8: 64 channels at 112x112 stride 2 the least, 256 at 28x28 the most).
+#: ... and of depthwise NHWC layers on vectors of channels.
 DIRECT_NHWC_VECTOR_EFFICIENCY = 0.15
 #: Seconds of Python-side set-up per group (Winograd, and im2col's packing path, launch
 #: their task loops once per group).
@@ -53,14 +52,11 @@ PLANES_COPY_RATE = 1.5
 #: How much faster than ``_gemm_seconds`` says the taps kernel runs (its short row
 #: panels write only their rows; every tap of a channel block per C update).  Applied
 #: where the estimate competes with NHWC Winograd, whose model matches it: NHWC
-#: grouped layers (1 thread, batch 8: 64 channels in 2 groups at 56x56 13.3 ms against
-#: Winograd's 18.3, estimated 20.1 and 16.9 without it).  On NCHW layers the taps
-#: kernel ran 1.3-1.5x its estimate too (ResNet-18 conv3_x: 21.9 ms, estimated 31.1),
-#: but there the estimate already ranks the algorithms as measured.
+#: grouped layers.  On NCHW layers the estimate already ranks the algorithms as
+#: measured.
 TAPS_SPEEDUP = 1.4
-#: The same for the NHWC rows kernel (``im2col._run_rows``), against NHWC Winograd:
-#: 1 thread, batch 8, ResNet-18 conv2_x ran 19.6 ms (Winograd 21.7), conv3_x 19.8
-#: (15.9), conv5_x 22.8 (17.1); VGG-16 conv1_2 324 (343).
+#: The same for the NHWC rows kernel (``tilegemm.conv.rows.run``), against NHWC
+#: Winograd.
 ROWS_SPEEDUP = 1.55
 #: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
 WINOGRAD_IN_RATE = 0.12
@@ -101,13 +97,9 @@ class ConvPlan:
     route: str = ""
 
 
-def _round_up(x, m):
-    return -(-x // m) * m
-
-
 def _tile_fill(rows, cols, mr, nr):
     """Fraction of the MR x NR register tiles the GEMM's rows x cols fill."""
-    return (rows / _round_up(rows, mr)) * (cols / _round_up(cols, nr))
+    return (rows / round_up(rows, mr)) * (cols / round_up(cols, nr))
 
 
 def _gemm_seconds(flops, rows, cols, depth, mr, nr, peak):
@@ -128,7 +120,7 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
     ckk = p.Cg * p.kh * p.kw
     pixels = p.Ho * p.Wo
     out = {}
-    im2col_path = route(p, dtype, target)
+    im2col_path = im2col_route(p, dtype, target)
     if p.layout == "NCHW" or im2col_path == PLANES:
         gemm = _gemm_seconds(p.flops, p.Kg, pixels, ckk, mr, nr, peak)
     else:
@@ -143,10 +135,10 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
         copy = p.N * p.K * pixels * ns / PLANES_COPY_RATE if p.layout == "NCHW" else 0
         out["im2col"] = (_gemm_seconds(p.flops, p.N * pixels, p.Kg, depth, mr, nr, peak)
                          / ROWS_SPEEDUP + copy)
-    elif im2col_path == SHIFTED:
+    elif im2col_path == TAPS:
         # The taps kernel reads B in place (no patches), all groups in one task loop;
         # strides other than 1 read a stride-split copy of each image.
-        copy = 0 if _layout(p) == FLAT else p.N * p.C * p.H * p.W * ns / COPY_RATE
+        copy = p.N * p.C * p.H * p.W * ns / COPY_RATE if taps.copies(p) else 0
         out["im2col"] = gemm + copy
     elif im2col_path == PLANES:
         # NHWC grouped: the taps kernel on each group's channels copied as planes, the
@@ -158,9 +150,8 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
                                                      else PACK_RATE)
         out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
-        tiles = p.N * -(-p.Ho // 2) * -(-p.Wo // 2)
-        flops = 2 * 16 * tiles * p.Cg * p.K
-        gemm = _gemm_seconds(flops, tiles, p.Kg, p.Cg, mr, nr, peak)
+        tiles = p.winograd_tiles
+        gemm = _gemm_seconds(p.winograd_flops, tiles, p.Kg, p.Cg, mr, nr, peak)
         if p.layout == "NCHW":
             rate_in, rate_out = WINOGRAD_IN_RATE_VECTOR, WINOGRAD_OUT_RATE_VECTOR
         else:
@@ -195,12 +186,12 @@ def _describe(route, p):
     if route == "im2col.rows" and p.layout == "NCHW":
         return ("im2col (all taps per tile, each pixel's channels read in place, the "
                 "tiles of C transposed into the output planes)")
-    if route == "im2col.shifted":
-        return {FLAT: "im2col (all taps per tile, B read in place from the image through "
+    if route == "im2col.taps":
+        return {taps.FLAT: "im2col (all taps per tile, B read in place from the image through "
                       "load masks)",
-                PHASED: "im2col (all taps per tile, B read in place from an unpadded "
+                taps.PHASED: "im2col (all taps per tile, B read in place from an unpadded "
                         "stride-split image copy through load masks)"}.get(
-            _layout(p), "im2col (all taps per tile, B read in place from a stride-split "
+            taps.layout_of(p), "im2col (all taps per tile, B read in place from a stride-split "
                         "image copy)")
     return DESCRIPTIONS.get(route) or route.partition(".")[0]
 

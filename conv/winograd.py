@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import EPI_BIAS_ROW
+from tilegemm.ground.contracts import EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.packing.winograd import pack_filter_transforms
 
 
@@ -44,10 +44,7 @@ def prepare(w, groups, dtype):
 NHWC_BLOCKS_PER_THREAD = 4
 #: NHWC: tiles per block, at least, when the transformed weights take more than a
 #: quarter of L3.  Every block streams all 16 of them, from memory once they no longer
-#: stay in L3, so a block of a few tiles is bound by that stream.  Batch 8, against
-#: 6-tile blocks (the L2 budget), same rounds: ResNet-18 conv5_x in NHWC (16.8 MB of
-#: transformed weights) 1.50x faster on 1 thread, 1.17-1.23x on 2; taken for conv4_x
-#: too (4.2 MB) it was 1.02x on 1 thread but 0.93-0.94x on 2.
+#: stay in L3, so a block of a few tiles is bound by that stream (docs/conv-paths.md).
 NHWC_STREAM_TILES = 64
 
 
@@ -64,7 +61,7 @@ def _stream_floor(C, Kp, MR, itemsize, l3_bytes):
     """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
     the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
     if l3_bytes and 16 * C * Kp * itemsize > l3_bytes // 4:
-        return engine.round_up(NHWC_STREAM_TILES, MR)
+        return round_up(NHWC_STREAM_TILES, MR)
     return MR
 
 
@@ -84,8 +81,7 @@ def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
 
 
 #: NCHW: a block's input transform costs about as much as this many rows of its 16 GEMMs
-#: (+5% a call at 1 thread with the rows of ResNet-18 conv4_x in two parts, 258 rows;
-#: +10% for conv3_x, 132 rows).
+#: (docs/conv-paths.md).
 NCHW_INPUT_ROWS = 14
 
 
@@ -106,7 +102,7 @@ def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts
     columns times its rows plus ``NCHW_INPUT_ROWS``.  With ``min_parts`` > 1 every
     block is split at least that far.
     """
-    cols = [engine.round_up(min(NB, tiles_total - t0), NR) for t0 in range(0, tiles_total, NB)]
+    cols = [round_up(min(NB, tiles_total - t0), NR) for t0 in range(0, tiles_total, NB)]
     blocks = len(cols)
     if threads <= 1 or (min_parts <= 1 and blocks >= NCHW_SPLIT_BLOCKS_PER_THREAD * threads):
         return blocks, 1
@@ -136,7 +132,7 @@ def _slab(size, itemsize):
     those 16 lines in one L1 set (4 KiB aliasing), the extra line spreads them out.
     """
     line = 64 // itemsize
-    return engine.round_up(size, line) + line
+    return round_up(size, line) + line
 
 
 def run(x, w, bias, out, p, act):
@@ -150,7 +146,7 @@ def _run_nchw(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
@@ -161,20 +157,17 @@ def _run_nchw(x, w, bias, out, p, act):
         return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
 
     upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
-    TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
-    group_threads = -(-threads // p.groups)
+    group_threads = cdiv(threads, p.groups)
     NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
     # Enough blocks for every thread, but no block smaller than one NR panel.
-    NB = max(NR, min(NB, engine.round_up(-(-tiles_total // group_threads), NR)))
-    blocks = -(-tiles_total // NB)
+    NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
+    blocks = cdiv(tiles_total, NB)
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
-    # then at most half the rows a task.  2 threads, best of 5-7 alternated rounds:
-    # ResNet-18 conv5_x (2.1 MB of slabs) 3.08 ms in two parts against 3.25 whole
-    # (1 thread: 5.72 against 5.64, so not there); conv4_x (1.06 MB) 2.37 ms all in
-    # two parts against 2.25 with only the last block split.
+    # then at most half the rows a task (docs/conv-paths.md).
     spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
     panels = Kp // MR
     whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, group_threads,
@@ -182,7 +175,7 @@ def _run_nchw(x, w, bias, out, p, act):
     ntasks = (whole + (blocks - whole) * parts) * p.groups
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)
-    m_slab = _slab((Kp if whole else -(-panels // parts) * MR) * NB, out.itemsize)
+    m_slab = _slab((Kp if whole else cdiv(panels, parts) * MR) * NB, out.itemsize)
     bpacks, mbufs, tiles = engine.thread_buffers(
         ("winograd_nchw", kernel.name), max(threads, 1), (16 * b_slab, 16 * m_slab, MR * NR),
         out.dtype)
@@ -204,21 +197,21 @@ def _run_nhwc(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.plan(out.dtype)
-    mod = engine.conv_module(out.dtype)
+    mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     packed, KC = prepare(w, p.groups, out.dtype)
     Kp = packed[0][1]
     NC = min(blk.nc, Kp)
-    TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
+    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
     machine = detect()
     MT = tile_block(p.Cg, Kp, KC, MR, machine.l2_bytes, out.itemsize, machine.l3_bytes)
     # At least a few blocks per thread so that uneven blocks balance out, but not
     # below the floor of a streamed weight transform (see tile_block).
-    balanced = engine.round_up(-(-tiles_total // (NHWC_BLOCKS_PER_THREAD * threads)), MR)
+    balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
     MT = min(MT, max(balanced, _stream_floor(p.Cg, Kp, MR, out.itemsize, machine.l3_bytes)))
-    ntasks = -(-tiles_total // MT)
+    ntasks = cdiv(tiles_total, MT)
     threads = min(threads, ntasks)
     a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)
     apacks, mbufs, tiles, vs = engine.thread_buffers(

@@ -87,7 +87,7 @@ def row_segments(col, cols, Wo, seg_oh, seg_ow, seg_len):
 
 
 @numba.njit(**JIT)
-def _valid_range(start, step, count, limit):
+def valid_range(start, step, count, limit):
     """``[lo, hi)`` of the ``t < count`` with ``0 <= start + t*step < limit`` (``step > 0``)."""
     lo = 0
     if start < 0:
@@ -143,7 +143,7 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
                         lo = max(0, -iw0)
                         hi = max(lo, min(seg, W - iw0))
                     else:
-                        lo, hi = _valid_range(iw0, sx, seg, W)
+                        lo, hi = valid_range(iw0, sx, seg, W)
                     for t in range(lo):
                         buf[out + t] = 0
                     if contiguous:

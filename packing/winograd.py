@@ -266,8 +266,10 @@ def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
 
 
 @numba.njit(inline="always", **JIT)
-def _activate(y, act):
-    # Compare-and-assign keeps NaN (NaN < 0 is false), as torch's relu does.
+def activate(y, act):
+    """``y`` through the activation of epilogue flags ``act`` (relu, relu6, or none).
+
+    Compare-and-assign keeps NaN (NaN < 0 is false), as torch's relu does."""
     if act & (EPI_RELU | EPI_RELU6) and y < 0:
         y = 0
     if act & EPI_RELU6 and y > 6:
@@ -323,10 +325,10 @@ def unpack_winograd(m, slab, ldm, t0, mt, K, out, o_off, os, geom, bias, has_bia
                 y10 += bias[k]
                 y11 += bias[k]
             o = dst + k * sk
-            out[o] = _activate(y00, act)
+            out[o] = activate(y00, act)
             if two_cols:
-                out[o + s_col] = _activate(y01, act)
+                out[o + s_col] = activate(y01, act)
             if two_rows:
-                out[o + s_row] = _activate(y10, act)
+                out[o + s_row] = activate(y10, act)
                 if two_cols:
-                    out[o + s_row + s_col] = _activate(y11, act)
+                    out[o + s_row + s_col] = activate(y11, act)

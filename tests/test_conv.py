@@ -14,6 +14,7 @@ from reference import reference_conv
 from tilegemm.conv import engine, paths
 from tilegemm.conv.engine import Target
 from tilegemm.conv.params import conv_params
+from tilegemm.ground.contracts import round_up
 from tilegemm.packing.im2col import im2col, pack_b_im2col
 from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
                                        weight_transform)
@@ -229,7 +230,7 @@ def test_output_transform_matches_AT():
 def _vector_transform_case(dtype, H, W, pad, N=2):
     """Geometry, strides and the run table of the vector transforms for an NCHW image."""
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("winograd", dtype)
     Ho, Wo = H + 2 * pad - 2, W + 2 * pad - 2
     TH, TW = -(-Ho // 2), -(-Wo // 2)
     geom = (H, W, Ho, Wo, pad, pad, TH, TW)
@@ -354,7 +355,7 @@ def test_pack_b_im2col_matches_explicit(geom):
 def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
     """The generated NCHW packer (vector row copies) writes the explicit patch matrix."""
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("im2col", dtype)
     NR = engine.plan(dtype)[0].nr
     C, H, W = 3, 7, geom["W"]
     x = RNG.standard_normal((C, H, W)).astype(dtype)
@@ -636,7 +637,7 @@ def test_matches_torch(name):
 # (input NCHW, (K, kh, kw), keyword arguments) served by the stride-split im2col path:
 # output rows written straight (1x1 stride 2, whole panels) with and without a partial
 # row panel, channels in two k blocks, dilation with asymmetric padding and strides.
-SHIFTED = {
+TAPS_CASES = {
     "direct_rows": ((2, 16, 16, 16), (24, 1, 1), dict(stride=2)),
     "direct_partial_rows": ((2, 16, 16, 16), (20, 1, 1), dict(stride=2)),
     "two_k_blocks": ((1, 130, 10, 10), (70, 3, 3), dict(padding=1)),
@@ -650,7 +651,7 @@ SHIFTED = {
 # (group, image).  4 in / 4 out per group (ResNeXt's shape: the 4-row kernel writes
 # straight, tail columns batched over the images), a stride-split copy per group with a
 # partial row panel, a zero-padded copy, few pixels with 2 rows a group.
-GROUPED_SHIFTED = {
+GROUPED_TAPS = {
     "resnext": ((3, 32, 9, 17), (32, 3, 3), dict(padding=1, groups=8)),
     "strided_copy": ((2, 24, 11, 12), (21, 3, 3), dict(stride=2, padding=1, groups=3)),
     "padded_copy": ((2, 12, 12, 12), (20, 3, 3), dict(stride=2, groups=2)),
@@ -658,48 +659,47 @@ GROUPED_SHIFTED = {
 }
 
 
-@pytest.mark.parametrize("name", list(SHIFTED))
-def test_shifted_im2col(name, monkeypatch):
-    from tilegemm.conv import im2col as im2col_mod
-    shape = SHIFTED[name]
+@pytest.mark.parametrize("name", list(TAPS_CASES))
+def test_taps_path(name, monkeypatch):
+    from tilegemm.conv import taps as taps_mod
+    shape = TAPS_CASES[name]
     # A small C block forces several column blocks on the last case.
-    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 16)
+    monkeypatch.setattr(taps_mod, "TAPS_C_BYTES", 1 << 16)
     p = conv_params(*_shapes(shape), **shape[2])
-    assert im2col_mod.shifted_ok(p)
+    assert taps_mod.serves(p)
     run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
-             path="im2col.shifted")
+             path="im2col.taps")
 
 
-def test_shifted_tails_split_only_when_too_few_for_the_threads():
+def test_taps_tails_split_only_when_too_few_for_the_threads():
     """The tails GEMM (columns past each image's last whole panel) is cut by rows between
     threads only when there are fewer tails GEMMs than threads: every share packs the
     tails again.  Two 25x25 images of 256 channels (one tails GEMM a group): one group
     split, 32 groups not."""
-    from tilegemm.conv import im2col as im2col_mod
-    kernel, _ = engine.plan(np.float32)
+    from tilegemm.conv import taps as taps_mod
+    kernel, blk = engine.plan(np.float32)
     for groups, split in ((1, 2), (32, 1)):
         p = conv_params((2, 256, 25, 25), (256, 256 // groups, 3, 3), 1, 1, 1, groups)
-        KC = im2col_mod.shifted_kc(p, kernel.mr, kernel.nr, 4, 32 << 10)
-        Mp = engine.round_up(p.Kg, kernel.mr)
-        plan = im2col_mod._shifted_plan(p, "<f4", 2, True, kernel.mr, kernel.nr, KC, Mp,
-                                        im2col_mod.SHIFTED_C_BYTES,
-                                        im2col_mod.SHIFTED_TAIL_COLUMNS,
-                                        im2col_mod.TASKS_PER_THREAD)
+        KC = taps_mod.taps_kc(p, kernel.mr, kernel.nr, 4, 32 << 10)
+        Mp = round_up(p.Kg, kernel.mr)
+        plan = taps_mod.taps_plan(p, "<f4", 2, True, kernel.mr, kernel.nr, KC, Mp, blk.mc,
+                                  taps_mod.TAPS_C_BYTES, taps_mod.TAPS_TAIL_COLUMNS,
+                                  engine.TASKS_PER_THREAD)
         assert plan.q_end < 25 * 25 and plan.tail_parts == split
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name", list(GROUPED_SHIFTED))
+@pytest.mark.parametrize("name", list(GROUPED_TAPS))
 def test_grouped_im2col_runs_every_group_in_one_task_loop(name, threads, dtype, monkeypatch):
-    from tilegemm.conv import im2col as im2col_mod
-    shape = GROUPED_SHIFTED[name]
-    groups = _record_arg(monkeypatch, "shifted_tasks", 3, dtype)
-    assert im2col_mod.shifted_ok(conv_params(*_shapes(shape), **shape[2]))
+    from tilegemm.conv import taps as taps_mod
+    shape = GROUPED_TAPS[name]
+    groups = _record_arg(monkeypatch, "taps_tasks", 1, dtype, field="groups")
+    assert taps_mod.serves(conv_params(*_shapes(shape), **shape[2]))
     with _threads(threads):
         run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu6",
-                 path="im2col.shifted")
-        run_case(shape, "im2col", "NCHW", dtype, bias=False, path="im2col.shifted")
+                 path="im2col.taps")
+        run_case(shape, "im2col", "NCHW", dtype, bias=False, path="im2col.taps")
     # Every thread's task loop gets all the groups (no launch per group).
     assert groups and set(groups) == {shape[2]["groups"]}
 
@@ -721,13 +721,13 @@ PLANES = {
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(PLANES))
 def test_grouped_nhwc_im2col_copies_groups_as_planes(name, threads, dtype, monkeypatch):
-    from tilegemm.conv import im2col as im2col_mod
-    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", 1 << 12)   # several column blocks
+    from tilegemm.conv import taps as taps_mod
+    monkeypatch.setattr(taps_mod, "TAPS_C_BYTES", 1 << 12)   # several column blocks
     shape = PLANES[name]
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, H, W, C), (K, C // kw_args["groups"], kh, kw), layout="NHWC", **kw_args)
     assert paths.serves("im2col.planes", p, dtype)
-    blocks = _record_arg(monkeypatch, "shifted_nhwc_tasks", 3, dtype)     # groups per task
+    blocks = _record_arg(monkeypatch, "planes_tasks", 1, dtype, field="G")  # groups a task
     with _threads(threads):
         run_case(shape, "im2col", "NHWC", dtype, bias=True, activation="relu",
                  path="im2col.planes")
@@ -762,12 +762,12 @@ def test_nhwc_im2col_reads_pixels_in_place(name, threads, dtype, monkeypatch):
 def _run_rows_path(shape, layout, threads, dtype, activation, monkeypatch):
     """``run_case`` of ``shape`` on the rows path with and without bias and activation,
     with cache shares that force several blocks and tasks, checking the path ran."""
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import rows as rows_mod
     # KC of about 20 channels for 3x3 kernels, NR-column NC blocks, a row panel a task.
-    monkeypatch.setattr(im2col_mod, "ROWS_A_L1", 1 / 16)
-    monkeypatch.setattr(im2col_mod, "ROWS_B_L2", 1 / 2048)
-    monkeypatch.setattr(im2col_mod, "ROWS_A_L2", 1 / 4096)
-    tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype)
+    monkeypatch.setattr(rows_mod, "ROWS_A_L1", 1 / 16)
+    monkeypatch.setattr(rows_mod, "ROWS_B_L2", 1 / 2048)
+    monkeypatch.setattr(rows_mod, "ROWS_A_L2", 1 / 4096)
+    tasks = _record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype, field="ntasks")
     with _threads(threads):
         run_case(shape, "im2col", layout, dtype, bias=True, activation=activation,
                  path="im2col.rows")
@@ -793,22 +793,22 @@ ROWS_NCHW = {
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(ROWS_NCHW))
 def test_nchw_im2col_on_the_rows_kernel(name, threads, dtype, monkeypatch):
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import rows as rows_mod
     shape = ROWS_NCHW[name]
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, C, H, W), (K, C, kh, kw), kw_args.get("stride", 1),
                     kw_args["padding"], kw_args.get("dilation", 1), 1, "NCHW")
     # On a 6x64 tile (AVX-512 float32) auto takes this path; other tiles may not.
-    assert im2col_mod.rows_nchw_ok(p, dtype, ZEN4_AVX512)
+    assert rows_mod.nchw_applies(p, dtype, ZEN4_AVX512)
     _run_rows_path(shape, "NCHW", threads, dtype, "relu", monkeypatch)
 
 
-@pytest.mark.parametrize("layout, tasks, index", [("NCHW", "rows_nchw_tasks", 16),
-                                                   ("NHWC", "rows_nhwc_tasks", 18)])
-def test_rows_tasks_split_the_output_channels_for_threads(layout, tasks, index, monkeypatch):
+@pytest.mark.parametrize("layout, tasks", [("NCHW", "rows_nchw_tasks"),
+                                            ("NHWC", "rows_nhwc_tasks")])
+def test_rows_tasks_split_the_output_channels_for_threads(layout, tasks, monkeypatch):
     """Weights larger than the image, all threads: tasks take parts of the output
     channels too (each pixel block would stream all the weights), and still add up."""
-    parts = _record_arg(monkeypatch, tasks, index)
+    parts = _record_arg(monkeypatch, tasks, 1, field="parts")
     shape = ((2, 64, 5, 4), (200, 3, 3), dict(padding=1))
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", layout, np.float32, bias=True, activation="relu")
@@ -819,10 +819,10 @@ def test_nchw_rows_kernel_takes_the_layers_it_wins():
     """ResNet-18's 3x3 layers (small planes, 64+ channels) take the rows kernel; few
     channels, output channels that leave its tiles emptier, large planes, groups and
     1x1 layers stay on the taps kernel or GEMM."""
-    from tilegemm.conv.im2col import rows_nchw_ok
+    from tilegemm.conv.rows import nchw_applies
 
     def ok(x, w, stride=1, padding=1, groups=1):
-        return rows_nchw_ok(conv_params(x, w, stride, padding, 1, groups, "NCHW"), np.float32,
+        return nchw_applies(conv_params(x, w, stride, padding, 1, groups, "NCHW"), np.float32,
                             ZEN4_AVX512)
 
     for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
@@ -846,14 +846,24 @@ def _threads(n):
         numba.set_num_threads(saved)
 
 
-def _record_arg(monkeypatch, name, index, dtype=np.float32):
-    """Wrap the ``dtype`` conv module's task loop ``name``: each call records its argument
-    ``index`` in the list returned."""
-    mod = engine.conv_module(dtype)
+def _family_of(tasks):
+    """The driver family (``conv/_tile_<family>.py``) whose module holds task loop ``tasks``."""
+    for prefix, family in (("planes", "planes"), ("taps", "taps"), ("rows", "rows"),
+                           ("im2col", "im2col"), ("winograd", "winograd")):
+        if tasks.startswith(prefix):
+            return family
+    return "direct"
+
+
+def _record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
+    """Wrap the ``dtype`` task loop ``name`` (in its family's module): each call records
+    its argument ``index`` in the list returned (with ``field``, that field of the
+    argument, a plan's record)."""
+    mod = engine.family_module(_family_of(name), dtype)
     real, seen = getattr(mod, name), []
 
     def spy(*args):
-        seen.append(args[index])
+        seen.append(args[index] if field is None else int(args[index][0][field]))
         return real(*args)
 
     monkeypatch.setattr(mod, name, spy)
@@ -862,23 +872,23 @@ def _record_arg(monkeypatch, name, index, dtype=np.float32):
 
 @pytest.mark.parametrize("name", ["many_channels", "direct_rows", "two_k_blocks"])
 @pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
-def test_shifted_im2col_shares_one_image_between_threads(name, c_bytes, monkeypatch):
+def test_taps_path_shares_one_image_between_threads(name, c_bytes, monkeypatch):
     """One image, all threads: each takes a part of the image's column blocks."""
-    from tilegemm.conv import im2col as im2col_mod
-    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
-    (_, C, H, W), (K, kh, kw), kw_args = SHIFTED[name]
+    from tilegemm.conv import taps as taps_mod
+    monkeypatch.setattr(taps_mod, "TAPS_C_BYTES", c_bytes)
+    (_, C, H, W), (K, kh, kw), kw_args = TAPS_CASES[name]
     shape = ((1, C, H, W), (K, kh, kw), kw_args)
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu6")
 
 
 @pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
-def test_shifted_im2col_cuts_a_batch_into_parts(c_bytes, monkeypatch):
+def test_taps_path_cuts_a_batch_into_parts(c_bytes, monkeypatch):
     """Several images read in place, all threads: images are cut into parts for balance."""
-    from tilegemm.conv import im2col as im2col_mod
-    monkeypatch.setattr(im2col_mod, "SHIFTED_C_BYTES", c_bytes)
-    parts = _record_arg(monkeypatch, "shifted_tasks", 2)
-    _, (K, kh, kw), kw_args = SHIFTED["many_channels"]
+    from tilegemm.conv import taps as taps_mod
+    monkeypatch.setattr(taps_mod, "TAPS_C_BYTES", c_bytes)
+    parts = _record_arg(monkeypatch, "taps_tasks", 1, field="parts")
+    _, (K, kh, kw), kw_args = TAPS_CASES["many_channels"]
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(((3, 64, 19, 23), (K, kh, kw), kw_args), "im2col", "NCHW", np.float32,
                  bias=True, activation="relu")
@@ -901,10 +911,10 @@ def test_flat_layout_every_panel_phase(dtype, W, kernel, kw_args):
     panels (one vector or wider), and rows narrower than a panel; 10 output
     channels leave a partial row panel.
     """
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import taps as taps_mod
     shape = ((2, 5, 4, W), (10,) + kernel, kw_args)
     p = conv_params(*_shapes(shape), **kw_args)
-    assert p.Wo == W and im2col_mod._flat(p) and im2col_mod.shifted_ok(p, dtype)
+    assert p.Wo == W and taps_mod.reads_image(p) and taps_mod.serves(p, dtype)
     run_case(shape, "im2col", "NCHW", dtype, bias=True, activation="relu")
 
 
@@ -966,7 +976,7 @@ def _flat_shape(shape):
 def _flat_parts(shape, lanes=8):
     """(params, geometry) of the depthwise rows-end-to-end path for ``shape``."""
     from tilegemm.conv import direct as direct_mod
-    mod = engine.conv_module(np.float32)
+    mod = engine.family_module("direct", np.float32)
     (N, C, H, W), (K, kh, kw), kw_args = shape
     p = conv_params((N, C, H, W), (K, 1, kh, kw), **kw_args)
     return p, direct_mod.flat_geometry(p, lanes, mod.DW_FLAT_VECTORS, mod.DW_FLAT_SHORT,
@@ -1000,7 +1010,7 @@ def test_depthwise_flat_geometry_covers_every_output_reading_inside(name):
     p, (applies, (Hq, Wq), taps, masks, starts, rows, inner, colmask, blocks,
         shorts) = _flat_parts(FLAT_DEPTHWISE[name])
     assert applies and (Hq, Wq) == (-(-p.H // p.sy), -(-p.W // p.sx)) and Wq == p.Wo
-    mod = engine.conv_module(np.float32)
+    mod = engine.family_module("direct", np.float32)
     pixels, T = p.Ho * p.Wo, p.kh * p.kw
     # Tap (i, j) reads stride phase (a, b), r rows and c columns from the grid position.
     i, j = np.divmod(np.arange(T), p.kw)
@@ -1096,26 +1106,26 @@ def test_depthwise_flat_padding_times_an_infinite_weight_is_nan():
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
 
 
-def test_shifted_kc_counts_the_rows_each_channel_reads():
-    from tilegemm.conv import im2col as im2col_mod
+def test_taps_kc_counts_the_rows_each_channel_reads():
+    from tilegemm.conv import taps as taps_mod
     s1 = conv_params((8, 64, 56, 56), (64, 64, 3, 3), padding=1)
     s2 = conv_params((8, 64, 56, 56), (128, 64, 3, 3), stride=2, padding=1)
     # 6x16 float32 tile, 32 KiB L1d, half of it per block.  Stride 1: 3 rows of 18
     # values (+ a line) and 6*9 weights = 624 bytes a channel, 26 -> 3 blocks of 22.
-    assert im2col_mod.shifted_kc(s1, 6, 16, 4, 32768) == 22
+    assert taps_mod.taps_kc(s1, 6, 16, 4, 32768) == 22
     # Stride 2: six rows of 17 values in the phase planes = 1008 bytes, 16 channels.
-    assert im2col_mod.shifted_kc(s2, 6, 16, 4, 32768) == 16
+    assert taps_mod.taps_kc(s2, 6, 16, 4, 32768) == 16
     # Channels a whole number of pages apart fall on the same L1 sets: 8 ways, 8
     # channels (VGG-16 conv1_2); 200x200 channels are 160000 bytes apart, their rows
     # on 16 set positions, so the L1 budget decides.
     vgg = conv_params((1, 64, 224, 224), (64, 64, 3, 3), padding=1)
-    assert im2col_mod.shifted_kc(vgg, 6, 16, 4, 32768) == 8
-    assert im2col_mod.shifted_kc(vgg, 6, 16, 4, 49152) == 11   # 12 ways: 6 blocks of <= 11
+    assert taps_mod.taps_kc(vgg, 6, 16, 4, 32768) == 8
+    assert taps_mod.taps_kc(vgg, 6, 16, 4, 49152) == 11   # 12 ways: 6 blocks of <= 11
     wide = conv_params((1, 64, 200, 200), (64, 64, 3, 3), padding=1)
-    assert im2col_mod.shifted_kc(wide, 6, 16, 4, 32768) == 22
+    assert taps_mod.taps_kc(wide, 6, 16, 4, 32768) == 22
     # 7x7: 2240 bytes a channel would give 7; never below 8.
     big = conv_params((1, 100, 9, 9), (4, 100, 7, 7), padding=3)
-    assert im2col_mod.shifted_kc(big, 6, 16, 4, 32768) == 8
+    assert taps_mod.taps_kc(big, 6, 16, 4, 32768) == 8
 
 
 @pytest.mark.parametrize("N, H, W", [(2, 32, 32), (3, 16, 32), (2, 16, 64)])
@@ -1124,8 +1134,8 @@ def test_im2col_output_channels_a_page_apart(N, H, W, K):
     """Output channels a whole number of 2 or 4 KiB apart: a tile's rows would share L1
     sets, so C goes through a buffer and is copied out (bias, relu6, partial row
     panels)."""
-    from tilegemm.conv import im2col as im2col_mod
-    assert im2col_mod._aliasing(H * W * 4, 6)
+    from tilegemm.conv import taps as taps_mod
+    assert taps_mod.aliasing(H * W * 4, 6)
     x = RNG.standard_normal((N, 64, H, W)).astype(np.float32)
     w = RNG.standard_normal((K, 64, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(K).astype(np.float32)
@@ -1135,20 +1145,20 @@ def test_im2col_output_channels_a_page_apart(N, H, W, K):
 
 
 def test_aliasing_counts_rows_on_the_same_sets():
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import taps as taps_mod
     from tilegemm.tuning.machine import l1_alias_period
     assert l1_alias_period(224 * 224 * 4) == 1                     # 49 pages apart
     assert l1_alias_period(112 * 112 * 4) == 4                     # 12.25 pages
     assert l1_alias_period(56 * 56 * 4) == 16
-    assert im2col_mod._aliasing(224 * 224 * 4, 6)                  # six rows on one set
-    assert not im2col_mod._aliasing(112 * 112 * 4, 6)             # two per set
-    assert not im2col_mod._aliasing(56 * 56 * 4, 6)
+    assert taps_mod.aliasing(224 * 224 * 4, 6)                  # six rows on one set
+    assert not taps_mod.aliasing(112 * 112 * 4, 6)             # two per set
+    assert not taps_mod.aliasing(56 * 56 * 4, 6)
 
 
 def test_panel_masks_mark_what_lies_outside_the_image():
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import taps as taps_mod
     p = conv_params((1, 2, 3, 5), (4, 2, 3, 3), padding=1)      # grid: 3 rows of 5
-    masks, sched = im2col_mod.panel_masks(p, 8, np.float32, group=False)
+    masks, sched = taps_mod.panel_masks(p, 8, np.float32, group=False)
     assert masks.dtype == np.int32 and sched.shape == (2, 9 + 2)
     assert (sched[:, 9] == 0).all()                               # no masked sum
 
@@ -1170,10 +1180,10 @@ def test_panel_masks_mark_what_lies_outside_the_image():
 
 
 def test_panel_masks_mask_the_sum_of_the_left_column_where_its_reads_stay_inside():
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import taps as taps_mod
     p = conv_params((1, 2, 6, 5), (4, 2, 3, 3), padding=1)      # grid: 6 rows of 5
-    masks, sched = im2col_mod.panel_masks(p, 8, np.float32)
-    _, loads = im2col_mod.panel_masks(p, 8, np.float32, group=False)
+    masks, sched = taps_mod.panel_masks(p, 8, np.float32)
+    _, loads = taps_mod.panel_masks(p, 8, np.float32, group=False)
     # Panel 0 holds row 0, whose row above lies outside the image: no masked sum.
     # Panel 1 (rows 1-3, row starts at grid columns 10 and 15): taps 0-2 (column - 1)
     # wrap only into rows 0-4, share one pattern, and are summed then masked once.
@@ -1241,10 +1251,10 @@ def test_im2col_unpadded_phase_copy(shape, kw_args, threads, monkeypatch):
     """Strided layers whose phase planes are as wide as the output: an unpadded copy read
     through load masks and masked sums, tiles stored straight into the output."""
     import numba
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import taps as taps_mod
     K = 13
     p = conv_params(shape, (K, shape[1], 3, 3), **kw_args)
-    assert im2col_mod._layout(p) == im2col_mod.PHASED and im2col_mod.shifted_ok(p)
+    assert taps_mod.layout_of(p) == taps_mod.PHASED and taps_mod.serves(p)
     x = RNG.standard_normal(shape).astype(np.float32)
     w = RNG.standard_normal((K, shape[1], 3, 3)).astype(np.float32)
     b = RNG.standard_normal(K).astype(np.float32)
@@ -1252,7 +1262,7 @@ def test_im2col_unpadded_phase_copy(shape, kw_args, threads, monkeypatch):
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        got = tilegemm.conv2d(x, w, b, activation="relu6", _path="im2col.shifted", **kw_args)
+        got = tilegemm.conv2d(x, w, b, activation="relu6", _path="im2col.taps", **kw_args)
     finally:
         numba.set_num_threads(before)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
@@ -1317,7 +1327,7 @@ def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px, spill):
     """The stride-split padded copy, vector rows (stride 1 and 2, whole vectors, the
     last one overlapped or masked) and scalar (3) alike; with ``spill`` nothing is
     written past a vector after the last channel."""
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("shared", dtype)
     C = 3
     x = np.random.default_rng(H * W).standard_normal((C, H, W)).astype(dtype)
     Hq, Wq = -(-(H + 2 * py) // sy), -(-(W + 2 * px) // sx)
@@ -1399,7 +1409,7 @@ def test_reads_stay_inside_the_input(dtype, layout, algorithm):
 
 @pytest.mark.parametrize("K", [8, 10, 14, 16, 9, 11])
 @pytest.mark.parametrize("N", [1, 2])
-def test_shifted_im2col_last_row_panel(K, N):
+def test_taps_path_last_row_panel(K, N):
     """Output channels leaving 2 or 4 rows of a 6-row tile (8, 10, 14, 16) take the short
     kernels straight into the output, others (9, 11) the C buffer; with a partial last
     column panel (13x13 grid: 169 columns) for one image, batched tails for two."""
@@ -1416,7 +1426,7 @@ def test_shifted_im2col_last_row_panel(K, N):
                                    ((2, 16, 23, 23), (10, 3, 3), dict(padding=1))])
 def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
     """All threads: the packing path's images are cut into several pixel blocks."""
-    blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 12)     # n_jc
+    blocks = _record_arg(monkeypatch, "im2col_nchw_tasks", 1, field="n_jc")
     with _threads(numba.config.NUMBA_NUM_THREADS):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
                  path="im2col.packed")
@@ -1689,7 +1699,7 @@ def _pack_taps_by_loops(w, groups, KC, MR):
     ``im2col._pack_groups_taps``' docstring): the reference for its array copies."""
     K, Cg, kh, kw = w.shape
     T, Kg = kh * kw, K // groups
-    Mp = engine.round_up(Kg, MR)
+    Mp = round_up(Kg, MR)
     a_group = T * Cg * Mp + 1
     buf = np.zeros(groups * a_group, w.dtype)
     for g in range(groups):
@@ -1711,7 +1721,7 @@ def _pack_rows_by_loops(w, groups, KC, NR):
     """``im2col._pack_weights_rows``' layout written out loop by loop."""
     K, Cg, kh, kw = w.shape
     T, Kg = kh * kw, K // groups
-    Np = engine.round_up(Kg, NR)
+    Np = round_up(Kg, NR)
     buf = np.zeros(groups * Cg * T * Np + 1, w.dtype)
     for g in range(groups):
         for pc in range(0, Cg, KC):
@@ -1734,12 +1744,13 @@ def test_weight_packers_match_their_layouts(K, Cg, kh, kw, groups, KC, tile):
     """The taps and rows weight packers (array copies over all groups at once, where a
     Python loop per group and tap made depthwise layers 50x slower) against their
     layouts written out element by element."""
-    from tilegemm.conv import im2col as im2col_mod
+    from tilegemm.conv import rows as rows_mod
+    from tilegemm.conv import taps as taps_mod
     w = RNG.standard_normal((K, Cg, kh, kw)).astype(np.float32)
-    buf, Mp = im2col_mod._pack_groups_taps(w, groups, KC, tile)
+    buf, Mp = taps_mod.pack_weights(w, groups, KC, tile)
     ref, Mp_ref = _pack_taps_by_loops(w, groups, KC, tile)
     assert Mp == Mp_ref and np.array_equal(buf, ref)
     p = conv_params((1, Cg * groups, kh + 2, kw + 2), w.shape, groups=groups)
-    buf, Np = im2col_mod._pack_weights_rows(w, p, KC, tile)
+    buf, Np = rows_mod.pack_weights(w, p, KC, tile)
     ref, Np_ref = _pack_rows_by_loops(w, groups, KC, tile)
     assert Np == Np_ref and np.array_equal(buf, ref)

@@ -20,7 +20,7 @@ LAYERS = {
                          ((2, 8, 5, 7), (6, 4, 1, 1), dict(groups=2), "NHWC")],
     "im2col.rows": [((2, 5, 7, 9), (7, 5, 3, 3), dict(padding=1), "NHWC"),
                     ((2, 6, 7, 5), (9, 6, 2, 3), dict(padding=(1, 2), stride=2), "NCHW")],
-    "im2col.shifted": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW"),
+    "im2col.taps": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW"),
                        ((2, 4, 9, 10), (6, 2, 3, 3), dict(stride=2, groups=2), "NCHW")],
     "im2col.planes": [((2, 4, 8, 8), (4, 2, 3, 1), dict(groups=2), "NHWC"),
                       ((2, 6, 7, 9), (6, 1, 3, 3), dict(padding=1, groups=6), "NHWC")],

@@ -164,7 +164,7 @@ def test_taps_flavour(dtype, kc, ntaps, beta, epi):
     """The convolution's taps kernel: sum over taps of packed A times B rows at tap offsets."""
     import numba
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("taps", dtype)
     MR, NR = mod.MR, mod.NR
     dt = np.dtype(dtype)
     rng = np.random.default_rng(kc * 10 + ntaps)
@@ -229,7 +229,7 @@ def test_rows_flavour(dtype, kc, ntaps, beta, epi, rows, cols, a_cs):
     touch C[:rows, :cols] only."""
     import numba
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("rows", dtype)
     MR, NR = mod.MR, mod.NR
     dt = np.dtype(dtype)
     rng = np.random.default_rng(kc * 10 + ntaps)
@@ -297,7 +297,7 @@ def test_taps_mask_zeroes_lanes_before_the_product(dtype, where):
     whether the mask applies to the loads or to the sum of the taps."""
     import numba
     from tilegemm.conv import engine
-    mod = engine.conv_module(dtype)
+    mod = engine.family_module("taps", dtype)
     MR, NR = mod.MR, mod.NR
     dt = np.dtype(dtype)
     kc = 5

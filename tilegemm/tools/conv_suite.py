@@ -95,10 +95,11 @@ class ConvCase:
         """
         if algorithm != "winograd":
             return self.flops
+        from tilegemm.conv.params import conv_params
         ly = self.layer
-        ho, wo = ly.out_hw
-        tiles = self.batch * math.ceil(ho / 2) * math.ceil(wo / 2)
-        return 2.0 * 16 * tiles * ly.k * (ly.c // ly.groups)
+        p = conv_params((self.batch, ly.c, ly.h, ly.w), (ly.k, ly.c // ly.groups, ly.kh, ly.kw),
+                        ly.stride, ly.padding, 1, ly.groups)
+        return float(p.winograd_flops)
 
     def title(self):
         layout = f" {self.layout}" if self.layout != "NCHW" else ""

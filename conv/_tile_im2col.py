@@ -1,0 +1,159 @@
+"""Template for the implicit im2col drivers (B packed from patches), bound to one micro-kernel.
+
+:mod:`tilegemm.conv.engine` writes one module per GEMM kernel (MR, NR, ISA) from
+this file (:func:`tilegemm.conv.engine.family_module`), with the configuration block
+filled in: MR and NR become compile-time constants and Numba caches the machine
+code per kernel.  ``SOURCE_HASH`` is a digest of the sources this code inlines, so
+a change in any of them writes a new module.  Importable as is (float32 6x64).
+
+Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
+runs tasks taken one at a time from a counter shared by the Python threads of a
+call (:func:`next_task`), each thread with its own buffers (the code releases the
+GIL).  The packed weights are prepared once by the caller and shared read-only.
+"""
+import numba
+import numpy as np
+
+from tilegemm.conv import engine
+from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.registry import get_kernel
+from tilegemm.packing.im2col import pack_b_im2col, row_segments
+
+# --- configuration ---
+DTYPE = np.float32
+MR = 6
+NR = 64
+ISA = "avx512"
+SOURCE_HASH = ""
+# --- end configuration ---
+
+_KERNEL = get_kernel(DTYPE, MR, NR, ISA)
+macro_kernel = _KERNEL.module.macro_kernel
+pack_b = _KERNEL.module.pack_b
+LANES = _KERNEL.lanes
+_SHARED = engine.template_module("shared", DTYPE, isa=ISA)
+masked_copy = _SHARED.masked_copy
+copy_run = _SHARED.copy_run
+geom_of = _SHARED.geom_of
+strides_of = _SHARED.strides_of
+
+
+# --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
+
+@numba.njit(**JIT)
+def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
+    """:func:`pack_b_im2col` for NR-wide panels, with vector copies when stride and image rows allow.
+
+    With a horizontal stride of 1 or 2 and contiguous image rows, each panel row is a
+    few runs of one image row (one per output row the panel's columns cross), copied
+    LANES at a time by :func:`masked_copy` (every other pixel: :func:`masked_copy2`)
+    with the padding read as zero.  Other geometries go to the scalar packer.  Same
+    layout and assumptions.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    sc, s_row = xs[1], xs[2]
+    if kh == 1 and kw == 1 and sy == 1 and sx == 1 and py == 0 and px == 0 and Wo == W \
+            and xs[3] == 1 and s_row == W:
+        # 1x1 over contiguous planes: the patch matrix is the image viewed as (C, H*W).
+        pack_b(x, x_off + p0 * sc + j0, sc, 1, kc, nc, buf)
+        return
+    if sx > 2 or xs[3] != 1:
+        pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf)
+        return
+    seg_oh = np.empty(NR, np.int64)
+    seg_ow = np.empty(NR, np.int64)
+    seg_len = np.empty(NR, np.int64)
+    for jr in range(0, nc, NR):
+        cols = min(NR, nc - jr)
+        nseg = row_segments(j0 + jr, cols, Wo, seg_oh, seg_ow, seg_len)
+        c = p0 // (kh * kw)
+        i = (p0 // kw) % kh
+        j = p0 % kw
+        dst = jr * kc
+        for p in range(kc):
+            out = dst
+            for s in range(nseg):
+                seg = seg_len[s]
+                ih = seg_oh[s] * sy + i * dy - py
+                iw0 = seg_ow[s] * sx + j * dx - px
+                # A row outside the image reads as zeros: a row "width" of 0 masks every load.
+                width = W if 0 <= ih < H else 0
+                src = x_off + c * sc + ih * s_row + iw0
+                for t in range(0, seg, LANES):
+                    copy_run(x, src + sx * t, iw0 + sx * t, width, buf, out + t,
+                             min(LANES, seg - t), sx)
+                out += seg
+            if cols < NR:
+                masked_copy(x, 0, 0, 0, buf, dst + cols, NR - cols)
+                for t in range(cols + LANES, NR, LANES):
+                    masked_copy(x, 0, 0, 0, buf, dst + t, min(LANES, NR - t))
+            dst += NR
+            j += 1
+            if j == kw:
+                j = 0
+                i += 1
+                if i == kh:
+                    i = 0
+                    c += 1
+
+
+@numba.njit(**JIT)
+def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs):
+    """One task = (image n, NC block of output pixels, slice of output channels) of group ``g``.
+
+    ``plan`` is :func:`tilegemm.conv.im2col.packed_plan`'s record (its names below).
+    ``apack`` holds the group's weights as packed A for every KC block (block ``pc``
+    at ``pc*Mp``, ``Mp`` = M rounded up to MR, zero rows).  B panels are packed from
+    the image by :func:`pack_b_im2col_rows` into the thread's ``bufs[0]``; bias (per
+    row, ``Mp`` values) and activation ride on the last KC block.  When M is not a
+    multiple of MR the last row panel runs as a full tile into ``bufs[1]`` (MR x NC
+    rounded up to NR), copied out at the end, rather than through the scalar
+    edge-tile path.
+    """
+    r = plan[0]
+    bpack, edge = bufs
+    geom = geom_of(r)
+    xs, os = strides_of(r)
+    ckk, KC, MC, NC, Mp, M = r.ckk, r.KC, r.MC, r.NC, r.Mp, r.M
+    n_jc, msplit, mstep = r.n_jc, r.msplit, r.mstep
+    n = task // (n_jc * msplit)
+    jb = (task // msplit) % n_jc
+    m0 = (task % msplit) * mstep
+    m1 = min(M, m0 + mstep)
+    m_full = m0 + (m1 - m0) // MR * MR
+    pixels = r.Ho * r.Wo
+    jc = jb * NC
+    nc = min(NC, pixels - jc)
+    ld_edge = (NC + NR - 1) // NR * NR
+    xo = g * r.Cg * xs[1] + n * xs[0]
+    co = g * M * os[1] + n * os[0]
+    ldc = os[1]
+    for pc in range(0, ckk, KC):
+        kc = min(KC, ckk - pc)
+        pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack)
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        epi_pc = epi if pc + KC >= ckk else 0
+        for ic in range(m0, m_full, MC):
+            mc = min(MC, m_full - ic)
+            macro_kernel(mc, nc, kc, apack, pc * Mp + ic * kc, bpack, 0, out, co + ic * ldc + jc,
+                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
+        if m_full < m1:
+            macro_kernel(MR, nc, kc, apack, pc * Mp + m_full * kc, bpack, 0, edge, 0, ld_edge,
+                         DTYPE(1), beta, bias, m_full, jc, epi_pc)
+    for i in range(m1 - m_full):
+        dst = co + (m_full + i) * ldc + jc
+        for j in range(nc):
+            out[dst + j] = edge[i * ld_edge + j]
+
+
+@numba.njit(**JIT)
+def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs):
+    """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until
+    the plan's ``ntasks`` are out."""
+    ntasks = plan[0].ntasks
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs)

@@ -1,0 +1,291 @@
+"""Template for the rows drivers (A rows read in place from the image), bound to one micro-kernel.
+
+:mod:`tilegemm.conv.engine` writes one module per GEMM kernel (MR, NR, ISA) from
+this file (:func:`tilegemm.conv.engine.family_module`), with the configuration block
+filled in: MR and NR become compile-time constants and Numba caches the machine
+code per kernel.  ``SOURCE_HASH`` is a digest of the sources this code inlines, so
+a change in any of them writes a new module.  Importable as is (float32 6x64).
+
+Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
+runs tasks taken one at a time from a counter shared by the Python threads of a
+call (:func:`next_task`), each thread with its own buffers (the code releases the
+GIL).  The packed weights are prepared once by the caller and shared read-only.
+"""
+import numba
+import numpy as np
+
+from tilegemm.conv import engine
+from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.generator import make_microkernel
+from tilegemm.kernels.registry import get_kernel
+
+# --- configuration ---
+DTYPE = np.float32
+MR = 6
+NR = 64
+ISA = "avx512"
+SOURCE_HASH = ""
+# --- end configuration ---
+
+_KERNEL = get_kernel(DTYPE, MR, NR, ISA)
+macro_kernel = _KERNEL.module.macro_kernel
+LANES = _KERNEL.lanes
+_SHARED = engine.template_module("shared", DTYPE, isa=ISA)
+transpose_copy = _SHARED.transpose_copy
+geom_of = _SHARED.geom_of
+
+
+# --- implicit im2col, NHWC, A rows read in place: out[N*Ho*Wo, K] = col^T @ W^T ----------
+#
+# A row of col^T is one output pixel; under tap (i, j) its values are the channels of
+# one input pixel, contiguous in NHWC.  So the rows flavour reads A straight from the
+# image, one offset per pixel and tap (a negative one reads a zero row: the padding),
+# and sums every tap of a channel block in registers against the packed weights.
+# With every channel in one block and no groups, the kw taps of a kernel row read kw
+# adjacent pixels: one run of kw*C values, so such a row is one tap of kw*C steps
+# (a 3-channel 7x7 stem: 7 taps of 21 steps instead of 49 of 3).
+
+ukernel_rows = make_microkernel(DTYPE, MR, NR, LANES, rows=True)
+ukernel_rows_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, edge=True)
+# Channels-first: a pixel's channels H*W apart.
+ukernel_rows_strided = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True)
+ukernel_rows_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True,
+                                             edge=True)
+
+
+@numba.njit(inline='always', **JIT)
+def panel_stride(ntaps):
+    """Entries of ``offs`` per row panel: an offset per pixel and tap, then a flag."""
+    return ntaps * MR + 1
+
+
+@numba.njit(inline='always', **JIT)
+def _put(offs, at, value):
+    # An unsigned index: Numba then skips the negative-index wraparound (this loop
+    # is the rows path's overhead).
+    offs[np.uint64(at)] = value
+
+
+@numba.njit(inline='always', **JIT)
+def _next_pixel(n, oh, ow, step, Ho, Wo):
+    """``(n, oh, ow)`` moved on by ``step`` pixels, ``step`` no more than to the row's end."""
+    ow += step
+    if ow == Wo:
+        ow = 0
+        oh += 1
+        if oh == Ho:
+            oh = 0
+            n += 1
+    return n, oh, ow
+
+
+@numba.njit(**JIT)
+def pixel_offsets(geom, strides, p0, count, m, runs, offs):
+    """Where each tap of output pixels ``p0 .. p0 + count`` reads its input pixel.
+
+    Pixels are numbered over the whole batch (``n*Ho*Wo + oh*Wo + ow``); pixel
+    ``p0 + q*MR + i`` under tap ``t = i_k*kw + j_k`` gets
+    ``offs[q*panel_stride(ntaps) + t*MR + i]``, the element offset of its input pixel
+    (of its channel 0) in a batch whose images, rows and pixels are ``strides``
+    elements apart (NHWC: ``H*W*C, W*C, C``; NCHW: ``C*H*W, W, 1``), or -1 where the
+    tap falls in the padding or the pixel is past ``m`` (a partial panel).  The
+    panel's last entry is 1 where ``runs`` allows (NHWC only) and every pixel's
+    kernel rows lie inside the image's width: the panel's taps are then read a
+    kernel row at a time (one run of ``kw*C`` values), and only the offsets of the
+    rows' first taps (``j_k = 0``) are written.
+    """
+    H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    s_n, s_h, s_w = strides
+    ntaps = kh * kw
+    plane = Ho * Wo
+    reach = (kw - 1) * dx
+    n = p0 // plane
+    oh = (p0 - n * plane) // Wo
+    ow = p0 - n * plane - oh * Wo
+    for q in range((count + MR - 1) // MR):
+        at = q * panel_stride(ntaps)
+        last = min(MR, m - p0 - q * MR)               # pixels of the panel that exist
+        inside = runs
+        o_w = ow
+        for i in range(MR):
+            x = o_w * sx - px
+            inside &= (x >= 0) & (x + reach < W)
+            o_w = o_w + 1 if o_w + 1 < Wo else 0
+        _put(offs, at + ntaps * MR, 1 if inside else 0)
+        row_taps = 1 if inside else kw
+        if last == MR and ow + MR <= Wo:
+            # The whole panel on one output row: a tap's offsets step by sx pixels.
+            y, x = oh * sy - py, ow * sx - px
+            pixel = n * s_n + y * s_h + x * s_w
+            for ik in range(kh):
+                iy = y + ik * dy
+                row_ok = (iy >= 0) & (iy < H)
+                for jk in range(row_taps):
+                    first = pixel + ik * dy * s_h + jk * dx * s_w
+                    for i in range(MR):
+                        ix = x + jk * dx + i * sx
+                        ok = row_ok & (ix >= 0) & (ix < W)
+                        _put(offs, at + (ik * kw + jk) * MR + i, first + i * sx * s_w if ok else -1)
+            n, oh, ow = _next_pixel(n, oh, ow, MR, Ho, Wo)
+            continue
+        for i in range(MR):
+            y, x = oh * sy - py, ow * sx - px
+            pixel = n * s_n + y * s_h + x * s_w
+            for ik in range(kh):
+                iy = y + ik * dy
+                row_ok = (i < last) & (iy >= 0) & (iy < H)
+                for jk in range(row_taps):
+                    ix = x + jk * dx
+                    ok = row_ok & (ix >= 0) & (ix < W)
+                    _put(offs, at + (ik * kw + jk) * MR + i,
+                         pixel + ik * dy * s_h + jk * dx * s_w if ok else -1)
+            n, oh, ow = _next_pixel(n, oh, ow, 1, Ho, Wo)
+
+
+@numba.njit(**JIT)
+def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
+    """Output pixels ``task // parts * MP`` on (at most ``MP``, a multiple of MR), output
+    channels ``task % parts * KS`` on (at most ``KS``, a multiple of NR) of each group.
+
+    ``bpack`` holds group ``g``'s weights from ``g*Cg*ntaps*Np``: per KC block of input
+    channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
+    tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
+    output channels (their weights stay in L2), row panels of pixels (their input
+    rows stay in L1), NR panels.  ``runs``: a kernel row's taps may be read as one
+    run (``rows.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
+    with ``runs``.  ``plan`` is :func:`tilegemm.conv.rows.rows_plan`'s record (its
+    names here); ``offs`` is the thread's.
+    """
+    r = plan[0]
+    geom = geom_of(r)
+    C, Cg, G, Np, K, Kg = r.C, r.Cg, r.G, r.Np, r.K, r.Kg
+    KC, NC, MP, m, KS, parts, runs = r.KC, r.NC, r.MP, r.m, r.KS, r.parts, r.merged != 0
+    kh, kw = r.kh, r.kw
+    ntaps = kh * kw
+    stride = panel_stride(ntaps)
+    p0 = task // parts * MP
+    k0 = task % parts * KS
+    k1 = min(k0 + KS, Kg)
+    count = min(MP, m - p0)
+    pixel_offsets(geom, (geom[0] * geom[1] * C, geom[1] * C, C), p0, count, m, runs, offs)
+    panels = (count + MR - 1) // MR
+    for g in range(G):
+        b_g = g * Cg * ntaps * Np
+        for pc in range(0, Cg, KC):
+            kc = min(KC, Cg - pc)
+            beta = DTYPE(0) if pc == 0 else DTYPE(1)
+            e = epi if pc + KC >= Cg else 0
+            a_at = g * Cg + pc
+            b_pc = b_g + pc * ntaps * Np
+            for jc in range(k0, k1, NC):
+                j_end = min(jc + NC, k1)
+                for q in range(panels):
+                    pix = p0 + q * MR
+                    rows = min(MR, m - pix)
+                    c_at = pix * K + g * Kg
+                    # A kernel row as one tap (taps j = 0 of each row, kw*MR apart).
+                    merged = offs[q * stride + ntaps * MR] == 1
+                    t_kc, t_step, t_n = (kw * kc, kw * MR, kh) if merged else (kc, MR, ntaps)
+                    for jr in range(jc, j_end, NR):
+                        cols = min(NR, Kg - jr)
+                        b_at = b_pc + jr * ntaps * kc
+                        if rows == MR and cols == NR:
+                            ukernel_rows(t_kc, x, a_at, offs, q * stride, t_step, t_n, zeros,
+                                         bpack, b_at, t_kc * NR, out, c_at + jr, K, DTYPE(1),
+                                         beta, bias, g * Kg + jr, e)
+                        else:
+                            ukernel_rows_edge(t_kc, x, a_at, offs, q * stride, t_step, t_n,
+                                              zeros, bpack, b_at, t_kc * NR, out, c_at + jr, K,
+                                              DTYPE(1), beta, bias, g * Kg + jr, e, rows, cols)
+
+
+@numba.njit(**JIT)
+def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs):
+    """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until the plan's ``ntasks``
+    are out."""
+    ntasks = plan[0].ntasks
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs)
+
+
+@numba.njit(**JIT)
+def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
+    """Output pixels ``task // parts * MP`` on, output channels ``task % parts * KS`` on, of
+    an NCHW batch, on the rows kernel.
+
+    As :func:`rows_nhwc_task` for one group, with each pixel's channels read where
+    they lie, ``H*W`` apart (``zeros`` holds ``(KC-1)*H*W + 1`` zeros, the padding
+    read at the same stride).  The tile of C, pixels by channels, builds up in
+    ``cbuf`` (``Np`` wide, at least ``MP`` rows) and is transposed into ``out`` once,
+    after the last KC block: the kernel's vectors run along the output channels.
+    ``bufs`` is the thread's ``(offs, cbuf)``.
+    """
+    r = plan[0]
+    offs, cbuf = bufs
+    geom = geom_of(r)
+    C, Np, K, KC, NC, MP, m, KS, parts = r.C, r.Np, r.K, r.KC, r.NC, r.MP, r.m, r.KS, r.parts
+    H, W, Ho, Wo, kh, kw = r.H, r.W, r.Ho, r.Wo, r.kh, r.kw
+    ntaps = kh * kw
+    stride = panel_stride(ntaps)
+    hw = H * W
+    p0 = task // parts * MP
+    k0 = task % parts * KS
+    k1 = min(k0 + KS, K)
+    count = min(MP, m - p0)
+    pixel_offsets(geom, (C * hw, W, 1), p0, count, m, False, offs)
+    panels = (count + MR - 1) // MR
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        e = epi if pc + KC >= C else 0
+        b_pc = pc * ntaps * Np
+        for jc in range(k0, k1, NC):
+            j_end = min(jc + NC, k1)
+            for q in range(panels):
+                # Rows past the last pixel read zeros (offset -1) into rows never copied out.
+                c_at = q * MR * Np
+                for jr in range(jc, j_end, NR):
+                    cols = min(NR, K - jr)
+                    b_at = b_pc + jr * ntaps * kc
+                    if cols == NR:
+                        ukernel_rows_strided(kc, x, pc * hw, hw, offs, q * stride, MR, ntaps,
+                                             zeros, bpack, b_at, kc * NR, cbuf, c_at + jr, Np,
+                                             DTYPE(1), beta, bias, jr, e)
+                    else:
+                        ukernel_rows_strided_edge(kc, x, pc * hw, hw, offs, q * stride, MR,
+                                                  ntaps, zeros, bpack, b_at, kc * NR, cbuf,
+                                                  c_at + jr, Np, DTYPE(1), beta, bias, jr, e,
+                                                  MR, cols)
+    pixels_to_planes(cbuf, Np, p0, count, k0, k1, K, Ho * Wo, out)
+
+
+
+@numba.njit(**JIT)
+def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
+    """``out[n, k, q] = cbuf[(p - p0)*ldc + k]`` for batch pixels ``p = n*plane + q`` in
+    ``p0 .. p0 + count`` and ``k0 <= k < k1`` (of ``K``): rows of pixels into NCHW
+    channel planes."""
+    p = p0
+    while p < p0 + count:
+        n = p // plane
+        q = p - n * plane
+        run = min(p0 + count - p, plane - q)          # pixels in image n
+        transpose_copy(cbuf, (p - p0) * ldc + k0, ldc, run, k1 - k0, out,
+                       (n * K + k0) * plane + q, plane)
+        p += run
+
+
+@numba.njit(**JIT)
+def rows_nchw_tasks(counter, plan, x, bpack, bias, epi, out, zeros, bufs):
+    """Tasks of :func:`rows_nchw_task` taken from ``counter`` until the plan's ``ntasks``
+    are out."""
+    ntasks = plan[0].ntasks
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs)

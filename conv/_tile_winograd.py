@@ -1,0 +1,220 @@
+"""Template for the Winograd F(2x2, 3x3) drivers, bound to one micro-kernel.
+
+:mod:`tilegemm.conv.engine` writes one module per GEMM kernel (MR, NR, ISA) from
+this file (:func:`tilegemm.conv.engine.family_module`), with the configuration block
+filled in: MR and NR become compile-time constants and Numba caches the machine
+code per kernel.  ``SOURCE_HASH`` is a digest of the sources this code inlines, so
+a change in any of them writes a new module.  Importable as is (float32 6x64).
+
+Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
+runs tasks taken one at a time from a counter shared by the Python threads of a
+call (:func:`next_task`), each thread with its own buffers (the code releases the
+GIL).  The packed weights are prepared once by the caller and shared read-only.
+"""
+import numba
+import numpy as np
+
+from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT
+from tilegemm.kernels.generator import make_winograd_input, make_winograd_output, next_task
+from tilegemm.kernels.registry import get_kernel
+from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
+
+# --- configuration ---
+DTYPE = np.float32
+MR = 6
+NR = 64
+ISA = "avx512"
+SOURCE_HASH = ""
+# --- end configuration ---
+
+_KERNEL = get_kernel(DTYPE, MR, NR, ISA)
+macro_kernel = _KERNEL.module.macro_kernel
+LANES = _KERNEL.lanes
+winograd_input = make_winograd_input(DTYPE, LANES)
+winograd_output = make_winograd_output(DTYPE, LANES)
+
+
+# --- Winograd F(2x2, 3x3) ------------------------------------------------------------
+
+@numba.njit(**JIT)
+def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
+                  bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
+    """One task = a block of ``MT`` tiles: input transform, 16 GEMMs, output transform.
+
+    ``upack`` holds the 16 transformed filters as packed B: slab ``xi`` at
+    ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack`` (16 slabs of MT x KC,
+    ``a_slab`` apart) and ``mbuf`` (16 slabs of MT x Kp, ``m_slab`` apart) belong to
+    the calling thread.
+    """
+    t0 = task * MT
+    mt = min(MT, tiles_total - t0)
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        pack_a_winograd(x, x_off, xs, geom, t0, mt, pc, kc, MR, apack, a_slab, v)
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        for xi in range(16):
+            for jc in range(0, K, NC):
+                nc = min(NC, K - jc)
+                macro_kernel(mt, nc, kc, apack, xi * a_slab, upack, xi * C * Kp + pc * Kp + jc * kc,
+                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0)
+    unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
+
+
+@numba.njit(**JIT)
+def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
+                    os, bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
+    """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out."""
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
+                      bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v)
+
+
+
+# --- Winograd F(2x2, 3x3), NCHW: tiles as GEMM columns, vectors along the image width -----
+#
+# For each of the 16 positions xi:  M[xi][K, tiles] = U[xi]^T[K, C] @ V[xi][C, tiles].
+# The transformed filters U^T are packed A (prepared once); the input transform writes
+# V straight into packed B, LANES adjacent tiles of one tile row per vector, and the
+# output transform reads LANES tiles of one output channel per vector.  A block of NB
+# tiles (a multiple of NR) numbers tiles across the batch, so LANES consecutive tiles
+# may span tile rows or images: each lane group is cut into *runs* of tiles sharing a
+# tile row, and the masked transforms handle one run at a time.
+
+@numba.njit(**JIT)
+def winograd_runs(T0, nt, geom, xs, os, runs):
+    """Describe tiles ``T0:T0+nt`` as runs within lane groups; returns the number of runs.
+
+    ``runs[r] = (group_start, lo, hi, x_src, y0, col0, out_dst, out_rows, out_col0)``:
+    lanes ``lo:hi`` of the group at block column ``group_start`` are tiles of one tile
+    row, lane ``l`` being the tile whose input window starts at column ``col0 + 2*l``
+    of input row ``y0`` (``x_src`` = offset of that pixel in channel 0) and whose
+    output starts at column ``out_col0 + 2*l``, offset ``out_dst + 2*l`` of channel 0
+    (``out_rows`` output rows: 1 at the bottom edge).
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    tiles = TH * TW
+    count = 0
+    for g in range(0, nt, LANES):
+        end = min(LANES, nt - g)
+        l = 0
+        while l < end:
+            t = T0 + g + l
+            n = t // tiles
+            ty = (t % tiles) // TW
+            tx = t % TW
+            run = min(end - l, TW - tx)
+            y0 = 2 * ty - py
+            col0 = 2 * (tx - l) - px
+            runs[count, 0] = g
+            runs[count, 1] = l
+            runs[count, 2] = l + run
+            runs[count, 3] = n * xs[0] + y0 * xs[2] + col0
+            runs[count, 4] = y0
+            runs[count, 5] = col0
+            runs[count, 6] = n * os[0] + 2 * ty * os[2] + 2 * (tx - l)
+            runs[count, 7] = min(2, Ho - 2 * ty)
+            runs[count, 8] = 2 * (tx - l)
+            count += 1
+            l += run
+    return count
+
+
+@numba.njit(**JIT)
+def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, slab):
+    """``V`` of channels ``p0:p0+kc`` for the block's runs, into 16 packed-B slabs of ``slab``."""
+    for p in range(kc):
+        src = x_off + (p0 + p) * sc
+        for r in range(nruns):
+            g = runs[r, 0]
+            # Column g of packed B: panel g // NR, row p of the panel, column g % NR.
+            dst = (g // NR) * NR * kc + p * NR + g % NR
+            # Lanes from the run's first to the group's last are written: the group's
+            # next run (runs go left to right) rewrites those past this one, and the
+            # driver zeroes any past the block's last tile.  A run starting at lane 0
+            # then stores whole vectors, never the slow partial ones.
+            winograd_input(x, src + runs[r, 3], s_row, runs[r, 4], H, runs[r, 5], W,
+                           runs[r, 1], LANES, buf, dst, slab)
+
+
+@numba.njit(**JIT)
+def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_row, Wo, bias,
+                          b_off, epi):
+    """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
+    (channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``, its bias at
+    ``bias[b_off + k]``)."""
+    for k in range(k0, k1):
+        b = bias[b_off + k] if epi & EPI_BIAS_ROW else DTYPE(0)
+        dst = o_off + k * sk
+        for r in range(nruns):
+            winograd_output(m, (k - k0) * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
+                            runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
+
+
+@numba.njit(**JIT)
+def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, whole, parts,
+                       tiles_total, out, o_off, os, bias, b_off, epi, KC, b_slab, m_slab, bpack,
+                       mbuf, tile, runs):
+    """One task = a block of ``NB`` tiles (the first ``whole`` tasks) or one of the
+    ``parts`` parts of the output channels of a later block: input transform, 16 GEMMs,
+    output transform.
+
+    ``upack[u_off:]`` holds the 16 transformed filter matrices U^T (K x C) as packed A,
+    every row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
+    ``(xi*C + pc)*Kp``.  Output channel ``k``'s bias is ``bias[b_off + k]``.  The ``parts`` parts of a block share out its row panels; each
+    transforms the block's whole input (where blocks alone are too few to keep every
+    thread busy, that repeat costs less than an idle thread).  ``bpack`` (16 slabs of
+    KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab`` apart)
+    belong to the calling thread and stay in L2; ``runs`` holds NB rows of 9.
+    ``epi``: EPI_BIAS_ROW (bias per output channel) and the activation flags.
+    """
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    block, part, split = task, 0, 1
+    if task >= whole:
+        block, part, split = whole + (task - whole) // parts, (task - whole) % parts, parts
+    panels = Kp // MR
+    r0 = part * panels // split * MR
+    r1 = (part + 1) * panels // split * MR
+    T0 = block * NB
+    nt = min(NB, tiles_total - T0)
+    ncols = (nt + NR - 1) // NR * NR
+    nruns = winograd_runs(T0, nt, geom, xs, os, runs)
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
+        if ncols > nt:
+            # Columns past the last tile: zeros, so the GEMM never meets stale bits.
+            for xi in range(16):
+                for q in range(nt, ncols):
+                    base = xi * b_slab + (q // NR) * NR * kc + q % NR
+                    for p in range(kc):
+                        bpack[base + p * NR] = 0
+        beta = DTYPE(0) if pc == 0 else DTYPE(1)
+        for xi in range(16):
+            macro_kernel(r1 - r0, ncols, kc, upack, u_off + (xi * C + pc) * Kp + r0 * kc, bpack,
+                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
+    winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
+                          os[2], Wo, bias, b_off, epi)
+
+
+@numba.njit(**JIT)
+def winograd_nchw_tasks(counter, ntasks, groups, x, xs, geom, C, upack, u_group, Kp, K, NB,
+                        whole, parts, tiles_total, out, os, bias, epi, KC, b_slab, m_slab, bpack,
+                        mbuf, tile, runs):
+    """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
+    ``ntasks`` are out, ``ntasks // groups`` per group: group ``g`` reads input channels
+    ``g*C:``, writes output channels ``g*K:`` (their bias too) and takes its transformed
+    filters from ``upack[g*u_group:]``."""
+    per_group = ntasks // groups
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        g = task // per_group
+        winograd_nchw_task(task - g * per_group, x, g * C * xs[1], xs, geom, C, upack,
+                           g * u_group, Kp, K, NB, whole, parts, tiles_total, out, g * K * os[1],
+                           os, bias, g * K if epi & EPI_BIAS_ROW else 0, epi, KC, b_slab, m_slab,
+                           bpack, mbuf, tile, runs)
