@@ -15,8 +15,8 @@ from tilegemm.conv import engine, paths
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
+from tilegemm.ground.validate import check_choice, float_array
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
 
 
@@ -26,24 +26,6 @@ def _auto(p, dtype, threads, forced):
     whole depthwise layer two milliseconds.  ``forced`` (the environment override)
     is part of the key so that setting it takes effect."""
     return choose(p, np.dtype(dtype), threads).algorithm
-
-
-def _float_array(x, name, func):
-    if not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{func}: {name} is not array-like ({e})") from None
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
-                        "float64 only (cast with .astype(np.float32) or np.float64)")
-    return x
-
-
-def _check_choice(value, choices, name, func):
-    if not (value is None or isinstance(value, str)) or value not in choices:
-        raise ValueError(f"{func}: unknown {name} {value!r}; expected one of "
-                         + ", ".join(repr(c) for c in choices))
 
 
 def _trivial(x, bias, out, p, act):
@@ -95,7 +77,7 @@ class ConvWeights:
     def __init__(self, weight):
         if isinstance(weight, ConvWeights):
             weight = weight._frozen.array
-        w = _float_array(weight, "weight", "ConvWeights")
+        w = float_array(weight, "weight", "ConvWeights")
         if w.ndim != 4:
             raise ValueError(f"ConvWeights: weight must be 4-D (K, C/groups, kh, kw), "
                              f"got shape {w.shape}")
@@ -195,11 +177,11 @@ def _operands(input, weight, bias, geometry, algorithm, activation, func="conv2d
     ``geometry`` is ``(stride, padding, dilation, groups, layout)``."""
     if isinstance(weight, ConvWeights):
         weight = weight._frozen.array
-    _check_choice(algorithm, ALGORITHMS, "algorithm", func)
-    _check_choice(activation, ACTIVATIONS, "activation", func)
-    x = _float_array(input, "input", func)
-    w = _float_array(weight, "weight", func)
-    b = None if bias is None else _float_array(bias, "bias", func)
+    check_choice(algorithm, ALGORITHMS, "algorithm", func)
+    check_choice(activation, ACTIVATIONS, "activation", func)
+    x = float_array(input, "input", func)
+    w = float_array(weight, "weight", func)
+    b = None if bias is None else float_array(bias, "bias", func)
     p = conv_params(x.shape, w.shape, *geometry, func)
     if b is not None and b.shape != (p.K,):
         raise ValueError(f"{func}: bias must have shape ({p.K},) (one value per output channel), "
@@ -256,7 +238,7 @@ def fold_batchnorm(weight, bias, gamma, beta, mean, var, eps=1e-5):
         Wrong ranks or lengths, negative ``eps`` or variance.
     """
     func = "fold_batchnorm"
-    w = _float_array(weight, "weight", func)
+    w = float_array(weight, "weight", func)
     if w.ndim != 4:
         raise ValueError(f"{func}: weight must be 4-D (K, C/groups, kh, kw), got shape {w.shape}")
     K = w.shape[0]
@@ -265,7 +247,7 @@ def fold_batchnorm(weight, bias, gamma, beta, mean, var, eps=1e-5):
                     ("var", var)):
         if v is None and name == "bias":
             continue
-        v = _float_array(v, name, func)
+        v = float_array(v, name, func)
         if v.shape != (K,):
             raise ValueError(f"{func}: {name} must have shape ({K},) to match weight.shape[0], "
                              f"got {v.shape}")

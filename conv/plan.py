@@ -11,19 +11,19 @@ k loop).  The constants below were fitted with ``tilegemm bench --op conv`` on t
 development machine (AVX-512, fp32); only their ratios matter, since the choice
 compares estimates with each other.  ``TILEGEMM_CONV_ALGORITHM`` forces a choice.
 """
-import numbers
 import os
 from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 
-from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
 from tilegemm.conv import taps
+from tilegemm.conv.direct import flat_applies, nhwc_vector_applies
 from tilegemm.conv.params import conv_params
 from tilegemm.conv.paths import PLANES, ROWS, TAPS, im2col_route, path_of
 from tilegemm.conv.rows import rows_kc, rows_merged
 from tilegemm.ground.contracts import round_up
+from tilegemm.ground.validate import check_threads
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
 GEMM_EFFICIENCY = 0.80
@@ -243,9 +243,4 @@ def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"conv_plan: dtype must be float32 or float64, got {dtype}")
-    if threads is not None:
-        if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral):
-            raise TypeError(f"conv_plan: threads must be an int, got {threads!r}")
-        if threads < 1:
-            raise ValueError(f"conv_plan: threads must be at least 1, got {threads}")
-    return choose(p, dtype, threads)
+    return choose(p, dtype, check_threads(threads, "conv_plan"))
