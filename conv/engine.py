@@ -30,7 +30,7 @@ from tilegemm.tuning.machine import ISA_SHAPE, detect
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def plan(dtype):
+def gemm_kernel(dtype):
     """(kernel, blocking) the GEMM engine uses for ``dtype``."""
     return kernel_for(np.dtype(dtype))
 
@@ -49,7 +49,7 @@ def host_target(dtype):
 
     Kept per GEMM kernel (a new plan, e.g. after ``TILEGEMM_NR`` changed, names
     another): every conv2d call routes through it."""
-    kernel, _ = plan(dtype)
+    kernel, _ = gemm_kernel(dtype)
     target = _targets.get(kernel.name)
     if target is None:
         machine = detect()
@@ -167,7 +167,7 @@ def _load(family, dtype, mr, nr, isa):
 def family_module(family, dtype):
     """The compiled drivers of ``family`` for ``dtype``'s GEMM kernel (its ISA for
     :data:`ISA_FAMILIES`), loaded on first use."""
-    kernel, _ = plan(dtype)
+    kernel, _ = gemm_kernel(dtype)
     module = _by_kernel.get((family, kernel.name))   # every conv2d call asks: kept cheap
     if module is None:
         if family in ISA_FAMILIES:

@@ -78,7 +78,7 @@ def pointwise(x, w, bias, out, p, act):
 
 def run(x, w, bias, out, p, act):
     """Convolution of ``p`` (NCHW) into ``out`` on B panels packed from the image."""
-    kernel, blk = engine.plan(out.dtype)
+    kernel, blk = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("im2col", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     plan = packed_plan(p, out.dtype.str, engine.threads_for(p.flops // p.groups, 1 << 30), MR, NR,

@@ -63,7 +63,7 @@ def run(x, w, bias, out, p, act):
     copy the block's channels as planes (``transpose_copy``), run the taps kernel over
     each group as over an NCHW image read in place (:func:`tilegemm.conv.taps.run`) and write C
     back interleaved (``transpose_copy`` again)."""
-    kernel, blk = engine.plan(out.dtype)
+    kernel, blk = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("planes", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     q = group_image(p)

@@ -167,7 +167,7 @@ def run(x, w, bias, out, p, act):
     NHWC, any groups: C is the output itself.  NCHW, one group: each task's C
     goes through a per-thread buffer, transposed into the output's planes.
     """
-    kernel, _ = engine.plan(out.dtype)
+    kernel, _ = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("rows", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     machine = detect()

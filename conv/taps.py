@@ -295,7 +295,7 @@ def run(x, w, bias, out, p, act):
     it works on in its own buffer.  Each group's weights are packed on their own,
     its row panels start at its first output channel.
     """
-    kernel, blk = engine.plan(out.dtype)
+    kernel, blk = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("taps", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = taps_kc(p, MR, NR, out.itemsize, detect().l1d_bytes)

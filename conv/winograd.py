@@ -29,7 +29,7 @@ def _pack_transformed(w, KC, NR):
 
 def prepare(w, groups, dtype):
     """The packed transformed weights of every group (cached on the weight array)."""
-    kernel, blk = engine.plan(dtype)
+    kernel, blk = engine.gemm_kernel(dtype)
     Cg = w.shape[1]
     KC = min(blk.kc, Cg)
     Kg = w.shape[0] // groups
@@ -145,7 +145,7 @@ def run(x, w, bias, out, p, act):
 def _run_nchw(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
-    kernel, blk = engine.plan(out.dtype)
+    kernel, blk = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
@@ -196,7 +196,7 @@ def _run_nchw(x, w, bias, out, p, act):
 def _run_nhwc(x, w, bias, out, p, act):
     from tilegemm.tuning.machine import detect
 
-    kernel, blk = engine.plan(out.dtype)
+    kernel, blk = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("winograd", out.dtype)
     MR, NR = kernel.mr, kernel.nr
     packed, KC = prepare(w, p.groups, out.dtype)

@@ -243,7 +243,7 @@ def test_vector_input_transform_matches_BT(dtype, H, W, pad):
     """The NCHW input transform (B^T d B, lanes of tiles) writes packed B exactly."""
     from tilegemm.conv import engine
     mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad)
-    NR = engine.plan(dtype)[0].nr
+    NR = engine.gemm_kernel(dtype)[0].nr
     N, C = 2, 3
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
     xs = (C * H * W, H * W, W, 1)
@@ -279,7 +279,7 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1)
     TH, TW = -(-Ho // 2), -(-Wo // 2)
     geom = (Ho, Wo, Ho, Wo, 1, 1, TH, TW)
-    lanes = engine.plan(dtype)[0].lanes
+    lanes = engine.gemm_kernel(dtype)[0].lanes
     N, K = 2, 3
     tiles = N * TH * TW
     NB = -(-tiles // lanes) * lanes
@@ -356,7 +356,7 @@ def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
     """The generated NCHW packer (vector row copies) writes the explicit patch matrix."""
     from tilegemm.conv import engine
     mod = engine.family_module("im2col", dtype)
-    NR = engine.plan(dtype)[0].nr
+    NR = engine.gemm_kernel(dtype)[0].nr
     C, H, W = 3, 7, geom["W"]
     x = RNG.standard_normal((C, H, W)).astype(dtype)
     col = im2col(x, geom["kernel"], geom["stride"], geom["padding"], geom["dilation"])
@@ -677,7 +677,7 @@ def test_taps_tails_split_only_when_too_few_for_the_threads():
     tails again.  Two 25x25 images of 256 channels (one tails GEMM a group): one group
     split, 32 groups not."""
     from tilegemm.conv import taps as taps_mod
-    kernel, blk = engine.plan(np.float32)
+    kernel, blk = engine.gemm_kernel(np.float32)
     for groups, split in ((1, 2), (32, 1)):
         p = conv_params((2, 256, 25, 25), (256, 256 // groups, 3, 3), 1, 1, 1, groups)
         KC = taps_mod.taps_kc(p, kernel.mr, kernel.nr, 4, 32 << 10)
@@ -1066,7 +1066,7 @@ def test_depthwise_flat_from_several_python_threads():
 
 
 # Channels in vectors of this machine's float32 kernels (8 lanes with AVX2, 16 with AVX-512).
-_L = engine.plan(np.float32)[0].lanes
+_L = engine.gemm_kernel(np.float32)[0].lanes
 NHWC_DEPTHWISE = {
     "narrow": ((2, 2 * _L, 9, 11), (1, 3, 3), dict(padding=1)),       # 2 vectors x 4 pixels
     "narrow_overlap": ((1, 3 * _L, 7, 7), (1, 3, 3), dict(padding=1)),
@@ -1549,7 +1549,7 @@ def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan, mon
     from tilegemm.conv import winograd
     monkeypatch.setattr(winograd, "_nchw_block", lambda *args: args[3])  # NR tiles a block
     monkeypatch.setattr(winograd, "_nchw_parts", lambda *args: plan)
-    nr = engine.plan(dtype)[0].nr
+    nr = engine.gemm_kernel(dtype)[0].nr
     tiles = 3 * nr - 3                                  # the last block is partial
     x = RNG.standard_normal((1, 16, 2 * 3, 2 * tiles // 3)).astype(dtype)
     w = RNG.standard_normal((20, 16, 3, 3)).astype(dtype)
