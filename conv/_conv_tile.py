@@ -19,11 +19,12 @@ import numpy as np
 
 from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
-from tilegemm.kernels.generator import (make_masked_copy, make_depthwise_flat,
-                                        make_depthwise_nhwc, make_depthwise_rows,
-                                        make_deinterleave, make_direct_row, make_microkernel,
-                                        make_transpose, make_winograd_input, make_winograd_output,
-                                        next_task, prefetch)
+from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc,
+                                     make_depthwise_rows, make_direct_row)
+from tilegemm.kernels.microkernel import make_microkernel
+from tilegemm.kernels.sync import next_task, prefetch
+from tilegemm.kernels.transforms import (make_deinterleave, make_masked_copy, make_transpose,
+                                         make_winograd_input, make_winograd_output)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd

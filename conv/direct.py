@@ -28,7 +28,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, JIT
 from tilegemm.conv import engine
-from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import _valid_range
 from tilegemm.packing.winograd import _activate
 

@@ -5,8 +5,8 @@ file, with the configuration block below filled in, so that MR and NR are
 compile-time constants and Numba can cache each module's machine code in its own
 file.  Read it as the GEMM algorithm; it is also importable as is (float32 6x64).
 
-The matrix-vector path (m == 1 or n == 1) lives here too, on the same
-generator's dot/axpy blocks, at the end of the file.
+The matrix-vector path (m == 1 or n == 1) lives here too, on the dot/axpy
+blocks of ``kernels/gemv.py``, at the end of the file.
 
 Loops, outermost first (BLIS names):
     jc  over n in steps of NC   -- a KC x NC panel of B is packed once per (jc, pc)
@@ -19,8 +19,10 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
-from tilegemm.kernels.generator import (acquire, make_gemv_kernels, make_microkernel,
-                                       make_pack_panel, next_task, publish)
+from tilegemm.kernels.gemv import make_gemv_kernels
+from tilegemm.kernels.microkernel import make_microkernel
+from tilegemm.kernels.packers import make_pack_panel
+from tilegemm.kernels.sync import acquire, next_task, publish
 
 # --- configuration ---
 DTYPE = np.float32

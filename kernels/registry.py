@@ -49,7 +49,7 @@ def _engine_digest():
     """Hash of every source the generated modules compile in.
 
     Numba's cache checks only the generated file itself; writing this digest into
-    it makes any change to the generator, template, packing or ground contracts
+    it makes any change to the kernel generators, template, packing or ground contracts
     invalidate the cached machine code.
     """
     here = os.path.dirname(os.path.abspath(__file__))

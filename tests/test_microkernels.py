@@ -326,7 +326,7 @@ def test_transpose_block(dtype, lanes):
     """make_transpose: y[dst + j*dst_step + i] = x[src + i*src_step + j], nothing else
     written, with steps longer than a vector on both sides."""
     import numba
-    from tilegemm.kernels.generator import make_transpose
+    from tilegemm.kernels.transforms import make_transpose
     transpose = make_transpose(dtype, lanes)
 
     @numba.njit
@@ -351,7 +351,7 @@ def test_deinterleave_row(dtype, lanes):
     """make_deinterleave: the even and odd elements of 2*lanes from src, each phase
     stored at its own offset, nothing else written."""
     import numba
-    from tilegemm.kernels.generator import make_deinterleave
+    from tilegemm.kernels.transforms import make_deinterleave
     deinterleave = make_deinterleave(dtype, lanes)
 
     @numba.njit
