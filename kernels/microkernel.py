@@ -195,9 +195,9 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         elif "offs" in arg:
             extra = (arg["ntaps"], ptr("offs", "o_off"), arg["o_step"], ptr("zeros"), arg["b_tap"])
         valid = (arg["rows"], arg["cols"]) if flavour.edge else ()
-        call_tile(context, builder, shape, name, flavour, arg["kc"], ptr("a", "a_off"), a_rs, a_cs,
-                  ptr("b", "b_off"), ldb, ptr("c", "c_off"), arg["ldc"], arg["alpha"], arg["beta"],
-                  ptr("bias", "bias_off"), arg["epi"], valid, extra)
+        call_tile(context, builder, shape, name, flavour, strides, arg["kc"], ptr("a", "a_off"),
+                  a_rs, a_cs, ptr("b", "b_off"), ldb, ptr("c", "c_off"), arg["ldc"], arg["alpha"],
+                  arg["beta"], ptr("bias", "bias_off"), arg["epi"], valid, extra)
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))
@@ -240,15 +240,16 @@ def _check_offsets(offs, zeros, a):
         raise TypeError(f"the zero row must be an array of {a.dtype}, got {zeros}")
 
 
-def call_tile(context, builder, shape, name, flavour, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr,
-              ldc, alpha, beta, bias_ptr, epi, valid=(), extra=()):
+def call_tile(context, builder, shape, name, flavour, strides, kc, a_ptr, a_rs, a_cs, b_ptr, ldb,
+              c_ptr, ldc, alpha, beta, bias_ptr, epi, valid=(), extra=()):
     """Call the tile function, defining it in this LLVM module on first use.
 
     One out-of-line definition per module and flavour, however many call sites a
     jitted function has: LLVM then optimises the kernel once, which keeps compile
     times down; a call per tile costs nothing next to its k loop.  The strides the
-    flavour fixes (:func:`constant_strides`) are passed into the body as constants
-    so they fold there.  ``valid``: ``(rows, cols)`` of an edge flavour; ``extra``:
+    flavour fixes (``strides``, from :func:`constant_strides`) are passed into the
+    body as constants so they fold there; the others stay parameters even where a
+    call site passes a constant, since the one body serves every call site.  ``valid``: ``(rows, cols)`` of an edge flavour; ``extra``:
     the taps or rows flavour's arguments (see :func:`_emit_tile`).
     """
     dtype, mr, nr, lanes = shape
@@ -264,8 +265,8 @@ def call_tile(context, builder, shape, name, flavour, kc, a_ptr, a_rs, a_cs, b_p
         fn.attributes.add("noinline")
         body = ir.IRBuilder(fn.append_basic_block("entry"))
         p = list(fn.args)
-        for at, stride in zip((2, 3, 5), (a_rs, a_cs, ldb)):
-            if isinstance(stride, ir.Constant):
+        for at, fixed, stride in zip((2, 3, 5), strides, (a_rs, a_cs, ldb)):
+            if fixed is not None:
                 p[at] = stride
         tail = tuple(p[12 + len(valid):]) or None
         _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:12 + len(valid)]) or None,

@@ -31,57 +31,9 @@ def make_pack_panel(dtype, panel, lanes):
     * otherwise one scalar at a time.
     """
     dtype = np.dtype(dtype).type
-    nb_float = NUMBA_FLOAT[dtype]
-    nvec = -(-panel // lanes)
 
     def emit(context, builder, sig, args):
-        kc, src, off, s_in, s_k, count, buf, dst = args
-        intp = context.get_value_type(types.intp)
-        fl = context.get_value_type(nb_float)
-        vec = ir.VectorType(fl, lanes)
-        src_ptr = data_ptr(context, builder, sig.args[1], src, off)
-        buf_ptr = data_ptr(context, builder, sig.args[6], buf, dst)
-        one = ir.Constant(intp, 1)
-        zero_i = ir.Constant(intp, 0)
-        width = ir.Constant(intp, panel)
-
-        def out_at(p, i):
-            return builder.gep(buf_ptr, [builder.add(builder.mul(p, width), i)])
-
-        with builder.if_else(builder.icmp_signed("==", s_in, one)) as (contiguous, other):
-            with contiguous:
-                # Loads past `count` are masked off (they read as zero: the padding);
-                # stores stop at the panel's width.
-                loads = [lane_range(builder, ir.Constant(intp, v * lanes), zero_i, count, lanes)
-                         for v in range(nvec)]
-                stores = [lane_range(builder, ir.Constant(intp, v * lanes), zero_i, width, lanes)
-                          for v in range(nvec)]
-                lines = -(-panel * np.dtype(dtype).itemsize // 64)
-                with cgutils.for_range(builder, kc) as loop:
-                    p = loop.index
-                    row = builder.mul(p, s_k)
-                    # The next panel (``panel`` columns on) packs the same rows next:
-                    # ask for its lines now, the source rows lie far apart in memory.
-                    for q in range(lines):
-                        prefetch_line(builder, builder.gep(src_ptr, [builder.add(
-                            row, ir.Constant(intp, panel + q * 64 // np.dtype(dtype).itemsize))]))
-                    for v in range(nvec):
-                        at = ir.Constant(intp, v * lanes)
-                        value = masked_load(builder, src_ptr, builder.add(row, at), loads[v], vec)
-                        target = builder.add(builder.mul(p, width), at)
-                        if (v + 1) * lanes <= panel:
-                            builder.store(value, vector_ptr(builder, buf_ptr, target, vec), align=esize_of(vec))
-                        else:
-                            masked_store(builder, value, buf_ptr, target, stores[v])
-            with other:
-                _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp,
-                              builder.mul(ir.Constant(intp, panel), s_in))
-                # Zero the padding columns i in [count, panel).
-                zero = ir.Constant(fl, 0.0)
-                with cgutils.for_range(builder, kc) as loop:
-                    with cgutils.for_range(builder, builder.sub(width, count)) as pad:
-                        builder.store(zero, out_at(loop.index, builder.add(count, pad.index)))
-        return context.get_dummy_value()
+        return _emit_pack_panel(context, builder, sig, args, dtype, panel, lanes)
 
     @intrinsic
     def pack_panel(typingctx, kc, src, off, s_in, s_k, count, buf, dst):
@@ -90,6 +42,59 @@ def make_pack_panel(dtype, panel, lanes):
 
     pack_panel.__name__ = f"{np.dtype(dtype).char}_pack_panel_{panel}"
     return pack_panel
+
+
+def _emit_pack_panel(context, builder, sig, args, dtype, panel, lanes):
+    """The body of :func:`make_pack_panel`'s intrinsic."""
+    nb_float = NUMBA_FLOAT[dtype]
+    nvec = -(-panel // lanes)
+    kc, src, off, s_in, s_k, count, buf, dst = args
+    intp = context.get_value_type(types.intp)
+    fl = context.get_value_type(nb_float)
+    vec = ir.VectorType(fl, lanes)
+    src_ptr = data_ptr(context, builder, sig.args[1], src, off)
+    buf_ptr = data_ptr(context, builder, sig.args[6], buf, dst)
+    one = ir.Constant(intp, 1)
+    zero_i = ir.Constant(intp, 0)
+    width = ir.Constant(intp, panel)
+
+    def out_at(p, i):
+        return builder.gep(buf_ptr, [builder.add(builder.mul(p, width), i)])
+
+    with builder.if_else(builder.icmp_signed("==", s_in, one)) as (contiguous, other):
+        with contiguous:
+            # Loads past `count` are masked off (they read as zero: the padding);
+            # stores stop at the panel's width.
+            loads = [lane_range(builder, ir.Constant(intp, v * lanes), zero_i, count, lanes)
+                     for v in range(nvec)]
+            stores = [lane_range(builder, ir.Constant(intp, v * lanes), zero_i, width, lanes)
+                      for v in range(nvec)]
+            lines = -(-panel * np.dtype(dtype).itemsize // 64)
+            with cgutils.for_range(builder, kc) as loop:
+                p = loop.index
+                row = builder.mul(p, s_k)
+                # The next panel (``panel`` columns on) packs the same rows next:
+                # ask for its lines now, the source rows lie far apart in memory.
+                for q in range(lines):
+                    prefetch_line(builder, builder.gep(src_ptr, [builder.add(
+                        row, ir.Constant(intp, panel + q * 64 // np.dtype(dtype).itemsize))]))
+                for v in range(nvec):
+                    at = ir.Constant(intp, v * lanes)
+                    value = masked_load(builder, src_ptr, builder.add(row, at), loads[v], vec)
+                    target = builder.add(builder.mul(p, width), at)
+                    if (v + 1) * lanes <= panel:
+                        builder.store(value, vector_ptr(builder, buf_ptr, target, vec), align=esize_of(vec))
+                    else:
+                        masked_store(builder, value, buf_ptr, target, stores[v])
+        with other:
+            _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp,
+                          builder.mul(ir.Constant(intp, panel), s_in))
+            # Zero the padding columns i in [count, panel).
+            zero = ir.Constant(fl, 0.0)
+            with cgutils.for_range(builder, kc) as loop:
+                with cgutils.for_range(builder, builder.sub(width, count)) as pad:
+                    builder.store(zero, out_at(loop.index, builder.add(count, pad.index)))
+    return context.get_dummy_value()
 
 
 def _pack_columns(builder, src_ptr, s_in, s_k, kc, count, out_at, vec, intp, ahead):
