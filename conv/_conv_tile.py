@@ -21,11 +21,11 @@ from tilegemm.conv.params import PADDED, PHASED
 from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
 from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc,
                                      make_depthwise_rows, make_direct_row)
-from tilegemm.kernels.microkernel import Flavour, make_microkernel
+from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.sync import next_task, prefetch
 from tilegemm.kernels.transforms import (make_deinterleave, make_masked_copy, make_transpose,
                                          make_winograd_input, make_winograd_output)
-from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
 
@@ -213,11 +213,11 @@ def im2col_nchw_tasks(counter, ntasks, x, x_off, xs, geom, ckk, apack, Mp, M, ms
 # adjacent pixels: one run of kw*C values, so such a row is one tap of kw*C steps
 # (a 3-channel 7x7 stem: 7 taps of 21 steps instead of 49 of 3).
 
-ukernel_rows = make_microkernel(DTYPE, MR, NR, LANES, Flavour.ROWS)
-ukernel_rows_edge = make_microkernel(DTYPE, MR, NR, LANES, Flavour.ROWS_EDGE)
+ukernel_rows = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS)
+ukernel_rows_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_EDGE)
 # Channels-first: a pixel's channels H*W apart.
-ukernel_rows_strided = make_microkernel(DTYPE, MR, NR, LANES, Flavour.ROWS_STRIDED)
-ukernel_rows_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, Flavour.ROWS_STRIDED_EDGE)
+ukernel_rows_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED)
+ukernel_rows_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED_EDGE)
 
 
 @numba.njit(inline='always', **JIT)
@@ -902,18 +902,18 @@ def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out,
 # reads plane ((i*dy - py) mod sy, (j*dx - px) mod sx), rows and columns away by the
 # floor quotients (negative above and left), through the same masks.
 
-ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, Flavour.TAPS)
+ukernel_taps = microkernel(DTYPE, ISA, MR, NR, Flavour.TAPS)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
 #: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).
-ukernel_taps_narrow = make_microkernel(DTYPE, MR, LANES, LANES, Flavour.TAPS)
+ukernel_taps_narrow = microkernel(DTYPE, ISA, MR, LANES, Flavour.TAPS)
 #: The last row panel of C when the output channels are not a multiple of MR, written
 #: straight to the output by kernels of 4 and 2 rows over the first rows of MR-row
 #: packed panels: every power-of-two channel count from 8 on leaves 2 or 4 rows of a
 #: 6-row tile (ResNet-18 conv2_x: 64 = 10*6 + 4).  Other counts take a whole tile
 #: through the C buffer.
-ukernel_taps_4 = (make_microkernel(DTYPE, 4, NR, LANES, Flavour.TAPS, a_step=MR) if MR > 4
+ukernel_taps_4 = (microkernel(DTYPE, ISA, 4, NR, Flavour.TAPS, a_step=MR) if MR > 4
                   else ukernel_taps)
-ukernel_taps_2 = (make_microkernel(DTYPE, 2, NR, LANES, Flavour.TAPS, a_step=MR) if MR > 2
+ukernel_taps_2 = (microkernel(DTYPE, ISA, 2, NR, Flavour.TAPS, a_step=MR) if MR > 2
                   else ukernel_taps)
 
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
 from tilegemm.kernels.gemv import make_gemv_kernels
-from tilegemm.kernels.microkernel import Flavour, make_microkernel
+from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.packers import make_pack_panel
+from tilegemm.kernels.registry import microkernel
 from tilegemm.kernels.sync import acquire, next_task, publish
 
 # --- configuration ---
@@ -29,13 +30,14 @@ DTYPE = np.float32
 MR = 6
 NR = 64
 LANES = 16
+ISA = "avx512"
 # --- end configuration ---
 
-ukernel = make_microkernel(DTYPE, MR, NR, LANES, Flavour.PACKED)
-ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, Flavour.STRIDED)
+ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
+ukernel_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED)
 # Edge flavours: read full (zero-padded) panels, touch only the valid corner of C.
-ukernel_edge = make_microkernel(DTYPE, MR, NR, LANES, Flavour.EDGE)
-ukernel_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, Flavour.STRIDED_EDGE)
+ukernel_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.EDGE)
+ukernel_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED_EDGE)
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
