@@ -161,9 +161,8 @@ def store_vector(builder, value, ptr, esize, mask=None):
     """A vector store; with ``mask``, masked lanes of memory are left untouched.
 
     Below 512 bits a masked access is AVX's ``vmaskmov``, which AMD cores up to Zen 3
-    run slowly (the store as microcode, tens of cycles): on a Zen 3 the Winograd
-    transforms took 10 of a 20 ms layer through them.  There a full mask -- the
-    common case -- takes a plain access, and only partial masks pay.
+    run slowly (the store as microcode, tens of cycles; see docs/kernels.md).  There
+    a full mask -- the common case -- takes a plain access, and only partial masks pay.
     """
     if mask is None:
         builder.store(value, ptr, align=esize)

@@ -40,7 +40,7 @@ UNROLL = 4
 #: Independent accumulators a k loop needs to keep the FMA units busy: FMA latency
 #: (4 cycles on Zen 3 and Skylake) times FMA ports (2).  Tiles with fewer accumulators
 #: (2x16 or 6x8 with 8 lanes) keep several sets, alternated by k step and added up
-#: after the loop: one 2x16 set ran at half the 6x16 tile's speed.
+#: after the loop (docs/kernels.md: a single set halves a 2x16 tile's speed).
 FMA_CHAINS = 8
 
 
@@ -403,8 +403,8 @@ class _Tile:
         A's panel for tap t lies t*a_tap further on, B's rows start taps[t] elements
         from b_ptr.  Taps with a load mask run a second copy of the loop, whose B
         loads are masked, so unmasked taps pay nothing.  The taps stay in the order
-        A is packed in: the hardware prefetcher follows A as one stream (out of order
-        measured up to 30% slower).
+        A is packed in: the hardware prefetcher follows A as one stream (see
+        docs/kernels.md, the taps kernel).
         """
         builder = self.builder
         ivec = ir.VectorType(ir.IntType(8 * self.esize), self.lanes)

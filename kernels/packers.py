@@ -22,7 +22,8 @@ def make_pack_panel(dtype, panel, lanes):
     strides).  Assumes ``0 < count <= panel`` and every addressed element in range.
 
     Numba's own loops for this copy go through its negative-index wraparound and
-    come out as gathers and scatters (~5 GB/s here); this one is written by hand:
+    come out as gathers and scatters (docs/kernels.md has the figures); this one is
+    written by hand:
 
     * ``s_in == 1`` (B row-major, A column-major): a row of the panel is
       ``ceil(panel/lanes)`` masked vector loads and stores, padding included;
