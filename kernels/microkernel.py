@@ -191,7 +191,8 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
                            for n, s in zip(("a_rs", "a_cs", "ldb"), strides))
         extra = ()
         if flavour is Flavour.TAPS:
-            extra = (arg["ntaps"], arg["a_tap"], ptr("taps"), ptr("masks", "mask_off"), ptr("sched"))
+            extra = (arg["ntaps"], arg["a_tap"], ptr("taps"), ptr("masks", "mask_off"),
+                     ptr("sched"))
         elif "offs" in arg:
             extra = (arg["ntaps"], ptr("offs", "o_off"), arg["o_step"], ptr("zeros"), arg["b_tap"])
         valid = (arg["rows"], arg["cols"]) if flavour.edge else ()
@@ -249,8 +250,9 @@ def call_tile(context, builder, shape, name, flavour, strides, kc, a_ptr, a_rs, 
     times down; a call per tile costs nothing next to its k loop.  The strides the
     flavour fixes (``strides``, from :func:`constant_strides`) are passed into the
     body as constants so they fold there; the others stay parameters even where a
-    call site passes a constant, since the one body serves every call site.  ``valid``: ``(rows, cols)`` of an edge flavour; ``extra``:
-    the taps or rows flavour's arguments (see :func:`_emit_tile`).
+    call site passes a constant, since the one body serves every call site.
+    ``valid``: ``(rows, cols)`` of an edge flavour; ``extra``: the taps or rows
+    flavour's arguments (see :func:`_emit_tile`).
     """
     dtype, mr, nr, lanes = shape
     module = builder.module

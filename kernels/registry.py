@@ -5,10 +5,12 @@
   take theirs from it.  :func:`microkernel_specs` lists every one this host can run,
   GEMM and convolution flavours alike, for the kernel tester.
 * :func:`get_kernel`: (dtype, MR, NR, ISA) -> a module of compiled code bound to that
-  tile, written from ``kernels/_tile.py`` with its configuration block filled in.  A module per configuration keeps MR/NR compile-time constants and gives
-Numba's on-disk cache one file per kernel (closures over an intrinsic cannot be
-cached, and one file shared by several configurations would mix their cache entries).
-Writing and importing them is :mod:`tilegemm.ground.loader`'s job.
+  tile, written from ``kernels/_tile.py`` with its configuration block filled in.
+
+A module per configuration keeps MR/NR compile-time constants and gives Numba's
+on-disk cache one file per kernel (closures over an intrinsic cannot be cached, and
+one file shared by several configurations would mix their cache entries).  Writing
+and importing them is :mod:`tilegemm.ground.loader`'s job.
 """
 import dataclasses
 import functools

@@ -58,9 +58,10 @@ def runner(spec):
 
 
 def k_values(spec):
-    """k of 1, around the unrolled step and around the KC the drivers cut k at."""
+    """k of 0 (the drivers' pass that applies beta and the epilogue to an empty product),
+    1, around the unrolled step and around the KC the drivers cut k at."""
     kc = blocking(spec.dtype, mr=spec.mr, nr=spec.nr, machine=isa_machine(spec.isa)).kc
-    return sorted({1, UNROLL - 1, UNROLL, UNROLL + 1, kc - 1, kc, kc + 1})
+    return sorted({0, 1, UNROLL - 1, UNROLL, UNROLL + 1, kc - 1, kc, kc + 1})
 
 
 class MicrokernelTester:
@@ -95,13 +96,15 @@ class MicrokernelTester:
             operands = (self.rng.standard_normal((ntaps, self.mr, k)),
                         self.rng.standard_normal((ntaps, k, self.nr)))
         args, product, size = self.layout(*operands, plain)
-        inputs = {name: value.copy() for name, value in args.items() if isinstance(value, np.ndarray)}
+        inputs = {name: value.copy() for name, value in args.items()
+                  if isinstance(value, np.ndarray)}
         cbuf, c0, bias = self.outputs(args, m, n, beta, epi, ldc_pad)
         self.run(*(args[name] for name, _ in ARGUMENTS[self.spec.flavour]))
         label = f"{self.spec.name} m={m} n={n} k={k} beta={beta} epi={epi} ldc=+{ldc_pad}"
         got = self.check_c(cbuf, args, m, n, label)
         for name, before in inputs.items():
-            assert np.array_equal(args[name], before, equal_nan=True), f"{label}: {name} was written"
+            assert np.array_equal(args[name], before, equal_nan=True), \
+                f"{label}: {name} was written"
         want = self.reference(product, c0, beta, bias, epi, args["bias_off"])[:m, :n]
         eps = np.finfo(self.dt).eps
         bound = 4 * max(k * ntaps, 1) * eps * (size[:m, :n] + np.abs(want))
@@ -133,7 +136,8 @@ class MicrokernelTester:
         k = A.shape[1]
         a = self.cast(np.r_[np.zeros(3), A.T.reshape(-1), np.zeros(5)])
         b = self.cast(np.r_[np.zeros(2), B.reshape(-1), np.zeros(5)])
-        A[...], B[...] = a[3:3 + k * self.mr].reshape(k, self.mr).T, b[2:2 + k * self.nr].reshape(k, -1)
+        A[...] = a[3:3 + k * self.mr].reshape(k, self.mr).T      # as rounded to the dtype
+        B[...] = b[2:2 + k * self.nr].reshape(k, self.nr)
         return dict(kc=k, a=a, a_off=3, b=b, b_off=2)
 
     def strided(self, A, B):
@@ -152,7 +156,7 @@ class MicrokernelTester:
         """Each tap's rows of A at their own offsets (about a third in the padding: -1)."""
         ntaps, mr, k = A.shape
         step = 5 if strided else 1
-        span = (k - 1) * step + 1
+        span = max((k - 1) * step + 1, 1)
         a = self.cast(self.rng.standard_normal(1 + ntaps * mr * span + 7))
         o_step = mr + 2
         offs = np.full(4 + ntaps * o_step + 3, -7, np.intp)
@@ -165,7 +169,7 @@ class MicrokernelTester:
                 else:
                     at = (t * mr + i) * span
                     offs[4 + t * o_step + i] = at
-                    a[1 + at:1 + at + span:step] = A[t, i]
+                    a[1 + at:1 + at + k * step:step] = A[t, i]
         b_tap = k * self.nr + 3
         b = self.cast(self.rng.standard_normal(2 + ntaps * b_tap))
         for t in range(ntaps):
@@ -193,7 +197,7 @@ class MicrokernelTester:
             for p in range(k):
                 b[2 + taps[t] + p * ldb:2 + taps[t] + p * ldb + nr] = B[t, p]
         B = np.array([[b[2 + taps[t] + p * ldb:2 + taps[t] + p * ldb + nr] for p in range(k)]
-                      for t in range(ntaps)], np.float64)
+                      for t in range(ntaps)], np.float64).reshape(ntaps, k, nr)
         itype = np.int32 if self.dt == np.float32 else np.int64
         masks = -rng.integers(0, 2, 5 + 3 * nr).astype(itype)
         # Tap t loads through the lanes at 5 + sched[t] (even taps) or unmasked (-1); the
@@ -260,6 +264,12 @@ class MicrokernelTester:
 
     # --- the whole sweep ---------------------------------------------------------------------
 
+    def corner(self, short):
+        """A partial corner for the edge flavours (``short`` columns fewer), else the tile."""
+        if not self.spec.flavour.edge:
+            return None, None
+        return max(self.mr - 1, 1), max(self.nr - short, 1)
+
     def test_subtiles(self, k=9):
         """Every m x n corner, beta cycling through BETAS."""
         for m, n in self.subtiles():
@@ -267,7 +277,7 @@ class MicrokernelTester:
 
     def test_k_sweep(self):
         """Every k of :func:`k_values` with every beta, on the full tile and a corner."""
-        corner = (max(self.mr - 1, 1), max(self.nr - 1, 1)) if self.spec.flavour.edge else (None, None)
+        corner = self.corner(1)
         for k in k_values(self.spec):
             for beta in BETAS:
                 self.test(k, beta=beta)
@@ -275,7 +285,7 @@ class MicrokernelTester:
 
     def test_epilogues(self, k=33):
         """Every epilogue with every beta; larger A so relu6 clips some values."""
-        corner = (max(self.mr - 1, 1), max(self.nr - 3, 1)) if self.spec.flavour.edge else (None, None)
+        corner = self.corner(3)
         for epi in EPILOGUES:
             for beta in BETAS:
                 ntaps = 2 if self.taps else 1
