@@ -148,17 +148,26 @@ def microkernel_specs(isas=None, dtypes=(np.float32, np.float64), all_tiles=Fals
         regs = ISA_SHAPE[isa][1]
         for dtype in map(np.dtype, dtypes):
             lanes = lanes_of(isa, dtype)
-            blk = blocking(dtype, machine=isa_machine(isa))
-            tiles = register_tiles(regs, lanes) if all_tiles else [(blk.mr, blk.nr)]
-            out += [MicrokernelSpec(dtype, isa, mr, nr, f) for mr, nr in tiles
+            mr, nr = _default_tile(dtype, isa)
+            tiles = register_tiles(regs, lanes) if all_tiles else [(mr, nr)]
+            out += [MicrokernelSpec(dtype, isa, t_mr, t_nr, f) for t_mr, t_nr in tiles
                     for f in GEMM_FLAVOURS]
-            mr, nr = blk.mr, blk.nr
             out += [MicrokernelSpec(dtype, isa, mr, nr, f) for f in Flavour
                     if f not in GEMM_FLAVOURS]
             out.append(MicrokernelSpec(dtype, isa, mr, lanes, Flavour.TAPS))
             out += [MicrokernelSpec(dtype, isa, rows, nr, Flavour.TAPS, a_step=mr)
                     for rows in (4, 2) if mr > rows]
     return list(dict.fromkeys(out))
+
+
+def _default_tile(dtype, isa):
+    """The blocking's tile for ``isa``; the ISA's best tile where a tile forced through
+    the environment (``TILEGEMM_MR`` / ``TILEGEMM_NR``) does not fit its vectors."""
+    try:
+        blk = blocking(dtype, machine=isa_machine(isa))
+        return blk.mr, blk.nr
+    except ValueError:
+        return register_tiles(ISA_SHAPE[isa][1], lanes_of(isa, dtype))[0]
 
 
 @functools.lru_cache(maxsize=1)
