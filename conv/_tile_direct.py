@@ -10,9 +10,9 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
-from tilegemm.kernels.generator import next_task, prefetch
-from tilegemm.kernels.generator import make_depthwise_flat, make_depthwise_nhwc
-from tilegemm.kernels.generator import make_depthwise_rows, make_direct_row
+from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc, make_depthwise_rows,
+                                     make_direct_row)
+from tilegemm.kernels.sync import next_task, prefetch
 
 # --- configuration ---
 DTYPE = np.float32

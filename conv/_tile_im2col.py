@@ -16,8 +16,8 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import next_task
 from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
 
 # --- configuration ---

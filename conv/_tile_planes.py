@@ -16,7 +16,7 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.sync import next_task
 
 # --- configuration ---
 DTYPE = np.float32

@@ -16,9 +16,9 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import next_task
-from tilegemm.kernels.generator import make_microkernel
-from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.registry import get_kernel, microkernel
+from tilegemm.kernels.sync import next_task
 
 # --- configuration ---
 DTYPE = np.float32
@@ -46,12 +46,11 @@ geom_of = _SHARED.geom_of
 # adjacent pixels: one run of kw*C values, so such a row is one tap of kw*C steps
 # (a 3-channel 7x7 stem: 7 taps of 21 steps instead of 49 of 3).
 
-ukernel_rows = make_microkernel(DTYPE, MR, NR, LANES, rows=True)
-ukernel_rows_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, edge=True)
+ukernel_rows = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS)
+ukernel_rows_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_EDGE)
 # Channels-first: a pixel's channels H*W apart.
-ukernel_rows_strided = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True)
-ukernel_rows_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, rows=True, strided=True,
-                                             edge=True)
+ukernel_rows_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED)
+ukernel_rows_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED_EDGE)
 
 
 @numba.njit(inline='always', **JIT)

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import make_deinterleave, make_masked_copy, make_transpose
+from tilegemm.kernels.transforms import make_deinterleave, make_masked_copy, make_transpose
 
 # --- configuration ---
 DTYPE = np.float32

@@ -17,9 +17,9 @@ import numpy as np
 from tilegemm.conv import engine
 from tilegemm.conv.taps import PADDED, PHASED
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import next_task
-from tilegemm.kernels.generator import make_microkernel
-from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.registry import get_kernel, microkernel
+from tilegemm.kernels.sync import next_task
 
 # --- configuration ---
 DTYPE = np.float32
@@ -63,18 +63,18 @@ phase_split = _SHARED.phase_split
 # reads plane ((i*dy - py) mod sy, (j*dx - px) mod sx), rows and columns away by the
 # floor quotients (negative above and left), through the same masks.
 
-ukernel_taps = make_microkernel(DTYPE, MR, NR, LANES, taps=True)
+ukernel_taps = microkernel(DTYPE, ISA, MR, NR, Flavour.TAPS)
 #: One vector wide, for a last panel of at most LANES columns (ResNet-18 conv5_x: 49
 #: columns an image, 3 panels of 16 and 1 of 8 instead of 4 of 16).
-ukernel_taps_narrow = make_microkernel(DTYPE, MR, LANES, LANES, taps=True)
+ukernel_taps_narrow = microkernel(DTYPE, ISA, MR, LANES, Flavour.TAPS)
 #: The last row panel of C when the output channels are not a multiple of MR, written
 #: straight to the output by kernels of 4 and 2 rows over the first rows of MR-row
 #: packed panels: every power-of-two channel count from 8 on leaves 2 or 4 rows of a
 #: 6-row tile (ResNet-18 conv2_x: 64 = 10*6 + 4).  Other counts take a whole tile
 #: through the C buffer.
-ukernel_taps_4 = (make_microkernel(DTYPE, 4, NR, LANES, taps=True, a_step=MR) if MR > 4
+ukernel_taps_4 = (microkernel(DTYPE, ISA, 4, NR, Flavour.TAPS, a_step=MR) if MR > 4
                   else ukernel_taps)
-ukernel_taps_2 = (make_microkernel(DTYPE, 2, NR, LANES, taps=True, a_step=MR) if MR > 2
+ukernel_taps_2 = (microkernel(DTYPE, ISA, 2, NR, Flavour.TAPS, a_step=MR) if MR > 2
                   else ukernel_taps)
 
 

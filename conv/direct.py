@@ -29,7 +29,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, round_up
 from tilegemm.conv import engine
-from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import valid_range
 from tilegemm.packing.winograd import activate
 

@@ -8,7 +8,7 @@ run the 16 GEMMs, transform back with the bias and activation fused.
 
 * NCHW (:func:`_run_nchw`): tiles are the GEMM's columns, ``M^T = U^T V``.  The
   transforms are vector code (``make_winograd_input`` / ``make_winograd_output`` in
-  :mod:`tilegemm.kernels.generator`) running along the contiguous image width, one
+  :mod:`tilegemm.kernels.transforms`) running along the contiguous image width, one
   full vector of adjacent tiles at a time.
 * NHWC (:func:`_run_nhwc`): tiles are the GEMM's rows, ``M = V U``, with the scalar
   transforms of :mod:`tilegemm.packing.winograd`.

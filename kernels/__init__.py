@@ -1,1 +1,1 @@
-"""Micro-kernel generator, kernel registry and the five-loop GEMM driver."""
+"""Vector-IR kernel generators (one module per family), the kernel registry and the GEMM driver."""

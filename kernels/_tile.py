@@ -5,8 +5,8 @@ file, with the configuration block below filled in, so that MR and NR are
 compile-time constants and Numba can cache each module's machine code in its own
 file.  Read it as the GEMM algorithm; it is also importable as is (float32 6x64).
 
-The matrix-vector path (m == 1 or n == 1) lives here too, on the same
-generator's dot/axpy blocks, at the end of the file.
+The matrix-vector path (m == 1 or n == 1) lives here too, on the dot/axpy
+blocks of ``kernels/gemv.py``, at the end of the file.
 
 Loops, outermost first (BLIS names):
     jc  over n in steps of NC   -- a KC x NC panel of B is packed once per (jc, pc)
@@ -19,21 +19,25 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
-from tilegemm.kernels.generator import (acquire, make_gemv_kernels, make_microkernel,
-                                       make_pack_panel, next_task, publish)
+from tilegemm.kernels.gemv import make_gemv_kernels
+from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.packers import make_pack_panel
+from tilegemm.kernels.registry import microkernel
+from tilegemm.kernels.sync import acquire, next_task, publish
 
 # --- configuration ---
 DTYPE = np.float32
 MR = 6
 NR = 64
 LANES = 16
+ISA = "avx512"
 # --- end configuration ---
 
-ukernel = make_microkernel(DTYPE, MR, NR, LANES)
-ukernel_strided = make_microkernel(DTYPE, MR, NR, LANES, strided=True)
+ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
+ukernel_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED)
 # Edge flavours: read full (zero-padded) panels, touch only the valid corner of C.
-ukernel_edge = make_microkernel(DTYPE, MR, NR, LANES, edge=True)
-ukernel_strided_edge = make_microkernel(DTYPE, MR, NR, LANES, strided=True, edge=True)
+ukernel_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.EDGE)
+ukernel_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED_EDGE)
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)

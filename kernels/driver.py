@@ -103,7 +103,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     bias : ndarray, optional
         1-D contiguous, length m with ``EPI_BIAS_ROW`` or n with ``EPI_BIAS_COL``.
     epi : int
-        Epilogue flags from :mod:`tilegemm.kernels.generator`.
+        Epilogue flags from :mod:`tilegemm.ground.contracts`.
     threads : int, optional
         Defaults to ``numba.get_num_threads()``.
 

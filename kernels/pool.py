@@ -23,7 +23,7 @@ import time
 import numba
 import numpy as np
 
-from tilegemm.kernels import generator as gen
+from tilegemm.kernels import sync
 
 #: How long an idle worker watches its slot before sleeping.  Back-to-back calls (a
 #: network's layers, a benchmark loop) come within a few tens of microseconds.
@@ -44,9 +44,9 @@ _STRIDE = 8
 def spin_until(flags, at, value, equal, spins):
     """Whether, within ``spins`` polls, ``flags[at] == value`` becomes ``equal``."""
     for _ in range(spins):
-        if (gen.acquire(flags, at) == value) == equal:
+        if (sync.acquire(flags, at) == value) == equal:
             return True
-        gen.pause()
+        sync.pause()
     return False
 
 
@@ -55,14 +55,14 @@ def post_all(post, ats, seq, gate, spins):
     """``post[a] = seq`` for ``a`` in ``ats``, then watch ``gate[0]`` for ``spins`` polls
     until it is no longer 0.  The GIL is free all the while (see :meth:`SpinPool.run`)."""
     for a in ats:
-        gen.publish(post, a, seq)
+        sync.publish(post, a, seq)
     spin_until(gate, 0, 0, False, spins)
 
 
 @numba.njit(nogil=True, cache=True)
 def finish(done, at, value, post, last, spins):
     """``done[at] = value``, then whether ``post[at]`` leaves ``last`` within ``spins`` polls."""
-    gen.publish(done, at, value)
+    sync.publish(done, at, value)
     return spin_until(post, at, last, False, spins)
 
 

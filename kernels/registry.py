@@ -1,11 +1,18 @@
-"""Kernel registry: (dtype, MR, NR, ISA) -> a module of compiled code bound to that micro-kernel.
+"""Kernel registries: every micro-kernel flavour, and the compiled drivers bound to a tile.
 
-Each entry is a module written from ``kernels/_tile.py`` with its configuration block
-filled in.  A module per configuration keeps MR/NR compile-time constants and gives
-Numba's on-disk cache one file per kernel (closures over an intrinsic cannot be
-cached, and one file shared by several configurations would mix their cache entries).
-Writing and importing them is :mod:`tilegemm.ground.loader`'s job.
+* :func:`microkernel`: (dtype, ISA, MR, NR, flavour) -> the micro-kernel intrinsic,
+  built once per process; the templates (``kernels/_tile.py``, the convolution's)
+  take theirs from it.  :func:`microkernel_specs` lists every one this host can run,
+  GEMM and convolution flavours alike, for the kernel tester.
+* :func:`get_kernel`: (dtype, MR, NR, ISA) -> a module of compiled code bound to that
+  tile, written from ``kernels/_tile.py`` with its configuration block filled in.
+
+A module per configuration keeps MR/NR compile-time constants and gives Numba's
+on-disk cache one file per kernel (closures over an intrinsic cannot be cached, and
+one file shared by several configurations would mix their cache entries).  Writing
+and importing them is :mod:`tilegemm.ground.loader`'s job.
 """
+import dataclasses
 import functools
 import os
 import threading
@@ -14,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.tuning.blocking import blocking
+from tilegemm.kernels.microkernel import Flavour, make_microkernel
+from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect
 
 _TEMPLATE = os.path.join(os.path.dirname(__file__), "_tile.py")
@@ -44,12 +52,130 @@ def kernel_name(dtype, mr, nr, isa):
     return f"f{np.dtype(dtype).itemsize * 8}_gemm_{mr}x{nr}_{isa}"
 
 
+def lanes_of(isa, dtype):
+    """Elements of ``dtype`` in one vector register of ``isa``."""
+    return ISA_SHAPE[isa][0] // (8 * np.dtype(dtype).itemsize)
+
+
+def runnable_isas():
+    """The ISAs whose kernels this host runs: the detected one (``TILEGEMM_ISA`` if
+    forced) and every narrower one, widest first."""
+    order = sorted(ISA_SHAPE, key=lambda isa: -ISA_SHAPE[isa][0])
+    return tuple(order[order.index(detect().isa):])
+
+
+@functools.lru_cache(maxsize=None)
+def _microkernel(dtype_name, isa, mr, nr, flavour, a_step):
+    return make_microkernel(np.dtype(dtype_name).type, mr, nr, lanes_of(isa, dtype_name),
+                            flavour, a_step=a_step)
+
+
+def microkernel(dtype, isa, mr, nr, flavour=Flavour.PACKED, a_step=None):
+    """The micro-kernel intrinsic for ``(dtype, isa, mr, nr, flavour)``, built once.
+
+    Parameters
+    ----------
+    dtype : float32 or float64
+    isa : str
+        ``"avx512"``, ``"avx2"`` or ``"generic"``: sets the vector width.
+    mr, nr : int
+        Register tile; ``nr`` a multiple of the ISA's lanes.
+    flavour : Flavour
+    a_step : int, optional
+        ``Flavour.TAPS`` only: values per k of A's packed panels (default ``mr``).
+
+    Returns
+    -------
+    numba intrinsic, callable from jitted code only (arguments:
+    ``microkernel.ARGUMENTS[flavour]``).
+    """
+    a_step = None if a_step is None or a_step == mr else int(a_step)
+    return _microkernel(np.dtype(dtype).name, isa, int(mr), int(nr), Flavour(flavour), a_step)
+
+
+@dataclass(frozen=True)
+class MicrokernelSpec:
+    """One registrable micro-kernel: the key :func:`microkernel` builds it from."""
+
+    dtype: np.dtype
+    isa: str
+    mr: int
+    nr: int
+    flavour: Flavour
+    a_step: int = None
+
+    @property
+    def lanes(self):
+        return lanes_of(self.isa, self.dtype)
+
+    @property
+    def name(self):
+        """``{dtype}_{flavour}_{MR}x{NR}[_a{step}]_{isa}``, e.g. ``f32_packed_6x64_avx512``."""
+        step = f"_a{self.a_step}" if self.a_step else ""
+        return (f"f{self.dtype.itemsize * 8}_{self.flavour.value}_{self.mr}x{self.nr}{step}"
+                f"_{self.isa}")
+
+    def build(self):
+        """The intrinsic (see :func:`microkernel`)."""
+        return microkernel(self.dtype, self.isa, self.mr, self.nr, self.flavour, self.a_step)
+
+
+#: The flavours the GEMM drivers run (``kernels/_tile.py``), on every register tile.
+GEMM_FLAVOURS = (Flavour.PACKED, Flavour.EDGE, Flavour.STRIDED, Flavour.STRIDED_EDGE)
+
+
+def isa_machine(isa):
+    """This machine as seen by kernels of ``isa`` (its vector width and register count)."""
+    bits, regs = ISA_SHAPE[isa]
+    return dataclasses.replace(detect(), isa=isa, vector_bits=bits, vector_registers=regs)
+
+
+def microkernel_specs(isas=None, dtypes=(np.float32, np.float64), all_tiles=False):
+    """Every micro-kernel the engine builds for ``isas`` (default: :func:`runnable_isas`).
+
+    Per ISA and dtype: the GEMM flavours on the blocking's tile (on every register
+    tile with ``all_tiles``, as the driver picks narrower ones for narrow products),
+    and the convolution's on the same tile: the rows flavours, taps, taps one vector
+    wide, and taps of 4 and 2 rows over panels packed ``MR`` rows high
+    (``conv/_conv_tile.py``).
+
+    Returns
+    -------
+    list of MicrokernelSpec
+    """
+    out = []
+    for isa in isas or runnable_isas():
+        regs = ISA_SHAPE[isa][1]
+        for dtype in map(np.dtype, dtypes):
+            lanes = lanes_of(isa, dtype)
+            mr, nr = _default_tile(dtype, isa)
+            tiles = register_tiles(regs, lanes) if all_tiles else [(mr, nr)]
+            out += [MicrokernelSpec(dtype, isa, t_mr, t_nr, f) for t_mr, t_nr in tiles
+                    for f in GEMM_FLAVOURS]
+            out += [MicrokernelSpec(dtype, isa, mr, nr, f) for f in Flavour
+                    if f not in GEMM_FLAVOURS]
+            out.append(MicrokernelSpec(dtype, isa, mr, lanes, Flavour.TAPS))
+            out += [MicrokernelSpec(dtype, isa, rows, nr, Flavour.TAPS, a_step=mr)
+                    for rows in (4, 2) if mr > rows]
+    return list(dict.fromkeys(out))
+
+
+def _default_tile(dtype, isa):
+    """The blocking's tile for ``isa``; the ISA's best tile where a tile forced through
+    the environment (``TILEGEMM_MR`` / ``TILEGEMM_NR``) does not fit its vectors."""
+    try:
+        blk = blocking(dtype, machine=isa_machine(isa))
+        return blk.mr, blk.nr
+    except ValueError:
+        return register_tiles(ISA_SHAPE[isa][1], lanes_of(isa, dtype))[0]
+
+
 @functools.lru_cache(maxsize=1)
-def _engine_digest():
+def engine_digest():
     """Hash of every source the generated modules compile in.
 
     Numba's cache checks only the generated file itself; writing this digest into
-    it makes any change to the generator, template, packing or ground contracts
+    it makes any change to the kernel generators, template, packing or ground contracts
     invalidate the cached machine code.
     """
     here = os.path.dirname(os.path.abspath(__file__))
@@ -60,15 +186,15 @@ def _engine_digest():
 
 @functools.lru_cache(maxsize=None)
 def _load(dtype_name, mr, nr, isa):
-    lanes = ISA_SHAPE[isa][0] // (8 * np.dtype(dtype_name).itemsize)
+    lanes = lanes_of(isa, dtype_name)
     if nr % lanes:
         raise ValueError(f"NR={nr} is not a multiple of the {isa} vector width ({lanes} lanes)")
     name = kernel_name(dtype_name, mr, nr, isa)
     config = [f"DTYPE = np.{np.dtype(dtype_name).name}", f"MR = {mr}", f"NR = {nr}",
-              f"LANES = {lanes}"]
+              f"LANES = {lanes}", f"ISA = {isa!r}"]
     header = ("# Generated by tilegemm.kernels.registry from kernels/_tile.py; do not edit.\n"
-              f"# engine sources digest: {_engine_digest()}\n")
-    module = loader.load_generated(f"{name}_{_engine_digest()}",
+              f"# engine sources digest: {engine_digest()}\n")
+    module = loader.load_generated(f"{name}_{engine_digest()}",
                                    loader.configured(_TEMPLATE, config, header))
     return Kernel(name, np.dtype(dtype_name), mr, nr, lanes, isa, module)
 
@@ -103,7 +229,6 @@ def registered_kernels():
     The widest tile serves general products; narrower ones serve products with
     fewer columns than its NR (see ``kernels.driver.kernel_for``).
     """
-    from tilegemm.tuning.blocking import register_tiles
     isa = detect().isa
     bits, regs = ISA_SHAPE[isa]
     out = []

@@ -13,7 +13,7 @@ Layouts (both zero padded to whole panels, so kernels always read full panels):
 
 These plain-Numba packers are the readable statement of the layouts and the
 reference the tests hold the engine to.  The engine itself packs through
-``make_pack_panel`` (``kernels/generator.py``, bound in each generated kernel
+``make_pack_panel`` (``kernels/packers.py``, bound in each generated kernel
 module as ``pack_a``/``pack_b``): Numba compiles these flat-index loops through
 its negative-index wraparound into gathers and scatters, several times slower
 than the vector copy.

@@ -10,7 +10,7 @@ import pytest
 
 import tilegemm
 from tilegemm.kernels import driver, pool
-from tilegemm.kernels.generator import next_task
+from tilegemm.kernels.sync import next_task
 
 
 @numba.njit(nogil=True)

@@ -16,7 +16,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.generator import (_fma, _splat)
+from tilegemm.kernels.ir import fma, splat
 from tilegemm.tuning.machine import detect
 
 
@@ -38,11 +38,11 @@ def _make_fma_loop(nb_float, lanes, chains):
         def codegen(context, builder, sig, args):
             iters, x = args
             vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-            xv = _splat(builder, x, vec)
+            xv = splat(builder, x, vec)
             acc = [cgutils.alloca_once_value(builder, xv) for _ in range(chains)]
             with cgutils.for_range(builder, iters):
                 for slot in acc:
-                    builder.store(_fma(builder, builder.load(slot), xv, xv), slot)
+                    builder.store(fma(builder, builder.load(slot), xv, xv), slot)
             total = builder.load(acc[0])
             for slot in acc[1:]:
                 total = builder.fadd(total, builder.load(slot))
