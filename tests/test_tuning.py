@@ -4,7 +4,8 @@ import pytest
 
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect
-from tilegemm.tuning.peak import measured_peak_gflops, nominal_peak_gflops
+from tilegemm.kernels.peak import measured_peak_gflops
+from tilegemm.tuning.peak import nominal_peak_gflops
 
 
 def test_detect_reports_per_core_caches():
@@ -106,7 +107,7 @@ def test_several_thread_peak_measured_again_when_below_one_thread(scaling, attem
     PEAK_ATTEMPTS times (a scaling of 10 can never be reached; 0 always is)."""
     import threading
     import time as time_mod
-    from tilegemm.tuning import peak
+    from tilegemm.kernels import peak
     main_calls = []
 
     def fake_kernel(iters, x):

@@ -1,12 +1,12 @@
-"""CPU, ISA and cache detection; block sizes; nominal and measured peak.
+"""CPU, ISA and cache detection; block sizes; the nominal peak.
 
 * :func:`detect` -> :class:`Machine`: per-core caches, ISA, vector width and registers.
 * :func:`blocking` -> :class:`Blocking`: MR, NR, KC, MC, NC for a dtype, and where each came from.
-* :func:`nominal_peak_gflops`, :func:`measured_peak_gflops`: the peaks reports compare against.
+* :func:`nominal_peak_gflops`: the spec-sheet peak (the measured one is
+  :func:`tilegemm.kernels.peak.measured_peak_gflops`).
 """
 from tilegemm.tuning.blocking import Blocking, blocking
 from tilegemm.tuning.machine import Machine, detect
-from tilegemm.tuning.peak import measured_peak_gflops, nominal_peak_gflops
+from tilegemm.tuning.peak import nominal_peak_gflops
 
-__all__ = ["Blocking", "Machine", "blocking", "detect", "measured_peak_gflops",
-           "nominal_peak_gflops"]
+__all__ = ["Blocking", "Machine", "blocking", "detect", "nominal_peak_gflops"]

@@ -175,7 +175,7 @@ def measure(rung, n, dtype=np.float32, numpy_cache=None, log=None):
     the next call is predicted (time growing as size**3) to exceed :data:`CALL_BUDGET`
     seconds: a slow rung is measured on a smaller n, a fast one on ``n``.
     """
-    from tilegemm.tuning.peak import measured_peak_gflops
+    from tilegemm.kernels.peak import measured_peak_gflops
     threads = numba.get_num_threads() if rung.parallel else 1
     sizes = [n]                                   # n, n/2, n/4, ... down to the probe size
     while sizes[-1] // 2 >= PROBE_N:

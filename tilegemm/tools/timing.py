@@ -21,7 +21,7 @@ The rules (see docs/reports.md):
   the previous party's spinning workers stop) and a ramp of untimed calls
   (:func:`ramp_time`, so the machine is back to speed).
 * **GFLOPS = 2·M·N·K / t**, and % of the *measured* FMA peak for the same thread
-  count (:func:`tilegemm.tuning.peak.measured_peak_gflops`).
+  count (:func:`tilegemm.kernels.peak.measured_peak_gflops`).
 """
 import contextlib
 import importlib
@@ -273,7 +273,7 @@ _peaks = {}
 
 def peak_gflops(dtype, threads):
     """Measured FMA peak of ``threads`` threads for ``dtype`` (cached per process)."""
-    from tilegemm.tuning.peak import measured_peak_gflops
+    from tilegemm.kernels.peak import measured_peak_gflops
     key = (np.dtype(dtype).name, int(threads))
     if key not in _peaks:
         _peaks[key] = measured_peak_gflops(np.dtype(dtype).type, int(threads))
