@@ -137,7 +137,7 @@ def microkernel_specs(isas=None, dtypes=(np.float32, np.float64), all_tiles=Fals
     tile with ``all_tiles``, as the driver picks narrower ones for narrow products),
     and the convolution's on the same tile: the rows flavours, taps, taps one vector
     wide, and taps of 4 and 2 rows over panels packed ``MR`` rows high
-    (``conv/_conv_tile.py``).
+    (``conv/_tile_rows.py``, ``conv/_tile_taps.py``).
 
     Returns
     -------
