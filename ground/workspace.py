@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 
+from tilegemm.ground.contracts import round_up
+
 #: Shapes of views kept per set of buffers (see :func:`thread_buffers`).
 VIEWS_MAX = 64
 
@@ -63,7 +65,7 @@ def thread_buffers(key, threads, sizes, dtype):
         made = entry[1].get(shape)
         if made is not None:
             return made
-    padded = [-(-max(s, 1) // 64) * 64 for s in sizes]
+    padded = [round_up(max(s, 1), 64) for s in sizes]
     flat = buffers(key, [threads * s for s in padded], dtype)
     made = tuple(f[:threads * s].reshape(threads, s) for f, s in zip(flat, padded))
     if entry is None or entry[0] is not flat or len(entry[1]) >= VIEWS_MAX:

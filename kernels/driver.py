@@ -23,7 +23,7 @@ from several Python threads, and seconds less compile time.
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, round_up
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.registry import get_kernel
@@ -232,7 +232,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     C is cut into one block per thread along its longer side; when C has too few
     tiles to go round and k is long, k is cut instead (:func:`_split_k`).
     """
-    tiles = -(-m // kern.mr) * -(-n // kern.nr)
+    tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
     if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
         _split_k(kern, blk, m, n, k, args, bias, epi, threads)
         return
@@ -244,7 +244,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
-    step = round_up(-(-length // threads), unit)
+    step = round_up(cdiv(length, threads), unit)
     jobs = []
     for start in range(0, length, step):
         size = min(step, length - start)
@@ -297,8 +297,8 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
     """
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     one, zero = kern.dtype.type(1), kern.dtype.type(0)
-    step = round_up(-(-k // threads), 8)
-    parts = np.empty((-(-k // step), m * n), kern.dtype)
+    step = round_up(cdiv(k, threads), 8)
+    parts = np.empty((cdiv(k, step), m * n), kern.dtype)
     jobs = []
     for t, k0 in enumerate(range(0, k, step)):
         sub = (one, af, a_off + k0 * a_cs, a_rs, a_cs, bf, b_off + k0 * b_rs, b_rs, b_cs,

@@ -30,6 +30,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from tilegemm.ground.contracts import cdiv
 from tilegemm.kernels.ir import (NUMBA_FLOAT, check_mask_width, data_ptr, epilogue, fma,
                                  load_bias, load_vector, masked_load_call, nullcontext,
                                  prefetch_line, splat, store_vector, vector_ptr)
@@ -312,7 +313,7 @@ class _Tile:
         self.intp = context.get_value_type(types.intp)
         zero = ir.Constant(self.vec, [0.0] * self.lanes)
         # sets[s][i][v]: partial sums over the k steps with k % len(sets) == s (see FMA_CHAINS).
-        n_sets = min(UNROLL, -(-FMA_CHAINS // (self.mr * self.nv)))
+        n_sets = min(UNROLL, cdiv(FMA_CHAINS, self.mr * self.nv))
         self.sets = [[[cgutils.alloca_once_value(builder, zero) for _ in range(self.nv)]
                       for _ in range(self.mr)] for _ in range(n_sets)]
         self.acc = self.sets[0]

@@ -5,6 +5,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from tilegemm.ground.contracts import cdiv
 from tilegemm.kernels.ir import (NUMBA_FLOAT, data_ptr, esize_of, masked_load, masked_store, lane_range,
                                  prefetch_line, vector_ptr)
 
@@ -48,7 +49,7 @@ def make_pack_panel(dtype, panel, lanes):
 def _emit_pack_panel(context, builder, sig, args, dtype, panel, lanes):
     """The body of :func:`make_pack_panel`'s intrinsic."""
     nb_float = NUMBA_FLOAT[dtype]
-    nvec = -(-panel // lanes)
+    nvec = cdiv(panel, lanes)
     kc, src, off, s_in, s_k, count, buf, dst = args
     intp = context.get_value_type(types.intp)
     fl = context.get_value_type(nb_float)
@@ -70,7 +71,7 @@ def _emit_pack_panel(context, builder, sig, args, dtype, panel, lanes):
                      for v in range(nvec)]
             stores = [lane_range(builder, ir.Constant(intp, v * lanes), zero_i, width, lanes)
                       for v in range(nvec)]
-            lines = -(-panel * np.dtype(dtype).itemsize // 64)
+            lines = cdiv(panel * np.dtype(dtype).itemsize, 64)
             with cgutils.for_range(builder, kc) as loop:
                 p = loop.index
                 row = builder.mul(p, s_k)

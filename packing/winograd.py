@@ -31,7 +31,7 @@ Image strides and offsets follow :mod:`tilegemm.packing.im2col`; ``geom`` here i
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT
+from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, round_up
 
 #: Input transform: V = BT @ d @ BT.T
 BT = np.array([[1, 0, -1, 0],
@@ -89,7 +89,7 @@ def pack_filter_transforms(weight, KC, R):
     misses.
     """
     K, C = weight.shape[:2]
-    Kp = -(-K // R) * R
+    Kp = round_up(K, R)
     buf = np.zeros(16 * C * Kp + 1, weight.dtype)
     _filter_transforms(np.ascontiguousarray(weight), buf, KC, Kp, R, weight.dtype.type(0.5),
                        False)

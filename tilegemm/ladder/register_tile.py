@@ -7,7 +7,7 @@ import functools
 
 import numba
 
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, round_up
 from tilegemm.packing import aligned_empty
 from tilegemm.tuning.blocking import blocking
 
@@ -57,7 +57,7 @@ def pack_columns(b, b_off, ldb, kc, nc, NR, bpack):
     """Columns ``0:nc`` of the ``kc``-row block of B at ``b[b_off]`` (rows ``ldb`` apart),
     each column's ``kc`` values contiguous (column ``j`` at ``j*kc``), zero columns up
     to a multiple of ``NR``.  Rows of B are read in order."""
-    for j in range(nc, -(-nc // NR) * NR):
+    for j in range(nc, round_up(nc, NR)):
         bpack[j * kc:(j + 1) * kc] = 0
     for p in range(kc):
         row = b[b_off + p * ldb:b_off + p * ldb + nc]
@@ -102,7 +102,7 @@ def packed_register_tile(a, b, c, KC=None, MC=None, NC=None):
 @functools.lru_cache(maxsize=None)
 def _column_buffer(dtype_name, NR, KC, NC):
     """Rung 4's packed columns of B: ``NC`` rounded up to ``NR`` columns of ``KC``."""
-    return aligned_empty(-(-NC // NR) * NR * KC, dtype_name)
+    return aligned_empty(round_up(NC, NR) * KC, dtype_name)
 
 
 def _vector_registers():

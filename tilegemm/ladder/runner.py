@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from tilegemm.ground.contracts import round_up
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.ladder.register_tile import packed_register_tile
 from tilegemm.ladder.rungs import (blocked, library_micro_kernel, loop_ikj, naive_ijk, packed,
@@ -39,8 +40,8 @@ def _buffers(dtype_name, MR, NR, KC, MC, NC):
     """Pack buffers and rung 3's tile scratch for one blocking, allocated once and
     reused (as the library does).  B's buffer also holds rung 4's column panels
     (its NR divides no more than the library's: padding to it takes no more room)."""
-    apack = aligned_empty(-(-MC // MR) * MR * KC, dtype_name)
-    bpack = aligned_empty(-(-NC // NR) * NR * KC, dtype_name)
+    apack = aligned_empty(round_up(MC, MR) * KC, dtype_name)
+    bpack = aligned_empty(round_up(NC, NR) * KC, dtype_name)
     acc = aligned_empty(MR * NR, dtype_name)
     return apack, bpack, acc
 
