@@ -29,6 +29,7 @@ SOURCE_HASH = ""
 
 _KERNEL = get_kernel(DTYPE, MR, NR, ISA)
 macro_kernel = _KERNEL.module.macro_kernel
+ZERO = _KERNEL.module.ZERO
 LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
@@ -36,7 +37,7 @@ winograd_output = make_winograd_output(DTYPE, LANES)
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
                   bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
     """One task = a block of ``MT`` tiles: input transform, 16 GEMMs, output transform.
@@ -56,7 +57,7 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
             for jc in range(0, K, NC):
                 nc = min(NC, K - jc)
                 macro_kernel(mt, nc, kc, apack, xi * a_slab, upack, xi * C * Kp + pc * Kp + jc * kc,
-                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0)
+                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, ZERO, ZERO, ZERO)
     unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
 
 
@@ -154,7 +155,7 @@ def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_r
                             runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, whole, parts,
                        tiles_total, out, o_off, os, bias, b_off, epi, KC, b_slab, m_slab, bpack,
                        mbuf, tile, runs):
@@ -195,7 +196,8 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, who
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
             macro_kernel(r1 - r0, ncols, kc, upack, u_off + (xi * C + pc) * Kp + r0 * kc, bpack,
-                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
+                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, ZERO, ZERO,
+                         ZERO)
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
                           os[2], Wo, bias, b_off, epi)
 

@@ -93,12 +93,14 @@ def run(x, w, bias, out, p, act):
     biases, has_bias = _bias_slices(bias, p, out.dtype, plan.Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     xf, of = x.reshape(-1), out.reshape(-1)
+    # None: the image is the patch matrix, only the GEMM's B packer is compiled in.
+    general = None if p.pointwise else True
     bpacks, tiles, edges = engine.thread_buffers(("im2col_nchw", kernel.name), plan.threads,
                                                  plan.sizes, out.dtype)
     for g in range(p.groups):
         apack, bias_g = packed[g][0], biases[g]
         engine.launch(lambda t, counter: mod.im2col_nchw_tasks(
-            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t])),
+            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t]), general),
             plan.threads)
     return out
 

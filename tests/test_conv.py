@@ -367,7 +367,8 @@ def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
         kc = min(kc, col.shape[0] - p0)
         nc = min(nc, col.shape[1] - j0)
         buf = np.full(-(-nc // NR) * NR * kc, np.nan, dtype)
-        mod.pack_b_im2col_rows(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, buf)
+        mod.pack_b_im2col_rows(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, buf,
+                               True)
         for q in range(-(-nc // NR)):
             panel = buf[q * NR * kc:(q + 1) * NR * kc].reshape(kc, NR)
             want = np.zeros((kc, NR))
