@@ -1586,7 +1586,7 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
                                                                  monkeypatch):
     """NCHW Winograd on grouped layers gives the reference (bias, relu6, no bias) with one
     task loop for all the groups, as the engine launches for any other layer."""
-    groups = _record_arg(monkeypatch, "winograd_nchw_tasks", 2, dtype)
+    groups = _record_arg(monkeypatch, "winograd_nchw_tasks", 1, dtype, field="groups")
     with _threads(threads):
         run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
         run_case(shape, "winograd", "NCHW", dtype, bias=False)
