@@ -23,6 +23,7 @@ SOURCE_HASH = ""
 
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 phase_split = _SHARED.phase_split
+geom_of = _SHARED.geom_of
 ZERO, UNIT, TRUE, FALSE = _SHARED.ZERO, _SHARED.UNIT, _SHARED.TRUE, _SHARED.FALSE
 #: Vectors of an output row per direct-convolution call (independent FMA chains).
 ROW_VECTORS = 4
@@ -273,11 +274,16 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
 @numba.njit(**JIT)
-def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, shape, geom,
-                      KB, acc):
+def direct_nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
     """Tasks of :func:`direct_nchw_task`, ``per_tick`` at a time taken from ``counter``
     (:func:`next_task`) until ``ntasks`` are out: a small depthwise channel is a
-    microsecond of work, less than threads contending for the counter cost."""
+    microsecond of work, less than threads contending for the counter cost.
+
+    ``plan`` is :func:`tilegemm.conv.direct.direct_plan`'s record (its names here).
+    """
+    r = plan[0]
+    ntasks, per_tick, KB = r.ntasks, r.per_tick, r.KB
+    shape, geom = (r.N, r.C, r.K, r.groups), geom_of(r)
     while True:
         first = next_task(counter) * per_tick
         if first >= ntasks:
