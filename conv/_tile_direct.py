@@ -23,6 +23,8 @@ SOURCE_HASH = ""
 
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 phase_split = _SHARED.phase_split
+geom_of = _SHARED.geom_of
+ZERO, UNIT, TRUE, FALSE = _SHARED.ZERO, _SHARED.UNIT, _SHARED.TRUE, _SHARED.FALSE
 #: Vectors of an output row per direct-convolution call (independent FMA chains).
 ROW_VECTORS = 4
 ROW = ROW_VECTORS * LANES
@@ -108,8 +110,8 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
         for c in range(first, min(ntasks, first + per_tick)):
             dst = c * out_plane
             if copy:
-                phase_split(x, c * H * W, H * W, W, 1, H, W, sy, sx, 0, 0, Hq, Wq,
-                            sy * sx * Hq * Wq, xq, True)
+                phase_split(x, c * H * W, H * W, W, UNIT, H, W, sy, sx, ZERO, ZERO, Hq, Wq,
+                            sy * sx * Hq * Wq, xq, TRUE)
                 src = 0
             else:
                 src = c * H * W
@@ -188,7 +190,7 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
                                w_row + c, C, kw, out, (dst_row + ow) * C + c, C, bias, c, epi)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc):
     """One (image, group, block of <= KB output channels): every output row.
 
@@ -213,8 +215,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
         epi = act | (EPI_BIAS_ROW if has_bias else 0)
         Hp, Wp = depthwise_plane(geom)
         # The zero-padded copy of one channel: phase_split with a single phase.
-        phase_split(x, (n * C + g) * H * W, H * W, W, 1, H, W, 1, 1, py, px, Hp, Wp, Hp * Wp,
-                    acc)
+        phase_split(x, (n * C + g) * H * W, H * W, W, UNIT, H, W, UNIT, UNIT, py, px, Hp, Wp,
+                    Hp * Wp, acc, FALSE)
         # Ask for the start of the next channel now: a small channel is a few short
         # rows, too short for the hardware prefetcher to pick up before they are read.
         if (n * C + g + 1) * H * W < x.size:
@@ -272,11 +274,16 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 
 
 @numba.njit(**JIT)
-def direct_nchw_tasks(counter, ntasks, per_tick, x, w, bias, has_bias, act, out, shape, geom,
-                      KB, acc):
+def direct_nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
     """Tasks of :func:`direct_nchw_task`, ``per_tick`` at a time taken from ``counter``
     (:func:`next_task`) until ``ntasks`` are out: a small depthwise channel is a
-    microsecond of work, less than threads contending for the counter cost."""
+    microsecond of work, less than threads contending for the counter cost.
+
+    ``plan`` is :func:`tilegemm.conv.direct.direct_plan`'s record (its names here).
+    """
+    r = plan[0]
+    ntasks, per_tick, KB = r.ntasks, r.per_tick, r.KB
+    shape, geom = (r.N, r.C, r.K, r.groups), geom_of(r)
     while True:
         first = next_task(counter) * per_tick
         if first >= ntasks:

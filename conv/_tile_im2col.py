@@ -37,22 +37,28 @@ masked_copy = _SHARED.masked_copy
 copy_run = _SHARED.copy_run
 geom_of = _SHARED.geom_of
 strides_of = _SHARED.strides_of
+ZERO = _SHARED.ZERO
 
 
 # --- implicit im2col, NCHW: out[n][K, Ho*Wo] = W[K, C*kh*kw] @ col(x[n]) ---------------
 
-@numba.njit(**JIT)
-def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
+@numba.njit(inline='always', **JIT)
+def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf, general):
     """:func:`pack_b_im2col` for NR-wide panels, with vector copies when stride and image rows allow.
 
     With a horizontal stride of 1 or 2 and contiguous image rows, each panel row is a
     few runs of one image row (one per output row the panel's columns cross), copied
     LANES at a time by :func:`masked_copy` (every other pixel: :func:`masked_copy2`)
     with the padding read as zero.  Other geometries go to the scalar packer.  Same
-    layout and assumptions.
+    layout and assumptions.  ``general`` None says the layer is 1x1, stride 1,
+    unpadded, over contiguous planes: Numba then prunes the other packers and does
+    not compile them.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     sc, s_row = xs[1], xs[2]
+    if general is None:
+        pack_b(x, x_off + p0 * sc + j0, sc, 1, kc, nc, buf)
+        return
     if kh == 1 and kw == 1 and sy == 1 and sx == 1 and py == 0 and px == 0 and Wo == W \
             and xs[3] == 1 and s_row == W:
         # 1x1 over contiguous planes: the patch matrix is the image viewed as (C, H*W).
@@ -98,8 +104,8 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf):
                     c += 1
 
 
-@numba.njit(**JIT)
-def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs):
+@numba.njit(inline='always', **JIT)
+def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general):
     """One task = (image n, NC block of output pixels, slice of output channels) of group ``g``.
 
     ``plan`` is :func:`tilegemm.conv.im2col.packed_plan`'s record (its names below).
@@ -131,16 +137,20 @@ def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs):
     ldc = os[1]
     for pc in range(0, ckk, KC):
         kc = min(KC, ckk - pc)
-        pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack)
+        pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack, general)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= ckk else 0
-        for ic in range(m0, m_full, MC):
-            mc = min(MC, m_full - ic)
-            macro_kernel(mc, nc, kc, apack, pc * Mp + ic * kc, bpack, 0, out, co + ic * ldc + jc,
-                         ldc, DTYPE(1), beta, bias, ic, jc, epi_pc)
-        if m_full < m1:
-            macro_kernel(MR, nc, kc, apack, pc * Mp + m_full * kc, bpack, 0, edge, 0, ld_edge,
-                         DTYPE(1), beta, bias, m_full, jc, epi_pc)
+        # Row blocks of MC, then the partial row panel as a full tile into edge: one
+        # call site, as the inlined macro-kernel compiles once per site.
+        ic = m0
+        while ic < m1:
+            if ic < m_full:
+                mc, c, c_off, ld = min(MC, m_full - ic), out, co + ic * ldc + jc, ldc
+            else:
+                mc, c, c_off, ld = MR, edge, 0, ld_edge
+            macro_kernel(mc, nc, kc, apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,
+                         DTYPE(1), beta, bias, ic, jc, epi_pc)
+            ic += mc
     for i in range(m1 - m_full):
         dst = co + (m_full + i) * ldc + jc
         for j in range(nc):
@@ -148,12 +158,13 @@ def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs):
 
 
 @numba.njit(**JIT)
-def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs):
+def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general):
     """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    the plan's ``ntasks`` are out."""
+    the plan's ``ntasks`` are out.  ``general``: None for a 1x1 stride-1 unpadded layer
+    (see :func:`pack_b_im2col_rows`), else True."""
     ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs)
+        im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general)

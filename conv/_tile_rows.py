@@ -34,6 +34,7 @@ LANES = _KERNEL.lanes
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 transpose_copy = _SHARED.transpose_copy
 geom_of = _SHARED.geom_of
+UNIT, FALSE = _SHARED.UNIT, _SHARED.FALSE
 
 
 # --- implicit im2col, NHWC, A rows read in place: out[N*Ho*Wo, K] = col^T @ W^T ----------
@@ -142,7 +143,7 @@ def pixel_offsets(geom, strides, p0, count, m, runs, offs):
             n, oh, ow = _next_pixel(n, oh, ow, 1, Ho, Wo)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
     """Output pixels ``task // parts * MP`` on (at most ``MP``, a multiple of MR), output
     channels ``task % parts * KS`` on (at most ``KS``, a multiple of NR) of each group.
@@ -211,7 +212,7 @@ def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs):
         rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
     """Output pixels ``task // parts * MP`` on, output channels ``task % parts * KS`` on, of
     an NCHW batch, on the rows kernel.
@@ -235,7 +236,7 @@ def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
     k0 = task % parts * KS
     k1 = min(k0 + KS, K)
     count = min(MP, m - p0)
-    pixel_offsets(geom, (C * hw, W, 1), p0, count, m, False, offs)
+    pixel_offsets(geom, (C * hw, W, UNIT), p0, count, m, FALSE, offs)
     panels = (count + MR - 1) // MR
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)

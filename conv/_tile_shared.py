@@ -22,6 +22,10 @@ masked_copy = make_masked_copy(DTYPE, LANES)
 masked_copy2 = make_masked_copy(DTYPE, LANES, step=2)
 transpose = make_transpose(DTYPE, LANES)
 deinterleave = make_deinterleave(DTYPE, LANES)
+#: Constants for calls between jitted functions: a literal 0, 1 or bool is typed
+#: ``Literal[...]`` and would compile the callee once more per pattern of literals.
+ZERO, UNIT = np.intp(0), np.intp(1)
+TRUE, FALSE = np.bool_(True), np.bool_(False)
 
 
 @numba.njit(inline='always', **JIT)
@@ -96,11 +100,12 @@ def split_row(x, src, px, W, Wq, xq, even, odd, spill):
 
 
 @numba.njit(**JIT)
-def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, spill=False):
+def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, spill):
     """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
 
     ``xq[c*chan + (a*sx + b)*Hq*Wq + r*Wq + s] = x[c, r*sy + a - py, s*sx + b - px]``
-    (zero outside the image).  Assumes contiguous image rows.  With ``spill``, rows
+    (zero outside the image).  Assumes contiguous image rows.  With ``spill`` (pass
+    ``TRUE`` or ``FALSE``, see ``ZERO``), rows
     are written in whole vectors, up to LANES - 1 values past their end: the next
     row overwrites them, and ``xq`` has LANES of slack after the last one.  A
     partial vector store is slow microcode on Zen 3.

@@ -34,6 +34,7 @@ macro_kernel = _KERNEL.module.macro_kernel
 LANES = _KERNEL.lanes
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 phase_split = _SHARED.phase_split
+ZERO, FALSE = _SHARED.ZERO, _SHARED.FALSE
 
 
 # --- im2col without patches, NCHW: B read in place from the image --------------------
@@ -150,18 +151,61 @@ def taps_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a
 
 @numba.njit(**JIT)
 def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
-    """``out[dst + k*ldo : +cols] = cbuf[k*ldb : +cols]`` for ``k < rows``."""
+    """``out[dst + k*ldo : +cols] = cbuf[k*ldb : +cols]`` for ``k < rows``.
+
+    Element by element: assigning one slice to the other makes Numba check their
+    shapes, and the exception it would raise, both shapes formatted into its
+    message, compiles a large body of string formatting into every caller.
+    """
     for k in range(rows):
-        out[dst + k * ldo:dst + k * ldo + cols] = cbuf[k * ldb:k * ldb + cols]
+        src = cbuf[k * ldb:k * ldb + cols]
+        dst_row = out[dst + k * ldo:dst + k * ldo + cols]
+        for j in range(cols):
+            dst_row[j] = src[j]
 
 
 @numba.njit(**JIT)
+def _stage_image(r, copy, x, x_at, xq):
+    """Where B is read for one image of a taps task (``r`` the plan record's row): ``(src, off)``.
+
+    PHASED: unpadded stride-phase planes (the taps reach across their edges through
+    masks) copied into ``xq`` after ``slack`` zeros.  PADDED: zero-padded phase planes
+    in ``xq``.  FLAT: ``x`` itself.  ``copy`` False: ``xq`` already holds this image.
+    """
+    if r.layout == PHASED:
+        if copy:
+            phase_split(x, x_at, r.xs_c, r.xs_h, r.Cg, r.H, r.W, r.sy, r.sx, ZERO, ZERO, r.Hq,
+                        r.Wq, r.chan, xq[r.slack:], FALSE)
+        return xq, r.slack
+    if r.layout == PADDED:
+        if copy:
+            phase_split(x, x_at, r.xs_c, r.xs_h, r.Cg, r.H, r.W, r.sy, r.sx, r.py, r.px, r.Hq,
+                        r.Wq, r.chan, xq, FALSE)
+        return xq, ZERO
+    return x, x_at
+
+
+@numba.njit(**JIT)
+def _copy_grid_columns(cbuf, ldb, j0, cols, Wq, Wo, out, co, sk, M):
+    """Copy grid columns ``j0:j0+cols`` of ``cbuf`` to ``out``: one output-row run at a
+    time, the grid's columns past ``Wo`` (padding) skipped."""
+    q = j0
+    while q < j0 + cols:
+        oh = q // Wq
+        ow = q % Wq
+        run = min(Wq - ow, j0 + cols - q)
+        if ow < Wo:
+            _copy_rows(cbuf[q - j0:], ldb, out, co + oh * Wo + ow, sk, M, min(run, Wo - ow))
+        q += run
+
+
+@numba.njit(inline='always', **JIT)
 def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
     """Part ``part`` of ``plan[0].parts`` of image ``n`` in group ``g``: its share of the
     column blocks of the output grid's first ``q_end`` columns.
 
     ``plan`` is :func:`tilegemm.conv.taps.taps_plan`'s record (its names below),
-    ``grid`` ``(taps, masks, sched, reads)``, ``epilogue`` ``(bias, bias_group,
+    ``grid`` ``(taps, masks, sched)``, ``epilogue`` ``(bias, bias_group,
     epi)``, ``bufs`` the thread's ``(xq, cbuf, bpack)``.  Group ``g`` reads channels
     ``g*Cg:`` of ``x``, writes its ``M`` output channels from ``g*M``, its packed
     weights start at ``apack[g*a_group]`` and its bias at ``bias[g*bias_group]``.
@@ -180,28 +224,16 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
     (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     r = plan[0]
-    taps, masks, sched, _ = grid
+    taps, masks, sched = grid
     bias, bias_group, epi = epilogue
     xq, cbuf, _ = bufs
-    H, W, Wo, sy, sx, py, px = r.H, r.W, r.Wo, r.sy, r.sx, r.py, r.px
-    Cg, M, Mp, ntaps, KC, MC, NCB = r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
-    Hq, Wq, layout, direct, chan, slack = r.Hq, r.Wq, r.layout, r.direct, r.chan, r.slack
+    Wo, Cg, M, Mp, ntaps, KC, MC, NCB = r.Wo, r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
+    Wq, layout, direct, chan = r.Wq, r.layout, r.direct, r.chan
     parts, q_end = r.parts, r.q_end
     x_off, o_off = g * Cg * r.xs_c, g * M * r.os_k
     a_off, b_off = g * r.a_group, g * bias_group
-    xs0, xs1, xs2 = r.xs_n, r.xs_c, r.xs_h
-    if layout == PHASED:
-        # Unpadded planes (the taps reach across their edges through masks), after
-        # ``slack`` zeros: B starts there.
-        if copy:
-            phase_split(x, x_off + n * xs0, xs1, xs2, Cg, H, W, sy, sx, 0, 0, Hq, Wq,
-                        chan, xq[slack:])
-        src, src_off = xq, slack
-    else:
-        if copy and layout == PADDED:
-            phase_split(x, x_off + n * xs0, xs1, xs2, Cg, H, W, sy, sx, py, px, Hq, Wq,
-                        chan, xq)
-        src, src_off = x, x_off + n * xs0
+    xs0 = r.xs_n
+    src, src_off = _stage_image(r, copy, x, x_off + n * xs0, xq)
     co = o_off + n * r.os_n
     sk = r.os_k
     columns = q_end
@@ -216,8 +248,8 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
             taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
-                          a_off, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB, cbuf, NCB, bias, b_off,
-                          epi)
+                       a_off, Mp, ZERO, Mp, ZERO, ZERO, j0, cols, cbuf, ZERO, NCB, cbuf, NCB,
+                       bias, b_off, epi)
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
         if layout != PADDED:
@@ -225,8 +257,8 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
             # panel and last column panel through cbuf.
             short = short_rows(M - m_full)
             taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
-                          a_off, Mp, 0, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB,
-                          bias, b_off, epi)
+                       a_off, Mp, ZERO, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB,
+                       bias, b_off, epi)
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
@@ -235,20 +267,12 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
                 _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
                            M - m_full, cols - done)
             continue
-        taps_block(xq, 0, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp, 0,
-                      Mp, 0, 0, j0, panels, cbuf, 0, NCB, cbuf, NCB, bias, b_off, epi)
-        # The valid columns, one output-row run at a time.
-        q = j0
-        while q < j0 + cols:
-            oh = q // Wq
-            ow = q % Wq
-            run = min(Wq - ow, j0 + cols - q)
-            if ow < Wo:
-                _copy_rows(cbuf[q - j0:], NCB, out, co + oh * Wo + ow, sk, M, min(run, Wo - ow))
-            q += run
+        taps_block(xq, ZERO, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
+                   ZERO, Mp, ZERO, ZERO, j0, panels, cbuf, ZERO, NCB, cbuf, NCB, bias, b_off, epi)
+        _copy_grid_columns(cbuf, NCB, j0, cols, Wq, Wo, out, co, sk, M)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
     """B of :func:`taps_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
 
@@ -274,7 +298,7 @@ def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
                     panel[(t * kc + k) * NR + j] = x[src + k * xs1] if reads[t, i] >= 0 else 0
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
     """Tails task ``task`` of group ``g``: rows ``m0:m1`` (MR multiples, a share of
     ``tail_parts``) of grid columns ``q_end:`` (the part of a panel after the last
@@ -309,21 +333,23 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
         macro_kernel(m1 - m0, ldc, ntaps * kc, apack, a_off + (pc * Mp + m0 * kc) * ntaps, bpack,
-                     0, cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, b_off + m0, 0, e)
+                     ZERO, cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, b_off + m0, ZERO, e)
     for n in range(images):
         _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * r.os_n + m0 * r.os_k + q0,
                    r.os_k, min(m1, M) - m0, tail)
 
 
 @numba.njit(**JIT)
-def taps_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
+def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
     """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 
     In a group, the first ``tail_tasks`` run :func:`taps_tails` over the grid columns
     from ``q_end`` on: ``tail_imgs`` images per GEMM, each cut into ``tail_parts``
     shares of its row panels so threads split that work too.  The others are image
     * parts + part, up to ``q_end`` (:func:`taps_task`).  Arguments as for
-    :func:`taps_task`; ``plan`` is the plan's record, read once per call.
+    :func:`taps_task`; ``plan`` is the plan's record, read once per call.  ``reads``
+    is None for a layer without tails: Numba then prunes the tails and does not
+    compile them (a 7x7 stem's padded layout never has any).
     """
     r = plan[0]
     ntasks, tail_tasks, parts = r.ntasks, r.tail_tasks, r.parts
@@ -337,7 +363,8 @@ def taps_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
         g = task // per_group
         task -= g * per_group
         if task < tail_tasks:
-            taps_tails(task, g, plan, grid[3], x, apack, epilogue, out, bufs)
+            if reads is not None:
+                taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs)
             continue
         task -= tail_tasks
         n = task // parts

@@ -30,6 +30,7 @@ SOURCE_HASH = ""
 
 _KERNEL = get_kernel(DTYPE, MR, NR, ISA)
 macro_kernel = _KERNEL.module.macro_kernel
+ZERO = _KERNEL.module.ZERO
 LANES = _KERNEL.lanes
 winograd_input = make_winograd_input(DTYPE, LANES)
 winograd_output = make_winograd_output(DTYPE, LANES)
@@ -37,18 +38,28 @@ winograd_output = make_winograd_output(DTYPE, LANES)
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
 
-@numba.njit(**JIT)
-def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
-                  bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
-    """One task = a block of ``MT`` tiles: input transform, 16 GEMMs, output transform.
+@numba.njit(inline='always', **JIT)
+def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
+    """One task = a block of ``MT`` tiles of group ``g``: input transform, 16 GEMMs,
+    output transform.
 
-    ``upack`` holds the 16 transformed filters as packed B: slab ``xi`` at
-    ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack`` (16 slabs of MT x KC,
-    ``a_slab`` apart) and ``mbuf`` (16 slabs of MT x Kp, ``m_slab`` apart) belong to
-    the calling thread.
+    ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here),
+    ``epilogue`` ``(bias, has_bias, act)`` of the group, ``bufs`` the thread's
+    ``(apack, mbuf, v)``.  ``upack`` holds the group's 16 transformed filters as
+    packed B: slab ``xi`` at ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack``
+    (16 slabs of MT x KC, ``a_slab`` apart) and ``mbuf`` (16 slabs of MT x Kp,
+    ``m_slab`` apart) belong to the calling thread.
     """
+    r = plan[0]
+    bias, has_bias, act = epilogue
+    apack, mbuf, v = bufs
+    C, Kp, K, MT, KC, NC, a_slab, m_slab = r.C, r.Kp, r.K, r.MT, r.KC, r.NC, r.a_slab, r.m_slab
+    geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
+    xs = (r.xs_n, r.xs_c, r.xs_h, r.xs_w)
+    os = (r.os_n, r.os_k, r.os_h, r.os_w)
+    x_off, o_off = g * C * r.xs_c, g * K * r.os_k
     t0 = task * MT
-    mt = min(MT, tiles_total - t0)
+    mt = min(MT, r.tiles_total - t0)
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
         pack_a_winograd(x, x_off, xs, geom, t0, mt, pc, kc, MR, apack, a_slab, v)
@@ -57,21 +68,20 @@ def winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, ou
             for jc in range(0, K, NC):
                 nc = min(NC, K - jc)
                 macro_kernel(mt, nc, kc, apack, xi * a_slab, upack, xi * C * Kp + pc * Kp + jc * kc,
-                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, 0, 0, 0)
+                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, ZERO, ZERO, ZERO)
     unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
 
 
 @numba.njit(**JIT)
-def winograd_tasks(counter, ntasks, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off,
-                    os, bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v):
+def winograd_tasks(counter, plan, g, x, upack, epilogue, out, bufs):
     """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out."""
+    the plan's ``ntasks`` are out."""
+    ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        winograd_task(task, x, x_off, xs, geom, C, upack, Kp, K, MT, tiles_total, out, o_off, os,
-                      bias, has_bias, act, KC, NC, a_slab, m_slab, apack, mbuf, tile, v)
+        winograd_task(task, plan, g, x, upack, epilogue, out, bufs)
 
 
 
@@ -155,23 +165,33 @@ def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_r
                             runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
 
 
-@numba.njit(**JIT)
-def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, whole, parts,
-                       tiles_total, out, o_off, os, bias, b_off, epi, KC, b_slab, m_slab, bpack,
-                       mbuf, tile, runs):
-    """One task = a block of ``NB`` tiles (the first ``whole`` tasks) or one of the
-    ``parts`` parts of the output channels of a later block: input transform, 16 GEMMs,
-    output transform.
+@numba.njit(inline='always', **JIT)
+def winograd_nchw_task(task, plan, g, x, upack, bias, epi, out, bufs):
+    """One task of group ``g`` = a block of ``NB`` tiles (the first ``whole`` tasks) or
+    one of the ``parts`` parts of the output channels of a later block: input
+    transform, 16 GEMMs, output transform.
 
-    ``upack[u_off:]`` holds the 16 transformed filter matrices U^T (K x C) as packed A,
-    every row panel full (``Kp`` = K rounded up to MR, zero rows): block (xi, pc) at
-    ``(xi*C + pc)*Kp``.  Output channel ``k``'s bias is ``bias[b_off + k]``.  The ``parts`` parts of a block share out its row panels; each
-    transforms the block's whole input (where blocks alone are too few to keep every
-    thread busy, that repeat costs less than an idle thread).  ``bpack`` (16 slabs of
-    KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab`` apart)
-    belong to the calling thread and stay in L2; ``runs`` holds NB rows of 9.
-    ``epi``: EPI_BIAS_ROW (bias per output channel) and the activation flags.
+    ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here);
+    the group reads input channels ``g*C:``, writes output channels ``g*K:`` (their
+    bias too) and takes its transformed filters from ``upack[g*u_group:]``: the 16
+    matrices U^T (K x C) as packed A, every row panel full (``Kp`` = K rounded up to
+    MR, zero rows), block (xi, pc) at ``(xi*C + pc)*Kp``.  The ``parts`` parts of a
+    block share out its row panels; each transforms the block's whole input (where
+    blocks alone are too few to keep every thread busy, that repeat costs less than
+    an idle thread).  ``bufs`` is the thread's ``(bpack, mbuf, runs)``: ``bpack`` (16
+    slabs of KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab``
+    apart) stay in L2, ``runs`` holds NB rows of 9.  ``epi``: EPI_BIAS_ROW (bias per
+    output channel) and the activation flags.
     """
+    r = plan[0]
+    bpack, mbuf, runs = bufs
+    C, Kp, K, NB, whole, parts = r.C, r.Kp, r.K, r.NB, r.whole, r.parts
+    KC, b_slab, m_slab, tiles_total = r.KC, r.b_slab, r.m_slab, r.tiles_total
+    geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
+    xs = (r.xs_n, r.xs_c, r.xs_h, r.xs_w)
+    os = (r.os_n, r.os_k, r.os_h, r.os_w)
+    x_off, u_off, o_off = g * C * r.xs_c, g * r.u_group, g * K * r.os_k
+    b_off = g * K if epi & EPI_BIAS_ROW else 0
     H, W, Ho, Wo, py, px, TH, TW = geom
     block, part, split = task, 0, 1
     if task >= whole:
@@ -196,26 +216,22 @@ def winograd_nchw_task(task, x, x_off, xs, geom, C, upack, u_off, Kp, K, NB, who
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
             macro_kernel(r1 - r0, ncols, kc, upack, u_off + (xi * C + pc) * Kp + r0 * kc, bpack,
-                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, 0, 0, 0)
+                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, ZERO, ZERO,
+                         ZERO)
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
                           os[2], Wo, bias, b_off, epi)
 
 
 @numba.njit(**JIT)
-def winograd_nchw_tasks(counter, ntasks, groups, x, xs, geom, C, upack, u_group, Kp, K, NB,
-                        whole, parts, tiles_total, out, os, bias, epi, KC, b_slab, m_slab, bpack,
-                        mbuf, tile, runs):
+def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
     """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    ``ntasks`` are out, ``ntasks // groups`` per group: group ``g`` reads input channels
-    ``g*C:``, writes output channels ``g*K:`` (their bias too) and takes its transformed
-    filters from ``upack[g*u_group:]``."""
-    per_group = ntasks // groups
+    the plan's ``ntasks`` are out, ``ntasks // groups`` per group."""
+    r = plan[0]
+    ntasks = r.ntasks
+    per_group = ntasks // r.groups
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
         g = task // per_group
-        winograd_nchw_task(task - g * per_group, x, g * C * xs[1], xs, geom, C, upack,
-                           g * u_group, Kp, K, NB, whole, parts, tiles_total, out, g * K * os[1],
-                           os, bias, g * K if epi & EPI_BIAS_ROW else 0, epi, KC, b_slab, m_slab,
-                           bpack, mbuf, tile, runs)
+        winograd_nchw_task(task - g * per_group, plan, g, x, upack, bias, epi, out, bufs)

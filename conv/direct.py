@@ -84,9 +84,19 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
                 out[dst + ow] = activate(y, act)
 
 
+@numba.njit(inline='always', **JIT)
+def _shape_geom(r):
+    """A plan record's ``(N, C, K, groups)`` and geometry tuple (:meth:`ConvParams.geom`)."""
+    return ((r.N, r.C, r.K, r.groups),
+            (r.H, r.W, r.Ho, r.Wo, r.kh, r.kw, r.sy, r.sx, r.py, r.px, r.dy, r.dx))
+
+
 @numba.njit(**JIT)
-def _nchw_tasks(counter, ntasks, x, w, bias, has_bias, act, out, shape, geom, acc):
-    """Tasks of :func:`_nchw_task` taken from ``counter`` until ``ntasks`` are out."""
+def _nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
+    """Tasks of :func:`_nchw_task` taken from ``counter`` until ``ntasks`` are out;
+    ``plan`` is :func:`direct_plan`'s record."""
+    ntasks = plan[0].ntasks
+    shape, geom = _shape_geom(plan[0])
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -139,8 +149,11 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
 
 
 @numba.njit(**JIT)
-def _nhwc_tasks(counter, ntasks, x, wt, bias, has_bias, act, out, shape, geom, acc):
-    """Tasks of :func:`_nhwc_task` taken from ``counter`` until ``ntasks`` are out."""
+def _nhwc_tasks(counter, plan, x, wt, bias, has_bias, act, out, acc):
+    """Tasks of :func:`_nhwc_task` taken from ``counter`` until ``ntasks`` are out;
+    arguments as for :func:`_nchw_tasks`."""
+    ntasks = plan[0].ntasks
+    shape, geom = _shape_geom(plan[0])
     while True:
         task = next_task(counter)
         if task >= ntasks:
@@ -310,7 +323,6 @@ def run(x, w, bias, out, p, act, path=None):
     path = route(p, out.dtype) if path is None else path
     has_bias = bias is not None
     b = np.ascontiguousarray(bias) if has_bias else np.zeros(1, out.dtype)
-    shape = (p.N, p.C, p.K, p.groups)
     geom = p.geom()
     xf, of = x.reshape(-1), out.reshape(-1)
     mod = engine.family_module("direct", out.dtype)
@@ -328,9 +340,9 @@ def run(x, w, bias, out, p, act, path=None):
             counter, plan.numbers, plan.grid, xf, planes[t] if plan.copy else xf, wf, b, epi,
             of, planes[t]), threads)
         return out
+    ntasks, plan = direct_plan(p, path, KB, TICK_OUTPUTS)
     if path == NCHW_VECTOR:
         # Stride 1 along the row: the generated vector loop (tilegemm.conv.engine).
-        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         # Depthwise layers copy each channel zero padded into acc (see direct_nchw_task).
         Hp, Wp = mod.depthwise_plane(geom)
@@ -338,19 +350,16 @@ def run(x, w, bias, out, p, act, path=None):
                                         (max(KB * round_up(p.Wo, 64), Hp * Wp),),
                                         out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        per_tick = max(1, TICK_OUTPUTS // (p.Ho * p.Wo * min(KB, p.Kg)))
-        args = (ntasks, per_tick, xf, wf, b, has_bias, act, of, shape, geom, KB)
-        engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, *args, accs[t]), threads)
+        engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, plan, xf, wf, b, has_bias,
+                                                               act, of, accs[t]), threads)
         return out
     if path == NCHW:
-        ntasks = p.N * p.groups * cdiv(p.Kg, KB)
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
     elif path == NHWC_VECTOR:
         # Depthwise NHWC: vectors of channels, a row of output pixels a task.
-        ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)
         wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
         epi = act | (EPI_BIAS_COL if has_bias else 0)
@@ -358,11 +367,27 @@ def run(x, w, bias, out, p, act, path=None):
         engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
         return out
     else:
-        ntasks = p.N * p.Ho
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
         wf = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
         tasks = _nhwc_tasks
-    args = (ntasks, xf, wf, b, has_bias, act, of, shape, geom)
-    engine.launch(lambda t, counter: tasks(counter, *args, accs[t]), threads)
+    engine.launch(lambda t, counter: tasks(counter, plan, xf, wf, b, has_bias, act, of, accs[t]),
+                  threads)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def direct_plan(p, path, kb, tick_outputs):
+    """``(ntasks, record)`` of loop ``path`` (not FLAT) for ``p``, once per layer shape:
+    NCHW tasks are (image, group, block of ``kb`` output channels), taken ``per_tick``
+    at a time (``tick_outputs`` outputs at least); NHWC tasks are output rows.  The
+    record (:func:`tilegemm.conv.engine.record`) holds those numbers, ``N, C, K,
+    groups`` and the geometry; the constants are arguments so that changing them takes
+    effect."""
+    if path in (NCHW_VECTOR, NCHW):
+        ntasks = p.N * p.groups * cdiv(p.Kg, kb)
+    else:
+        ntasks = p.N * p.Ho
+    per_tick = max(1, tick_outputs // (p.Ho * p.Wo * min(kb, p.Kg)))
+    return ntasks, engine.record(ntasks=ntasks, per_tick=per_tick, KB=kb, N=p.N, C=p.C, K=p.K,
+                                 groups=p.groups, p=p)

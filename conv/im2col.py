@@ -19,7 +19,6 @@ import numpy as np
 from tilegemm.conv import engine
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
-from tilegemm.packing import pack_a
 
 #: Pixels per block of the packed path, at least, where blocks are cut finer for the
 #: threads (see ``engine.TASKS_PER_THREAD``): its tasks also pack B.
@@ -27,14 +26,21 @@ IM2COL_PART_COLUMNS = 256
 
 
 def _pack_weights_a(w2, KC, MR):
-    """Pack ``w2`` (M x ckk) as A for every KC block: block ``pc`` at ``pc*Mp``."""
+    """Pack ``w2`` (M x ckk) as A for every KC block: block ``pc`` at ``pc*Mp``.
+
+    The layout of :func:`tilegemm.packing.pack_a` (a block's MR-row panels one after
+    another, each column by column, zero rows past M), in numpy: called once per
+    weight array, a jitted packer would only add its compile time on a cold cache.
+    """
     M, ckk = w2.shape
     Mp = round_up(M, MR)
     buf = np.zeros(Mp * ckk + 1, w2.dtype)
-    flat = np.ascontiguousarray(w2).reshape(-1)
+    rows = np.zeros((Mp, ckk), w2.dtype)
+    rows[:M] = w2
     for pc in range(0, ckk, KC):
         kc = min(KC, ckk - pc)
-        pack_a(flat, pc, ckk, 1, M, kc, MR, buf[pc * Mp:])
+        panels = rows[:, pc:pc + kc].reshape(Mp // MR, MR, kc).transpose(0, 2, 1)
+        buf[pc * Mp:pc * Mp + Mp * kc] = panels.reshape(-1)
     return buf, Mp
 
 
@@ -93,12 +99,14 @@ def run(x, w, bias, out, p, act):
     biases, has_bias = _bias_slices(bias, p, out.dtype, plan.Mp)
     epi = act | (EPI_BIAS_ROW if has_bias else 0)
     xf, of = x.reshape(-1), out.reshape(-1)
+    # None: the image is the patch matrix, only the GEMM's B packer is compiled in.
+    general = None if p.pointwise else True
     bpacks, tiles, edges = engine.thread_buffers(("im2col_nchw", kernel.name), plan.threads,
                                                  plan.sizes, out.dtype)
     for g in range(p.groups):
         apack, bias_g = packed[g][0], biases[g]
         engine.launch(lambda t, counter: mod.im2col_nchw_tasks(
-            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t])),
+            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t]), general),
             plan.threads)
     return out
 

@@ -309,9 +309,11 @@ def run(x, w, bias, out, p, act):
     if plan.layout != FLAT:
         xqs[:, :plan.slack] = 0        # keep the slack finite (dropped columns read it)
         xqs[:, plan.slack + p.Cg * plan.chan:plan.sizes[0]] = 0
-    grid = (plan.taps, plan.masks, plan.sched, plan.reads)
+    grid = (plan.taps, plan.masks, plan.sched)
+    # None without tails: the task loop is then compiled without them.
+    reads = plan.reads if plan.tail_tasks else None
     x, out1 = x.reshape(-1), out.reshape(-1)
-    engine.launch(lambda t, counter: mod.taps_tasks(counter, plan.numbers, grid, x, apack,
+    engine.launch(lambda t, counter: mod.taps_tasks(counter, plan.numbers, grid, reads, x, apack,
                                                     (b, bias_group, epi), out1,
                                                     (xqs[t], cbufs[t], bpacks[t])),
                   plan.threads)

@@ -176,21 +176,25 @@ def _run_nchw(x, w, bias, out, p, act):
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)
     m_slab = _slab((Kp if whole else cdiv(panels, parts) * MR) * NB, out.itemsize)
-    bpacks, mbufs, tiles = engine.thread_buffers(
-        ("winograd_nchw", kernel.name), max(threads, 1), (16 * b_slab, 16 * m_slab, MR * NR),
-        out.dtype)
+    bpacks, mbufs = engine.thread_buffers(("winograd_nchw", kernel.name), max(threads, 1),
+                                          (16 * b_slab, 16 * m_slab), out.dtype)
     runs = [np.empty((NB, 9), np.int64) for _ in range(max(threads, 1))]
     epi = act | (EPI_BIAS_ROW if bias is not None else 0)
     xf, of = x.reshape(-1), out.reshape(-1)
-    xs, os_ = p.input_strides(), p.output_strides()
-    geom = (p.H, p.W, p.Ho, p.Wo, p.top, p.left, TH, TW)
     b = np.ascontiguousarray(bias) if bias is not None else np.zeros(1, out.dtype)
-    args = (ntasks, p.groups, xf, xs, geom, p.Cg, upack, u_group, Kp, Kg, NB, whole, parts,
-            tiles_total, of, os_, b, epi, KC, b_slab, m_slab)
-    engine.launch(lambda t, counter: mod.winograd_nchw_tasks(counter, *args, bpacks[t], mbufs[t],
-                                                          tiles[t], runs[t]),
-                  threads)
+    plan = plan_record(p=p, ntasks=ntasks, groups=p.groups, C=p.Cg, u_group=u_group, Kp=Kp,
+                       K=Kg, NB=NB, whole=whole, parts=parts, tiles_total=tiles_total, KC=KC,
+                       b_slab=b_slab, m_slab=m_slab, TH=TH, TW=TW)
+    engine.launch(lambda t, counter: mod.winograd_nchw_tasks(
+        counter, plan, xf, upack, b, epi, of, (bpacks[t], mbufs[t], runs[t])), threads)
     return out
+
+
+#: The record (:func:`tilegemm.conv.engine.record`) a Winograd task loop reads, built
+#: once per set of numbers.  Keyed by the numbers, not derived from ``p`` alone: the
+#: blocking (:func:`_nchw_block`, :func:`_nchw_parts`, :func:`_stream_floor`) is
+#: chosen on every call.
+plan_record = functools.lru_cache(maxsize=256)(engine.record)
 
 
 def _run_nhwc(x, w, bias, out, p, act):
@@ -214,20 +218,18 @@ def _run_nhwc(x, w, bias, out, p, act):
     ntasks = cdiv(tiles_total, MT)
     threads = min(threads, ntasks)
     a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)
-    apacks, mbufs, tiles, vs = engine.thread_buffers(
+    apacks, mbufs, vs = engine.thread_buffers(
         ("winograd", kernel.name), max(threads, 1),
-        (16 * a_slab, 16 * m_slab, MR * NR, 16 + 4 * (2 * MR + 2)), out.dtype)
+        (16 * a_slab, 16 * m_slab, 16 + 4 * (2 * MR + 2)), out.dtype)
     has_bias = bias is not None
     xf, of = x.reshape(-1), out.reshape(-1)
-    xs, os_ = p.input_strides(), p.output_strides()
-    geom = (p.H, p.W, p.Ho, p.Wo, p.top, p.left, TH, TW)
+    plan = plan_record(p=p, ntasks=ntasks, C=p.Cg, Kp=Kp, K=p.Kg, MT=MT, tiles_total=tiles_total,
+                       KC=KC, NC=NC, a_slab=a_slab, m_slab=m_slab, TH=TH, TW=TW)
     for g in range(p.groups):
         upack, _ = packed[g]
         b = (np.ascontiguousarray(bias[g * p.Kg:(g + 1) * p.Kg]) if has_bias
              else np.zeros(1, out.dtype))
-        args = (ntasks, xf, g * p.Cg * xs[1], xs, geom, p.Cg, upack, Kp, p.Kg, MT, tiles_total,
-                of, g * p.Kg * os_[1], os_, b, has_bias, act, KC, NC, a_slab, m_slab)
-        engine.launch(lambda t, counter: mod.winograd_tasks(counter, *args, apacks[t], mbufs[t],
-                                                         tiles[t], vs[t]),
-                      threads)
+        engine.launch(lambda t, counter: mod.winograd_tasks(
+            counter, plan, g, xf, upack, (b, has_bias, act), of, (apacks[t], mbufs[t], vs[t])),
+            threads)
     return out

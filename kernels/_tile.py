@@ -45,6 +45,11 @@ NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 # in plain Numba, as the reference).
 pack_a_panel = make_pack_panel(DTYPE, MR, LANES)
 pack_b_panel = make_pack_panel(DTYPE, NR, LANES)
+#: A constant 0 or 1 passed to another jitted function is typed ``Literal[int]`` and
+#: compiles that function again, once per pattern of literal arguments; ``ZERO`` is
+#: typed intp, as Python ints and computed offsets are, so every caller shares one
+#: compiled version.
+ZERO = np.intp(0)
 
 
 @numba.njit(inline='always', **JIT)
@@ -71,7 +76,7 @@ def bias_offset(epi, row, col):
     return 0
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def macro_kernel(mc, nc, kc, apack, a_base, bpack, b_base, c, c_off, ldc, alpha, beta,
                  bias, row0, col0, epi):
     """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
@@ -115,11 +120,11 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-                macro_kernel(mc, nc, kc, apack, 0, bpack, 0, c, c_off + ic * ldc + jc, ldc,
+                macro_kernel(mc, nc, kc, apack, ZERO, bpack, ZERO, c, c_off + ic * ldc + jc, ldc,
                              alpha, beta_pc, bias, ic, jc, epi_pc)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
     """Pack all of B, block by block: block (jc, pc) starts at ``jc*k + pc*round_up(nc, NR)``."""
     for jc in range(0, n, NC):
@@ -142,15 +147,13 @@ def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, 
     ``counter``, so a thread that starts late takes fewer.  Each task packs its
     own A blocks: A is packed once in all, and so is B unless a thread came early.
     """
+    # One call of the (inlined) packer for both cases: two would compile it twice.
+    own = not packer and acquire(ready, 0) != 1
+    bsrc = own_b if own else shared_b
+    if packer or own:
+        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bsrc)
     if packer:
-        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, shared_b)
         publish(ready, 0, 1)
-        bsrc = shared_b
-    elif acquire(ready, 0) == 1:
-        bsrc = shared_b
-    else:
-        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, own_b)
-        bsrc = own_b
     blocks_m = (m + MC - 1) // MC
     ntasks = blocks_m * ((n + NC - 1) // NC)
     while True:
@@ -166,7 +169,7 @@ def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, 
         for pc in range(0, max(k, 1), KC):
             kc = min(KC, k - pc)
             pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-            macro_kernel(mc, nc, kc, apack, 0, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
+            macro_kernel(mc, nc, kc, apack, ZERO, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
                          ldc, alpha, beta if pc == 0 else DTYPE(1), bias, ic, jc,
                          epi if pc + KC >= k else 0)
 

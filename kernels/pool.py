@@ -38,6 +38,10 @@ WAIT_SPIN_SECONDS = 2e-3
 SLEEP_POLL_SECONDS = 100e-6
 #: One flag per 64-byte cache line, so that a worker's flag shares a line with no other.
 _STRIDE = 8
+#: Constants for the jitted calls below: a literal 0 or False would compile
+#: spin_until once more per pattern of literal arguments (Numba specialises on them).
+_ZERO = np.int64(0)
+_FALSE = np.bool_(False)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -56,14 +60,14 @@ def post_all(post, ats, seq, gate, spins):
     until it is no longer 0.  The GIL is free all the while (see :meth:`SpinPool.run`)."""
     for a in ats:
         sync.publish(post, a, seq)
-    spin_until(gate, 0, 0, False, spins)
+    spin_until(gate, _ZERO, _ZERO, _FALSE, spins)
 
 
 @numba.njit(nogil=True, cache=True)
 def finish(done, at, value, post, last, spins):
     """``done[at] = value``, then whether ``post[at]`` leaves ``last`` within ``spins`` polls."""
     sync.publish(done, at, value)
-    return spin_until(post, at, last, False, spins)
+    return spin_until(post, at, last, _FALSE, spins)
 
 
 def _spins_per_second():

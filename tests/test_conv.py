@@ -367,7 +367,8 @@ def test_vector_pack_b_im2col_matches_explicit(dtype, geom):
         kc = min(kc, col.shape[0] - p0)
         nc = min(nc, col.shape[1] - j0)
         buf = np.full(-(-nc // NR) * NR * kc, np.nan, dtype)
-        mod.pack_b_im2col_rows(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, buf)
+        mod.pack_b_im2col_rows(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, buf,
+                               True)
         for q in range(-(-nc // NR)):
             panel = buf[q * NR * kc:(q + 1) * NR * kc].reshape(kc, NR)
             want = np.zeros((kc, NR))
@@ -1585,7 +1586,7 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
                                                                  monkeypatch):
     """NCHW Winograd on grouped layers gives the reference (bias, relu6, no bias) with one
     task loop for all the groups, as the engine launches for any other layer."""
-    groups = _record_arg(monkeypatch, "winograd_nchw_tasks", 2, dtype)
+    groups = _record_arg(monkeypatch, "winograd_nchw_tasks", 1, dtype, field="groups")
     with _threads(threads):
         run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
         run_case(shape, "winograd", "NCHW", dtype, bias=False)

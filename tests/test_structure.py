@@ -1,0 +1,143 @@
+"""The code's shape: module and function sizes, component layering, no private names across folders.
+
+These are the structure rules of docs/architecture.md, checked on the source tree so
+that they hold as the code grows.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Component folders, lowest first: each may import only the ones before it.
+COMPONENTS = ("ground", "tuning", "packing", "kernels", "conv", "tilegemm")
+PACKAGE = {"ground": "tilegemm.ground", "tuning": "tilegemm.tuning",
+           "packing": "tilegemm.packing", "kernels": "tilegemm.kernels",
+           "conv": "tilegemm.conv", "tilegemm": "tilegemm"}
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def _modules():
+    for folder in COMPONENTS:
+        base = os.path.join(ROOT, folder)
+        for dirpath, _, files in os.walk(base):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    yield folder, os.path.relpath(path, ROOT), path
+
+
+MODULES = list(_modules())
+
+
+def _component(module_name):
+    """The component folder a ``tilegemm...`` module name lives in."""
+    parts = module_name.split(".")
+    for folder, package in PACKAGE.items():
+        if folder != "tilegemm" and parts[:2] == package.split("."):
+            return folder
+    return "tilegemm"
+
+
+def _tree(path):
+    with open(path) as f:
+        return ast.parse(f.read(), path)
+
+
+def test_the_tree_is_found():
+    assert len(MODULES) > 20 and {m[0] for m in MODULES} == set(COMPONENTS)
+
+
+@pytest.mark.parametrize("folder, rel, path", MODULES, ids=[m[1] for m in MODULES])
+def test_module_and_function_sizes(folder, rel, path):
+    with open(path) as f:
+        lines = f.read().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{rel} has {lines} lines"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(_tree(path))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{rel}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _imports(tree):
+    """(module, names, module_level) of every ``tilegemm`` import in a tree."""
+    top = set(map(id, tree.body))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tilegemm"):
+            yield node.module, [a.name for a in node.names], id(node) in top
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tilegemm"):
+                    yield alias.name, [], id(node) in top
+
+
+@pytest.mark.parametrize("folder, rel, path", MODULES, ids=[m[1] for m in MODULES])
+def test_imports_respect_the_layers(folder, rel, path):
+    """A component imports lower components' public names only."""
+    rank = COMPONENTS.index(folder)
+    for module, names, _ in _imports(_tree(path)):
+        other = _component(module)
+        if other == folder:
+            continue
+        assert COMPONENTS.index(other) < rank, f"{rel} imports {module} (a higher layer)"
+        private = [n for n in names if n.startswith("_")]
+        private += [p for p in module.split(".")[2:] if p.startswith("_")]
+        assert not private, f"{rel} imports private {private} from {module}"
+
+
+@pytest.mark.parametrize("folder, rel, path", MODULES, ids=[m[1] for m in MODULES])
+def test_no_private_attribute_of_another_component(folder, rel, path):
+    """``from tilegemm.kernels import driver`` then ``driver._plan``: a private name too."""
+    tree = _tree(path)
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tilegemm"):
+            if _component(node.module) != folder:
+                bound.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("tilegemm") and _component(a.name) != folder and a.asname:
+                    bound.add(a.asname)
+    private = sorted({f"{node.value.id}.{node.attr}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                      and node.value.id in bound and node.attr.startswith("_")
+                      and not node.attr.startswith("__")})
+    assert not private, f"{rel} uses private names of another component: {private}"
+
+
+def test_no_import_cycle_between_modules():
+    """Deferred imports inside functions count too: a cycle is a cycle."""
+    names = {}
+    for folder, rel, path in MODULES:
+        sub = os.path.relpath(path, os.path.join(ROOT, folder))[:-3].replace(os.sep, ".")
+        name = PACKAGE[folder] + ("" if sub == "__init__" else "." + sub.replace(".__init__", ""))
+        names[name] = path
+    graph = {}
+    for name, path in names.items():
+        edges = set()
+        for module, imported, _ in _imports(_tree(path)):
+            submodules = [f"{module}.{n}" for n in imported if f"{module}.{n}" in names]
+            # ``from package import submodule`` needs the submodule, not the package's body.
+            for target in submodules or [module]:
+                if target in names and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
