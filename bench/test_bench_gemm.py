@@ -1,6 +1,6 @@
 """GEMM benchmarks: tilegemm, numpy and torch for every case of the CLI's suite.
 
-``pytest bench/test_gemm_suite.py --benchmark-only [--tg-quick]``; each case is one
+``pytest bench/test_bench_gemm.py --benchmark-only [--tg-quick]``; each case is one
 pytest-benchmark group holding the three parties.
 """
 import pytest

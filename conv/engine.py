@@ -8,8 +8,8 @@
   on the weight array and checked against a copy of its contents, so repeated
   calls with the same weights skip the work and weights changed in place are
   never served stale.
-* :func:`buffers` -- per-Python-thread scratch, grown as needed and reused.
-* :func:`launch` -- run a task loop on one or several Python threads.
+* ``thread_buffers`` (:mod:`tilegemm.ground.workspace`) -- per-thread scratch, reused;
+  ``launch`` (:mod:`tilegemm.kernels.pool`) -- a task loop on one or several threads.
 """
 import collections
 import os
@@ -20,12 +20,12 @@ import numba
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import JIT, cdiv, round_up  # noqa: F401 (round_up: the paths')
-from tilegemm.ground.workspace import buffers, thread_buffers  # noqa: F401 (the paths' scratch)
+from tilegemm.ground.contracts import JIT, cdiv
+from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels.driver import kernel_for
-from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (the paths' threads)
-from tilegemm.kernels.registry import get_kernel
-from tilegemm.tuning.machine import ISA_SHAPE, detect
+from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (launch: the paths' threads)
+from tilegemm.kernels.registry import get_kernel, lanes_of
+from tilegemm.tuning.machine import detect
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -147,7 +147,7 @@ def template_module(family, dtype, mr=0, nr=0, isa=None):
 
 
 def _load(family, dtype, mr, nr, isa):
-    lanes = ISA_SHAPE[isa][0] // (8 * dtype.itemsize)
+    lanes = lanes_of(isa, dtype)
     if family in ISA_FAMILIES:
         kernel, config = None, [f"LANES = {lanes}"]
         name = f"conv_{family}_f{dtype.itemsize * 8}_{isa}"

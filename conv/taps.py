@@ -288,7 +288,7 @@ def run(x, w, bias, out, p, act):
 
     From the image itself with stride 1 and ``Wo == W``, else from a stride-split
     copy of each image, unpadded where its planes are as wide as the output
-    (:func:`_layout`); see the section "im2col without patches" of
+    (:func:`layout_of`); see the section "im2col without patches" of
     ``conv/_tile_taps.py``.  Tasks are, for every group, images or parts of an image's
     column blocks (to balance the threads, see ``engine.TASKS_PER_THREAD``), plus the
     batched tails (``taps_tails``); a thread that copies keeps the image (group)

@@ -5,4 +5,6 @@
   arrays, ``out=``, scalars, flags, choices, thread counts).
 * :mod:`tilegemm.ground.loader` -- writing and importing generated modules, keyed by a
   digest of the sources they compile in.
+* :mod:`tilegemm.ground.workspace` -- aligned arrays and per-thread scratch buffers.
+* :mod:`tilegemm.ground.validate` -- the input checks of the public functions.
 """

@@ -1697,7 +1697,7 @@ def test_weights_raced_in_place_leave_later_calls_right(algorithm):
 
 def _pack_taps_by_loops(w, groups, KC, MR):
     """The taps kernel's packed weights written out loop by loop (the layout of
-    ``im2col._pack_groups_taps``' docstring): the reference for its array copies."""
+    ``taps.pack_weights``' docstring): the reference for its array copies."""
     K, Cg, kh, kw = w.shape
     T, Kg = kh * kw, K // groups
     Mp = round_up(Kg, MR)
@@ -1719,7 +1719,7 @@ def _pack_taps_by_loops(w, groups, KC, MR):
 
 
 def _pack_rows_by_loops(w, groups, KC, NR):
-    """``im2col._pack_weights_rows``' layout written out loop by loop."""
+    """``rows.pack_weights``' layout written out loop by loop."""
     K, Cg, kh, kw = w.shape
     T, Kg = kh * kw, K // groups
     Np = round_up(Kg, NR)
