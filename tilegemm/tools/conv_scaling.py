@@ -29,23 +29,6 @@ def _at(threads, fn, torch):
     return call
 
 
-def _parties(case, x, w, peers):
-    """{party name: call} for torch (in ``peers``) and every algorithm that applies."""
-    ly = case.layer
-    parties, not_applicable = {}, {}
-    torch_fn = conv_suite.torch_party(x, w, ly, case.layout) if "torch" in peers else None
-    if torch_fn is not None:
-        parties["torch"] = torch_fn
-    for algo in conv_suite.ALGORITHMS:
-        fn = conv_suite.tilegemm_party(x, w, ly, algo, case.layout)
-        seconds, result = conv_suite.probe(fn)
-        if seconds is None:
-            not_applicable[algo] = result
-        else:
-            parties[f"tilegemm:{algo}"] = fn
-    return parties, not_applicable
-
-
 def run_scaling_case(case, reps=5, min_time=0.05, peers=("torch",), budget=10.0):
     """Time every party of ``case`` at 1 thread and at ``case.threads`` in the same rounds.
 
@@ -60,7 +43,7 @@ def run_scaling_case(case, reps=5, min_time=0.05, peers=("torch",), budget=10.0)
     many = case.threads
     torch = timing.torch_module()
     with timing.pinned_threads(many):
-        parties, not_applicable = _parties(case, x, w, peers)
+        parties, _, _, not_applicable = conv_suite.gather_parties(case, x, w, peers)
         timed = {}
         for name, fn in parties.items():
             timed[f"{name}@1"] = _at(1, fn, torch)

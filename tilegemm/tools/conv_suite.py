@@ -184,6 +184,32 @@ def auto_choice(case, x, w):
                 dtype=np.dtype(case.dtype), threads=case.threads).algorithm
 
 
+def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
+    """The callables to time for ``case``: torch (when in ``peers`` and installed) and
+    every algorithm in ``algorithms`` that applies, each probed once.
+
+    Returns
+    -------
+    (parties, first, outputs, not_applicable)
+        ``{name: call}``; each tilegemm party's first-call seconds and result;
+        ``{algorithm: reason}`` for those that do not apply.
+    """
+    ly = case.layer
+    parties, first, outputs, not_applicable = {}, {}, {}, {}
+    torch_fn = torch_party(x, w, ly, case.layout) if "torch" in peers else None
+    if torch_fn is not None:
+        parties["torch"] = torch_fn
+    for algo in algorithms:
+        fn = tilegemm_party(x, w, ly, algo, case.layout)
+        seconds, result = probe(fn)
+        if seconds is None:
+            not_applicable[algo] = result
+            continue
+        name = f"tilegemm:{algo}"
+        parties[name], first[name], outputs[name] = fn, seconds, result
+    return parties, first, outputs, not_applicable
+
+
 def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("torch",),
                   budget=10.0):
     """Time one layer: every applicable algorithm and torch, interleaved.
@@ -202,19 +228,8 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
     """
     x, w = operands(case)
     ly = case.layer
-    parties, first, outputs, not_applicable = {}, {}, {}, {}
     with timing.pinned_threads(case.threads):
-        torch_fn = torch_party(x, w, ly, case.layout) if "torch" in peers else None
-        if torch_fn is not None:
-            parties["torch"] = torch_fn
-        for algo in algorithms:
-            fn = tilegemm_party(x, w, ly, algo, case.layout)
-            seconds, result = probe(fn)
-            if seconds is None:
-                not_applicable[algo] = result
-                continue
-            name = f"tilegemm:{algo}"
-            parties[name], first[name], outputs[name] = fn, seconds, result
+        parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, algorithms)
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
                                     settle=timing.settle_time(case.threads),
                                     ramp=timing.ramp_time(case.threads), budget=budget,
