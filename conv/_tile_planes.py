@@ -1,15 +1,9 @@
 """Template for the planes drivers (NHWC groups copied as planes, then the taps kernel), bound to one micro-kernel.
 
-:mod:`tilegemm.conv.engine` writes one module per GEMM kernel (MR, NR, ISA) from
-this file (:func:`tilegemm.conv.engine.family_module`), with the configuration block
-filled in: MR and NR become compile-time constants and Numba caches the machine
-code per kernel.  ``SOURCE_HASH`` is a digest of the sources this code inlines, so
-a change in any of them writes a new module.  Importable as is (float32 6x64).
-
-Each driver is a *task* function over disjoint pieces of the output; ``*_tasks``
-runs tasks taken one at a time from a counter shared by the Python threads of a
-call (:func:`next_task`), each thread with its own buffers (the code releases the
-GIL).  The packed weights are prepared once by the caller and shared read-only.
+Written once per GEMM kernel (MR, NR, ISA) by
+:func:`tilegemm.conv.engine.family_module`, which states what every template shares
+(the configuration block, task loops over a shared counter).  Importable as is
+(float32 6x64).
 """
 import numba
 import numpy as np

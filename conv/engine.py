@@ -4,6 +4,14 @@
   planes, Winograd, direct), written from ``conv/_tile_<family>.py`` on first use:
   per GEMM kernel for the families that run its micro-kernel, per (dtype, ISA)
   for the direct family, so a layer compiles only what it runs.
+  Each template has a configuration block that the engine fills in (MR and NR
+  become compile-time constants and Numba caches the machine code per module) and
+  a ``SOURCE_HASH``, a digest of the sources the code inlines, so a change in any
+  of them writes a new module.  Each driver is a *task* function over disjoint
+  pieces of the output; ``*_tasks`` runs tasks taken one at a time from a counter
+  shared by the Python threads of a call (``next_task``), each thread with its own
+  buffers (the code releases the GIL); the packed weights are prepared once by
+  the caller and shared read-only.
 * :func:`prepared` -- a small cache of weights already transformed and packed, keyed
   on the weight array and checked against a copy of its contents, so repeated
   calls with the same weights skip the work and weights changed in place are
