@@ -142,8 +142,8 @@ def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general):
                 mc, c, c_off, ld = min(MC, m_full - ic), out, co + ic * ldc + jc, ldc
             else:
                 mc, c, c_off, ld = MR, edge, 0, ld_edge
-            macro_kernel(mc, nc, kc, apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,
-                         DTYPE(1), beta, bias, ic, jc, epi_pc)
+            macro_kernel((mc, nc, kc), apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,
+                         (DTYPE(1), beta), (bias, epi_pc), (ic, jc))
             ic += mc
     for i in range(m1 - m_full):
         dst = co + (m_full + i) * ldc + jc

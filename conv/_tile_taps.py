@@ -326,8 +326,9 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
         pack_tails(x, x_off, r.xs_n, r.xs_c, images, reads, ntaps, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
-        macro_kernel(m1 - m0, ldc, ntaps * kc, apack, a_off + (pc * Mp + m0 * kc) * ntaps, bpack,
-                     ZERO, cbuf, m0 * ldc, ldc, DTYPE(1), beta, bias, b_off + m0, ZERO, e)
+        macro_kernel((m1 - m0, ldc, ntaps * kc), apack, a_off + (pc * Mp + m0 * kc) * ntaps,
+                     bpack, ZERO, cbuf, m0 * ldc, ldc, (DTYPE(1), beta), (bias, e),
+                     (b_off + m0, ZERO))
     for n in range(images):
         _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * r.os_n + m0 * r.os_k + q0,
                    r.os_k, min(m1, M) - m0, tail)

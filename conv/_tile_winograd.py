@@ -61,8 +61,9 @@ def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
         for xi in range(16):
             for jc in range(0, K, NC):
                 nc = min(NC, K - jc)
-                macro_kernel(mt, nc, kc, apack, xi * a_slab, upack, xi * C * Kp + pc * Kp + jc * kc,
-                             mbuf, xi * m_slab + jc, Kp, DTYPE(1), beta, bias, ZERO, ZERO, ZERO)
+                macro_kernel((mt, nc, kc), apack, xi * a_slab, upack,
+                             xi * C * Kp + pc * Kp + jc * kc, mbuf, xi * m_slab + jc, Kp,
+                             (DTYPE(1), beta), (bias, ZERO), (ZERO, ZERO))
     unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
 
 
@@ -209,9 +210,9 @@ def winograd_nchw_task(task, plan, g, x, upack, bias, epi, out, bufs):
                         bpack[base + p * NR] = 0
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
-            macro_kernel(r1 - r0, ncols, kc, upack, u_off + (xi * C + pc) * Kp + r0 * kc, bpack,
-                         xi * b_slab, mbuf, xi * m_slab, NB, DTYPE(1), beta, bias, ZERO, ZERO,
-                         ZERO)
+            macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
+                         bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta), (bias, ZERO),
+                         (ZERO, ZERO))
     winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
                           os[2], Wo, bias, b_off, epi)
 

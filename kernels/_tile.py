@@ -48,8 +48,9 @@ pack_b_panel = make_pack_panel(DTYPE, NR, LANES)
 #: A constant 0 or 1 passed to another jitted function is typed ``Literal[int]`` and
 #: compiles that function again, once per pattern of literal arguments; ``ZERO`` is
 #: typed intp, as Python ints and computed offsets are, so every caller shares one
-#: compiled version.
-ZERO = np.intp(0)
+#: compiled version.  The same holds inside a tuple: ``(0, k, 1)`` is typed apart from
+#: ``(ZERO, k, UNIT)``.
+ZERO, UNIT = np.intp(0), np.intp(1)
 
 
 @numba.njit(inline='always', **JIT)
@@ -77,15 +78,20 @@ def bias_offset(epi, row, col):
 
 
 @numba.njit(inline='always', **JIT)
-def macro_kernel(mc, nc, kc, apack, a_base, bpack, b_base, c, c_off, ldc, alpha, beta,
-                 bias, row0, col0, epi):
+def macro_kernel(shape, apack, a_base, bpack, b_base, c, c_off, ldc, scal, epilogue, origin):
     """The jr and ir loops over one packed A block and ``nc`` columns of the packed B panel.
 
-    ``apack[a_base:]`` is the A block, ``bpack[b_base:]`` this call's first B
-    micro-panel.  ``row0``/``col0`` are the global row and column of C's tile origin
-    (they index the bias).  Partial tiles at the bottom
-    and right run the edge kernel, which touches only their valid corner of C.
+    ``shape`` is ``(mc, nc, kc)``, ``scal`` ``(alpha, beta)``, ``epilogue``
+    ``(bias, epi)``.  ``apack[a_base:]`` is the A block, ``bpack[b_base:]`` this
+    call's first B micro-panel; C's tile origin is ``c[c_off]``, rows ``ldc`` apart.
+    ``origin`` ``(row0, col0)`` is the global row and column of that origin (they
+    index the bias).  Partial tiles at the bottom and right run the edge kernel,
+    which touches only their valid corner of C.
     """
+    mc, nc, kc = shape
+    alpha, beta = scal
+    bias, epi = epilogue
+    row0, col0 = origin
     for jr in range(0, nc, NR):
         nr = min(NR, nc - jr)
         for ir in range(0, mc, MR):
@@ -101,14 +107,24 @@ def macro_kernel(mc, nc, kc, apack, a_base, bpack, b_base, c, c_off, ldc, alpha,
 
 
 @numba.njit(**JIT)
-def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-                c, c_off, ldc, bias, epi, KC, MC, NC, apack, bpack):
+def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
     """``C = alpha*A@B + beta*C`` (+ epilogue) on one thread.
 
-    A, B, C are flat views with element offsets and strides; C's columns are
-    contiguous (``ldc`` is its row stride).  Buffers: ``apack`` >= MC*KC rounded to
-    MR panels, ``bpack`` >= KC*NC rounded to NR panels.
+    ``shape`` is ``(m, n, k)``, ``scal`` ``(alpha, beta)``, ``epilogue`` ``(bias,
+    epi)``, ``blocks`` ``(KC, MC, NC)``.  Each operand ``a``, ``b``, ``c`` is
+    ``(flat, (offset, row_stride, col_stride))`` in elements (``packing.flat_view``);
+    C's columns are contiguous (its column stride is not read).  ``packs`` is
+    ``(apack, bpack)``: ``apack`` >= MC*KC rounded to MR panels, ``bpack`` >= KC*NC
+    rounded to NR panels.
     """
+    m, n, k = shape
+    alpha, beta = scal
+    a, (a_off, a_rs, a_cs) = a
+    b, (b_off, b_rs, b_cs) = b
+    c, (c_off, ldc, _) = c
+    bias, epi = epilogue
+    KC, MC, NC = blocks
+    apack, bpack = packs
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
@@ -120,8 +136,8 @@ def gemm_serial(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-                macro_kernel(mc, nc, kc, apack, ZERO, bpack, ZERO, c, c_off + ic * ldc + jc, ldc,
-                             alpha, beta_pc, bias, ic, jc, epi_pc)
+                macro_kernel((mc, nc, kc), apack, ZERO, bpack, ZERO, c, c_off + ic * ldc + jc, ldc,
+                             (alpha, beta_pc), (bias, epi_pc), (ic, jc))
 
 
 @numba.njit(inline='always', **JIT)
@@ -136,17 +152,25 @@ def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
 
 
 @numba.njit(**JIT)
-def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs,
-               b_cs, beta, c, c_off, ldc, bias, epi, KC, MC, NC, apack, shared_b, own_b):
+def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, packs):
     """One thread's part of a product shared through one packed copy of B.
 
-    The ``packer`` (the calling thread) packs all of B into ``shared_b`` and
+    Arguments as for :func:`gemm_serial`, except ``packs``: ``(apack, shared_b,
+    own_b)``.  The ``packer`` (the calling thread) packs all of B into ``shared_b`` and
     :func:`publish`es ``ready[0]``; a thread that finds it set reads that copy, one
     that comes earlier packs its own into ``own_b`` rather than wait.  Then tasks
     (an MC-row block of C in an NC-column block, over all of k) are taken from
     ``counter``, so a thread that starts late takes fewer.  Each task packs its
     own A blocks: A is packed once in all, and so is B unless a thread came early.
     """
+    m, n, k = shape
+    alpha, beta = scal
+    a, (a_off, a_rs, a_cs) = a
+    b, (b_off, b_rs, b_cs) = b
+    c, (c_off, ldc, _) = c
+    bias, epi = epilogue
+    KC, MC, NC = blocks
+    apack, shared_b, own_b = packs
     # One call of the (inlined) packer for both cases: two would compile it twice.
     own = not packer and acquire(ready, 0) != 1
     bsrc = own_b if own else shared_b
@@ -169,19 +193,26 @@ def gemm_tasks(counter, ready, packer, m, n, k, alpha, a, a_off, a_rs, a_cs, b, 
         for pc in range(0, max(k, 1), KC):
             kc = min(KC, k - pc)
             pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
-            macro_kernel(mc, nc, kc, apack, ZERO, bsrc, jc * k + pc * ncp, c, c_off + ic * ldc + jc,
-                         ldc, alpha, beta if pc == 0 else DTYPE(1), bias, ic, jc,
-                         epi if pc + KC >= k else 0)
+            macro_kernel((mc, nc, kc), apack, ZERO, bsrc, jc * k + pc * ncp, c,
+                         c_off + ic * ldc + jc, ldc, (alpha, beta if pc == 0 else DTYPE(1)),
+                         (bias, epi if pc + KC >= k else 0), (ic, jc))
 
 
 @numba.njit(**JIT)
-def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, beta,
-                c, c_off, ldc, bias, epi, apack, bpack):
+def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
     """Tiles ``first..last-1`` (numbered down each column of tiles) of the unpacked product.
 
-    Full tiles run the strided kernel straight on A and B; an edge tile takes its
+    Arguments as for :func:`gemm_small` (``shape``'s k is this KC block's).  Full
+    tiles run the strided kernel straight on A and B; an edge tile takes its
     partial operand from the edge panel :func:`gemm_small` packed into apack/bpack.
     """
+    m, n, k = shape
+    alpha, beta = scal
+    a, (a_off, a_rs, a_cs) = a
+    b, (b_off, b_rs, _) = b
+    c, (c_off, ldc, _) = c
+    bias, epi = epilogue
+    apack, bpack = packs
     tiles_m = (m + MR - 1) // MR
     for t in range(first, last):
         jr = (t // tiles_m) * NR
@@ -206,17 +237,23 @@ def small_tiles(first, last, m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_r
 
 
 @numba.njit(**JIT)
-def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
-               c, c_off, ldc, bias, epi, KC, apack, bpack):
+def gemm_small(shape, scal, a, b, c, epilogue, KC, packs):
     """``C = alpha*A@B + beta*C`` without packing: the kernels read A and B in place.
 
+    Arguments as for :func:`gemm_serial`, with one k block ``KC``.
     For products whose reused operands sit in cache anyway.  k is still cut into
     KC blocks (beta on the first, the epilogue on the last) so that the B rows
     and A columns a block touches stay in L1/L2 however long k is.  B's columns
     must be contiguous (``b_cs == 1``, ``b_rs`` its row stride).  Only the last
     ``m % MR`` rows of A and ``n % NR`` columns of B are packed, zero padded,
-    into ``apack`` (MR*KC) and ``bpack`` (NR*KC).
+    into ``packs`` ``(apack, bpack)`` (MR*KC and NR*KC).
     """
+    m, n, k = shape
+    alpha, beta = scal
+    af, (a_off, a_rs, a_cs) = a
+    bf, (b_off, b_rs, b_cs) = b
+    bias, epi = epilogue
+    apack, bpack = packs
     m_full = m - m % MR
     n_full = n - n % NR
     tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
@@ -225,13 +262,13 @@ def gemm_small(m, n, k, alpha, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, beta,
         a_pc = a_off + pc * a_cs
         b_pc = b_off + pc * b_rs
         if m_full < m:
-            pack_a(a, a_pc + m_full * a_rs, a_rs, a_cs, m - m_full, kc, apack)
+            pack_a(af, a_pc + m_full * a_rs, a_rs, a_cs, m - m_full, kc, apack)
         if n_full < n:
-            pack_b(b, b_pc + n_full * b_cs, b_rs, b_cs, kc, n - n_full, bpack)
+            pack_b(bf, b_pc + n_full * b_cs, b_rs, b_cs, kc, n - n_full, bpack)
         beta_pc = beta if pc == 0 else DTYPE(1)
         epi_pc = epi if pc + KC >= k else 0
-        small_tiles(0, tiles, m, n, kc, alpha, a, a_pc, a_rs, a_cs, b, b_pc, b_rs, beta_pc,
-                    c, c_off, ldc, bias, epi_pc, apack, bpack)
+        small_tiles(ZERO, tiles, (m, n, kc), (alpha, beta_pc), (af, (a_pc, a_rs, a_cs)),
+                    (bf, (b_pc, b_rs, b_cs)), c, (bias, epi_pc), packs)
 
 
 @numba.njit(**JIT)
@@ -247,8 +284,9 @@ def matmul_small(a, b, c, KC):
     kc = max(1, min(KC, k))
     apack = np.empty(MR * kc, DTYPE)
     bpack = np.empty(NR * kc, DTYPE)
-    gemm_small(m, n, k, DTYPE(1), a.reshape(-1), 0, k, 1, b.reshape(-1), 0, n, 1, DTYPE(0),
-               c.reshape(-1), 0, n, NO_BIAS, 0, kc, apack, bpack)
+    gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, k, UNIT)),
+               (b.reshape(-1), (ZERO, n, UNIT)), (c.reshape(-1), (ZERO, n, UNIT)), (NO_BIAS, ZERO),
+               kc, (apack, bpack))
 
 
 @numba.njit(**JIT)
@@ -337,14 +375,22 @@ def axpy_columns(rows, k, m, m_off, m_cs, x, x_off, x_s, acc):
 
 
 @numba.njit(**JIT)
-def gemv(rows, k, alpha, m, m_off, m_rs, m_cs, x, x_off, x_s, beta, y, y_off, y_s,
-         bias, bias_row, epi, acc):
+def gemv(shape, scal, mat, x, y, epilogue, bias_row, acc):
     """``y = alpha * M @ x + beta * y`` with M ``rows x k`` and an optional epilogue.
 
-    ``bias_row`` says whether the bias is indexed by the row of y (else it has one
-    value, at index 0 -- the other GEMM dimension is 1).  ``acc`` holds ``rows``
-    elements of scratch.  Reads y only when ``beta != 0``.
+    ``shape`` is ``(rows, k)``, ``scal`` ``(alpha, beta)``, ``epilogue`` ``(bias,
+    epi)``.  ``mat`` is ``(flat, (offset, row_stride, col_stride))``, the vectors
+    ``x`` and ``y`` ``(flat, (offset, stride))``.  ``bias_row`` says whether the bias
+    is indexed by the row of y (else it has one value, at index 0 -- the other
+    GEMM dimension is 1).  ``acc`` holds ``rows`` elements of scratch.  Reads y
+    only when ``beta != 0``.
     """
+    rows, k = shape
+    alpha, beta = scal
+    m, (m_off, m_rs, m_cs) = mat
+    x, (x_off, x_s) = x
+    y, (y_off, y_s) = y
+    bias, epi = epilogue
     if m_cs == 1 and x_s == 1:
         dot_rows(rows, k, m, m_off, m_rs, x, x_off, acc)
     elif m_rs == 1 and rows > 1:

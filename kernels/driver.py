@@ -139,7 +139,9 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     dtype = c.dtype
     kern, blk = kernel_for(dtype, n)
     scalar = dtype.type
-    args = (scalar(alpha),) + _flat(a) + _flat(b) + (scalar(beta),) + _flat(c)[:3]
+    # The plan the jitted drivers take whole: (alpha, beta) and each operand as
+    # (flat, (offset, row_stride, col_stride)).
+    args = ((scalar(alpha), scalar(beta)), _operand(a), _operand(b), _operand(c))
     bias = kern.no_bias if bias is None else bias
     # Work in units worth a thread each: GEMV is bound by reading its matrix once; from
     # SERIAL_FLOPS on, a product is shared by two threads (each doing half).
@@ -185,18 +187,27 @@ def matmul_small(a, b, c):
     return c
 
 
-def _flat(x):
-    """:func:`tilegemm.packing.flat_view`, with the C-contiguous case answered inline."""
+def _operand(x):
+    """``(flat, (offset, row_stride, col_stride))``: :func:`tilegemm.packing.flat_view`
+    as the jitted drivers take an operand, the C-contiguous case answered inline."""
     if x.flags.c_contiguous and x.size:
-        return x.reshape(-1), 0, x.shape[1], 1
-    return flat_view(x)
+        return x.reshape(-1), (0, x.shape[1], 1)
+    flat, off, rs, cs = flat_view(x)
+    return flat, (off, rs, cs)
+
+
+def _shifted(operand, by):
+    """The operand with its offset moved ``by`` elements."""
+    flat, (off, rs, cs) = operand
+    return flat, (off + by, rs, cs)
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
     """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
+    _, b_rs, b_cs = args[2][1]
     if m == 1 or n == 1:
         _gemv(kern, m, n, k, args, bias, epi)
-    elif args[8] == 1 and fits_unpacked(kern, m, n, k, args[7]):
+    elif b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs):
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
@@ -241,7 +252,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
-    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
+    scal, a, b, c = args
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
     step = round_up(cdiv(length, threads), unit)
@@ -249,12 +260,10 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     for start in range(0, length, step):
         size = min(step, length - start)
         if by_rows:
-            sub = (alpha, af, a_off + start * a_rs, a_rs, a_cs, bf, b_off, b_rs, b_cs,
-                   beta, cf, c_off + start * c_rs, c_rs)
+            sub = (scal, _shifted(a, start * a[1][1]), b, _shifted(c, start * c[1][1]))
             shape = (size, n)
         else:
-            sub = (alpha, af, a_off, a_rs, a_cs, bf, b_off + start * b_cs, b_rs, b_cs,
-                   beta, cf, c_off + start, c_rs)
+            sub = (scal, a, _shifted(b, start * b[1][2]), _shifted(c, start))
             shape = (m, size)
         flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
         sub_bias = bias[start:] if epi & flag else bias
@@ -284,8 +293,8 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
         # Buffers of the thread this runs on: its A blocks, and its own B if it comes early.
         apack, own = buffers((kern.name, "shared_b_task"), (MC * KC, 1 if packer else size),
                               kern.dtype)
-        kern.module.gemm_tasks(counter, ready, packer, m, n, k, *args, bias, epi, KC, MC, NC,
-                               apack, shared, own)
+        kern.module.gemm_tasks(counter, ready, packer, (m, n, k), *args, (bias, epi),
+                               (KC, MC, NC), (apack, shared, own))
 
     run_shares(run, [(True,)] + [(False,)] * (threads - 1))
 
@@ -295,14 +304,13 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
 
     For products like 32x32x32768, whose C has fewer tiles than there are threads.
     """
-    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
-    one, zero = kern.dtype.type(1), kern.dtype.type(0)
+    (alpha, beta), a, b, (cf, (c_off, c_rs, _)) = args
+    unit = (kern.dtype.type(1), kern.dtype.type(0))
     step = round_up(cdiv(k, threads), 8)
     parts = np.empty((cdiv(k, step), m * n), kern.dtype)
     jobs = []
     for t, k0 in enumerate(range(0, k, step)):
-        sub = (one, af, a_off + k0 * a_cs, a_rs, a_cs, bf, b_off + k0 * b_rs, b_rs, b_cs,
-               zero, parts[t], 0, n)
+        sub = (unit, _shifted(a, k0 * a[1][2]), _shifted(b, k0 * b[1][1]), (parts[t], (0, n, 1)))
         jobs.append((kern, blk, m, n, min(step, k - k0), sub, kern.no_bias, 0))
     run_shares(_serial, jobs)
     kern.module.sum_parts(m, n, parts, alpha, beta, cf, c_off, c_rs, bias, epi)
@@ -310,15 +318,15 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
 
 def _gemv(kern, m, n, k, args, bias, epi):
     """m == 1 or n == 1: one pass over the matrix operand, no packing."""
-    alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
+    scal, (af, (a_off, a_rs, a_cs)), (bf, (b_off, b_rs, b_cs)), (cf, (c_off, c_rs, _)) = args
     (acc,) = buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
     gemv = kern.module.gemv
     if n == 1:   # y (m) = A (m x k) @ b[:, 0]
-        gemv(m, k, alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, beta, cf, c_off, c_rs,
-             bias, bool(epi & EPI_BIAS_ROW), epi, acc)
+        gemv((m, k), scal, (af, (a_off, a_rs, a_cs)), (bf, (b_off, b_rs)), (cf, (c_off, c_rs)),
+             (bias, epi), bool(epi & EPI_BIAS_ROW), acc)
     else:        # y (n) = B^T (n x k) @ a[0, :]
-        gemv(n, k, alpha, bf, b_off, b_cs, b_rs, af, a_off, a_cs, beta, cf, c_off, 1,
-             bias, bool(epi & EPI_BIAS_COL), epi, acc)
+        gemv((n, k), scal, (bf, (b_off, b_cs, b_rs)), (af, (a_off, a_cs)), (cf, (c_off, 1)),
+             (bias, epi), bool(epi & EPI_BIAS_COL), acc)
 
 
 def _unpacked(kern, m, n, k, args, bias, epi):
@@ -326,7 +334,7 @@ def _unpacked(kern, m, n, k, args, bias, epi):
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(UNPACKED_KC, k))
     apack, bpack = buffers((kern.name, "unpacked"), (MR * KC, NR * KC), kern.dtype)
-    kern.module.gemm_small(m, n, k, *args, bias, epi, KC, apack, bpack)
+    kern.module.gemm_small((m, n, k), *args, (bias, epi), KC, (apack, bpack))
 
 
 def _packed(kern, blk, m, n, k, args, bias, epi):
@@ -336,4 +344,4 @@ def _packed(kern, blk, m, n, k, args, bias, epi):
     NC = min(blk.nc, round_up(n, NR))
     MC = min(blk.mc, round_up(m, MR))
     apack, bpack = buffers((kern.name, "packed"), (MC * KC, NC * KC), kern.dtype)
-    kern.module.gemm_serial(m, n, k, *args, bias, epi, KC, MC, NC, apack, bpack)
+    kern.module.gemm_serial((m, n, k), *args, (bias, epi), (KC, MC, NC), (apack, bpack))

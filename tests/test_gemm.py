@@ -409,9 +409,9 @@ def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
         own = np.full(size, np.nan, dtype)
         apack = np.empty(MC * KC, dtype)
         flags = np.array([ready], np.int64)
-        mod.gemm_tasks(np.zeros(1, np.int64), flags, packer, m, n, k, dtype(2), a.reshape(-1), 0,
-                       k, 1, b.reshape(-1), 0, n, 1, dtype(0), c.reshape(-1), 0, n, bias, epi,
-                       KC, MC, NC, apack, shared, own)
+        mod.gemm_tasks(np.zeros(1, np.int64), flags, packer, (m, n, k), (dtype(2), dtype(0)),
+                       (a.reshape(-1), (0, k, 1)), (b.reshape(-1), (0, n, 1)),
+                       (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, shared, own))
         assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
         assert flags[0] == (1 if packer else ready)
         assert np.isnan(own).all() == (packer or ready == 1)

@@ -95,8 +95,8 @@ def packed_register_tile(a, b, c, KC=None, MC=None, NC=None):
     KC = KC or register_tile_kc(MR, NR, a.itemsize)
     MC, NC = MC or blk.mc, NC or blk.nc
     bpack = _column_buffer(a.dtype.name, NR, KC, min(NC, max(n, 1)))
-    _register_tile_loops(a.reshape(-1), b.reshape(-1), c.reshape(-1), m, n, k, KC, MC, NC,
-                         bpack, a.dtype.type(0), make_register_tile(MR, NR), MR, NR)
+    _register_tile_loops(a.reshape(-1), b.reshape(-1), c.reshape(-1), (m, n, k), (KC, MC, NC),
+                         bpack, a.dtype.type(0), make_register_tile(MR, NR), (MR, NR))
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,8 +111,14 @@ def _vector_registers():
 
 
 @numba.njit(**dict(JIT, cache=False))
-def _register_tile_loops(af, bf, cf, m, n, k, KC, MC, NC, bpack, zero, tile, MR, NR):
-    """The jc, pc, ic, jr, ir loops of rung 4 around ``tile``; C zeroed first."""
+def _register_tile_loops(af, bf, cf, shape, blocks, bpack, zero, tile, tile_shape):
+    """The jc, pc, ic, jr, ir loops of rung 4 around ``tile``; C zeroed first.
+
+    ``shape`` is ``(m, n, k)``, ``blocks`` ``(KC, MC, NC)``, ``tile_shape`` ``(MR, NR)``.
+    """
+    m, n, k = shape
+    KC, MC, NC = blocks
+    MR, NR = tile_shape
     cf[:m * n] = zero
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)

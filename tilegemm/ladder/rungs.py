@@ -143,8 +143,7 @@ def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc):
 # Not cached on disk: ``macro_kernel`` arrives as an argument (a function from the
 # generated kernel module), and Numba cannot cache code specialised on a function.
 @numba.njit(**dict(JIT, cache=False))
-def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, macro_kernel, MR, NR,
-                         one, zero):
+def library_micro_kernel(a, b, c, blocks, packs, macro_kernel, tile, units):
     """Rung 5: the same five loops, with the library's vector-IR micro-kernel inside.
 
     Change: the jr and ir loops and the micro-kernel are the library's
@@ -153,9 +152,14 @@ def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, macro_kernel, MR, NR
     vectors of B, broadcasts each of the ``MR`` A values and issues
     ``MR*NR/lanes`` full-width FMAs into accumulators that live in registers for
     the whole ``kc`` loop.  C is read and written once per tile and block.
-    ``one``/``zero`` are 1 and 0 in C's dtype: beta is 0 on the first ``pc`` block
-    (overwrite C), 1 afterwards (accumulate).
+    ``blocks`` is ``(KC, MC, NC)``, ``packs`` ``(apack, bpack)``, ``tile`` ``(MR,
+    NR)``; ``units`` ``(one, zero)`` are 1 and 0 in C's dtype: beta is 0 on the
+    first ``pc`` block (overwrite C), 1 afterwards (accumulate).
     """
+    KC, MC, NC = blocks
+    apack, bpack = packs
+    MR, NR = tile
+    one, zero = units
     m, k = a.shape
     n = b.shape[1]
     af, bf, cf = a.reshape(-1), b.reshape(-1), c.reshape(-1)
@@ -168,10 +172,10 @@ def library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, macro_kernel, MR, NR
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
-                # (mc, nc, kc, A, B, B offset, C, C offset, ldc, alpha, beta,
-                #  bias (unread: no epilogue), bias row, bias col, epilogue flags = none)
-                macro_kernel(mc, nc, kc, apack, 0, bpack, 0, cf, ic * n + jc, n, one, beta,
-                             apack, ic, jc, 0)
+                # ((mc, nc, kc), A, A offset, B, B offset, C, C offset, ldc, (alpha, beta),
+                #  (bias (unread: no epilogue), epilogue flags = none), (bias row, bias col))
+                macro_kernel((mc, nc, kc), apack, 0, bpack, 0, cf, ic * n + jc, n, (one, beta),
+                             (apack, 0), (ic, jc))
 
 
 # --------------------------------------------------------------------------- rung 6

@@ -99,8 +99,8 @@ def compute(number, a, b, c=None, blk=None):
     elif number == 5:
         kern = get_kernel(a.dtype, MR, NR)
         one = a.dtype.type(1)
-        library_micro_kernel(a, b, c, KC, MC, NC, apack, bpack, kern.module.macro_kernel,
-                             MR, NR, one, one - one)
+        library_micro_kernel(a, b, c, (KC, MC, NC), (apack, bpack), kern.module.macro_kernel,
+                             (MR, NR), (one, one - one))
     else:
         raise ValueError(f"compute: rung must be 0 to 6, got {number}")
     return c
