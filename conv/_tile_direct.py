@@ -110,8 +110,8 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
         for c in range(first, min(ntasks, first + per_tick)):
             dst = c * out_plane
             if copy:
-                phase_split(x, c * H * W, H * W, W, UNIT, H, W, sy, sx, ZERO, ZERO, Hq, Wq,
-                            sy * sx * Hq * Wq, xq, TRUE)
+                phase_split(x, (c * H * W, H * W, W), (UNIT, H, W), (sy, sx, ZERO, ZERO),
+                            (Hq, Wq, sy * sx * Hq * Wq), xq, TRUE)
                 src = 0
             else:
                 src = c * H * W
@@ -215,8 +215,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
         epi = act | (EPI_BIAS_ROW if has_bias else 0)
         Hp, Wp = depthwise_plane(geom)
         # The zero-padded copy of one channel: phase_split with a single phase.
-        phase_split(x, (n * C + g) * H * W, H * W, W, UNIT, H, W, UNIT, UNIT, py, px, Hp, Wp,
-                    Hp * Wp, acc, FALSE)
+        phase_split(x, ((n * C + g) * H * W, H * W, W), (UNIT, H, W), (UNIT, UNIT, py, px),
+                    (Hp, Wp, Hp * Wp), acc, FALSE)
         # Ask for the start of the next channel now: a small channel is a few short
         # rows, too short for the hardware prefetcher to pick up before they are read.
         if (n * C + g + 1) * H * W < x.size:

@@ -24,6 +24,7 @@ _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
 _TAPS = engine.template_module("taps", DTYPE, MR, NR, ISA)
 transpose_copy = _SHARED.transpose_copy
 taps_block = _TAPS.taps_block
+ZERO = _SHARED.ZERO
 
 
 # --- im2col without patches, NHWC grouped: each group's channels copied as planes ---------
@@ -57,7 +58,6 @@ def planes_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
     ``(G - 1)*Kg + Mp`` rows of ``NCB``.
     """
     r = plan[0]
-    taps, masks, sched = grid
     bias, bias_group, epi = epilogue
     xq, cbuf = bufs
     ntasks, groups, G, a_group, C, pixels = r.ntasks, r.groups, r.G, r.a_group, r.C, r.pixels
@@ -75,8 +75,9 @@ def planes_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
             cols = min(NCB, out_pixels - j0)
             for i in range(ng):
                 g = g0 + i
-                taps_block(xq, i * Cg * pixels, pixels, taps, ntaps, masks, sched, Cg, KC, MC,
-                              apack, g * a_group, Mp, 0, Mp, 0, 0, j0, cols, cbuf, 0, NCB,
-                              cbuf[i * Kg * NCB:], NCB, bias, g * bias_group, epi)
+                taps_block((xq, i * Cg * pixels, pixels), grid, ntaps, (Cg, KC, MC),
+                           (apack, g * a_group, Mp), (ZERO, Mp, ZERO, ZERO), (j0, cols),
+                           (cbuf, ZERO, NCB), (cbuf[i * Kg * NCB:], NCB),
+                           (bias, g * bias_group, epi))
             transpose_copy(cbuf, 0, NCB, ng * Kg, cols, out,
                            (n * out_pixels + j0) * K + g0 * Kg, K)

@@ -100,9 +100,13 @@ def split_row(x, src, px, W, Wq, xq, even, odd, spill):
 
 
 @numba.njit(**JIT)
-def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, spill):
+def phase_split(x, view, image, phases, split, xq, spill):
     """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
 
+    ``view`` is ``(x_off, sc, s_row)``: channel ``c``'s row ``y`` starts at
+    ``x[x_off + c*sc + y*s_row]``; ``image`` is ``(C, H, W)``, ``phases`` ``(sy, sx,
+    py, px)`` (strides and padding), ``split`` ``(Hq, Wq, chan)`` (each phase plane's
+    size and the channels' distance in ``xq``).
     ``xq[c*chan + (a*sx + b)*Hq*Wq + r*Wq + s] = x[c, r*sy + a - py, s*sx + b - px]``
     (zero outside the image).  Assumes contiguous image rows.  With ``spill`` (pass
     ``TRUE`` or ``FALSE``, see ``ZERO``), rows
@@ -110,6 +114,10 @@ def phase_split(x, x_off, sc, s_row, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq, 
     row overwrites them, and ``xq`` has LANES of slack after the last one.  A
     partial vector store is slow microcode on Zen 3.
     """
+    x_off, sc, s_row = view
+    C, H, W = image
+    sy, sx, py, px = phases
+    Hq, Wq, chan = split
     plane = Hq * Wq
     for c in range(C):
         for a in range(sy):

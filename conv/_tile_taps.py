@@ -81,10 +81,14 @@ def short_rows(rows):
 
 
 @numba.njit(**JIT)
-def taps_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
-                  m0, m1, rows_full, short, j0, cols, c, c_off, ldc, tail, tail_ld, bias, b_off,
-                  epi):
+def taps_block(b, grid, ntaps, blocks, a, rows, columns, c, tail, epilogue):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
+
+    The arguments, grouped: ``b`` ``(xq, b_base, chan)`` (B in place), ``grid``
+    ``(taps, masks, sched)``, ``blocks`` ``(Cg, KC, MC)``, ``a`` ``(apack, a_off,
+    Mp)`` (packed A), ``rows`` ``(m0, m1, rows_full, short)``, ``columns`` ``(j0,
+    cols)``, ``c`` ``(c, c_off, ldc)``, ``tail`` ``(tail, tail_ld)``, ``epilogue``
+    ``(bias, b_off, epi)``.
 
     Sums, over KC blocks of channels and over taps, packed A (block pc at
     ``a_off + pc*Mp*ntaps``, each row panel's taps one after another) times B read in place
@@ -105,6 +109,15 @@ def taps_block(xq, b_base, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a
     ``rows_full`` and ``MC`` are multiples of NR or MR; beta 0 on the first KC block,
     ``epi`` on the last.
     """
+    xq, b_base, chan = b
+    taps, masks, sched = grid
+    Cg, KC, MC = blocks
+    apack, a_off, Mp = a
+    m0, m1, rows_full, short = rows
+    j0, cols = columns
+    c, c_off, ldc = c
+    tail, tail_ld = tail
+    bias, b_off, epi = epilogue
     full = cols // NR * NR
     for pc in range(0, Cg, KC):
         kc = min(KC, Cg - pc)
@@ -168,13 +181,13 @@ def _stage_image(r, copy, x, x_at, xq):
     """
     if r.layout == PHASED:
         if copy:
-            phase_split(x, x_at, r.xs_c, r.xs_h, r.Cg, r.H, r.W, r.sy, r.sx, ZERO, ZERO, r.Hq,
-                        r.Wq, r.chan, xq[r.slack:], FALSE)
+            phase_split(x, (x_at, r.xs_c, r.xs_h), (r.Cg, r.H, r.W), (r.sy, r.sx, ZERO, ZERO),
+                        (r.Hq, r.Wq, r.chan), xq[r.slack:], FALSE)
         return xq, r.slack
     if r.layout == PADDED:
         if copy:
-            phase_split(x, x_at, r.xs_c, r.xs_h, r.Cg, r.H, r.W, r.sy, r.sx, r.py, r.px, r.Hq,
-                        r.Wq, r.chan, xq, FALSE)
+            phase_split(x, (x_at, r.xs_c, r.xs_h), (r.Cg, r.H, r.W), (r.sy, r.sx, r.py, r.px),
+                        (r.Hq, r.Wq, r.chan), xq, FALSE)
         return xq, ZERO
     return x, x_at
 
@@ -218,7 +231,6 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
     (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
     """
     r = plan[0]
-    taps, masks, sched = grid
     bias, bias_group, epi = epilogue
     xq, cbuf, _ = bufs
     Wo, Cg, M, Mp, ntaps, KC, MC, NCB = r.Wo, r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
@@ -241,18 +253,18 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
         if layout != PADDED and not direct:
             # A tile's rows would share L1 sets in out (channels a whole number of pages
             # apart): C goes through cbuf, copied out once.
-            taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
-                       a_off, Mp, ZERO, Mp, ZERO, ZERO, j0, cols, cbuf, ZERO, NCB, cbuf, NCB,
-                       bias, b_off, epi)
+            taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                       (ZERO, Mp, ZERO, ZERO), (j0, cols), (cbuf, ZERO, NCB), (cbuf, NCB),
+                       (bias, b_off, epi))
             _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
             continue
         if layout != PADDED:
             # The grid is the output plane: whole tiles straight in, the partial row
             # panel and last column panel through cbuf.
             short = short_rows(M - m_full)
-            taps_block(src, src_off, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack,
-                       a_off, Mp, ZERO, Mp, m_full, short, j0, cols, out, co + j0, sk, cbuf, NCB,
-                       bias, b_off, epi)
+            taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                       (ZERO, Mp, m_full, short), (j0, cols), (out, co + j0, sk), (cbuf, NCB),
+                       (bias, b_off, epi))
             full = cols // NR * NR
             if full < cols:
                 _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
@@ -261,8 +273,9 @@ def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
                 _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
                            M - m_full, cols - done)
             continue
-        taps_block(xq, ZERO, chan, taps, ntaps, masks, sched, Cg, KC, MC, apack, a_off, Mp,
-                   ZERO, Mp, ZERO, ZERO, j0, panels, cbuf, ZERO, NCB, cbuf, NCB, bias, b_off, epi)
+        taps_block((xq, ZERO, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                   (ZERO, Mp, ZERO, ZERO), (j0, panels), (cbuf, ZERO, NCB), (cbuf, NCB),
+                   (bias, b_off, epi))
         _copy_grid_columns(cbuf, NCB, j0, cols, Wq, Wo, out, co, sk, M)
 
 

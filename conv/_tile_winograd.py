@@ -45,7 +45,7 @@ def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
     ``m_slab`` apart) belong to the calling thread.
     """
     r = plan[0]
-    bias, has_bias, act = epilogue
+    bias = epilogue[0]
     apack, mbuf, v = bufs
     C, Kp, K, MT, KC, NC, a_slab, m_slab = r.C, r.Kp, r.K, r.MT, r.KC, r.NC, r.a_slab, r.m_slab
     geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
@@ -64,7 +64,7 @@ def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
                 macro_kernel((mt, nc, kc), apack, xi * a_slab, upack,
                              xi * C * Kp + pc * Kp + jc * kc, mbuf, xi * m_slab + jc, Kp,
                              (DTYPE(1), beta), (bias, ZERO), (ZERO, ZERO))
-    unpack_winograd(mbuf, m_slab, Kp, t0, mt, K, out, o_off, os, geom, bias, has_bias, act)
+    unpack_winograd(mbuf, (m_slab, Kp), (t0, mt), K, out, o_off, os, geom, epilogue)
 
 
 @numba.njit(**JIT)
@@ -142,22 +142,27 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
             # next run (runs go left to right) rewrites those past this one, and the
             # driver zeroes any past the block's last tile.  A run starting at lane 0
             # then stores whole vectors, never the slow partial ones.
-            winograd_input(x, src + runs[r, 3], s_row, runs[r, 4], H, runs[r, 5], W,
-                           runs[r, 1], LANES, buf, dst, slab)
+            winograd_input(x, src + runs[r, 3], (s_row, H, W),
+                           (runs[r, 4], runs[r, 5], runs[r, 1], LANES), buf, dst, slab)
 
 
 @numba.njit(**JIT)
-def winograd_output_block(m, slab, ldm, runs, nruns, k0, k1, out, o_off, sk, s_row, Wo, bias,
-                          b_off, epi):
+def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epilogue):
     """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
-    (channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``, its bias at
-    ``bias[b_off + k]``)."""
+    (``channels``): channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``
+    (``layout`` ``(slab, ldm)``: slabs and rows that far apart), its bias at
+    ``bias[b_off + k]`` (``epilogue`` ``(bias, b_off, epi)``), its output plane at
+    ``out[o_off + k*sk]`` with rows ``s_row`` apart (``o_view`` ``(o_off, sk, s_row)``)."""
+    slab, ldm = layout
+    k0, k1 = channels
+    o_off, sk, s_row = o_view
+    bias, b_off, epi = epilogue
     for k in range(k0, k1):
         b = bias[b_off + k] if epi & EPI_BIAS_ROW else DTYPE(0)
         dst = o_off + k * sk
         for r in range(nruns):
-            winograd_output(m, (k - k0) * ldm + runs[r, 0], slab, out, dst + runs[r, 6], s_row,
-                            runs[r, 8], Wo, runs[r, 7], runs[r, 1], runs[r, 2], b, epi)
+            winograd_output(m, (k - k0) * ldm + runs[r, 0], slab, out, dst + runs[r, 6],
+                            (s_row, Wo), (runs[r, 8], runs[r, 7], runs[r, 1], runs[r, 2]), b, epi)
 
 
 @numba.njit(inline='always', **JIT)
@@ -213,8 +218,8 @@ def winograd_nchw_task(task, plan, g, x, upack, bias, epi, out, bufs):
             macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
                          bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta), (bias, ZERO),
                          (ZERO, ZERO))
-    winograd_output_block(mbuf, m_slab, NB, runs, nruns, r0, min(r1, K), out, o_off, os[1],
-                          os[2], Wo, bias, b_off, epi)
+    winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, min(r1, K)), out,
+                          (o_off, os[1], os[2]), Wo, (bias, b_off, epi))
 
 
 @numba.njit(**JIT)

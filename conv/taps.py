@@ -122,8 +122,13 @@ def panel_masks(p, nr, dtype, group=True):
         npanels = cdiv(p.Ho * phase_geometry(p)[1], nr)
         itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
         return np.zeros(1, itype), np.tile(np.r_[np.full(T, -1), 0, 0], (npanels, 1))
-    return _panel_masks(p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top,
-                        p.left, nr, np.dtype(dtype).itemsize, group, layout == FLAT)
+    return _panel_masks(_mask_geometry(p), nr, np.dtype(dtype).itemsize, group, layout == FLAT)
+
+
+def _mask_geometry(p):
+    """What the masks depend on: ``(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left)``,
+    one hashable key for the layers that share them."""
+    return (p.H, p.W, p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left)
 
 
 def _tap_pixels(Wo, kh, kw, sy, sx, dy, dx, top, left, q):
@@ -138,9 +143,10 @@ def _tap_pixels(Wo, kh, kw, sy, sx, dy, dx, top, left, q):
     return row, col
 
 
-def _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q):
+def _lanes_on(geometry, q):
     """Whether tap t's read for grid column q lies in the image: ``[..., t, q]``; columns
-    past the grid are off (see :func:`_tap_pixels`)."""
+    past the grid are off (see :func:`_tap_pixels`).  ``geometry``: :func:`_mask_geometry`."""
+    H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left = geometry
     row, col = _tap_pixels(Wo, kh, kw, sy, sx, dy, dx, top, left, q)
     return (q[..., None, :] < Ho * Wo) & (row >= 0) & (row < H) & (col >= 0) & (col < W)
 
@@ -151,19 +157,20 @@ def _tail_reads(p, q0, q1):
     (``[t, i]``, elements), or -1 outside it.  Cached per geometry: shared, never
     written."""
     q = np.arange(q0, q1)
-    geometry = (p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, q)
-    row, col = _tap_pixels(p.Wo, *geometry)
-    on = _lanes_on(p.H, p.W, p.Ho, p.Wo, *geometry)
+    row, col = _tap_pixels(p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, q)
+    on = _lanes_on(_mask_geometry(p), q)
     return np.where(on, row * p.input_strides()[2] + col, -1).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=64)
-def _panel_masks(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nr, itemsize, group, in_image):
+def _panel_masks(geometry, nr, itemsize, group, in_image):
+    """:func:`panel_masks` for a :func:`_mask_geometry`, cached per geometry."""
+    H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left = geometry
     grid = Ho * Wo
     T = kh * kw
     npanels = cdiv(grid, nr)
     q = np.arange(npanels * nr).reshape(npanels, nr)
-    on = _lanes_on(H, W, Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, q)   # (panel, tap, lane)
+    on = _lanes_on(geometry, q)   # (panel, tap, lane)
     if in_image:
         # Unmasked reads must stay in the channel's plane (the image may end there).
         offsets = _tap_offsets(kh, kw, sy, sx, dy, dx, top, left, H, W)

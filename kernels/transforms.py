@@ -3,6 +3,7 @@ transforms, a masked row copy, an in-register transpose and a stride-2 deinterle
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.kernels.ir import (NUMBA_FLOAT, data_ptr, epi_flags, finish_scalar_bias,
@@ -24,9 +25,10 @@ def make_winograd_input(dtype, lanes):
 
     Signature (jitted code only)::
 
-        winograd_input(x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab)
+        winograd_input(x, src, (s_row, H, W), (y0, col0, lo, hi), buf, dst, slab)
 
-    Tile lane ``l`` covers input rows ``y0 .. y0+3`` and columns ``col0+2l .. col0+2l+3``
+    The plane ``(s_row, H, W)`` and the window ``(y0, col0, lo, hi)`` are tuples of
+    intp (unpacked in the IR, at no cost).  Tile lane ``l`` covers input rows ``y0 .. y0+3`` and columns ``col0+2l .. col0+2l+3``
     of one channel plane with contiguous rows ``s_row`` elements apart; ``src`` is the
     offset in ``x`` of (``y0``, ``col0``), which may lie outside the plane: pixels
     outside rows ``[0, H)`` or columns ``[0, W)`` read as zero and are never loaded.
@@ -37,11 +39,13 @@ def make_winograd_input(dtype, lanes):
     nb_float = NUMBA_FLOAT[dtype]
 
     def emit(context, builder, sig, args):
-        x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab = args
+        x, src, plane, window, buf, dst, slab = args
+        s_row, H, W = cgutils.unpack_tuple(builder, plane, 3)
+        y0, col0, lo, hi = cgutils.unpack_tuple(builder, window, 4)
         intp = context.get_value_type(types.intp)
         vec = ir.VectorType(context.get_value_type(nb_float), lanes)
         x_ptr = data_ptr(context, builder, sig.args[0], x, ir.Constant(intp, 0))
-        buf_ptr = data_ptr(context, builder, sig.args[9], buf, dst)
+        buf_ptr = data_ptr(context, builder, sig.args[4], buf, dst)
         zero_i = ir.Constant(intp, 0)
         # Four loads per input row: columns col0+[0, 2*lanes) and col0+2+[0, 2*lanes).
         offsets = (0, lanes, 2, lanes + 2)
@@ -81,9 +85,9 @@ def make_winograd_input(dtype, lanes):
         return context.get_dummy_value()
 
     @intrinsic
-    def winograd_input(typingctx, x, src, s_row, y0, H, col0, W, lo, hi, buf, dst, slab):
+    def winograd_input(typingctx, x, src, plane, window, buf, dst, slab):
         i = types.intp
-        sig = types.void(x, i, i, i, i, i, i, i, i, buf, i, i)
+        sig = types.void(x, i, types.UniTuple(i, 3), types.UniTuple(i, 4), buf, i, i)
         return sig, emit
 
     winograd_input.__name__ = f"{np.dtype(dtype).char}_winograd_input_{lanes}"
@@ -95,9 +99,10 @@ def make_winograd_output(dtype, lanes):
 
     Signature (jitted code only)::
 
-        winograd_output(m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias, epi)
+        winograd_output(m, src, slab, out, dst, (s_row, Wo), (col0, rows, lo, hi), bias, epi)
 
-    ``m[src + xi*slab + l]`` is position ``xi`` of tile lane ``l``'s 4x4 product
+    The output plane ``(s_row, Wo)`` and the run ``(col0, rows, lo, hi)`` are tuples
+    of intp.  ``m[src + xi*slab + l]`` is position ``xi`` of tile lane ``l``'s 4x4 product
     (lanes contiguous).  Tile lane ``l`` writes output columns ``col0+2l`` and
     ``col0+2l+1`` of the row at ``out[dst]`` and, when ``rows == 2``, of the next row
     ``s_row`` elements further; only lanes ``lo <= l < hi`` and columns ``< Wo`` are
@@ -108,7 +113,9 @@ def make_winograd_output(dtype, lanes):
     nb_float = NUMBA_FLOAT[dtype]
 
     def emit(context, builder, sig, args):
-        m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias, epi = args
+        m, src, slab, out, dst, plane, run, bias, epi = args
+        s_row, Wo = cgutils.unpack_tuple(builder, plane, 2)
+        col0, rows, lo, hi = cgutils.unpack_tuple(builder, run, 4)
         intp = context.get_value_type(types.intp)
         fl = context.get_value_type(nb_float)
         vec = ir.VectorType(fl, lanes)
@@ -153,10 +160,9 @@ def make_winograd_output(dtype, lanes):
         return context.get_dummy_value()
 
     @intrinsic
-    def winograd_output(typingctx, m, src, slab, out, dst, s_row, col0, Wo, rows, lo, hi, bias,
-                        epi):
+    def winograd_output(typingctx, m, src, slab, out, dst, plane, run, bias, epi):
         i = types.intp
-        sig = types.void(m, i, i, out, i, i, i, i, i, i, i, nb_float, i)
+        sig = types.void(m, i, i, out, i, types.UniTuple(i, 2), types.UniTuple(i, 4), nb_float, i)
         return sig, emit
 
     winograd_output.__name__ = f"{np.dtype(dtype).char}_winograd_output_{lanes}"

@@ -182,14 +182,18 @@ def input_tile_transform(x, src, s_row, s_col, y0, x0, H, W, v):
 
 
 @numba.njit(**JIT)
-def _transform_run(x, src, sc, s_row, s_col, i0, count, p0, kc, MR, buf, slab, dst, strip):
+def _transform_run(x, src, xs, tiles, channels, MR, buf, slab, dst, strip):
     """``V`` for ``count`` horizontally adjacent tiles lying wholly inside the image.
 
-    The tiles share their 4 input rows: ``B^T`` is applied once down each column of the
+    ``xs`` is ``(sc, s_row, s_col)`` (the image's strides), ``tiles`` ``(i0, count)``,
+    ``channels`` ``(p0, kc)``.  The tiles share their 4 input rows: ``B^T`` is applied once down each column of the
     4 x (2*count + 2) strip (a vectorisable loop along the row), then ``B`` across each
     tile's 4 columns.  Results go to rows ``i0:i0+count`` of each slab's panel at ``dst``.
     ``strip`` holds 4 * (2*MR + 2) elements.
     """
+    sc, s_row, s_col = xs
+    i0, count = tiles
+    p0, kc = channels
     width = 2 * count + 2
     ld = 2 * MR + 2
     for p in range(kc):
@@ -253,8 +257,8 @@ def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
                        and x0 + 2 * run + 4 <= W):
                     run += 1
             if run > 0:
-                _transform_run(x, src, sc, s_row, s_col, i, run, p0, kc, MR, buf, slab, base,
-                               strip)
+                _transform_run(x, src, (sc, s_row, s_col), (i, run), (p0, kc), MR, buf, slab,
+                               base, strip)
                 i += run
                 continue
             for p in range(kc):
@@ -278,14 +282,18 @@ def activate(y, act):
 
 
 @numba.njit(**JIT)
-def unpack_winograd(m, slab, ldm, t0, mt, K, out, o_off, os, geom, bias, has_bias, act):
+def unpack_winograd(m, layout, tiles, K, out, o_off, os, geom, epilogue):
     """Output transform ``Y = A^T m A`` + bias + activation for tiles ``t0:t0+mt``.
 
-    ``m[xi*slab + i*ldm + k]`` is ``M[xi][t0+i, k]``.  ``out`` is flat with element
+    ``layout`` is ``(slab, ldm)``, ``tiles`` ``(t0, mt)``, ``epilogue`` ``(bias,
+    has_bias, act)``.  ``m[xi*slab + i*ldm + k]`` is ``M[xi][t0+i, k]``.  ``out`` is flat with element
     strides ``os = (sn, sk, sy, sx)``; ``o_off`` is the offset of output channel 0.
     Rows and columns beyond ``Ho``/``Wo`` (the edge tiles' overhang) are not written.
     ``bias`` has K values and is read only when ``has_bias``.
     """
+    slab, ldm = layout
+    t0, mt = tiles
+    bias, has_bias, act = epilogue
     H, W, Ho, Wo, py, px, TH, TW = geom
     sn, sk, s_row, s_col = os
     tiles = TH * TW

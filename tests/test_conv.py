@@ -220,8 +220,8 @@ def test_output_transform_matches_AT():
     bias = RNG.standard_normal(K)
     out = np.full((1, K, 2, 2), np.nan)
     geom = (4, 4, 2, 2, 0, 0, 1, 1)
-    unpack_winograd(m.reshape(-1), K, K, 0, 1, K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
-                    bias, True, 0)
+    unpack_winograd(m.reshape(-1), (K, K), (0, 1), K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
+                    (bias, True, 0))
     for k in range(K):
         np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
                                    atol=1e-12)
@@ -289,8 +289,8 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
     bias = RNG.standard_normal(K).astype(dtype)
     out = np.full((N, K, Ho, Wo), np.nan, dtype)
-    mod.winograd_output_block(m.reshape(-1), K * NB, NB, runs, nruns, 0, K, out.reshape(-1), 0,
-                              os_[1], os_[2], Wo, bias, 0, activation | EPI_BIAS_ROW)
+    mod.winograd_output_block(m.reshape(-1), (K * NB, NB), runs, nruns, (0, K), out.reshape(-1),
+                              (0, os_[1], os_[2]), Wo, (bias, 0, activation | EPI_BIAS_ROW))
     want = np.zeros((N, K, 2 * TH, 2 * TW))
     for t in range(tiles):
         n, r = divmod(t, TH * TW)
@@ -1335,8 +1335,8 @@ def test_phase_split_matches_numpy(dtype, H, W, sy, sx, py, px, spill):
     chan = sy * sx * Hq * Wq
     slack = mod.LANES if spill else 0
     xq = np.full(C * chan + slack + 5, 9.0, dtype)
-    mod.phase_split(x.reshape(-1), 0, H * W, W, C, H, W, sy, sx, py, px, Hq, Wq, chan, xq,
-                    spill)
+    mod.phase_split(x.reshape(-1), (0, H * W, W), (C, H, W), (sy, sx, py, px), (Hq, Wq, chan),
+                    xq, spill)
     padded = np.zeros((C, Hq * sy, Wq * sx), dtype)
     padded[:, py:py + H, px:px + W] = x
     for a in range(sy):
