@@ -21,6 +21,7 @@ Every flavour (:class:`Flavour`) is a Numba ``intrinsic`` whose arguments
   ``EPI_BIAS_COL`` adds ``bias[bias_off+j]``, then ``EPI_RELU`` / ``EPI_RELU6``.
   The bias is read only when its flag is set (MR or NR values from ``bias_off``).
 """
+import collections
 import enum
 import inspect
 
@@ -197,9 +198,10 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         elif "offs" in arg:
             extra = (arg["ntaps"], ptr("offs", "o_off"), arg["o_step"], ptr("zeros"), arg["b_tap"])
         valid = (arg["rows"], arg["cols"]) if flavour.edge else ()
-        call_tile(context, builder, shape, name, flavour, strides, arg["kc"], ptr("a", "a_off"),
-                  a_rs, a_cs, ptr("b", "b_off"), ldb, ptr("c", "c_off"), arg["ldc"], arg["alpha"],
-                  arg["beta"], ptr("bias", "bias_off"), arg["epi"], valid, extra)
+        args = TileArgs(arg["kc"], ptr("a", "a_off"), a_rs, a_cs, ptr("b", "b_off"), ldb,
+                        ptr("c", "c_off"), arg["ldc"], arg["alpha"], arg["beta"],
+                        ptr("bias", "bias_off"), arg["epi"])
+        call_tile(context, builder, shape, name, flavour, strides, args, valid, extra)
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))
@@ -242,8 +244,13 @@ def _check_offsets(offs, zeros, a):
         raise TypeError(f"the zero row must be an array of {a.dtype}, got {zeros}")
 
 
-def call_tile(context, builder, shape, name, flavour, strides, kc, a_ptr, a_rs, a_cs, b_ptr, ldb,
-              c_ptr, ldc, alpha, beta, bias_ptr, epi, valid=(), extra=()):
+#: The IR values every flavour's tile function takes first, in this order; the
+#: edge flavours' ``(rows, cols)`` and the taps or rows flavour's own follow.
+TileArgs = collections.namedtuple(
+    "TileArgs", "kc a_ptr a_rs a_cs b_ptr ldb c_ptr ldc alpha beta bias_ptr epi")
+
+
+def call_tile(context, builder, shape, name, flavour, strides, args, valid=(), extra=()):
     """Call the tile function, defining it in this LLVM module on first use.
 
     One out-of-line definition per module and flavour, however many call sites a
@@ -252,52 +259,53 @@ def call_tile(context, builder, shape, name, flavour, strides, kc, a_ptr, a_rs, 
     flavour fixes (``strides``, from :func:`constant_strides`) are passed into the
     body as constants so they fold there; the others stay parameters even where a
     call site passes a constant, since the one body serves every call site.
-    ``valid``: ``(rows, cols)`` of an edge flavour; ``extra``: the taps or rows
-    flavour's arguments (see :func:`_emit_tile`).
+    ``args``: the :class:`TileArgs`; ``valid``: ``(rows, cols)`` of an edge flavour;
+    ``extra``: the taps or rows flavour's arguments (see :func:`_emit_tile`).
     """
     dtype, mr, nr, lanes = shape
     module = builder.module
     fn_name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{name}"
-    args = [kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc, alpha, beta, bias_ptr, epi]
-    args += list(valid) + list(extra)
+    values = list(args) + list(valid) + list(extra)
     fn = module.globals.get(fn_name)
     if fn is None:
-        fnty = ir.FunctionType(ir.VoidType(), [x.type for x in args])
+        fnty = ir.FunctionType(ir.VoidType(), [x.type for x in values])
         fn = ir.Function(module, fnty, fn_name)
         fn.linkage = "internal"
         fn.attributes.add("noinline")
         body = ir.IRBuilder(fn.append_basic_block("entry"))
         p = list(fn.args)
-        for at, fixed, stride in zip((2, 3, 5), strides, (a_rs, a_cs, ldb)):
+        for at, fixed, stride in zip((2, 3, 5), strides, (args.a_rs, args.a_cs, args.ldb)):
             if fixed is not None:
                 p[at] = stride
-        tail = tuple(p[12 + len(valid):]) or None
-        _emit_tile(context, body, shape, *p[:12], valid=tuple(p[12:12 + len(valid)]) or None,
+        n = len(TileArgs._fields)
+        tail = tuple(p[n + len(valid):]) or None
+        _emit_tile(context, body, shape, TileArgs(*p[:n]),
+                   valid=tuple(p[n:n + len(valid)]) or None,
                    taps=tail if flavour is Flavour.TAPS else None,
                    rows=tail if flavour is not Flavour.TAPS else None)
         body.ret_void()
-    builder.call(fn, args)
+    builder.call(fn, values)
 
 
-def _emit_tile(context, builder, shape, kc, a_ptr, a_rs, a_cs, b_ptr, ldb, c_ptr, ldc,
-               alpha, beta, bias_ptr, epi, valid=None, taps=None, rows=None):
+def _emit_tile(context, builder, shape, args, valid=None, taps=None, rows=None):
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
-    ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
+    ``args``: the tile function's :class:`TileArgs` (the strides a flavour fixes
+    already constants).  ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
     ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, sched_ptr)`` repeats the k loop once per
     tap, masked or not; ``rows = (ntaps, offs_ptr, o_step, zeros_ptr, b_tap)`` once per tap
     with A's rows at their own offsets (see :class:`Flavour`).
     """
-    tile = _Tile(context, builder, shape, kc, a_rs, a_cs, ldb)
-    tile.prefetch_c(c_ptr, ldc)
+    tile = _Tile(context, builder, shape, args.kc, args.a_rs, args.a_cs, args.ldb)
+    tile.prefetch_c(args.c_ptr, args.ldc)
     if rows is not None:
-        tile.row_taps(a_ptr, b_ptr, *rows)
+        tile.row_taps(args.a_ptr, args.b_ptr, *rows)
     elif taps is None:
-        tile.k_loop(tile.a_rows_at(a_ptr), b_ptr)
+        tile.k_loop(tile.a_rows_at(args.a_ptr), args.b_ptr)
     else:
-        tile.masked_taps(a_ptr, b_ptr, *taps)
+        tile.masked_taps(args.a_ptr, args.b_ptr, *taps)
     tile.add_sets()
-    tile.update_c(c_ptr, ldc, alpha, beta, bias_ptr, epi, valid)
+    tile.update_c(args.c_ptr, args.ldc, args.alpha, args.beta, args.bias_ptr, args.epi, valid)
 
 
 class _Tile:
