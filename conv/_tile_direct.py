@@ -120,14 +120,15 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
             for i in range(blocks.size):
                 q0 = blocks[i]
                 depthwise_flat_inside(planes, src + q0, inner, ntaps, w, w_off, colmask,
-                                      q0 % Wq, out, dst + q0, b, epi)
+                                      q0 % Wq, out, dst + q0, (b, epi))
             for i in range(shorts.size):
                 q0 = shorts[i]
                 depthwise_flat_inside_short(planes, src + q0, inner, ntaps, w, w_off, colmask,
-                                            q0 % Wq, out, dst + q0, b, epi)
+                                            q0 % Wq, out, dst + q0, (b, epi))
             for v0 in range(0, nvec, DW_FLAT_SHORT):
-                depthwise_flat(planes, src, taps, ntaps, w, w_off, masks, starts, rows, v0,
-                               min(DW_FLAT_SHORT, nvec - v0), out, dst, b, epi)
+                depthwise_flat(planes, src, taps, ntaps, w, w_off, masks,
+                               (starts, rows, v0, min(DW_FLAT_SHORT, nvec - v0)), out, dst,
+                               (b, epi))
             k = k + 1 if k + 1 < K else 0
 
 
@@ -178,16 +179,17 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
             src = (row + x0 + j0 * dx) * C if nj else 0
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc(edge, x, src + c, 0, dy * W * C, dx * C, i1 - i0 if nj else 0,
-                               nj, wt, w_row + j0 * C + c, C, kw, out, (dst_row + ow) * C + c,
-                               0, bias, c, epi)
+                depthwise_nhwc(edge, x, src + c, (ZERO, dy * W * C, dx * C),
+                               (i1 - i0 if nj else 0, nj), wt, w_row + j0 * C + c, (C, kw), out,
+                               ((dst_row + ow) * C + c, ZERO), (bias, c, epi))
         for ow in range(lo, hi, step):
             ow = min(ow, hi - step)
             src = (row + ow * sx - px) * C
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc(inner, x, src + c, sx * C, dy * W * C, dx * C, i1 - i0, kw, wt,
-                               w_row + c, C, kw, out, (dst_row + ow) * C + c, C, bias, c, epi)
+                depthwise_nhwc(inner, x, src + c, (sx * C, dy * W * C, dx * C), (i1 - i0, kw),
+                               wt, w_row + c, (C, kw), out, ((dst_row + ow) * C + c, C),
+                               (bias, c, epi))
 
 
 @numba.njit(inline='always', **JIT)
@@ -228,11 +230,11 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
         for t in range(0, Wo, ROW):
             count = min(ROW, Wo - t)
             for oh in range(0, whole, DW_ROWS):
-                depthwise_rows(acc, oh * sy * Wp + t, Wp, sy * Wp, count, w, k0 * kh * kw, kh, kw,
-                               dy, dx, out, dst + oh * Wo + t, Wo, b, epi)
+                depthwise_rows(acc, oh * sy * Wp + t, (Wp, sy * Wp), count, w, k0 * kh * kw,
+                               (kh, kw, dy, dx), out, (dst + oh * Wo + t, Wo), (b, epi))
             for oh in range(whole, Ho):
-                depthwise_row(acc, oh * sy * Wp + t, Wp, sy * Wp, count, w, k0 * kh * kw, kh, kw,
-                              dy, dx, out, dst + oh * Wo + t, Wo, b, epi)
+                depthwise_row(acc, oh * sy * Wp + t, (Wp, sy * Wp), count, w, k0 * kh * kw,
+                              (kh, kw, dy, dx), out, (dst + oh * Wo + t, Wo), (b, epi))
         return
     if Cg == 1:
         # One input channel per output channel (depthwise): each vector of the row is
@@ -245,8 +247,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
                 dst = ((n * K + k0 + kk) * Ho + oh) * Wo
                 b = bias[k0 + kk] if has_bias else DTYPE(0)
                 for t in range(0, Wo, ROW):
-                    direct_row_out(x, src + t, W, y0, H, t - px, W, min(ROW, Wo - t), w,
-                                   (k0 + kk) * kh * kw, kh, kw, dy, dx, out, dst + t, b, epi)
+                    direct_row_out(x, src + t, (W, H, W), (y0, t - px, min(ROW, Wo - t)), w,
+                                   (k0 + kk) * kh * kw, (kh, kw, dy, dx), out, dst + t, (b, epi))
         return
     for oh in range(Ho):
         acc[:kn * lda] = 0
@@ -256,8 +258,8 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
             for kk in range(kn):
                 w_off = ((k0 + kk) * Cg + c) * kh * kw
                 for t in range(0, Wo, ROW):
-                    direct_row(x, src + t, W, y0, H, t - px, W, min(ROW, Wo - t), w, w_off,
-                               kh, kw, dy, dx, acc, kk * lda + t)
+                    direct_row(x, src + t, (W, H, W), (y0, t - px, min(ROW, Wo - t)), w, w_off,
+                               (kh, kw, dy, dx), acc, kk * lda + t)
         for kk in range(kn):
             dst = ((n * K + k0 + kk) * Ho + oh) * Wo
             b = bias[k0 + kk] if has_bias else DTYPE(0)

@@ -1,5 +1,10 @@
 """Direct convolution in vector IR: a channel's kernel window over output rows
-(``make_direct_row``) and the depthwise kernels (rows, flat planes, NHWC blocks)."""
+(``make_direct_row``) and the depthwise kernels (rows, flat planes, NHWC blocks).
+
+Related scalars travel as tuples (the kernel window ``(kh, kw, dy, dx)``, an image
+plane, an epilogue ``(bias, epi)``), unpacked in the IR at no run-time cost, so no
+intrinsic takes more than a dozen arguments.
+"""
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
@@ -15,7 +20,8 @@ def make_direct_row(dtype, lanes, to_output=False, vectors=1):
 
     Signature (jitted code only)::
 
-        direct_row(x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off)
+        direct_row(x, src, (s_row, H, W), (y0, first, count), w, w_off, (kh, kw, dy, dx),
+                   acc, a_off)
 
     For lanes ``l < count`` (at most ``vectors*lanes``): ``acc[a_off + l] += sum_{i<kh, j<kw}
     w[w_off + i*kw + j] * x[src + i*dy*s_row + j*dx + l]``, a pixel reading as 0 unless
@@ -28,8 +34,8 @@ def make_direct_row(dtype, lanes, to_output=False, vectors=1):
     With ``to_output`` the sum starts from zero and is finished in the register
     instead (one input channel per output channel: depthwise layers)::
 
-        direct_row(x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx,
-                   out, o_off, bias, epi)
+        direct_row(x, src, (s_row, H, W), (y0, first, count), w, w_off, (kh, kw, dy, dx),
+                   out, o_off, (bias, epi))
 
     stores ``sum + bias`` (``EPI_BIAS_ROW`` in ``epi``) through ``EPI_RELU`` /
     ``EPI_RELU6`` at ``out[o_off + l]``, lanes ``l < count``.
@@ -41,16 +47,16 @@ def make_direct_row(dtype, lanes, to_output=False, vectors=1):
         return _emit_direct_row(context, builder, sig, args, dtype, lanes, to_output, vectors)
 
     i = types.intp
+    triple, quad = types.UniTuple(i, 3), types.UniTuple(i, 4)
     if to_output:
         @intrinsic
-        def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy,
-                       dx, out, o_off, bias, epi):
-            return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, out, i, nb_float, i), emit
+        def direct_row(typingctx, x, src, plane, at, w, w_off, window, out, o_off, finish):
+            return types.void(x, i, triple, triple, w, i, quad, out, i,
+                              types.Tuple((nb_float, i))), emit
     else:
         @intrinsic
-        def direct_row(typingctx, x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy,
-                       dx, acc, a_off):
-            return types.void(x, i, i, i, i, i, i, i, w, i, i, i, i, i, acc, i), emit
+        def direct_row(typingctx, x, src, plane, at, w, w_off, window, acc, a_off):
+            return types.void(x, i, triple, triple, w, i, quad, acc, i), emit
 
     direct_row.__name__ = (f"{np.dtype(dtype).char}_direct_row_{lanes}x{vectors}"
                            f"{'_out' if to_output else ''}")
@@ -60,13 +66,16 @@ def make_direct_row(dtype, lanes, to_output=False, vectors=1):
 def _emit_direct_row(context, builder, sig, args, dtype, lanes, to_output, vectors):
     """The body of :func:`make_direct_row`'s intrinsic."""
     nb_float = NUMBA_FLOAT[dtype]
-    x, src, s_row, y0, H, first, W, count, w, w_off, kh, kw, dy, dx, acc, a_off = args[:16]
+    x, src, plane, at_row, w, w_off, window, acc, a_off = args[:9]
+    s_row, H, W = cgutils.unpack_tuple(builder, plane, 3)
+    y0, first, count = cgutils.unpack_tuple(builder, at_row, 3)
+    kh, kw, dy, dx = cgutils.unpack_tuple(builder, window, 4)
     intp = context.get_value_type(types.intp)
     vec = ir.VectorType(context.get_value_type(nb_float), lanes)
     zero_i = ir.Constant(intp, 0)
     x_ptr = data_ptr(context, builder, sig.args[0], x, zero_i)
-    w_ptr = data_ptr(context, builder, sig.args[8], w, w_off)
-    acc_ptr = data_ptr(context, builder, sig.args[14], acc, zero_i)
+    w_ptr = data_ptr(context, builder, sig.args[4], w, w_off)
+    acc_ptr = data_ptr(context, builder, sig.args[7], acc, zero_i)
     at = [ir.Constant(intp, v * lanes) for v in range(vectors)]
     wanted = [lane_range(builder, at[v], zero_i, count, lanes) for v in range(vectors)]
     totals = [cgutils.alloca_once_value(
@@ -93,7 +102,7 @@ def _emit_direct_row(context, builder, sig, args, dtype, lanes, to_output, vecto
     for v in range(vectors):
         result = builder.load(totals[v])
         if to_output:
-            bias, epi = args[16:]
+            bias, epi = cgutils.unpack_tuple(builder, args[9], 2)
             result = finish_scalar_bias(builder, result, epi_flags(builder, epi),
                                          splat(builder, bias, vec))
         masked_store(builder, result, acc_ptr, builder.add(a_off, at[v]), wanted[v])
@@ -105,8 +114,8 @@ def make_depthwise_rows(dtype, lanes, vectors, rows):
 
     Signature (jitted code only)::
 
-        depthwise_rows(xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx,
-                       out, o_off, o_row, bias, epi)
+        depthwise_rows(xp, src, (s_row, row_step), count, w, w_off, (kh, kw, dy, dx),
+                       out, (o_off, o_row), (bias, epi))
 
     For ``r < rows`` and lanes ``l < count`` (at most ``vectors*lanes``)::
 
@@ -125,14 +134,17 @@ def make_depthwise_rows(dtype, lanes, vectors, rows):
     esize = np.dtype(dtype).itemsize
 
     def emit(context, builder, sig, args):
-        (xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx, out, o_off, o_row,
-         bias, epi) = args
+        xp, src, steps, count, w, w_off, window, out, o_view, finish = args
+        s_row, row_step = cgutils.unpack_tuple(builder, steps, 2)
+        kh, kw, dy, dx = cgutils.unpack_tuple(builder, window, 4)
+        o_off, o_row = cgutils.unpack_tuple(builder, o_view, 2)
+        bias, epi = cgutils.unpack_tuple(builder, finish, 2)
         intp = context.get_value_type(types.intp)
         vec = ir.VectorType(context.get_value_type(nb_float), lanes)
         zero_i = ir.Constant(intp, 0)
         x_ptr = data_ptr(context, builder, sig.args[0], xp, zero_i)
-        w_ptr = data_ptr(context, builder, sig.args[5], w, w_off)
-        out_ptr = data_ptr(context, builder, sig.args[11], out, zero_i)
+        w_ptr = data_ptr(context, builder, sig.args[4], w, w_off)
+        out_ptr = data_ptr(context, builder, sig.args[7], out, zero_i)
         at = [ir.Constant(intp, v * lanes) for v in range(vectors)]
         row_at = [builder.mul(ir.Constant(intp, r), row_step) for r in range(rows)]
         sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
@@ -163,9 +175,10 @@ def make_depthwise_rows(dtype, lanes, vectors, rows):
     i = types.intp
 
     @intrinsic
-    def depthwise_rows(typingctx, xp, src, s_row, row_step, count, w, w_off, kh, kw, dy, dx,
-                       out, o_off, o_row, bias, epi):
-        return types.void(xp, i, i, i, i, w, i, i, i, i, i, out, i, i, nb_float, i), emit
+    def depthwise_rows(typingctx, xp, src, steps, count, w, w_off, window, out, o_view,
+                       finish):
+        return types.void(xp, i, types.UniTuple(i, 2), i, w, i, types.UniTuple(i, 4), out,
+                          types.UniTuple(i, 2), types.Tuple((nb_float, i))), emit
 
     depthwise_rows.__name__ = f"{np.dtype(dtype).char}_depthwise_rows_{lanes}x{vectors}x{rows}"
     return depthwise_rows
@@ -177,8 +190,8 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
 
     Signature (jitted code only)::
 
-        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv,
-                       out, o_off, bias, epi)
+        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, (starts, rows, v0, nv),
+                       out, o_off, (bias, epi))
 
     For ``u < vectors``, with ``v = v0 + min(u, nv - 1)`` and ``q = starts[v]``, the
     ``lanes`` outputs at ``out[o_off + q:]`` become::
@@ -197,7 +210,7 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
     consecutive ones, so their offsets are constants (the general form keeps one
     register per vector's start and mask row, more than x86 has)::
 
-        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, bias, epi)
+        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, (bias, epi))
 
     Vector ``u`` covers ``out[o_off + u*lanes:]`` and reads ``x[src + u*lanes +
     taps[t]:]`` unmasked; lanes across a row's edge are zeroed by ANDing them with
@@ -214,20 +227,22 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
         return _emit_depthwise_flat(context, builder, sig, args, dtype, lanes, vectors, inside)
 
     i = types.intp
+    scalar_epilogue = types.Tuple((nb_float, i))
 
     if inside:
         @intrinsic
         def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off,
-                           bias, epi):
+                           finish):
             check_mask_width(masks, dtype)
-            return types.void(x, i, taps, i, w, i, masks, i, out, i, nb_float, i), emit
+            return types.void(x, i, taps, i, w, i, masks, i, out, i, scalar_epilogue), emit
     else:
         @intrinsic
-        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv,
-                           out, o_off, bias, epi):
+        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, run, out, o_off,
+                           finish):
             check_mask_width(masks, dtype)
-            return types.void(x, i, taps, i, w, i, masks, starts, rows, i, i, out, i, nb_float,
-                              i), emit
+            starts, rows = run.types[:2]
+            return types.void(x, i, taps, i, w, i, masks, types.Tuple((starts, rows, i, i)), out,
+                              i, scalar_epilogue), emit
 
     flavour = "_inside" if inside else ""
     depthwise_flat.__name__ = f"{np.dtype(dtype).char}_depthwise_flat_{lanes}x{vectors}{flavour}"
@@ -238,13 +253,12 @@ def _emit_depthwise_flat(context, builder, sig, args, dtype, lanes, vectors, ins
     """The body of :func:`make_depthwise_flat`'s intrinsic."""
     nb_float = NUMBA_FLOAT[dtype]
     esize = np.dtype(dtype).itemsize
-    if inside:
-        x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, bias, epi = args
-        out_type = sig.args[8]
-    else:
-        (x, src, taps, ntaps, w, w_off, masks, starts, rows, v0, nv, out, o_off, bias,
-         epi) = args
-        out_type = sig.args[11]
+    x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, finish = args
+    bias, epi = cgutils.unpack_tuple(builder, finish, 2)
+    out_type = sig.args[8]
+    if not inside:
+        starts, rows, v0, nv = cgutils.unpack_tuple(builder, m_off, 4)
+        start_type, row_type = sig.args[7].types[:2]
     intp = context.get_value_type(types.intp)
     vec = ir.VectorType(context.get_value_type(nb_float), lanes)
     ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
@@ -258,8 +272,8 @@ def _emit_depthwise_flat(context, builder, sig, args, dtype, lanes, vectors, ins
         at = mask_at = [ir.Constant(intp, u * lanes) for u in range(vectors)]
     else:
         mask_ptr = data_ptr(context, builder, sig.args[6], masks, zero_i)
-        start_ptr = data_ptr(context, builder, sig.args[7], starts, zero_i)
-        row_ptr = data_ptr(context, builder, sig.args[8], rows, zero_i)
+        start_ptr = data_ptr(context, builder, start_type, starts, zero_i)
+        row_ptr = data_ptr(context, builder, row_type, rows, zero_i)
         last = builder.sub(nv, ir.Constant(intp, 1))
         at, mask_at = [], []
         for u in range(vectors):
@@ -318,8 +332,8 @@ def make_depthwise_nhwc(dtype, lanes, shapes):
 
     Signature (jitted code only)::
 
-        depthwise_nhwc(shape, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off,
-                       tap_step, kw, out, dst, out_step, bias, b_off, epi)
+        depthwise_nhwc(shape, x, src, (pixel_step, row_step, col_step), (ni, nj), w, w_off,
+                       (tap_step, kw), out, (dst, out_step), (bias, b_off, epi))
 
     With ``(vectors, pixels) = shapes[shape]``, for ``p < pixels`` and
     ``c < vectors*lanes``::
@@ -352,9 +366,11 @@ def make_depthwise_nhwc(dtype, lanes, shapes):
     i = types.intp
 
     @intrinsic
-    def depthwise_nhwc(typingctx, shape, x, src, pixel_step, row_step, col_step, ni, nj, w,
-                       w_off, tap_step, kw, out, dst, out_step, bias, b_off, epi):
-        return types.void(i, x, i, i, i, i, i, i, w, i, i, i, out, i, i, bias, i, i), emit
+    def depthwise_nhwc(typingctx, shape, x, src, steps, window, w, w_off, w_steps, out, o_view,
+                       finish):
+        pair = types.UniTuple(i, 2)
+        return types.void(i, x, i, types.UniTuple(i, 3), pair, w, i, pair, out, pair,
+                          types.Tuple((finish.types[0], i, i))), emit
 
     depthwise_nhwc.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc_{lanes}_"
                                + "_".join(f"{v}x{p}" for v, p in shapes))
@@ -365,14 +381,18 @@ def _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, vectors, pixels)
     """One ``(vectors, pixels)`` case of :func:`make_depthwise_nhwc`."""
     nb_float = NUMBA_FLOAT[dtype]
     esize = np.dtype(dtype).itemsize
-    (_, x, src, pixel_step, row_step, col_step, ni, nj, w, w_off, tap_step, kw, out, dst,
-     out_step, bias, b_off, epi) = args
+    _, x, src, steps, window, w, w_off, w_steps, out, o_view, finish = args
+    pixel_step, row_step, col_step = cgutils.unpack_tuple(builder, steps, 3)
+    ni, nj = cgutils.unpack_tuple(builder, window, 2)
+    tap_step, kw = cgutils.unpack_tuple(builder, w_steps, 2)
+    dst, out_step = cgutils.unpack_tuple(builder, o_view, 2)
+    bias, b_off, epi = cgutils.unpack_tuple(builder, finish, 3)
     intp = context.get_value_type(types.intp)
     vec = ir.VectorType(context.get_value_type(nb_float), lanes)
     x_ptr = data_ptr(context, builder, sig.args[1], x, src)
-    w_ptr = data_ptr(context, builder, sig.args[8], w, w_off)
-    out_ptr = data_ptr(context, builder, sig.args[12], out, dst)
-    bias_ptr = data_ptr(context, builder, sig.args[15], bias, b_off)
+    w_ptr = data_ptr(context, builder, sig.args[5], w, w_off)
+    out_ptr = data_ptr(context, builder, sig.args[8], out, dst)
+    bias_ptr = data_ptr(context, builder, sig.args[10].types[0], bias, b_off)
     at = [builder.mul(ir.Constant(intp, p), pixel_step) for p in range(pixels)]
     sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
              for _ in range(vectors)] for _ in range(pixels)]
