@@ -17,6 +17,12 @@ PACKAGE = {"ground": "tilegemm.ground", "tuning": "tilegemm.tuning",
            "conv": "tilegemm.conv", "tilegemm": "tilegemm"}
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
+#: Plans cross the Python -> JIT boundary as objects (records, tuples), so no function
+#: needs more.  An intrinsic's typing function counts its ``typingctx`` too.  The
+#: micro-kernel flavours' typing function takes ``*args`` (one parameter here): their
+#: flat argument list is the tile's ABI, ``ARGUMENTS`` in kernels/microkernel.py
+#: (docs/kernels.md says why it stays flat).
+MAX_PARAMETERS = 12
 
 
 def _modules():
@@ -60,6 +66,19 @@ def test_module_and_function_sizes(folder, rel, path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{rel}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+@pytest.mark.parametrize("folder, rel, path", MODULES, ids=[m[1] for m in MODULES])
+def test_no_function_takes_more_than_a_dozen_parameters(folder, rel, path):
+    def count(args):
+        return (len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs)
+                + (args.vararg is not None) + (args.kwarg is not None))
+
+    many = [f"{getattr(node, 'name', 'lambda')} ({count(node.args)})"
+            for node in ast.walk(_tree(path))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            and count(node.args) > MAX_PARAMETERS]
+    assert not many, f"{rel}: functions of over {MAX_PARAMETERS} parameters: {many}"
 
 
 def _imports(tree):
