@@ -10,6 +10,7 @@ import numpy as np
 
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overlaps,
                                       plain_float_array, real_scalar)
+from tilegemm.kernels.batched import batched_into
 from tilegemm.kernels.driver import gemm_into, matmul_small, small_product
 
 
@@ -112,10 +113,13 @@ def _batched(a, b, c, batch):
         a_full = np.broadcast_to(a, batch + (m, k))
         gemm_into(a_full.reshape(rows, k), b, c.reshape(rows, c.shape[-1]))
         return
-    a_full = np.broadcast_to(a, batch + a.shape[-2:])
-    b_full = np.broadcast_to(b, batch + b.shape[-2:])
-    for idx in np.ndindex(*batch):
-        gemm_into(a_full[idx], b_full[idx], c[idx])
+    item = c.itemsize
+    if c.strides[-1] == item and c.strides[-2] % item == 0:
+        batched_into(a, b, c)           # the whole batch in one launch
+        return
+    tmp = np.empty(c.shape, c.dtype)    # C's rows are not contiguous: compute apart
+    batched_into(a, b, tmp)
+    c[...] = tmp
 
 
 def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):

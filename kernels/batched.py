@@ -1,0 +1,142 @@
+"""Batched products in one launch: ``C[i] = A[i] @ B[i]`` over broadcast batch dimensions.
+
+A Python loop over the batch costs one engine call per matrix (several
+microseconds each), a hundred times the arithmetic of an 8x8 product.  Here the
+batch is described once -- one flat array per operand, the strides every item
+shares, and a table of each item's offsets -- and ``batch_tasks`` (in
+``kernels/_tile.py``) runs the items in compiled code, threads taking chunks of
+items from a shared counter.  Each item takes the unpacked path when its operands
+fit the rule of :func:`~tilegemm.kernels.driver.fits_unpacked`, else the packed one.
+"""
+import math
+
+import numpy as np
+
+from tilegemm.ground.contracts import cdiv, round_up
+from tilegemm.ground.threads import get_num_threads
+from tilegemm.ground.workspace import buffers
+from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, kernel_for,
+                                     serial_flops)
+from tilegemm.kernels.pool import launch
+
+#: Chunks of items per thread: threads take chunks from a counter, so a thread the
+#: machine slows down takes fewer, while each chunk stays long enough that taking it
+#: costs nothing next to its products.
+CHUNKS_PER_THREAD = 8
+
+
+def flat_nd(x):
+    """``(flat, offset, strides)``: a 1-D view of the memory ``x`` spans (no copy), the
+    position of ``x[0, ..., 0]`` in it and the strides in elements.
+
+    The n-D form of :func:`tilegemm.packing.flat_view`: zero (broadcast) and
+    negative strides are kept; strides that are not a multiple of the item size
+    make a contiguous copy, so only operands that are read may have them.
+    """
+    item = x.itemsize
+    if x.size == 0:
+        return np.zeros(1, x.dtype), 0, (0,) * x.ndim
+    if any(s % item for s in x.strides):
+        x = np.ascontiguousarray(x)
+    strides = tuple(s // item for s in x.strides)
+    if x.flags.c_contiguous:
+        return x.reshape(-1), 0, strides
+    # Flip negatively strided axes so that base[0, ..., 0] is the lowest address.
+    base = x[tuple(slice(None, None, -1) if s < 0 else slice(None) for s in strides)]
+    lo = sum(s * (d - 1) for s, d in zip(strides, x.shape) if s < 0)
+    span = sum(abs(s) * (d - 1) for s, d in zip(strides, x.shape)) + 1
+    flat = np.lib.stride_tricks.as_strided(base, shape=(span,), strides=(item,),
+                                           writeable=base.flags.writeable)
+    return flat, -lo, strides
+
+
+def batch_steps(x, strides, batch):
+    """Per batch dimension of ``batch``, the stride of ``x`` in elements: 0 where ``x``
+    lacks the dimension or has it of length 1 (broadcast), its own stride otherwise."""
+    nb, own = len(batch), x.ndim - 2
+    steps = [0] * nb
+    for d in range(own):
+        if x.shape[d] != 1:
+            steps[nb - own + d] = strides[d]
+    return steps
+
+
+#: What :func:`route` may answer: each product of the batch in one launch on the
+#: unpacked or the packed path, or (fewer products than threads, each worth sharing)
+#: the products one after another, each shared by the threads.
+BATCHED_ROUTES = ("batched_unpacked", "batched_packed", "batched_items")
+
+
+def route(kern, count, shape, threads, b_strides):
+    """How :func:`batched_into` runs ``count`` products of ``shape`` ``(m, n, k)`` on
+    ``threads`` threads, B's items with ``b_strides`` (row, column): one of
+    :data:`BATCHED_ROUTES`."""
+    m, n, k = shape
+    if count < threads and 2 * m * n * k >= serial_flops(kern.dtype):
+        return "batched_items"
+    b_rs, b_cs = b_strides
+    if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs):
+        return "batched_unpacked"
+    return "batched_packed"
+
+
+def batched_into(a, b, c, threads=None):
+    """``c[i] = a[i] @ b[i]`` for every batch index ``i``, in one launch.
+
+    Parameters
+    ----------
+    a, b : ndarray
+        Validated operands of one float dtype, shapes ``(..., m, k)`` and ``(..., k,
+        n)`` whose batch dimensions broadcast to ``c``'s, any strides.
+    c : ndarray
+        ``batch + (m, n)``, writeable, unit column stride and a row stride of whole
+        elements, overlapping neither input.
+    threads : int, optional
+        Defaults to :func:`tilegemm.get_num_threads`.
+
+    Returns
+    -------
+    c
+    """
+    batch = c.shape[:-2]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    count = math.prod(batch)
+    if count == 0 or m == 0 or n == 0:
+        return c
+    kern, blk = kernel_for(c.dtype, n)
+    af, a0, a_st = flat_nd(a)
+    bf, b0, b_st = flat_nd(b)
+    cf, c0, c_st = flat_nd(c)
+    b_rs, b_cs = b_st[-2:]
+    if n == 1:
+        b_cs = 1                          # one column: its stride is never used
+    wanted = get_num_threads() if threads is None else threads
+    path = route(kern, count, (m, n, k), wanted, (b_rs, b_cs))
+    if path == "batched_items":
+        # Fewer products than threads, each worth sharing: the threads split each one.
+        a, b = (np.broadcast_to(x, batch + x.shape[-2:]) for x in (a, b))
+        for i in np.ndindex(*batch):
+            gemm_into(a[i], b[i], c[i], threads=threads)
+        return c
+    steps = np.array([batch_steps(a, a_st, batch), batch_steps(b, b_st, batch),
+                      batch_steps(c, c_st, batch)], np.int64).reshape(3, len(batch))
+    shares = int(2 * count * (2 * m * n * k) // serial_flops(c.dtype))
+    threads = max(1, min(wanted, shares, count))
+    if path == "batched_unpacked":
+        KC = max(1, min(UNPACKED_KC, k))
+        blocks, sizes = None, (kern.mr * KC, kern.nr * KC)
+    else:
+        KC = max(1, min(blk.kc, k))
+        NC, MC = min(blk.nc, round_up(n, kern.nr)), min(blk.mc, round_up(m, kern.mr))
+        blocks, sizes = (KC, MC, NC), (MC * KC, NC * KC)
+    chunk = max(1, cdiv(count, threads * CHUNKS_PER_THREAD))
+    plan = ((np.array(batch, np.int64), steps), (m, n, k), (af, (a0,) + a_st[-2:]),
+            (bf, (b0, b_rs, b_cs)), (cf, (c0, c_st[-2], 1)), KC, blocks)
+
+    def run(t, counter):
+        packs = buffers((kern.name, "batched"), sizes, kern.dtype)
+        kern.module.batch_tasks(counter, chunk, *plan, packs)
+
+    launch(run, threads)
+    return c
