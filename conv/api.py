@@ -8,13 +8,13 @@ import functools
 import numbers
 import os
 
-import numba
 import numpy as np
 
 from tilegemm.conv import engine, paths
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array
 
 _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
@@ -165,7 +165,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         return _trivial(x, b, out, p, act)
     if _path is None:
         if algorithm == "auto":
-            algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
+            algorithm = _auto(p, np.dtype(dtype).str, get_num_threads(),
                               os.environ.get("TILEGEMM_CONV_ALGORITHM"))
         _path = paths.path_of(p, algorithm, dtype)
     return paths.run(_path, x, w, b, out, p, act)

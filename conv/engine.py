@@ -29,6 +29,7 @@ import numpy as np
 
 from tilegemm.ground import loader
 from tilegemm.ground.contracts import JIT, cdiv
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels.driver import kernel_for
 from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (launch: the paths' threads)
@@ -291,7 +292,7 @@ def same_contents(copy, weight):
     b = np.ascontiguousarray(weight).reshape(-1).view(uint)
     threads = weight.nbytes // COMPARE_BYTES_PER_THREAD
     if threads > 1:                    # (asking Numba costs microseconds: only if it matters)
-        threads = min(numba.get_num_threads(), threads)
+        threads = min(get_num_threads(), threads)
     if threads <= 1:
         return _same_bits(a, b, 0, a.size)
     bounds = [a.size * t // threads for t in range(threads + 1)]
@@ -323,7 +324,7 @@ TASKS_PER_THREAD = 16
 
 
 def threads_for(flops, tasks):
-    """How many threads to use: Numba's setting, capped by the tasks and the work."""
+    """How many threads to use: the thread limit (``ground.threads``), capped by the tasks and the work."""
     if flops < SERIAL_FLOPS:
         return 1
-    return max(1, min(numba.get_num_threads(), tasks))
+    return max(1, min(get_num_threads(), tasks))

@@ -20,10 +20,10 @@ release the GIL on the pool's Python threads.  This keeps the engine free of
 Numba's parallel machinery: no threading-layer constraints on concurrent calls
 from several Python threads, and seconds less compile time.
 """
-import numba
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.registry import get_kernel
@@ -105,7 +105,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     epi : int
         Epilogue flags from :mod:`tilegemm.ground.contracts`.
     threads : int, optional
-        Defaults to ``numba.get_num_threads()``.
+        Defaults to :func:`tilegemm.get_num_threads` (see :mod:`tilegemm.ground.threads`).
 
     Returns
     -------
@@ -149,7 +149,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         shares = int(2 * (2 * m * n * k) // serial_flops(dtype))
     if threads is None:
         # Only worth asking when the product is big enough to share.
-        threads = numba.get_num_threads() if shares >= 2 else 1
+        threads = get_num_threads() if shares >= 2 else 1
     threads = min(threads, max(1, shares))
     if threads <= 1:
         _serial(kern, blk, m, n, k, args, bias, epi)
