@@ -45,8 +45,8 @@ Separately and deterministically, :func:`test_every_path_is_reached_and_memory_s
 runs chosen shapes down every GEMM path of ``kernels/driver.py`` (gemv, unpacked,
 packed, shared-B, per-thread blocks, split-k, matmul_small) with inputs against
 guard pages on either side and outputs against a guard page and inside canaries.
-Which path ran is observed by wrapping the driver's path functions with recorders
-that call straight through (:class:`PathRecorder`); nothing is forced.
+Which path ran is observed by wrapping the driver's routing decision with a recorder
+that calls straight through (:class:`PathRecorder`); nothing is forced.
 """
 import collections
 import contextlib
@@ -94,49 +94,46 @@ _lock = threading.Lock()
 class PathRecorder:
     """Which GEMM paths of ``kernels/driver.py`` a call took.
 
-    Each of the driver's path functions is replaced by a wrapper that notes a label
-    and calls the original with the same arguments, returning what it returns, so a
-    recorded call runs exactly as an unrecorded one.  Labels: ``gemv``, ``unpacked``,
-    ``packed`` (serial paths, also inside threaded ones), ``shared_b``, ``split_k``,
-    ``blocks`` (threads each on their own block of C), ``matmul_small``.
+    The driver's routing decision (``driver.route``, asked once per serial product
+    and once per threaded one) and ``matmul_small`` are replaced by wrappers that
+    note a label and call the original with the same arguments, returning what it
+    returns, so a recorded call runs exactly as an unrecorded one.  Labels: the
+    route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
+    threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
+    own block of C), and ``matmul_small``.
     """
 
-    WRAPPED = ((driver, "_gemv", "gemv"), (driver, "_unpacked", "unpacked"),
-               (driver, "_packed", "packed"), (driver, "_threaded", "threaded"),
-               (driver, "_shared_b", "shared_b"), (driver, "_split_k", "split_k"),
-               (driver, "matmul_small", "matmul_small"),
+    WRAPPED = ((driver, "route"), (driver, "matmul_small"),
                # api imported matmul_small by name: its own binding is what it calls.
-               (api, "matmul_small", "matmul_small"))
+               (api, "matmul_small"))
 
     def __init__(self):
-        self._log = []          # list.append is atomic: pool threads record too
+        self.log = []          # list.append is atomic: pool threads record too
 
     def install(self, mp):
-        for module, name, label in self.WRAPPED:
+        for module, name in self.WRAPPED:
             if hasattr(module, name):
-                mp.setattr(module, name, self._wrap(getattr(module, name), label))
+                mp.setattr(module, name, self.wrap(getattr(module, name)))
 
-    def _wrap(self, fn, label):
+    def wrap(self, fn):
         @functools.wraps(fn)
         def recorded(*args, **kwargs):
-            self._log.append(label)
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            # route returns the label; matmul_small is a label of its own.
+            self.log.append(result if fn.__name__ == "route" else fn.__name__)
+            return result
         return recorded
 
     @contextlib.contextmanager
     def call(self):
         """``with rec.call() as paths:`` -- ``paths`` (a set) holds the labels afterwards."""
-        start = len(self._log)
+        start = len(self.log)
         paths = set()
         try:
             yield paths
         finally:
-            paths.update(self._log[start:])
-            del self._log[start:]
-            if "threaded" in paths:
-                paths.discard("threaded")
-                if not paths & {"shared_b", "split_k"}:
-                    paths.add("blocks")
+            paths.update(self.log[start:])
+            del self.log[start:]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -798,7 +795,7 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
             if check_canary is not None:
                 check_canary()
             reached |= paths
-    every = {"gemv", "unpacked", "packed", "shared_b", "blocks", "split_k", "matmul_small"}
+    every = set(driver.SERIAL_ROUTES + driver.THREADED_ROUTES) | {"matmul_small"}
     assert every <= reached, f"paths never reached: {sorted(every - reached)}"
 
 
