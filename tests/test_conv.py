@@ -1477,16 +1477,18 @@ def test_conv_weights_hold_their_own_copy():
 def test_conv_weights_are_never_compared_nor_evicted(monkeypatch):
     """Built once per object and algorithm, kept however many objects there are, and
     never compared with anything (a plain array is, on every call)."""
-    from tilegemm.conv import winograd as winograd_mod
     builds, compares = [], []
-    real_build, real_same = winograd_mod._pack_transformed_a, engine.same_contents
-    monkeypatch.setattr(winograd_mod, "_pack_transformed_a",
-                        lambda *a: (builds.append(1), real_build(*a))[1])
+    real_prepared, real_same = engine.prepared, engine.same_contents
+
+    def counted_prepared(kind, weight, params, build):
+        return real_prepared(kind, weight, params, lambda w: (builds.append(kind), build(w))[1])
+
+    monkeypatch.setattr(engine, "prepared", counted_prepared)
     monkeypatch.setattr(engine, "same_contents",
                         lambda *a: (compares.append(1), real_same(*a))[1])
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     layers = [tilegemm.ConvWeights(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32))
-              for _ in range(engine._PREPARED_MAX + 8)]
+              for _ in range(engine.PREPARED_MAX + 8)]
     for _ in range(2):
         for cw in layers:
             tilegemm.conv2d(x, cw, padding=1, algorithm="winograd")
@@ -1523,33 +1525,52 @@ def test_conv_weights_shared_by_python_threads():
     _in_threads(work, 6)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("floor", [6, 18, 66])
-def test_winograd_nhwc_blocks_past_the_l2_budget(threads, floor, monkeypatch):
-    """NHWC Winograd whatever the floor of its blocks of tiles (taken when the transformed
-    weights stream from memory): 90 tiles in blocks of 12 to 66, partial last blocks
-    included, give the reference."""
+def _winograd(x, w, b, layout, activation, blocking):
+    """``winograd.run`` with a given blocking (``conv2d`` runs the planned one)."""
     from tilegemm.conv import winograd
-    monkeypatch.setattr(winograd, "_stream_floor", lambda *args: floor)
+    from tilegemm.ground.contracts import EPI_RELU6
+    p = conv_params(x.shape, w.shape, padding=1, layout=layout)
+    out = np.empty(p.output_shape(), x.dtype)
+    act = EPI_RELU6 if activation == "relu6" else 0
+    return winograd.run(x, w, b, out, p, act, blocking)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("block", [12, 18, 66])
+def test_winograd_nhwc_blocks_past_the_l2_budget(threads, block):
+    """NHWC Winograd whatever its blocks of tiles (a floor above the L2 budget is taken
+    when the transformed weights stream from memory): 90 tiles in blocks of 12 to 66,
+    partial last blocks included, give the reference."""
     x = RNG.standard_normal((3, 9, 11, 24)).astype(np.float32)
     w = RNG.standard_normal((20, 24, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(20).astype(np.float32)
     want = reference_conv(x.transpose(0, 3, 1, 2), w, b, padding=1).transpose(0, 2, 3, 1)
     with _threads(threads):
-        got = tilegemm.conv2d(x, w, b, padding=1, algorithm="winograd", layout="NHWC")
+        got = _winograd(x, w, b, "NHWC", None, block)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_winograd_nhwc_tiles_floor():
+    """NHWC blocks: a few per thread, never below one row panel, nor below
+    ``NHWC_STREAM_TILES`` once the transformed weights take over a quarter of L3."""
+    from tilegemm.conv import winograd
+    MR, l2 = 6, 2 << 20
+    assert winograd.nhwc_tiles(24, 24, 24, MR, 90, 2, 4, l2) == 12
+    assert winograd.nhwc_tiles(24, 24, 24, MR, 6, 2, 4, l2) == MR
+    big = 16 * 512 * 512 * 4           # bytes of the transformed weights, 512 x 512
+    stream = -(-winograd.NHWC_STREAM_TILES // MR) * MR
+    assert winograd.stream_floor(512, 512, MR, 4, 4 * big - 1) == stream
+    assert winograd.stream_floor(512, 512, MR, 4, 4 * big) == MR
+    assert winograd.nhwc_tiles(512, 512, 256, MR, 90, 2, 4, 1 << 30, 4 * big - 1) == stream
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("plan", [(3, 1), (0, 2), (2, 2), (1, 3), (0, 8)])
-def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan, monkeypatch):
+def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan):
     """NCHW Winograd with any blocks split into parts of the output channels (whole
     blocks first, then parts; 8 parts of 4 row panels leave some empty): 189 tiles in
     3 blocks, 20 channels (a partial row panel), bias and relu6, give the reference."""
-    from tilegemm.conv import winograd
-    monkeypatch.setattr(winograd, "_nchw_block", lambda *args: args[3])  # NR tiles a block
-    monkeypatch.setattr(winograd, "_nchw_parts", lambda *args: plan)
     nr = engine.gemm_kernel(dtype)[0].nr
     tiles = 3 * nr - 3                                  # the last block is partial
     x = RNG.standard_normal((1, 16, 2 * 3, 2 * tiles // 3)).astype(dtype)
@@ -1557,7 +1578,7 @@ def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan, mon
     b = RNG.standard_normal(20).astype(dtype)
     want = reference_conv(x, w, b, padding=1, activation="relu6")
     with _threads(threads):
-        got = tilegemm.conv2d(x, w, b, padding=1, algorithm="winograd", activation="relu6")
+        got = _winograd(x, w, b, "NCHW", "relu6", (nr,) + plan)   # NR tiles a block
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
@@ -1565,14 +1586,14 @@ def test_winograd_nchw_parts_plan():
     """The split rule on ResNet-18 conv4_x at batch 8 (392 tiles, 7 blocks of 64, 43 row
     panels): whole blocks on 1 thread; on 2, the last block in two parts; every block
     at least in two when asked; whole blocks again once there are plenty."""
-    from tilegemm.conv.winograd import NCHW_SPLIT_BLOCKS_PER_THREAD, _nchw_parts
-    assert _nchw_parts(392, 64, 43, 6, 64, 1) == (7, 1)
-    assert _nchw_parts(392, 64, 43, 6, 64, 2) == (6, 2)
-    assert _nchw_parts(392, 64, 43, 6, 64, 2, 2)[0] == 0
+    from tilegemm.conv.winograd import NCHW_SPLIT_BLOCKS_PER_THREAD, nchw_parts
+    assert nchw_parts(392, 64, 43, 6, 64, 1) == (7, 1)
+    assert nchw_parts(392, 64, 43, 6, 64, 2) == (6, 2)
+    assert nchw_parts(392, 64, 43, 6, 64, 2, 2)[0] == 0
     many = 2 * NCHW_SPLIT_BLOCKS_PER_THREAD * 64
-    assert _nchw_parts(many, 64, 43, 6, 64, 2) == (2 * NCHW_SPLIT_BLOCKS_PER_THREAD, 1)
+    assert nchw_parts(many, 64, 43, 6, 64, 2) == (2 * NCHW_SPLIT_BLOCKS_PER_THREAD, 1)
     # Two blocks on two threads already balance.
-    assert _nchw_parts(128, 64, 86, 6, 64, 2) == (2, 1)
+    assert nchw_parts(128, 64, 86, 6, 64, 2) == (2, 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
