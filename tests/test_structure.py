@@ -201,6 +201,14 @@ def _private_uses(tree):
 
 
 @pytest.mark.parametrize("rel", TEST_FILES)
+def test_test_file_sizes(rel):
+    """Test files are split by what they test, like the modules they test."""
+    with open(os.path.join(ROOT, rel)) as f:
+        lines = f.read().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{rel} has {lines} lines"
+
+
+@pytest.mark.parametrize("rel", TEST_FILES)
 def test_tests_use_public_names_only(rel):
     """Tests reach the library as its users do: a private name a test needs is a seam
     that wants a public form (a decision function, a parameter), not a patch."""
