@@ -192,7 +192,8 @@ _by_kernel = {}
 
 # --- prepared weights -----------------------------------------------------------------
 
-_PREPARED_MAX = 32
+#: Plain weight arrays whose prepared forms are kept (ConvWeights' are never evicted).
+PREPARED_MAX = 32
 _prepared = collections.OrderedDict()
 _prepared_lock = threading.Lock()
 
@@ -233,7 +234,7 @@ def prepared(kind, weight, params, build):
     call's own result is then undefined, later calls are right).  The key is
     ``(kind, id(weight), params)``; a hit compares the weight with that copy, so an
     array modified in place (or a new array at a recycled id) is rebuilt.  Keeps the
-    last ``_PREPARED_MAX`` entries.
+    last ``PREPARED_MAX`` entries.
     """
     holder = _frozen.get(id(weight))
     if holder is not None and holder.array is weight:
@@ -252,7 +253,7 @@ def prepared(kind, weight, params, build):
     value = build(snapshot)
     with _prepared_lock:
         _prepared[key] = (snapshot, value)
-        while len(_prepared) > _PREPARED_MAX:
+        while len(_prepared) > PREPARED_MAX:
             _prepared.popitem(last=False)
     return value
 

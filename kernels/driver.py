@@ -192,11 +192,59 @@ def _flat(x):
     return flat_view(x)
 
 
+#: Every path :func:`route` may name: three serial ones, three that share a product.
+SERIAL_ROUTES = ("gemv", "unpacked", "packed")
+THREADED_ROUTES = ("split_k", "shared_b", "blocks")
+
+
+def route(kern, blk, m, n, k, threads=1, b_strides=None):
+    """The path a product of m x k by k x n takes on ``threads`` threads.
+
+    The one place the driver decides; tests call it to check a decision and may
+    wrap it to observe the paths a call took (each share of a threaded product
+    asks again with ``threads=1``).
+
+    Parameters
+    ----------
+    kern, blk
+        The kernel and blocking of the product (:func:`kernel_for`).
+    m, n, k : int
+        The product's sizes, m and n at least 1.
+    threads : int
+        Threads sharing the product; 1 for a serial product.
+    b_strides : (int, int), optional
+        B's row and column strides in elements; C-contiguous B by default.
+
+    Returns
+    -------
+    str
+        One thread: ``"gemv"`` (m or n is 1), ``"unpacked"`` (B's rows contiguous
+        and :func:`fits_unpacked`) or ``"packed"``.  Several: ``"split_k"`` (C has
+        too few tiles to go round and k is long), ``"shared_b"`` (B the larger side
+        and one packed B block: packed once, threads take MC-row blocks of C from
+        a counter) or ``"blocks"`` (one block of C per thread along its longer side).
+    """
+    b_rs, b_cs = (n, 1) if b_strides is None else b_strides
+    if threads <= 1:
+        if m == 1 or n == 1:
+            return "gemv"
+        return "unpacked" if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs) else "packed"
+    tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
+    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+        return "split_k"
+    by_rows = m / kern.mr >= n / kern.nr
+    # Matrix-vector products keep their own path.
+    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
+        return "shared_b"
+    return "blocks"
+
+
 def _serial(kern, blk, m, n, k, args, bias, epi):
-    """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
-    if m == 1 or n == 1:
+    """One thread's product, on the path :func:`route` names."""
+    path = route(kern, blk, m, n, k, 1, args[7:9])
+    if path == "gemv":
         _gemv(kern, m, n, k, args, bias, epi)
-    elif args[8] == 1 and fits_unpacked(kern, m, n, k, args[7]):
+    elif path == "unpacked":
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
@@ -227,20 +275,19 @@ def fits_unpacked(kern, m, n, k, ldb):
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
-    """Share one product among ``threads`` threads, each running a serial product.
+    """Share one product among ``threads`` threads on the path :func:`route` names.
 
-    C is cut into one block per thread along its longer side; when C has too few
-    tiles to go round and k is long, k is cut instead (:func:`_split_k`).
+    ``blocks``: C is cut into one block per thread along its longer side, each
+    block a serial product.
     """
-    tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
-    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+    path = route(kern, blk, m, n, k, threads, args[7:9])
+    if path == "split_k":
         _split_k(kern, blk, m, n, k, args, bias, epi, threads)
         return
-    by_rows = m / kern.mr >= n / kern.nr
-    # B the larger side (matrix-vector products keep their own path) and one B block.
-    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
+    if path == "shared_b":
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
+    by_rows = m / kern.mr >= n / kern.nr
     alpha, af, a_off, a_rs, a_cs, bf, b_off, b_rs, b_cs, beta, cf, c_off, c_rs = args
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
