@@ -4,7 +4,6 @@ These tests check what the commands produce (valid JSON and Markdown, the right
 rows, graceful degradation without matplotlib or torch, clear errors), never
 how fast anything is.
 """
-import copy
 import io
 import json
 import os
@@ -16,7 +15,9 @@ import pytest
 
 import tilegemm
 from tilegemm.tools import timing
-from tilegemm.tools.cli import main
+from tilegemm.tools.cli import build_parser, main
+from tilegemm.tools.provenance import source_commit, version_text
+from tilegemm.tools.runner import BenchPlan
 from tilegemm.tools.compare import compare_rows
 from tilegemm.tools.progress import Progress
 from tilegemm.tools.report import machine_info
@@ -234,26 +235,70 @@ def test_conv_scaling_times_one_against_many(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- compare
 
-def test_compare_flags_changes_beyond_the_noise(tiny_report, tmp_path, capsys):
-    out_dir = tiny_report[3]
-    a = json.loads((out_dir / "report.json").read_text())
-    b = copy.deepcopy(a)
-    for rec in (a["gemm"][0], b["gemm"][0]):
-        for party in rec["results"].values():
-            party["spread"] = 0.01
-    b["gemm"][0]["results"]["tilegemm"]["gflops"] *= 2  # twice as fast, same numpy
-    rows, only_a, only_b = compare_rows(a, b)
-    assert (only_a, only_b) == (0, 0)
-    first = rows[0]
-    assert first["change"] == pytest.approx(2.0) and first["verdict"] == "faster"
-    assert first["ratio_verdict"] == "faster"
-    path_b = tmp_path / "b" / "report.json"
-    path_b.parent.mkdir()
-    path_b.write_text(json.dumps(b))
-    status, out, _ = run_cli(["bench", "--compare", str(out_dir / "report.json"), str(path_b)],
-                             capsys)
+def fake_report(cases, brand="Test CPU"):
+    """A hand-written report.json: ``cases`` maps a GEMM shape to tilegemm's
+    (min, median, max) seconds per call; numpy always takes 1 ms."""
+    def party(lo, med, hi):
+        return {"best_s": lo, "min_s": lo, "median_s": med, "max_s": hi,
+                "gflops": 2e-9 / lo}
+    gemm = [{"op": "gemm", "kind": "custom", "shape": shape, "dtype": "float32", "threads": 1,
+             "results": {"tilegemm": party(*times), "numpy": party(1e-3, 1e-3, 1e-3)}}
+            for shape, times in cases.items()]
+    return {"format": "tilegemm-bench-report/1", "created": "2026-01-01T00:00:00+00:00",
+            "machine": {"brand": brand, "isa": "avx2", "cores": 2},
+            "gemm": gemm, "conv": {"records": []}}
+
+
+def run_compare(a, b, tmp_path, capsys, extra=()):
+    paths = []
+    for name, rep in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(rep))
+    return run_cli(["bench", "--compare", *map(str, paths), *extra], capsys)
+
+
+def test_compare_exits_1_on_a_regression_beyond_the_noise(tmp_path, capsys):
+    a = fake_report({"8x8x8": (1.0e-3, 1.01e-3, 1.02e-3), "9x9x9": (1e-3, 1e-3, 1e-3)})
+    b = fake_report({"8x8x8": (1.3e-3, 1.31e-3, 1.33e-3), "9x9x9": (1e-3, 1e-3, 1e-3)})
+    status, out, _ = run_compare(a, b, tmp_path, capsys)
+    assert status == 1
+    (slow,) = [line for line in out.splitlines() if "SLOWER" in line and "8x8x8" in line]
+    assert "9x9x9" in out and "1 row(s) SLOWER" in out
+    rows, _, _ = compare_rows(a, b)
+    assert [r["verdict"] for r in rows] == ["SLOWER", "~"]
+    assert rows[0]["noise"] == pytest.approx(0.01 / 1.01 + 0.01 / 1.31)
+
+
+def test_compare_within_the_repeats_noise_exits_0(tmp_path, capsys):
+    a = fake_report({"8x8x8": (1.0e-3, 1.3e-3, 1.6e-3)})   # noisy repeats: band 23% + 4%
+    b = fake_report({"8x8x8": (1.2e-3, 1.25e-3, 1.3e-3)})  # 20% slower, inside that band
+    status, out, _ = run_compare(a, b, tmp_path, capsys)
+    assert status == 0 and "SLOWER" not in out.split("\n\n")[0]
+    assert compare_rows(a, b)[0][0]["verdict"] == "~"
+
+
+def test_compare_threshold_flag_sets_what_counts(tmp_path, capsys):
+    a = fake_report({"8x8x8": (1.0e-3, 1.0e-3, 1.0e-3)})
+    b = fake_report({"8x8x8": (1.05e-3, 1.05e-3, 1.05e-3)})  # 5% slower, quiet repeats
+    assert run_compare(a, b, tmp_path, capsys)[0] == 0                       # default 10%
+    assert run_compare(a, b, tmp_path, capsys, ["--threshold", "2"])[0] == 1
+    faster = fake_report({"8x8x8": (0.5e-3, 0.5e-3, 0.5e-3)})
+    status, out, _ = run_compare(a, faster, tmp_path, capsys)
+    assert status == 0 and "faster" in out
+
+
+def test_compare_reports_missing_rows_without_failing(tmp_path, capsys):
+    a = fake_report({"8x8x8": (1e-3, 1e-3, 1e-3), "7x7x7": (1e-3, 1e-3, 1e-3)})
+    b = fake_report({"8x8x8": (1e-3, 1e-3, 1e-3), "6x6x6": (1e-3, 1e-3, 1e-3)},
+                    brand="Other CPU")
+    status, out, _ = run_compare(a, b, tmp_path, capsys)
     assert status == 0
-    assert "faster" in out and "noise" in out
+    assert "Only in A (not compared): gemm custom 7x7x7 float32 1t" in out
+    assert "Only in B (not compared): gemm custom 6x6x6 float32 1t" in out
+    assert "DIFFERENT MACHINES" in out
+    del b["gemm"][0]["results"]["tilegemm"]  # a party missing from a shared case
+    status, out, _ = run_compare(a, b, tmp_path, capsys)
+    assert status == 0 and "8x8x8 float32 1t tilegemm" in out
 
 
 def test_compare_same_report_is_within_noise(tiny_report, capsys):
@@ -262,7 +307,10 @@ def test_compare_same_report_is_within_noise(tiny_report, capsys):
     assert status == 0
     table = out.split("\n\n")[0]
     assert "SLOWER" not in table and "faster" not in table
-    assert table.count(" ~") == 4  # both shapes, GFLOPS and ratio, within the noise
+    assert table.count(" ~") == 2  # both shapes within the noise
+    report = json.loads(open(path).read())
+    ours = report["gemm"][0]["results"]["tilegemm"]
+    assert ours["min_s"] <= ours["median_s"] <= ours["max_s"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -281,6 +329,17 @@ def test_compare_same_report_is_within_noise(tiny_report, capsys):
     (["bench", "--op", "fft"], "invalid choice"),
     (["bench", "--frobnicate"], "unrecognized arguments"),
     (["bench", "--compare", "/nonexistent/a.json", "/nonexistent/b.json"], "cannot read"),
+    (["bench", "--sizes", "64", "--op", "conv"], "cannot go with --op conv"),
+    (["bench", "--shapes", "2x2x2", "--op", "conv"], "--shapes names GEMM"),
+    (["bench", "--layers", "resnet50_1x1", "--op", "gemm"], "--layers is a convolution"),
+    (["bench", "--batch", "2", "--op", "gemm"], "--batch is a convolution"),
+    (["bench", "--layout", "NHWC", "--op", "gemm"], "--layout is a convolution"),
+    (["bench", "--ms", "--op", "gemm"], "--ms is a convolution"),
+    (["bench", "--scaling", "--op", "gemm"], "--scaling is a convolution"),
+    (["bench", "--memory", "--op", "gemm"], "--memory is a convolution"),
+    (["bench", "--compare", "a.json", "b.json", "--sizes", "64"], "--sizes cannot go with"),
+    (["bench", "--compare", "a.json", "b.json", "--quick", "--out", "x"], "--quick, --out"),
+    (["bench", "--sizes", "16", "--threshold", "5"], "--threshold only applies"),
     (["launch"], "invalid choice"),
     ([], "required"),
 ])
@@ -288,6 +347,58 @@ def test_bad_options_exit_2_with_a_clear_message(argv, message, capsys):
     status, _, err = run_cli(argv, capsys)
     assert status == 2
     assert message in err
+
+
+def _plan(argv, tmp_path):
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path)] + argv)
+    return BenchPlan.from_args(args, command="test")
+
+
+@pytest.mark.parametrize("argv, ops", [
+    ([], ("gemm", "conv")),
+    (["--sizes", "16"], ("gemm",)),
+    (["--layers", "resnet50_1x1"], ("conv",)),
+    (["--batch", "2"], ("conv",)),
+    (["--layout", "NHWC"], ("conv",)),
+    (["--ms"], ("conv",)),
+    (["--memory"], ("conv",)),
+    (["--sizes", "16", "--layers", "resnet50_1x1"], ("gemm", "conv")),
+    (["--op", "all", "--ms"], ("gemm", "conv")),
+])
+def test_options_imply_the_op_they_belong_to(argv, ops, tmp_path):
+    assert _plan(argv, tmp_path).ops == ops
+
+
+def test_out_naming_a_file_is_rejected_before_measuring(tmp_path, capsys):
+    target = tmp_path / "report.md"
+    target.write_text("keep me")
+    status, out, err = run_cli(TINY + ["--out", str(target)], capsys)
+    assert status == 2 and "is a file" in err and "Traceback" not in err
+    assert out == "" and "[1/" not in err  # nothing was measured
+    assert target.read_text() == "keep me"
+
+
+def test_out_in_an_unwritable_place_is_rejected_before_measuring(tmp_path, capsys):
+    (tmp_path / "plain").write_text("")
+    status, out, err = run_cli(TINY + ["--out", str(tmp_path / "plain" / "sub")], capsys)
+    assert status == 2 and "cannot write to" in err
+    assert out == "" and "[1/" not in err
+
+
+def test_version_prints_the_version_and_the_commit():
+    proc = subprocess.run([sys.executable, "-m", "tilegemm", "--version"], cwd="/",
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    source = source_commit()
+    assert proc.stdout.startswith(f"tilegemm {tilegemm.__version__} (commit ")
+    if source is not None:  # running from a git checkout
+        assert source["commit"] in proc.stdout
+        assert proc.stdout.strip().endswith("+dirty)") == source["dirty"]
+
+
+def test_version_outside_a_git_checkout_says_unknown(tmp_path):
+    assert source_commit(str(tmp_path)) is None
+    assert version_text(str(tmp_path)).endswith("(commit unknown)")
 
 
 def test_compare_rejects_a_file_that_is_not_a_report(tmp_path, capsys):

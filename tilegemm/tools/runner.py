@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, asdict
 
 from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, report, timing
-from tilegemm.tools.options import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+from tilegemm.tools.options import (UsageError, check_out_dir, parse_dtypes, parse_shapes,
+                                    parse_sizes, parse_threads)
 from tilegemm.tools.progress import Progress
 
 
@@ -65,14 +66,14 @@ class BenchPlan:
         if args.scaling and max(threads) < 2:
             raise UsageError("--scaling compares 1 thread with more: give --threads 2 or more "
                              f"(at most {timing.max_threads()} here)")
-        # --sizes/--shapes name GEMM products: without an explicit --op they mean gemm only.
-        op = args.op or ("gemm" if explicit else "all")
+        op = args.op or _implied_op(args)
+        check_out_dir(args.out)
         return cls(
             ops=("gemm", "conv") if op == "all" else (op,),
             dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
             sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
             skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
-            layers=layers, batch=args.batch, layout=args.layout, ms=args.ms,
+            layers=layers, batch=args.batch, layout=args.layout or "NCHW", ms=args.ms,
             scaling=args.scaling, memory=args.memory,
             peers=("numpy",) if args.no_torch else ("numpy", "torch"),
             first_call=not args.no_first_call and not explicit, plots=not args.no_plots,
@@ -80,6 +81,21 @@ class BenchPlan:
 
     def settings(self):
         return asdict(self)
+
+
+def _implied_op(args):
+    """The ``--op`` that the other options imply when it is not given.
+
+    ``--sizes``/``--shapes`` name GEMM products and the convolution options
+    (``--layers``, ``--batch``, ``--layout``, ``--ms``, ``--scaling``, ``--memory``)
+    name convolutions: either kind alone means that op only; both or neither, all.
+    """
+    gemm = args.sizes is not None or args.shapes is not None
+    conv = (args.layers is not None or args.batch is not None or args.layout is not None
+            or args.ms or args.scaling or args.memory)
+    if gemm == conv:
+        return "all"
+    return "gemm" if gemm else "conv"
 
 
 @dataclass
