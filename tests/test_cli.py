@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -20,7 +21,8 @@ from tilegemm.tools.provenance import source_commit, version_text
 from tilegemm.tools.runner import BenchPlan
 from tilegemm.tools.compare import compare_rows
 from tilegemm.tools.progress import Progress
-from tilegemm.tools.report import machine_info
+from tilegemm.tools.peak_cache import peak_key
+from tilegemm.tools.report import info_text, machine_info
 
 TINY = ["bench", "--sizes", "16,32", "--dtype", "float32", "--threads", "1",
         "--reps", "2", "--min-time", "0.001"]
@@ -97,6 +99,60 @@ def test_info_measures_the_peak_and_prints_text(capsys):
     info = machine_info()  # the peak is cached in this process now
     assert info["peak_gflops"]["float32"]["measured"] > 0
     assert "1" in info["peak_gflops"]["float32"]["per_threads"]
+    assert "commit" in info and "dirty" in info
+
+
+class FakePeak:
+    """A stand-in for the FMA loop: 100 GFLOPS a thread (``scaling`` x 100 for all threads)."""
+
+    def __init__(self, scaling=None):
+        self.calls, self.scaling = [], scaling
+
+    def __call__(self, dtype, threads):
+        self.calls.append((dtype, threads))
+        if threads > 1 and self.scaling is not None:
+            return 100.0 * self.scaling
+        return 100.0 * threads
+
+
+def test_info_caches_the_measured_peak_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    fake = FakePeak()
+    first = machine_info(measure=fake)
+    assert len(fake.calls) == 2 * len({1, timing.max_threads()})  # both dtypes, each count
+    assert first["peak_gflops"]["float32"]["per_threads"]["1"]["measured"] == 100.0
+    assert first["peak_gflops"]["float32"]["per_threads"]["1"]["cached"] is False
+    cache = json.loads((tmp_path / "measured-peak.json").read_text())
+    key = peak_key(first["brand"], first["isa"], 1, "float32")
+    assert cache[key]["gflops"] == 100.0
+
+    again = machine_info(measure=fake)  # reused: nothing measured
+    assert len(fake.calls) == 2 * len({1, timing.max_threads()})
+    assert again["peak_gflops"]["float64"]["per_threads"]["1"]["cached"] is True
+    assert "--remeasure" in info_text(again)
+
+    machine_info(remeasure=True, measure=fake)
+    assert len(fake.calls) == 4 * len({1, timing.max_threads()})
+
+
+@pytest.mark.skipif(timing.max_threads() < 2, reason="needs 2 threads")
+def test_info_warns_when_two_threads_do_not_double_the_peak(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    busy = FakePeak(scaling=1.5)  # 2 threads: 150 GFLOPS against 100 for one
+    info = machine_info(measure=busy)
+    assert len(info["warnings"]) == 2 and "not cached" in info["warnings"][0]
+    assert "1.50x the 1-thread one" in info["warnings"][0]
+    assert "1.50x the 1-thread one" in info_text(info)
+    machine_info(measure=busy)  # a busy measurement is not cached: measured again
+    assert len(busy.calls) == 8
+    quiet = FakePeak(scaling=1.9)
+    assert machine_info(measure=quiet)["warnings"] == []
+
+
+def test_info_remeasure_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    status, _, err = run_cli(["info", "--remeasure", "--no-peak"], capsys)
+    assert status == 2 and "--remeasure" in err
 
 
 # --------------------------------------------------------------------------- bench
@@ -130,17 +186,35 @@ def test_progress_goes_to_stderr_as_plain_lines_when_not_a_tty(tiny_report):
     assert "\r" not in err and "[1/3]" not in out
 
 
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_progress_draws_a_bar_on_a_terminal():
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-    stream = Tty()
-    p = Progress(2, stream)
+    stream, out = Tty(), io.StringIO()
+    p = Progress(2, stream, out)
     p.step("first")
+    p.write("first row")
     p.step("second")
     p.close()
     text = stream.getvalue()
-    assert "\r[" in text and "2/2" in text and "#" in text
+    assert "\r[" in text and "2/2" in text and "#" in text and "ETA" in text
+    assert out.getvalue() == "first row\n"
+
+
+@pytest.mark.parametrize("columns", [80, 40])
+def test_progress_bar_fits_the_terminal(columns, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(columns))  # what shutil.get_terminal_size reads first
+    stream = Tty()
+    p = Progress(3, stream, io.StringIO())
+    for i in range(3):
+        p.step(f"gemm float32 {'4096x' * 30}4096 (a label far wider than any terminal) {i}")
+        p.write("a row")
+    p.close()
+    lines = re.split(r"[\r\n]", stream.getvalue())
+    assert max(len(line) for line in lines) <= columns
+    assert sum("ETA" in line for line in lines) == 6  # drawn again after each row
 
 
 def test_bench_without_matplotlib_skips_plots_and_says_how(tmp_path, capsys, monkeypatch):
@@ -438,3 +512,32 @@ def test_console_script_points_at_main():
     pyproject = os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml")
     with open(pyproject) as f:
         assert 'tilegemm = "tilegemm.__main__:main"' in f.read()
+
+
+# --------------------------------------------------------------------------- progress, Ctrl-C
+
+def test_rows_print_as_they_finish_and_ctrl_c_writes_a_partial_report(tmp_path):
+    """A real run, interrupted by SIGINT once its first GEMM row has been printed."""
+    argv = [sys.executable, "-m", "tilegemm", "bench", "--sizes", ",".join(["24"] * 60),
+            "--dtype", "float32", "--threads", "1", "--reps", "3", "--min-time", "0.05",
+            "--no-torch", "--out", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # rows arrive while the run goes on
+            lines.append(line)
+            if line.startswith("gemm 24x24x24"):
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert any(line.startswith("machine:") for line in lines)
+    assert "Traceback" not in err and "interrupted" in err
+    report = json.loads((tmp_path / "report.json").read_text())
+    partial = report["partial"]
+    assert partial["steps_total"] == 61 and 2 <= partial["steps_done"] < 61
+    assert len(report["gemm"]) == partial["steps_done"] - 1  # the machine step, then rows
+    assert report["gemm"][0]["results"]["tilegemm"]["gflops"] > 0
+    assert "Partial report" in (tmp_path / "report.md").read_text()

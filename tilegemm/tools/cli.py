@@ -52,7 +52,10 @@ def build_parser():
     info = sub.add_parser("info", help="CPU, caches, ISA, block sizes and peak GFLOPS")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.add_argument("--no-peak", action="store_true",
-                      help="skip measuring the FMA peak (about a second per dtype and thread count)")
+                      help="leave the measured FMA peak out")
+    info.add_argument("--remeasure", action="store_true",
+                      help="measure the FMA peak again (about two seconds per dtype and thread "
+                           "count) instead of reusing this machine's cached figures")
 
     b = sub.add_parser(
         "bench", help="GFLOPS report against peak, numpy and torch",
@@ -110,8 +113,13 @@ def build_parser():
 
 def cmd_info(args):
     from tilegemm.tools.report import info_text, machine_info
-    info = machine_info(measure_peak=not args.no_peak)
+    if args.no_peak and args.remeasure:
+        raise UsageError("--remeasure and --no-peak contradict each other")
+    info = machine_info(measure_peak=not args.no_peak, remeasure=args.remeasure)
     print(json.dumps(info, indent=1) if args.json else info_text(info))
+    if args.json:
+        for warning in info["warnings"]:
+            print(warning, file=sys.stderr)
     return 0
 
 

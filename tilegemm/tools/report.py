@@ -34,15 +34,27 @@ def _blocking_entry(dtype):
             "source": dict(blk.source)}
 
 
-def _peak_entry(dtype, thread_counts, measure):
+def _peak_entries(machine, thread_counts, measure_peak, remeasure, measure):
+    """``peak_gflops`` of :func:`machine_info` and the warnings about the measurement."""
     from tilegemm.tuning.peak import nominal_peak_gflops
-    per = {}
-    for t in thread_counts:
-        per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
-                       "measured": timing.peak_gflops(dtype, t) if measure else None}
-    top = per[str(max(thread_counts))]
-    return {"threads": max(thread_counts), "nominal": top["nominal"],
-            "measured": top["measured"], "per_threads": per}
+    from tilegemm.tools.peak_cache import measured_peaks
+    measured, warnings = ({}, [])
+    if measure_peak:
+        measured, warnings = measured_peaks(machine, DTYPES, thread_counts,
+                                            measure or timing.peak_gflops, remeasure)
+    entries = {}
+    for dtype in DTYPES:
+        per = {}
+        for t in thread_counts:
+            m = measured.get(dtype, {}).get(t)
+            per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
+                           "measured": m["gflops"] if m else None,
+                           "measured_at": m["measured_at"] if m else None,
+                           "cached": m["cached"] if m else None}
+        top = per[str(max(thread_counts))]
+        entries[dtype] = {"threads": max(thread_counts), "nominal": top["nominal"],
+                          "measured": top["measured"], "per_threads": per}
+    return entries, warnings
 
 
 def peer_versions():
@@ -59,14 +71,20 @@ def peer_versions():
             "threadpoolctl": threadpoolctl.__version__ if threadpoolctl else None}
 
 
-def machine_info(measure_peak=True):
+def machine_info(measure_peak=True, remeasure=False, measure=None):
     """Everything ``info`` shows, as one JSON-ready dict.
 
     Parameters
     ----------
     measure_peak : bool
-        Run the FMA-throughput loop (about a second per dtype and thread count);
-        when false ``peak_gflops[dtype]["measured"]`` is None.
+        Give the measured FMA peak; when false ``peak_gflops[dtype]["measured"]``
+        is None.
+    remeasure : bool
+        Run the FMA-throughput loop (about two seconds per dtype and thread
+        count) even when this machine's peaks are cached
+        (:mod:`tilegemm.tools.peak_cache`).
+    measure : callable(dtype, threads) -> float, optional
+        What measures one peak in GFLOPS; default :func:`timing.peak_gflops`.
 
     Returns
     -------
@@ -75,21 +93,28 @@ def machine_info(measure_peak=True):
         ``cores``, ``l1d_bytes``/``l2_bytes``/``l3_bytes`` (per core),
         ``blocking`` (dtype -> mr, nr, kc, mc, nc, kernel, source) and
         ``peak_gflops`` (dtype -> nominal, measured for all threads, and
-        ``per_threads`` -> {"1": ..., "N": ...}).
+        ``per_threads`` -> {"1": ..., "N": ...}, each with ``measured_at`` and
+        ``cached``), ``commit`` and ``dirty`` (the source's git state, None outside
+        a checkout) and ``warnings`` (e.g. a peak measured on a busy machine).
     """
+    from tilegemm.tools.provenance import source_commit
     from tilegemm.tuning.machine import detect
     m = detect()
     all_threads = timing.max_threads()
     thread_counts = sorted({1, all_threads})
+    peaks, warnings = _peak_entries((m.brand, m.isa), thread_counts, measure_peak, remeasure,
+                                    measure)
+    source = source_commit() or {"commit": None, "dirty": None}
     info = {
         "tilegemm_version": tilegemm.__version__,
+        "commit": source["commit"], "dirty": source["dirty"],
         "brand": m.brand, "isa": m.isa, "isa_source": m.isa_source,
         "vector_bits": m.vector_bits, "vector_registers": m.vector_registers,
         "cores": m.cores, "threads": all_threads,
         "l1d_bytes": m.l1d_bytes, "l2_bytes": m.l2_bytes, "l3_bytes": m.l3_bytes,
         "cache_source": m.cache_source, "clock_ghz": m.clock_hz / 1e9, "fma_units": m.fma_units,
         "blocking": {d: _blocking_entry(d) for d in DTYPES},
-        "peak_gflops": {d: _peak_entry(d, thread_counts, measure_peak) for d in DTYPES},
+        "peak_gflops": peaks, "warnings": warnings,
         "numba_version": numba.__version__,
         "python": platform.python_version(),
         "peers": peer_versions(),
@@ -117,8 +142,10 @@ def _fmt(x, digits=1):
 
 def info_text(info):
     """Human-readable form of :func:`machine_info`."""
+    from tilegemm.tools.provenance import commit_text
+    source = {"commit": info["commit"], "dirty": info["dirty"]} if info.get("commit") else None
     lines = [
-        f"tilegemm {info['tilegemm_version']}",
+        f"tilegemm {info['tilegemm_version']} (commit {commit_text(source)})",
         f"  CPU          {info['brand']}",
         f"  ISA          {info['isa']} ({info['isa_source']}): {info['vector_bits']}-bit vectors, "
         f"{info['vector_registers']} registers, {info['fma_units']} FMA unit(s)",
@@ -141,7 +168,19 @@ def info_text(info):
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
         ["dtype"] + [timing.threads_text(t) for t in counts], rows).splitlines()]
-    return "\n".join(lines)
+    return "\n".join(lines + _peak_notes(info))
+
+
+def _peak_notes(info):
+    """Where the measured peaks came from, and any warning about them."""
+    runs = [p for d in info["peak_gflops"].values() for p in d["per_threads"].values()
+            if p.get("measured") is not None]
+    notes = []
+    cached = sorted({p["measured_at"] for p in runs if p.get("cached")})
+    if cached:
+        notes.append(f"  measured peaks cached from {', '.join(cached)} "
+                     "(tilegemm info --remeasure measures them again)")
+    return notes + info.get("warnings", [])
 
 
 # --------------------------------------------------------------------------- tables
@@ -317,13 +356,60 @@ def first_call_table(records):
     return headers, rows
 
 
+# --------------------------------------------------------------------------- one line per record
+
+def _party_text(name, row):
+    name = name.replace("tilegemm:", "").replace("tilegemm", "ours")
+    chose = f" → {row['chose']}" if row.get("chose") else ""
+    return f"{name}{chose} {row['gflops']:.1f} GFLOPS {row['best_s'] * 1e3:.3g} ms"
+
+
+def row_text(record):
+    """One line saying what a finished benchmark step measured (printed as it finishes)."""
+    op = record.get("op")
+    if op in ("gemm", "conv"):
+        case = (f"gemm {record['shape']} ({record['kind']})" if op == "gemm" else
+                f"conv {record['layer']} N={record['batch']}{_layout_text(record)}")
+        parties = "; ".join(_party_text(n, r) for n, r in record["results"].items())
+        wrong = [n for n, c in (record["check"].items() if op == "conv" else
+                                [("tilegemm", record["check"])]) if not c["ok"]]
+        return (f"{case} {record['dtype']} {timing.threads_text(record['threads'])}: {parties}"
+                + (f" WRONG RESULT: {', '.join(wrong)}" if wrong else ""))
+    if op == "conv-scaling":
+        ups = ", ".join(f"{r['party'].replace('tilegemm:', '')} {r['speedup']:.2f}×"
+                        for r in record["rows"])
+        return (f"conv scaling {record['layer']} {record['dtype']}, 1 → {record['threads']} "
+                f"threads: {ups}; apart {record['apart']['speedup']:.2f}×")
+    if "cold" in record:
+        return (f"first call of matmul ({record['dtype']}, n={record['n']}): "
+                f"{record['cold']['first_call_s']:.2f} s with an empty cache, "
+                f"{record['warm']['first_call_s']:.2f} s with a warm one")
+    if "extra_bytes" in record:
+        return memory_text(record)
+    if "peak_gflops" in record:
+        peaks = ", ".join(f"{d} {p['measured']:.0f}" for d, p in record["peak_gflops"].items()
+                          if p["measured"] is not None)
+        return "\n".join([f"machine: {record['brand']}, {record['isa']}; measured peak "
+                          f"({timing.threads_text(record['threads'])}) {peaks} GFLOPS"]
+                         + record.get("warnings", []))
+    return ""
+
+
 # --------------------------------------------------------------------------- report files
 
 def new_report(settings, machine):
-    """An empty report dict: settings, machine description, peers, timestamps."""
+    """An empty report dict: settings, machine description, source commit, timestamps.
+
+    ``commit`` and ``dirty`` give the git state of the measured source (None
+    outside a checkout); ``partial`` is None unless the run was interrupted.
+    """
+    from tilegemm.tools.provenance import source_commit
+    source = source_commit() or {"commit": None, "dirty": None}
     return {
         "format": "tilegemm-bench-report/1",
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "tilegemm_version": tilegemm.__version__,
+        "commit": source["commit"], "dirty": source["dirty"], "partial": None,
         "settings": settings,
         "machine": machine,
         "gemm": [], "first_call": [],
@@ -384,8 +470,13 @@ def markdown_report(report):
     m = report["machine"]
     has_torch = has_torch_results(report)
     out = ["# tilegemm benchmark report", "",
-           f"Created {report['created']} with `{report['settings']['command']}`.", "",
-           "## Machine", "", "```", info_text(m), "```", "",
+           f"Created {report['created']} with `{report['settings']['command']}`"
+           f"{_commit_text(report)}.", ""]
+    if report.get("partial"):
+        p = report["partial"]
+        out += [f"**Partial report**: {p['reason']} after {p['steps_done']} of "
+                f"{p['steps_total']} steps; only the cases measured by then are below.", ""]
+    out += ["## Machine", "", "```", info_text(m) if m else "(not measured)", "```", "",
            "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), "",
            _load_text(report["load_average"], m.get("cores", 1)), ""]
     if _above_peak(report):
@@ -414,6 +505,13 @@ def markdown_report(report):
     if report["plots_skipped"]:
         out += [report["plots_skipped"], ""]
     return "\n".join(out)
+
+
+def _commit_text(report):
+    from tilegemm.tools.provenance import commit_text
+    if report.get("commit") is None:
+        return ""
+    return f" at commit {commit_text(report)}"
 
 
 def write_report(report, out_dir):
