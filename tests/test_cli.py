@@ -164,6 +164,9 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     report = json.loads((out_dir / "report.json").read_text())
     assert report["format"] == "tilegemm-bench-report/1"
     assert report["machine"]["isa"] and report["machine"]["blocking"]
+    source = source_commit()
+    assert report["commit"] == (source and source["commit"])
+    assert report["dirty"] == (source and source["dirty"]) and report["partial"] is None
     shapes = [r["shape"] for r in report["gemm"]]
     assert shapes == ["16x16x16", "32x32x32"]
     for rec in report["gemm"]:
@@ -174,6 +177,7 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     md = (out_dir / "report.md").read_text()
     tables = assert_valid_markdown_tables(md)
     assert any("16x16x16" in row for t in tables for row in t)
+    assert "| min / median / max ms " in md
     if timing.optional_import("matplotlib") is not None:
         assert report["plots"] == ["gemm_float32.png"]
         assert (out_dir / "gemm_float32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -84,7 +84,8 @@ def build_parser():
                    help="convolution data layout (default NCHW); NHWC runs torch on "
                         "channels-last data")
     b.add_argument("--ms", action="store_true",
-                   help="add milliseconds per call to the convolution tables")
+                   help="add torch's milliseconds per call to the convolution tables "
+                        "(tilegemm's are always there)")
     b.add_argument("--scaling", action="store_true",
                    help="convolution: instead of the tables per thread count, time each "
                         "party at 1 thread and at the largest --threads in the same rounds")

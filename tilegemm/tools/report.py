@@ -235,17 +235,33 @@ def _party_cells(results, name):
     return [_fmt(row["gflops"]), f"{row['ratio']:.2f}×"]
 
 
+#: Header of the time columns: the best repeat, then the three that show the spread.
+MS_HEADERS = ["ms", "min / median / max ms"]
+
+
+def _ms_cells(row):
+    """[best ms, "min / median / max" ms] of one party (dashes when it did not run)."""
+    if not row:
+        return ["-", "-"]
+    low = row.get("min_s", row["best_s"])
+    spread = [low, row.get("median_s"), row.get("max_s")]
+    text = " / ".join("-" if t is None else f"{t * 1e3:.3g}" for t in spread)
+    return [_fmt(row["best_s"] * 1e3, 3), text]
+
+
 def gemm_tables(records, has_torch):
     """[(title, headers, rows)] for the GEMM records, one table per dtype and thread count."""
     tables = []
     for (dtype, threads), recs in _groups(records).items():
-        headers = ["shape (m×n×k)", "kind", "GFLOPS", "% peak", "numpy GFLOPS", "× numpy"]
+        headers = ["shape (m×n×k)", "kind", "GFLOPS", *MS_HEADERS, "% peak", "numpy GFLOPS",
+                   "× numpy"]
         if has_torch:
             headers += ["torch GFLOPS", "× torch"]
         rows = []
         for r in recs:
             ours = r["results"]["tilegemm"]
-            row = [r["shape"], r["kind"], _fmt(ours["gflops"]), _fmt(ours["pct_peak"])]
+            row = [r["shape"], r["kind"], _fmt(ours["gflops"]), *_ms_cells(ours),
+                   _fmt(ours["pct_peak"])]
             row += _party_cells(r["results"], "numpy")
             if has_torch:
                 row += _party_cells(r["results"], "torch")
@@ -258,21 +274,18 @@ def gemm_tables(records, has_torch):
     return tables
 
 
-def _ms(row):
-    return _fmt(row["best_s"] * 1e3, 2) if row else "-"
-
-
 def conv_tables(records, has_torch, ms=False):
     """[(title, headers, rows)] for the convolution records (one row per layer and algorithm).
 
-    ``ms`` adds the milliseconds per call of each algorithm (and of torch).
+    Every algorithm's milliseconds per call (best, and min / median / max of
+    the repeats) are shown; ``ms`` adds torch's.
     """
     tables = []
     for (dtype, threads), recs in _groups(records).items():
-        headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", "% peak"]
-        headers += ["ms"] if ms else []
+        headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", *MS_HEADERS, "% peak"]
         if has_torch:
-            headers += ["torch GFLOPS", "× torch"] + (["torch ms"] if ms else [])
+            headers += ["torch GFLOPS", "× torch"] + (["torch " + h for h in MS_HEADERS]
+                                                      if ms else [])
         rows = []
         for r in recs:
             torch_row = r["results"].get("torch")
@@ -284,10 +297,10 @@ def conv_tables(records, has_torch, ms=False):
                 if res.get("chose"):
                     algo += f" → {res['chose']}"
                 row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
-                       _fmt(res["pct_peak"])] + ([_ms(res)] if ms else [])
+                       *_ms_cells(res), _fmt(res["pct_peak"])]
                 if has_torch:
                     row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
-                    row += [_ms(torch_row)] if ms else []
+                    row += _ms_cells(torch_row) if ms else []
                 if not r["check"].get(name, {}).get("ok", True):
                     row[3] += " (WRONG RESULT)"
                 rows.append(row)
