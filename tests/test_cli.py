@@ -268,6 +268,7 @@ def test_conv_layers_every_algorithm_or_na(tmp_path, capsys):
     assert {"tilegemm:im2col", "tilegemm:winograd", "tilegemm:direct", "tilegemm:auto"} <= set(
         three["results"])
     assert all(c["ok"] for c in three["check"].values())
+    assert "numpy" in three["results"] and three["results"]["tilegemm:auto"]["ratio_numpy"] > 0
     one = by_layer["resnet50_1x1"]
     assert "winograd" in one["not_applicable"] and "tilegemm:winograd" not in one["results"]
     md = (tmp_path / "report.md").read_text()

@@ -13,7 +13,8 @@ it exceeds both
 Beyond both, a row is ``faster`` or ``SLOWER``, otherwise ``~``; any ``SLOWER``
 row makes ``bench --compare`` exit with status 1, so it can fail a CI job.
 
-The ratio to the interleaved peer (numpy for GEMM, torch for convolution) is
+The ratio to the interleaved peer (numpy for GEMM, torch or else numpy's
+explicit im2col for convolution) is
 shown beside it, B / A: when tilegemm and its peer slowed down alike, the
 machine changed, not the code.  Compare reports from the same machine; the
 machine descriptions are compared and a difference is stated.
@@ -68,7 +69,8 @@ def _row(key, party, pa, pb, threshold):
     row = {"case": key, "party": party, "ms_a": 1e3 * a["best_s"], "ms_b": 1e3 * b["best_s"],
            "change": a["best_s"] / b["best_s"], "noise": noise,
            "verdict": _verdict(a["best_s"], b["best_s"], max(threshold, noise))}
-    peer = "numpy" if key[0] == "gemm" else "torch"
+    # torch for convolutions when both runs had it, else numpy (GEMM, or conv's im2col peer).
+    peer = "torch" if key[0] == "conv" and "torch" in pa and "torch" in pb else "numpy"
     if peer in pa and peer in pb:
         row["peer"] = peer
         row["peer_ratio_change"] = ((b["gflops"] / pb[peer]["gflops"])

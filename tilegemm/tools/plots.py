@@ -3,7 +3,8 @@
 * ``gemm_<dtype>.png``: GFLOPS against the square size n, one panel per thread
   count, tilegemm / numpy / torch curves and the measured-peak line.
 * ``gemm_skinny_<dtype>.png``: bars for the skinny shapes.
-* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and torch.
+* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and peer
+  (numpy's explicit im2col, torch).
 
 Every title names the machine (CPU model, ISA), the commit and the date; the
 y-axis reaches above the largest value plotted, so nothing is clipped (Winograd's
@@ -128,14 +129,14 @@ def plot_gemm_other(records, dtype, title):
 
 
 def plot_conv(records, dtype, threads, title):
-    """Per-layer bars of effective GFLOPS by algorithm, with torch: a Figure."""
+    """Per-layer bars of effective GFLOPS by algorithm, with the peers: a Figure."""
     fig, (ax,) = _figure(1, width=max(8.0, 1.3 * len(records) + 4), height=5.0)
     fig.suptitle(title, fontsize="medium")
     cats = [r["layer"] for r in records]
     parties = []
     for r in records:
         parties += [p for p in r["results"] if p not in parties]
-    order = ["tilegemm:" + a for a in ALGORITHMS] + ["torch"]  # torch last, next to auto
+    order = ["tilegemm:" + a for a in ALGORITHMS] + ["numpy", "torch"]  # peers next to auto
     parties.sort(key=lambda p: order.index(p) if p in order else len(order))
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])

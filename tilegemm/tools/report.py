@@ -274,36 +274,44 @@ def gemm_tables(records, has_torch):
     return tables
 
 
-def conv_tables(records, has_torch, ms=False):
+#: Convolution peers, in column order, and the key of tilegemm's ratio to each.
+CONV_PEERS = {"numpy": "ratio_numpy", "torch": "ratio"}
+
+
+def _conv_row(record, name, res, peers, ms):
+    """The table row of tilegemm party ``name`` of one convolution record."""
+    algo = name.split(":", 1)[1] + (f" → {res['chose']}" if res.get("chose") else "")
+    if not record["check"].get(name, {}).get("ok", True):
+        algo += " (WRONG RESULT)"
+    row = [record["layer"], record["shape"], record["batch"], algo, _fmt(res["gflops"]),
+           *_ms_cells(res), _fmt(res["pct_peak"])]
+    for peer in peers:
+        peer_row = record["results"].get(peer)
+        ratio = res.get(CONV_PEERS[peer])
+        row += [_fmt(peer_row["gflops"]) if peer_row else "-",
+                "-" if ratio is None else f"{ratio:.2f}×"]
+        row += _ms_cells(peer_row) if ms else []
+    return row
+
+
+def conv_tables(records, ms=False):
     """[(title, headers, rows)] for the convolution records (one row per layer and algorithm).
 
     Every algorithm's milliseconds per call (best, and min / median / max of
-    the repeats) are shown; ``ms`` adds torch's.
+    the repeats) are shown, then each peer that ran (numpy's explicit im2col,
+    torch) with tilegemm's speed relative to it; ``ms`` adds the peers' times.
     """
     tables = []
     for (dtype, threads), recs in _groups(records).items():
+        peers = [p for p in CONV_PEERS if any(p in r["results"] for r in recs)]
         headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", *MS_HEADERS, "% peak"]
-        if has_torch:
-            headers += ["torch GFLOPS", "× torch"] + (["torch " + h for h in MS_HEADERS]
-                                                      if ms else [])
+        for peer in peers:
+            headers += [f"{peer} GFLOPS", f"× {peer}"]
+            headers += [f"{peer} {h}" for h in MS_HEADERS] if ms else []
         rows = []
         for r in recs:
-            torch_row = r["results"].get("torch")
-            torch_g = torch_row["gflops"] if torch_row else None
-            for name, res in r["results"].items():
-                if name == "torch":
-                    continue
-                algo = name.split(":", 1)[1]
-                if res.get("chose"):
-                    algo += f" → {res['chose']}"
-                row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
-                       *_ms_cells(res), _fmt(res["pct_peak"])]
-                if has_torch:
-                    row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
-                    row += _ms_cells(torch_row) if ms else []
-                if not r["check"].get(name, {}).get("ok", True):
-                    row[3] += " (WRONG RESULT)"
-                rows.append(row)
+            rows += [_conv_row(r, name, res, peers, ms) for name, res in r["results"].items()
+                     if name.startswith("tilegemm")]
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
                 rows.append(row + ["-"] * (len(headers) - len(row)))
@@ -352,7 +360,7 @@ def memory_text(memory):
 def all_conv_tables(report):
     """Every convolution table of ``report`` (timings, then ``--scaling``), as (title, headers, rows)."""
     conv, settings = report["conv"], report["settings"]
-    tables = conv_tables(conv["records"], has_torch_results(report), settings.get("ms", False))
+    tables = conv_tables(conv["records"], settings.get("ms", False))
     return tables + scaling_tables(conv.get("scaling", []))
 
 

@@ -127,7 +127,7 @@ def _plan_steps(plan, rep):
 def _conv_steps(plan, conv):
     """The convolution steps: timings (or ``--scaling``), then ``--memory``."""
     steps = []
-    peers = tuple(p for p in plan.peers if p == "torch")
+    peers = plan.peers
     budget = 2.0 if plan.quick else 10.0
     threads = (max(plan.threads),) if plan.scaling else plan.threads
     cases = conv_suite.conv_cases(plan.dtypes, threads, plan.quick, plan.layers, plan.batch,
