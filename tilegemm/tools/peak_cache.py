@@ -58,8 +58,8 @@ def busy_warning(dtype, per_threads):
         return ""
     return (f"warning: the {top}-thread {dtype} peak ({per_threads[top]:.0f} GFLOPS) is only "
             f"{scaling:.2f}x the 1-thread one ({one:.0f}); below {BUSY_SCALING * top:.1f}x "
-            "something else was using a core. These peaks are not cached; measure again on "
-            "a quiet machine (tilegemm info --remeasure).")
+            "something else was using a core. These peaks are not cached: the next "
+            "`tilegemm info` measures again, best on a quiet machine.")
 
 
 def measured_peaks(machine, dtypes, thread_counts, measure, remeasure=False, path=None):
