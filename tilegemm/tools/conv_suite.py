@@ -163,6 +163,55 @@ def torch_party(x, w, layer, layout="NCHW"):
     return lambda: f(tx, tw, None, layer.stride, layer.padding, 1, layer.groups)
 
 
+#: Largest patch matrix the numpy peer builds; above it the peer sits the layer out
+#: (VGG conv1_2 at batch 8 would need 0.9 GiB).
+NUMPY_PEER_MAX_BYTES = 256 << 20
+
+
+def im2col_numpy(x, w, stride=1, padding=0, groups=1, layout="NCHW"):
+    """Convolution as explicit im2col and one ``numpy.matmul``: the peer that is always there.
+
+    The patch matrix (groups x N·Ho·Wo x C/groups·kh·kw) is built in full from a
+    strided window view of the padded image, then multiplied by the weights as
+    one batched product per group, through numpy's BLAS.
+
+    Parameters
+    ----------
+    x : ndarray
+        (N, C, H, W), or (N, H, W, C) when ``layout`` is ``"NHWC"``.
+    w : ndarray
+        (K, C/groups, kh, kw).
+
+    Returns
+    -------
+    ndarray
+        (N, K, Ho, Wo), or (N, Ho, Wo, K) for NHWC.
+    """
+    nchw = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    n, c, _, _ = nchw.shape
+    k, cg, kh, kw = w.shape
+    padded = np.pad(nchw, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(2, 3))
+    windows = windows[:, :, ::stride, ::stride]          # N, C, Ho, Wo, kh, kw (a view)
+    ho, wo = windows.shape[2:4]
+    cols = (windows.reshape(n, groups, cg, ho, wo, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+            .reshape(groups, n * ho * wo, cg * kh * kw))  # the copy: the patch matrix
+    weights = w.reshape(groups, k // groups, cg * kh * kw).transpose(0, 2, 1)
+    out = np.matmul(cols, weights).reshape(groups, n, ho, wo, k // groups)
+    if layout == "NHWC":
+        return out.transpose(1, 2, 3, 0, 4).reshape(n, ho, wo, k)
+    return out.transpose(1, 0, 4, 2, 3).reshape(n, k, ho, wo)
+
+
+def numpy_party(x, w, layer, layout="NCHW"):
+    """A zero-argument call of :func:`im2col_numpy` (None when its patch matrix is too large)."""
+    ho, wo = layer.out_hw
+    patch_bytes = x.shape[0] * ho * wo * layer.c * layer.kh * layer.kw * x.itemsize
+    if patch_bytes > NUMPY_PEER_MAX_BYTES:
+        return None
+    return lambda: im2col_numpy(x, w, layer.stride, layer.padding, layer.groups, layout)
+
+
 def probe(fn):
     """First call of ``fn``: (seconds, output) or (None, reason) when it does not apply."""
     t0 = time.perf_counter()
@@ -184,9 +233,10 @@ def auto_choice(case, x, w):
                 dtype=np.dtype(case.dtype), threads=case.threads).algorithm
 
 
-def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
-    """The callables to time for ``case``: torch (when in ``peers`` and installed) and
-    every algorithm in ``algorithms`` that applies, each probed once.
+def gather_parties(case, x, w, peers=("numpy", "torch"), algorithms=ALGORITHMS):
+    """The callables to time for ``case``: the peers in ``peers`` (numpy's explicit
+    im2col when its patch matrix fits :data:`NUMPY_PEER_MAX_BYTES`, torch when
+    installed) and every algorithm in ``algorithms`` that applies, each probed once.
 
     Returns
     -------
@@ -196,9 +246,11 @@ def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
     """
     ly = case.layer
     parties, first, outputs, not_applicable = {}, {}, {}, {}
-    torch_fn = torch_party(x, w, ly, case.layout) if "torch" in peers else None
-    if torch_fn is not None:
-        parties["torch"] = torch_fn
+    makers = {"numpy": numpy_party, "torch": torch_party}
+    for peer in [p for p in makers if p in peers]:
+        fn = makers[peer](x, w, ly, case.layout)
+        if fn is not None:
+            parties[peer] = fn
     for algo in algorithms:
         fn = tilegemm_party(x, w, ly, algo, case.layout)
         seconds, result = probe(fn)
@@ -210,20 +262,20 @@ def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
     return parties, first, outputs, not_applicable
 
 
-def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("torch",),
+def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("numpy", "torch"),
                   budget=10.0):
-    """Time one layer: every applicable algorithm and torch, interleaved.
+    """Time one layer: every applicable algorithm and the peers, interleaved.
 
     Returns
     -------
     dict
-        JSON-ready row: the layer, ``results`` per party (``"torch"`` and
-        ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on the
-        algorithm's own flops), ``ratio`` (ours / torch) and, for auto, ``chose``
-        (from ``tilegemm.conv_plan``); ``not_applicable``
-        maps an algorithm that raised ValueError to the error message; ``check``
-        holds each algorithm's max relative error against torch's float64 result
-        (empty without torch).  ``budget`` caps the seconds of timed samples per
+        JSON-ready row: the layer, ``results`` per party (``"numpy"``, ``"torch"``
+        and ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on
+        the algorithm's own flops), ``ratio`` (ours / torch), ``ratio_numpy``
+        (ours / numpy) and, for auto, ``chose`` (from ``tilegemm.conv_plan``);
+        ``not_applicable`` maps an algorithm that raised ValueError to the error
+        message; ``check`` holds each algorithm's max relative error against a
+        float64 result (:func:`im2col_numpy` on float64 operands).  ``budget`` caps the seconds of timed samples per
         party (slow algorithms get fewer repetitions).
     """
     x, w = operands(case)
@@ -247,6 +299,8 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
             row["pct_peak"] = 100.0 * own / peak
         if algo and "torch" in results:
             row["ratio"] = row["gflops"] / results["torch"]["gflops"]
+        if algo and "numpy" in results:
+            row["ratio_numpy"] = row["gflops"] / results["numpy"]["gflops"]
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,
@@ -256,16 +310,15 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("to
 
 
 def _check(x, w, layer, outputs, layout="NCHW"):
-    """Max relative error of every algorithm against a float64 reference (torch)."""
-    torch = timing.torch_module()
-    if torch is None or not outputs:
+    """Max relative error of every algorithm against a float64 reference.
+
+    The reference is :func:`im2col_numpy` on float64 operands (tests check it
+    against a direct loop and torch), so results are checked with or without torch.
+    """
+    if not outputs:
         return {}
-    if layout == "NHWC":  # compare in NCHW: the reference's layout
-        x = x.transpose(0, 3, 1, 2)
-        outputs = {name: out.transpose(0, 3, 1, 2) for name, out in outputs.items()}
-    f = torch.nn.functional.conv2d
-    ref = f(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
-            None, layer.stride, layer.padding, 1, layer.groups).numpy()
+    ref = im2col_numpy(x.astype(np.float64), w.astype(np.float64), layer.stride,
+                       layer.padding, layer.groups, layout)
     from tilegemm.tools.gemm_suite import max_rel_error
     tol = 1e-3 if x.dtype == np.float32 else 1e-9  # Winograd's transforms cost some digits
     checks = {}

@@ -3,8 +3,12 @@
 * ``gemm_<dtype>.png``: GFLOPS against the square size n, one panel per thread
   count, tilegemm / numpy / torch curves and the measured-peak line.
 * ``gemm_skinny_<dtype>.png``: bars for the skinny shapes.
-* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and torch.
+* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and peer
+  (numpy's explicit im2col, torch).
 
+Every title names the machine (CPU model, ISA), the commit and the date; the
+y-axis reaches above the largest value plotted, so nothing is clipped (Winograd's
+effective GFLOPS can exceed the peak), and the measured peak is a dashed line.
 Figures are drawn with matplotlib's object API on an Agg canvas, so no GUI
 backend or global pyplot state is involved.
 """
@@ -40,9 +44,22 @@ def _label(name):
     return name.replace("tilegemm:", "tilegemm ")
 
 
-def _peak_line(ax, peak):
+def _peak_line(ax, peak, values):
+    """The measured-peak line, and a y-range that holds it and every value."""
     ax.axhline(peak, color="black", linestyle="--", linewidth=1.2,
                label=f"measured peak ({peak:.0f} GFLOPS)")
+    top = max([peak] + [v for v in values if v is not None])
+    ax.set_ylim(0, top * 1.1)
+
+
+def caption(report):
+    """Machine, ISA, commit and date of a report, for the figure titles."""
+    from tilegemm.tools.provenance import commit_text
+    m = report.get("machine") or {}
+    source = {"commit": report["commit"], "dirty": report["dirty"]} if report.get(
+        "commit") else None
+    return (f"{m.get('brand', 'unknown CPU')}, {m.get('isa', '?')}; commit "
+            f"{commit_text(source)}; {report['created'][:10]}")
 
 
 def _by_threads(records):
@@ -52,10 +69,14 @@ def _by_threads(records):
     return dict(sorted(groups.items()))
 
 
-def plot_gemm_square(records, dtype, path):
-    """GFLOPS vs n for the square cases of one dtype; one panel per thread count."""
+def plot_gemm_square(records, dtype, title):
+    """GFLOPS vs n for the square cases of one dtype; one panel per thread count.
+
+    Returns the matplotlib Figure; ``title`` (e.g. :func:`caption`) goes on top.
+    """
     groups = _by_threads(records)
     fig, axes = _figure(len(groups))
+    fig.suptitle(title, fontsize="medium")
     for ax, (threads, recs) in zip(axes, groups.items()):
         recs = sorted(recs, key=lambda r: r["n"])
         sizes = [r["n"] for r in recs]
@@ -64,16 +85,16 @@ def plot_gemm_square(records, dtype, path):
             if pts:
                 color, marker = STYLE[party]
                 ax.plot(*zip(*pts), color=color, marker=marker, label=party)
-        _peak_line(ax, recs[0]["peak_gflops"])
+        _peak_line(ax, recs[0]["peak_gflops"],
+                   [p["gflops"] for r in recs for p in r["results"].values()])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set_ylim(0, recs[0]["peak_gflops"] * 1.12)
         ax.set_xlabel("matrix size n (n×n times n×n)")
         ax.set_ylabel("GFLOPS (2·n³ / time)")
         ax.set_title(f"GEMM {dtype}, {timing.threads_text(threads)}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best")
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def _bars(ax, categories, series, peak):
@@ -85,18 +106,18 @@ def _bars(ax, categories, series, peak):
         if pts:
             color = STYLE.get(party, ("gray", None))[0]
             ax.bar(*zip(*pts), width=width, color=color, label=_label(party))
-    _peak_line(ax, peak)
+    _peak_line(ax, peak, [v for values in series.values() for v in values])
     ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
-    ax.set_ylim(0, peak * 1.12)
     ax.grid(True, axis="y", alpha=0.3)
     # Outside the axes, so that it never hides a bar or the peak line.
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
-def plot_gemm_other(records, dtype, path):
-    """Bars for the non-square GEMM cases of one dtype; one panel per thread count."""
+def plot_gemm_other(records, dtype, title):
+    """Bars for the non-square GEMM cases of one dtype, one panel per thread count: a Figure."""
     groups = _by_threads(records)
     fig, axes = _figure(len(groups))
+    fig.suptitle(title, fontsize="medium")
     for ax, (threads, recs) in zip(axes, groups.items()):
         cats = [f"{r['kind']}\n{r['shape']}" for r in recs]
         parties = [p for p in ("tilegemm", "numpy", "torch") if any(p in r["results"] for r in recs)]
@@ -104,30 +125,35 @@ def plot_gemm_other(records, dtype, path):
         _bars(ax, cats, series, recs[0]["peak_gflops"])
         ax.set_ylabel("GFLOPS (2·m·n·k / time)")
         ax.set_title(f"GEMM {dtype}, skinny shapes, {timing.threads_text(threads)}")
-    fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_conv(records, dtype, threads, path):
-    """Per-layer bars of effective GFLOPS by algorithm, with torch."""
+def plot_conv(records, dtype, threads, title):
+    """Per-layer bars of effective GFLOPS by algorithm, with the peers: a Figure."""
     fig, (ax,) = _figure(1, width=max(8.0, 1.3 * len(records) + 4), height=5.0)
+    fig.suptitle(title, fontsize="medium")
     cats = [r["layer"] for r in records]
     parties = []
     for r in records:
         parties += [p for p in r["results"] if p not in parties]
-    order = ["tilegemm:" + a for a in ALGORITHMS] + ["torch"]  # torch last, next to auto
+    order = ["tilegemm:" + a for a in ALGORITHMS] + ["numpy", "torch"]  # peers next to auto
     parties.sort(key=lambda p: order.index(p) if p in order else len(order))
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])
     ax.set_ylabel("effective GFLOPS (direct-conv flops / time)")
     ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {timing.threads_text(threads)}"
                  "\n(no bar: the algorithm does not apply to the layer)")
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def write_plots(report, out_dir):
     """Write every plot the report has data for; return file names (relative to out_dir)."""
-    written = []
-    dtypes = []
+    written, dtypes, title = [], [], caption(report)
+
+    def save(name, fig):
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        written.append(name)
+
     for r in report["gemm"] + report["conv"]["records"]:
         if r["dtype"] not in dtypes:
             dtypes.append(r["dtype"])
@@ -135,13 +161,10 @@ def write_plots(report, out_dir):
         square = [r for r in report["gemm"] if r["dtype"] == dtype and r["kind"] == "square"]
         other = [r for r in report["gemm"] if r["dtype"] == dtype and r["kind"] != "square"]
         if square:
-            written.append(f"gemm_{dtype}.png")
-            plot_gemm_square(square, dtype, os.path.join(out_dir, written[-1]))
+            save(f"gemm_{dtype}.png", plot_gemm_square(square, dtype, title))
         if other:
-            written.append(f"gemm_skinny_{dtype}.png")
-            plot_gemm_other(other, dtype, os.path.join(out_dir, written[-1]))
+            save(f"gemm_skinny_{dtype}.png", plot_gemm_other(other, dtype, title))
         conv = [r for r in report["conv"]["records"] if r["dtype"] == dtype]
         for threads, recs in _by_threads(conv).items():
-            written.append(f"conv_{dtype}_{threads}t.png")
-            plot_conv(recs, dtype, threads, os.path.join(out_dir, written[-1]))
+            save(f"conv_{dtype}_{threads}t.png", plot_conv(recs, dtype, threads, title))
     return written

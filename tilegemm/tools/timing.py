@@ -120,6 +120,10 @@ class Timing:
         return min(self.samples_s)
 
     @property
+    def max_s(self):
+        return max(self.samples_s)
+
+    @property
     def median_s(self):
         return statistics.median(self.samples_s)
 
@@ -129,7 +133,8 @@ class Timing:
         return self.median_s / self.best_s - 1.0
 
     def as_dict(self):
-        return {"best_s": self.best_s, "median_s": self.median_s, "spread": self.spread,
+        return {"best_s": self.best_s, "min_s": self.best_s, "median_s": self.median_s,
+                "max_s": self.max_s, "spread": self.spread,
                 "first_call_s": self.first_call_s, "calls": self.calls,
                 "samples_s": list(self.samples_s)}
 
