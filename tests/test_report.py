@@ -5,8 +5,8 @@ No measurement runs here; the records are the shape ``bench`` writes to report.j
 import numpy as np
 import pytest
 
-from tilegemm.tools import report
-from tilegemm.tools.conv_suite import ALGORITHMS, im2col_numpy
+from tilegemm.tools import report, timing
+from tilegemm.tools.conv_suite import ALGORITHMS, auto_result, im2col_numpy, screen
 
 
 @pytest.fixture
@@ -129,3 +129,38 @@ def test_conv_tables_show_the_numpy_peer():
     assert "numpy GFLOPS" in headers and "torch GFLOPS" not in headers
     winograd = [dict(zip(headers, r)) for r in rows if r[3] == "winograd"][0]
     assert winograd["numpy GFLOPS"] == "30.0" and winograd["× numpy"] == "3.00×"
+
+
+def test_screen_leaves_out_algorithms_far_slower_than_the_best():
+    estimates = {"im2col": 1.0e-3, "winograd": 0.8e-3, "direct": 40e-3}
+    assert screen(estimates, "estimated") == {
+        "direct": "skipped, estimated 50x slower than winograd"}
+    assert screen(estimates, "estimated", keep=("direct",)) == {}  # what auto picks stays
+    measured = {"im2col": 1.0e-3, "direct": 7.9e-3}               # within 8x: timed
+    assert screen(measured, "measured") == {} and screen({}, "measured") == {}
+    assert screen({"im2col": 1e-3, "direct": 9e-3}, "measured") == {
+        "direct": "skipped, measured 9x slower than im2col"}
+
+
+def test_auto_row_is_the_chosen_algorithms_measurement():
+    fake = {"tilegemm:im2col": timing.Timing(0.5, 1, [2.0e-3, 2.2e-3]),
+            "tilegemm:winograd": timing.Timing(0.6, 1, [1.0e-3, 1.3e-3, 1.1e-3])}
+    results = timing.summarise(fake, flops=2e9, peak=100.0)
+    auto = auto_result(results, "winograd")
+    assert auto["samples_s"] == [1.0e-3, 1.3e-3, 1.1e-3] and auto["gflops"] == 2000.0
+    assert auto["chose"] == "winograd" and auto["timed_as"] == "tilegemm:winograd"
+    assert "chose" not in results["tilegemm:winograd"]  # a copy: the winograd row is unchanged
+    assert auto_result(results, "direct") is None
+
+
+def test_skipped_algorithms_are_footnotes_not_rows():
+    rec = conv_record("resnet18_conv2_x", 90.0)
+    del rec["results"]["tilegemm:direct"]
+    rec["results"]["tilegemm:auto"] = dict(rec["results"]["tilegemm:winograd"], chose="winograd")
+    rec["skipped"] = {"direct": "skipped, estimated 32x slower than winograd"}
+    (_, headers, rows), = report.conv_tables([rec])
+    algorithms = [dict(zip(headers, r))["algorithm"] for r in rows]
+    assert algorithms == ["im2col", "winograd", "auto → winograd"]
+    assert report.conv_notes([rec]) == [
+        "resnet18_conv2_x (float32, 1 thread): direct: skipped, estimated 32x slower than winograd"]
+    assert report.conv_notes([conv_record("a", 90.0)]) == []  # older records: no "skipped"

@@ -19,6 +19,13 @@ from tilegemm.tools import timing
 #: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.
 ALGORITHMS = ("im2col", "winograd", "direct", "auto")
 
+#: An algorithm estimated (``conv_plan``'s ``estimates``) or first measured more than
+#: this many times slower than the layer's best is not timed further: the report
+#: gives it a footnote instead of a row.  Direct convolution runs 15-90x behind on
+#: dense layers, Winograd 7-140x on grouped and depthwise ones; timing them cost
+#: most of a run and said nothing a reader could use.
+COMPETITIVE_FACTOR = 8.0
+
 
 @dataclass(frozen=True)
 class ConvLayer:
@@ -222,15 +229,53 @@ def probe(fn):
     return time.perf_counter() - t0, np.asarray(result)
 
 
-def auto_choice(case, x, w):
-    """The algorithm ``algorithm="auto"`` picks for this case (None if not inspectable)."""
+def case_plan(case, x, w):
+    """``tilegemm.conv_plan`` for this case: what ``algorithm="auto"`` picks, and the estimates."""
     import tilegemm
-    plan = getattr(tilegemm, "conv_plan", None)
-    if plan is None:
-        return None
     ly = case.layer
-    return plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups, layout=case.layout,
-                dtype=np.dtype(case.dtype), threads=case.threads).algorithm
+    return tilegemm.conv_plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups,
+                              layout=case.layout, dtype=np.dtype(case.dtype),
+                              threads=case.threads)
+
+
+def screen(seconds, how, keep=(), factor=COMPETITIVE_FACTOR):
+    """The algorithms too slow to time further: ``{algorithm: footnote}``.
+
+    Parameters
+    ----------
+    seconds : dict of str -> float
+        Estimated or measured seconds per call of each algorithm.
+    how : {"estimated", "measured"}
+        Which kind ``seconds`` are, for the footnote.
+    keep : sequence of str
+        Algorithms never screened out (the one ``auto`` picks).
+    factor : float
+        More than ``factor`` times the fastest is too slow.
+
+    Returns
+    -------
+    dict of str -> str
+        E.g. ``{"direct": "skipped, estimated 32x slower than winograd"}``.
+    """
+    if not seconds:
+        return {}
+    best = min(seconds, key=seconds.get)
+    return {a: f"skipped, {how} {t / seconds[best]:.0f}x slower than {best}"
+            for a, t in seconds.items() if t > factor * seconds[best] and a not in keep}
+
+
+def auto_result(results, chosen):
+    """The ``tilegemm:auto`` row: the row of the algorithm ``auto`` picks, timed once.
+
+    ``conv2d(algorithm="auto")`` runs the same path as the algorithm it picks, so
+    timing it apart only added a row that differed by noise.  Returns a copy of
+    ``results["tilegemm:<chosen>"]`` with ``chose`` and ``timed_as`` set, or None
+    when that algorithm was not timed.
+    """
+    row = results.get(f"tilegemm:{chosen}")
+    if row is None:
+        return None
+    return dict(row, chose=chosen, timed_as=f"tilegemm:{chosen}")
 
 
 def gather_parties(case, x, w, peers=("numpy", "torch"), algorithms=ALGORITHMS):
@@ -262,38 +307,78 @@ def gather_parties(case, x, w, peers=("numpy", "torch"), algorithms=ALGORITHMS):
     return parties, first, outputs, not_applicable
 
 
+def _per_call(fn, min_time, samples=2):
+    """Seconds per call of ``fn``: the best of ``samples`` samples of at least ``min_time``."""
+    best = None
+    for _ in range(samples):
+        calls, seconds = timing.calibrate(fn, min_time)
+        best = seconds / calls if best is None else min(best, seconds / calls)
+    return best
+
+
+def _competitive_parties(case, x, w, peers, algorithms, min_time):
+    """:func:`gather_parties` for the algorithms worth timing, and the footnotes of the rest.
+
+    Screened first on ``conv_plan``'s estimates (a skipped algorithm is never
+    compiled), then on a first measurement of each (:func:`_per_call`).  ``auto`` is probed once (its result
+    is checked) but not timed: :func:`auto_result` gives its row.
+
+    Returns
+    -------
+    (parties, first, outputs, not_applicable, skipped, chosen)
+    """
+    plan = case_plan(case, x, w)
+    chosen = plan.algorithm if "auto" in algorithms else None
+    keep = (chosen,) if chosen else ()
+    skipped = screen({a: t for a, t in plan.estimates.items() if a in algorithms},
+                     "estimated", keep)
+    timed = [a for a in algorithms if a != "auto" and a not in skipped]
+    timed += [chosen] if chosen and chosen not in timed else []
+    parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, timed)
+    warm = {a: _per_call(parties[f"tilegemm:{a}"], min_time) for a in timed
+            if f"tilegemm:{a}" in parties}
+    measured = screen(warm, "measured", keep)
+    for algo in measured:
+        del parties[f"tilegemm:{algo}"], first[f"tilegemm:{algo}"]
+    skipped.update(measured)
+    if chosen:
+        seconds, result = probe(tilegemm_party(x, w, case.layer, "auto", case.layout))
+        outputs["tilegemm:auto"] = result if seconds is not None else np.empty(0)
+    return parties, first, outputs, not_applicable, skipped, chosen
+
+
 def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("numpy", "torch"),
                   budget=10.0):
-    """Time one layer: every applicable algorithm and the peers, interleaved.
+    """Time one layer: each applicable, competitive algorithm and the peers, interleaved.
 
     Returns
     -------
     dict
         JSON-ready row: the layer, ``results`` per party (``"numpy"``, ``"torch"``
         and ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on
-        the algorithm's own flops), ``ratio`` (ours / torch), ``ratio_numpy``
-        (ours / numpy) and, for auto, ``chose`` (from ``tilegemm.conv_plan``);
-        ``not_applicable`` maps an algorithm that raised ValueError to the error
-        message; ``check`` holds each algorithm's max relative error against a
-        float64 result (:func:`im2col_numpy` on float64 operands).  ``budget`` caps the seconds of timed samples per
-        party (slow algorithms get fewer repetitions).
+        the algorithm's own flops), ``ratio`` (ours / torch) and ``ratio_numpy``
+        (ours / numpy); ``tilegemm:auto`` is the row of the algorithm it picks
+        (:func:`auto_result`: ``chose``, ``timed_as``). ``not_applicable`` maps an
+        algorithm that raised ValueError to the error message, ``skipped`` an
+        algorithm more than :data:`COMPETITIVE_FACTOR` times slower than the best to
+        its footnote (:func:`screen`); ``check`` holds each algorithm's max relative
+        error against a float64 result (:func:`im2col_numpy` on float64 operands).
+        ``budget`` caps the seconds of timed samples per party (slow algorithms get
+        fewer repetitions).
     """
     x, w = operands(case)
     ly = case.layer
     with timing.pinned_threads(case.threads):
-        parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, algorithms)
+        parties, first, outputs, not_applicable, skipped, chosen = _competitive_parties(
+            case, x, w, peers, algorithms, min_time)
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=timing.settle_time(case.threads),
-                                    ramp=timing.ramp_time(case.threads), budget=budget,
-                                    first_calls=first)
+                                     settle=timing.settle_time(case.threads),
+                                     ramp=timing.ramp_time(case.threads), budget=budget,
+                                     first_calls=first)
         peak = timing.peak_gflops(case.dtype, case.threads)
-        chosen = auto_choice(case, x, w) if "tilegemm:auto" in parties else None
     results = timing.summarise(timings, case.flops, peak)
     for name, row in results.items():
         algo = name.split(":", 1)[1] if ":" in name else None
-        if algo == "auto" and chosen:
-            row["chose"] = chosen
-            algo = chosen
         if algo and peak:
             own = timing.gflops(case.algorithm_flops(algo), row["best_s"])
             row["pct_peak"] = 100.0 * own / peak
@@ -301,11 +386,15 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("nu
             row["ratio"] = row["gflops"] / results["torch"]["gflops"]
         if algo and "numpy" in results:
             row["ratio_numpy"] = row["gflops"] / results["numpy"]["gflops"]
+    auto = auto_result(results, chosen) if chosen else None
+    if auto:
+        results["tilegemm:auto"] = auto
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,
         "peak_gflops": peak, "reps": reps, "results": results,
-        "not_applicable": not_applicable, "check": _check(x, w, ly, outputs, case.layout),
+        "not_applicable": not_applicable, "skipped": skipped,
+        "check": _check(x, w, ly, outputs, case.layout),
     }
 
 

@@ -321,6 +321,23 @@ def conv_tables(records, ms=False):
     return tables
 
 
+def conv_notes(records):
+    """Footnotes of the convolution tables: the algorithms left out as too slow.
+
+    One line per record and skipped algorithm (``run_conv_case``'s ``skipped``),
+    e.g. ``"resnet18_conv2_x (float32, 1 thread): direct: skipped, estimated 32x
+    slower than winograd"``; an empty list when nothing was skipped.
+    """
+    return [f"{r['layer']} ({r['dtype']}{_layout_text(r)}, {timing.threads_text(r['threads'])}): "
+            f"{algo}: {note}"
+            for r in records for algo, note in r.get("skipped", {}).items()]
+
+
+#: What the ``auto → X`` rows are, said under the convolution tables.
+AUTO_NOTE = ("`auto → X`: `algorithm=\"auto\"` picks X (`tilegemm.conv_plan`) and runs "
+             "X's path, so its row repeats X's measurement rather than timing it again.")
+
+
 def _layout_text(record):
     """", NHWC" for channels-last records; nothing for NCHW (and reports from before layouts)."""
     layout = record.get("layout", "NCHW")
@@ -518,6 +535,10 @@ def markdown_report(report):
         out += ["## Convolution", ""]
         for title, headers, rows in all_conv_tables(report):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+        notes = conv_notes(conv["records"])
+        if conv["records"]:
+            out += [AUTO_NOTE + (" Not timed, as too slow for this layer:" if notes else ""), ""]
+            out += [f"* {n}" for n in notes] + ([""] if notes else [])
         if conv.get("memory"):
             out += [memory_text(conv["memory"]) + ".", ""]
     out += ["## Plots", ""]

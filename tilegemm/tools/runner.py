@@ -158,6 +158,9 @@ def print_tables(rep, stream=sys.stdout):
     tables += report.all_conv_tables(rep)
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
+    notes = report.conv_notes(rep["conv"]["records"])
+    if notes:
+        print("\nNot timed, as too slow for the layer:\n" + "\n".join(notes), file=stream)
     if rep["first_call"]:
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
