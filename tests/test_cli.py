@@ -167,6 +167,8 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     source = source_commit()
     assert report["commit"] == (source and source["commit"])
     assert report["dirty"] == (source and source["dirty"]) and report["partial"] is None
+    assert report["memory_bandwidth"]["gbps"] > 0 and "GB/s" in out and "Memory bandwidth" in (
+        out_dir / "report.md").read_text()
     shapes = [r["shape"] for r in report["gemm"]]
     assert shapes == ["16x16x16", "32x32x32"]
     for rec in report["gemm"]:
@@ -179,15 +181,15 @@ def test_bench_tiny_writes_json_markdown_and_plots(tiny_report):
     assert any("16x16x16" in row for t in tables for row in t)
     assert "| min / median / max ms " in md
     if timing.optional_import("matplotlib") is not None:
-        assert report["plots"] == ["gemm_float32.png"]
+        assert report["plots"] == ["gemm_float32.png", "roofline_float32.png"]
         assert (out_dir / "gemm_float32.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "![gemm_float32](gemm_float32.png)" in md
 
 
 def test_progress_goes_to_stderr_as_plain_lines_when_not_a_tty(tiny_report):
     _, out, err, _ = tiny_report
-    assert "[1/3]" in err and "[3/3]" in err
-    assert "\r" not in err and "[1/3]" not in out
+    assert "[1/4]" in err and "[4/4]" in err
+    assert "\r" not in err and "[1/4]" not in out
 
 
 class Tty(io.StringIO):
@@ -546,7 +548,8 @@ def test_rows_print_as_they_finish_and_ctrl_c_writes_a_partial_report(tmp_path):
     assert "Traceback" not in err and "interrupted" in err
     report = json.loads((tmp_path / "report.json").read_text())
     partial = report["partial"]
-    assert partial["steps_total"] == 61 and 2 <= partial["steps_done"] < 61
-    assert len(report["gemm"]) == partial["steps_done"] - 1  # the machine step, then rows
+    assert partial["steps_total"] == 62 and 3 <= partial["steps_done"] < 62
+    # the machine and memory-bandwidth steps, then rows
+    assert len(report["gemm"]) == partial["steps_done"] - 2
     assert report["gemm"][0]["results"]["tilegemm"]["gflops"] > 0
     assert "Partial report" in (tmp_path / "report.md").read_text()

@@ -164,3 +164,30 @@ def test_skipped_algorithms_are_footnotes_not_rows():
     assert report.conv_notes([rec]) == [
         "resnet18_conv2_x (float32, 1 thread): direct: skipped, estimated 32x slower than winograd"]
     assert report.conv_notes([conv_record("a", 90.0)]) == []  # older records: no "skipped"
+
+
+def test_roofline_roofs_at_peak_and_bandwidth_points_at_their_intensity(plots):
+    gemm = dict(gemm_record(256, 80.0), flops=2.0 * 256 ** 3)
+    conv = dict(conv_record("layer_a", 90.0), flops=1e9, min_bytes=2e7)
+    conv["results"]["tilegemm:auto"] = party(70.0)
+    points = plots.roofline_points([gemm, conv])
+    # GEMM: 2·n³ flops over 3·n² float32 elements once; the layer: flops / min_bytes
+    assert points == [("256x256x256", 2.0 * 256 / (3 * 4), 80.0), ("layer_a", 50.0, 70.0)]
+    fig = plots.plot_roofline([("float32, 1 thread", 100.0, points)], 20.0, "title")
+    (ax,) = fig.axes
+    assert fig.get_suptitle() == "title" and ax.get_xscale() == ax.get_yscale() == "log"
+    slope, flat = ax.get_lines()
+    (x0, x1), (y0, y1) = slope.get_data()
+    assert y0 == pytest.approx(20.0 * x0) and (x1, y1) == pytest.approx((5.0, 100.0))
+    assert set(flat.get_ydata()) == {100.0}
+    placed = [tuple(c.get_offsets()[0]) for c in ax.collections]
+    assert placed == [(p[1], p[2]) for p in points]
+
+
+def test_roofline_is_drawn_from_a_report_with_a_bandwidth(plots, tmp_path):
+    rep = fake_report(gemm=[dict(gemm_record(64, 20.0), flops=2.0 * 64 ** 3)])
+    rep["conv"]["records"] = []
+    assert "roofline_float32.png" not in plots.write_plots(rep, str(tmp_path))  # no bandwidth
+    rep["memory_bandwidth"] = {"gbps": 15.0}
+    assert "roofline_float32.png" in plots.write_plots(rep, str(tmp_path))
+    assert (tmp_path / "roofline_float32.png").stat().st_size > 0

@@ -94,6 +94,15 @@ class ConvCase:
         ho, wo = ly.out_hw
         return 2.0 * self.batch * ly.k * ho * wo * (ly.c // ly.groups) * ly.kh * ly.kw
 
+    @property
+    def min_bytes(self):
+        """Bytes a call must move at least: input, weights and output, each once."""
+        ly = self.layer
+        ho, wo = ly.out_hw
+        elements = (self.batch * ly.c * ly.h * ly.w + ly.k * (ly.c // ly.groups) * ly.kh * ly.kw
+                    + self.batch * ly.k * ho * wo)
+        return elements * np.dtype(self.dtype).itemsize
+
     def algorithm_flops(self, algorithm):
         """Multiply-add flops the algorithm itself performs (for % of peak).
 
@@ -392,7 +401,7 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("nu
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,
-        "peak_gflops": peak, "reps": reps, "results": results,
+        "min_bytes": case.min_bytes, "peak_gflops": peak, "reps": reps, "results": results,
         "not_applicable": not_applicable, "skipped": skipped,
         "check": _check(x, w, ly, outputs, case.layout),
     }

@@ -5,6 +5,8 @@
 * ``gemm_skinny_<dtype>.png``: bars for the skinny shapes.
 * ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and peer
   (numpy's explicit im2col, torch).
+* ``roofline_<dtype>.png``: every GEMM and layer at its arithmetic intensity under
+  the measured peak and memory bandwidth, log-log, one panel per thread count.
 
 Every title names the machine (CPU model, ISA), the commit and the date; the
 y-axis reaches above the largest value plotted, so nothing is clipped (Winograd's
@@ -146,6 +148,84 @@ def plot_conv(records, dtype, threads, title):
     return fig
 
 
+def intensity(record):
+    """Arithmetic intensity of a GEMM or convolution record: flops / minimal bytes moved.
+
+    The minimal bytes are every input and the output once (GEMM: (m·k + k·n + m·n)
+    elements; convolution: the record's ``min_bytes``); None when the record does
+    not say (reports from before the roofline).
+    """
+    if record.get("op") == "gemm":
+        item = 4 if record["dtype"] == "float32" else 8
+        m, n, k = record["m"], record["n"], record["k"]
+        return record["flops"] / ((m * k + k * n + m * n) * item)
+    return record["flops"] / record["min_bytes"] if record.get("min_bytes") else None
+
+
+def roofline_points(records):
+    """[(label, intensity, GFLOPS)]: tilegemm's figure of each GEMM and convolution record.
+
+    Convolutions give ``algorithm="auto"`` (else their fastest algorithm) in
+    effective GFLOPS, so Winograd can sit above the roof.
+    """
+    points = []
+    for r in records:
+        ai = intensity(r)
+        ours = {n: p for n, p in r["results"].items() if n.startswith("tilegemm")}
+        if ai is None or not ours:
+            continue
+        best = ours.get("tilegemm", ours.get("tilegemm:auto")) or max(
+            ours.values(), key=lambda p: p["gflops"])
+        label = r["shape"] if r.get("op") == "gemm" else r["layer"]
+        points.append((label, ai, best["gflops"]))
+    return points
+
+
+def plot_roofline(panels, bandwidth_gbps, title):
+    """Roofline: measured peak and memory bandwidth, each case at its intensity: a Figure.
+
+    Parameters
+    ----------
+    panels : list of (subtitle, peak GFLOPS, points)
+        One log-log panel each; ``points`` as :func:`roofline_points` gives them.
+    bandwidth_gbps : float
+        Measured memory bandwidth: the sloped roof is ``bandwidth × intensity``.
+    """
+    fig, axes = _figure(len(panels))
+    fig.suptitle(title, fontsize="medium")
+    for ax, (subtitle, peak, points) in zip(axes, panels):
+        ais = [p[1] for p in points] or [1.0]
+        lo, hi = min(ais + [peak / bandwidth_gbps]) / 4, max(ais + [peak / bandwidth_gbps]) * 4
+        ridge = peak / bandwidth_gbps
+        ax.plot([lo, ridge], [bandwidth_gbps * lo, peak], color="black", linewidth=1.2,
+                label=f"measured bandwidth ({bandwidth_gbps:.1f} GB/s)")
+        ax.plot([ridge, hi], [peak, peak], color="black", linestyle="--", linewidth=1.2,
+                label=f"measured peak ({peak:.0f} GFLOPS)")
+        for label, ai, gf in points:
+            ax.scatter([ai], [gf], s=22, zorder=3)
+            ax.annotate(label, (ai, gf), fontsize="x-small", xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel("arithmetic intensity (flops / byte of inputs and output once)")
+        ax.set_ylabel("GFLOPS (convolution: effective)")
+        ax.set_title(subtitle)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def _roofline(report, dtype, title):
+    """The roofline figure of ``dtype`` (one panel per thread count), or None."""
+    bandwidth = (report.get("memory_bandwidth") or {}).get("gbps")
+    records = [r for r in report["gemm"] + report["conv"]["records"] if r["dtype"] == dtype]
+    panels = [(f"{dtype}, {timing.threads_text(t)}", recs[0]["peak_gflops"], roofline_points(recs))
+              for t, recs in _by_threads(records).items() if recs[0]["peak_gflops"]]
+    panels = [p for p in panels if p[2]]
+    return plot_roofline(panels, bandwidth, title) if bandwidth and panels else None
+
+
 def write_plots(report, out_dir):
     """Write every plot the report has data for; return file names (relative to out_dir)."""
     written, dtypes, title = [], [], caption(report)
@@ -167,4 +247,7 @@ def write_plots(report, out_dir):
         conv = [r for r in report["conv"]["records"] if r["dtype"] == dtype]
         for threads, recs in _by_threads(conv).items():
             save(f"conv_{dtype}_{threads}t.png", plot_conv(recs, dtype, threads, title))
+        roof = _roofline(report, dtype, title)
+        if roof is not None:
+            save(f"roofline_{dtype}.png", roof)
     return written

@@ -418,6 +418,8 @@ def row_text(record):
                         for r in record["rows"])
         return (f"conv scaling {record['layer']} {record['dtype']}, 1 → {record['threads']} "
                 f"threads: {ups}; apart {record['apart']['speedup']:.2f}×")
+    if op == "bandwidth":
+        return f"memory bandwidth {record['gbps']:.1f} GB/s ({record['method']})"
     if "cold" in record:
         return (f"first call of matmul ({record['dtype']}, n={record['n']}): "
                 f"{record['cold']['first_call_s']:.2f} s with an empty cache, "
@@ -452,7 +454,7 @@ def new_report(settings, machine):
         "machine": machine,
         "gemm": [], "first_call": [],
         "conv": {"available": None, "reason": "", "records": []},
-        "plots": [], "plots_skipped": "",
+        "memory_bandwidth": None, "plots": [], "plots_skipped": "",
         "load_average": {"start": None, "end": None},
     }
 
@@ -517,6 +519,10 @@ def markdown_report(report):
     out += ["## Machine", "", "```", info_text(m) if m else "(not measured)", "```", "",
            "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), "",
            _load_text(report["load_average"], m.get("cores", 1)), ""]
+    if report.get("memory_bandwidth"):
+        bw = report["memory_bandwidth"]
+        out += [f"Memory bandwidth {bw['gbps']:.1f} GB/s: {bw['method']} (the roofline's "
+                "sloped roof).", ""]
     if _above_peak(report):
         out += [_ABOVE_PEAK, ""]
     if report["gemm"]:

@@ -230,6 +230,11 @@ def run_plan(plan, stdout=None, stderr=None):
                    lambda: report.machine_info(measure_peak=True, remeasure=True),
                    machine.update)]
     rep = report.new_report(plan.settings(), machine)
+    # The roofline's sloped roof: streams through a buffer of 4x the last-level cache.
+    steps.append(_Step("memory bandwidth: numpy copy of 4x the last-level cache",
+                       lambda: timing.memory_bandwidth(machine.get("l3_bytes")
+                                                       or machine.get("l2_bytes", 0)),
+                       lambda bw: rep.update(memory_bandwidth=bw)))
     steps += _plan_steps(plan, rep)
     progress = Progress(len(steps), stderr, out=stdout)
     rep["load_average"] = {"start": timing.load_average()}
