@@ -159,7 +159,12 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
 
 def serial_flops(dtype):
-    """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``)."""
+    """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``).
+
+    ``SERIAL_SECONDS`` of work at the *base*-clock nominal peak: the threshold was
+    tuned with that figure, so it stays on the base clock (``tilegemm info``'s
+    nominal peak uses the boost clock where known).
+    """
     return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * nominal_peak_gflops(dtype) * 1e9))
 
 

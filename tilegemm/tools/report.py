@@ -20,9 +20,8 @@ DTYPES = ("float32", "float64")
 
 # --------------------------------------------------------------------------- machine
 
-def _threading_layer():
-    """How tilegemm runs threads: not a Numba threading layer (nothing uses prange)."""
-    return "Python thread pool over nogil kernels (count from numba.get_num_threads())"
+#: How tilegemm runs threads: not a Numba threading layer (nothing uses prange).
+THREADING = "Python thread pool over nogil kernels (count from numba.get_num_threads())"
 
 
 def _blocking_entry(dtype):
@@ -47,7 +46,7 @@ def _peak_entries(machine, thread_counts, measure_peak, remeasure, measure):
         per = {}
         for t in thread_counts:
             m = measured.get(dtype, {}).get(t)
-            per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
+            per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t, clock="max"),
                            "measured": m["gflops"] if m else None,
                            "measured_at": m["measured_at"] if m else None,
                            "cached": m["cached"] if m else None}
@@ -98,8 +97,9 @@ def machine_info(measure_peak=True, remeasure=False, measure=None):
         a checkout) and ``warnings`` (e.g. a peak measured on a busy machine).
     """
     from tilegemm.tools.provenance import source_commit
-    from tilegemm.tuning.machine import detect
+    from tilegemm.tuning.machine import detect, host_max_clock
     m = detect()
+    max_hz, max_source = host_max_clock()
     all_threads = timing.max_threads()
     thread_counts = sorted({1, all_threads})
     peaks, warnings = _peak_entries((m.brand, m.isa), thread_counts, measure_peak, remeasure,
@@ -113,13 +113,14 @@ def machine_info(measure_peak=True, remeasure=False, measure=None):
         "cores": m.cores, "threads": all_threads,
         "l1d_bytes": m.l1d_bytes, "l2_bytes": m.l2_bytes, "l3_bytes": m.l3_bytes,
         "cache_source": m.cache_source, "clock_ghz": m.clock_hz / 1e9, "fma_units": m.fma_units,
+        "nominal_clock_ghz": max_hz / 1e9, "nominal_clock_source": max_source,
         "blocking": {d: _blocking_entry(d) for d in DTYPES},
         "peak_gflops": peaks, "warnings": warnings,
         "numba_version": numba.__version__,
         "python": platform.python_version(),
         "peers": peer_versions(),
     }
-    info["threading_layer"] = _threading_layer()
+    info["threading_layer"] = THREADING
     return info
 
 
@@ -162,13 +163,24 @@ def info_text(info):
             for d, b in info["blocking"].items()]
     lines += ["  " + r for r in format_table(
         ["dtype", "kernel", "MR", "NR", "KC", "MC", "NC", "from"], rows).splitlines()]
-    lines += ["", "peak GFLOPS (nominal / measured)"]
+    lines += ["", "peak GFLOPS (nominal / measured); " + _clock_text(info)]
     counts = list(next(iter(info["peak_gflops"].values()))["per_threads"])
     rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
         ["dtype"] + [timing.threads_text(t) for t in counts], rows).splitlines()]
     return "\n".join(lines + _peak_notes(info))
+
+
+def _clock_text(info):
+    """Which clock the nominal peak uses (reports from before it say nothing)."""
+    source = info.get("nominal_clock_source")
+    if source is None:
+        return f"nominal at the base clock {info['clock_ghz']:.2f} GHz"
+    if source == "cpufreq max":
+        return f"nominal at the max boost clock {info['nominal_clock_ghz']:.2f} GHz (cpufreq)"
+    return (f"nominal at {info['nominal_clock_ghz']:.2f} GHz ({source}: no max boost clock "
+            "exposed, so the measured peak may exceed it)")
 
 
 def _peak_notes(info):
