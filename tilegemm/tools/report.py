@@ -555,7 +555,7 @@ def markdown_report(report):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
         notes = conv_notes(conv["records"])
         if conv["records"]:
-            out += [AUTO_NOTE + (" Not timed, as too slow for this layer:" if notes else ""), ""]
+            out += [AUTO_NOTE + (" Not timed, as too slow for the layer:" if notes else ""), ""]
             out += [f"* {n}" for n in notes] + ([""] if notes else [])
         if conv.get("memory"):
             out += [memory_text(conv["memory"]) + ".", ""]
