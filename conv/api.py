@@ -8,13 +8,14 @@ import functools
 import numbers
 import os
 
-import numba
 import numpy as np
 
 from tilegemm.conv import engine, paths
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
+from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array
 
 _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
@@ -77,7 +78,7 @@ class ConvWeights:
     def __init__(self, weight):
         if isinstance(weight, ConvWeights):
             weight = weight._frozen.array
-        w = float_array(weight, "weight", "ConvWeights")
+        w = float_array(numpy_view(weight, "weight", "ConvWeights"), "weight", "ConvWeights")
         if w.ndim != 4:
             raise ValueError(f"ConvWeights: weight must be 4-D (K, C/groups, kh, kw), "
                              f"got shape {w.shape}")
@@ -148,6 +149,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         negative padding, an empty output, a bias of the wrong length, an unknown
         algorithm/activation/layout, or an algorithm that does not apply.
     """
+    if any_tensor(input, weight, bias):
+        views = (numpy_view(v, n, "conv2d") for v, n in
+                 ((input, "input"), (weight, "weight"), (bias, "bias")))
+        return to_tensor(conv2d(*views, stride, padding, dilation, groups, activation=activation,
+                                algorithm=algorithm, layout=layout, _path=_path, _out=_out))
     x, w, b, p = _operands(input, weight, bias, (stride, padding, dilation, groups, layout),
                            algorithm, activation)
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
@@ -165,7 +171,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         return _trivial(x, b, out, p, act)
     if _path is None:
         if algorithm == "auto":
-            algorithm = _auto(p, np.dtype(dtype).str, numba.get_num_threads(),
+            algorithm = _auto(p, np.dtype(dtype).str, get_num_threads(),
                               os.environ.get("TILEGEMM_CONV_ALGORITHM"))
         _path = paths.path_of(p, algorithm, dtype)
     return paths.run(_path, x, w, b, out, p, act)

@@ -29,6 +29,7 @@ import numpy as np
 
 from tilegemm.ground import loader
 from tilegemm.ground.contracts import JIT, cdiv
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels.driver import kernel_for
 from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (launch: the paths' threads)
@@ -191,7 +192,8 @@ _by_kernel = {}
 
 # --- prepared weights -----------------------------------------------------------------
 
-_PREPARED_MAX = 32
+#: Plain weight arrays whose prepared forms are kept (ConvWeights' are never evicted).
+PREPARED_MAX = 32
 _prepared = collections.OrderedDict()
 _prepared_lock = threading.Lock()
 
@@ -232,7 +234,7 @@ def prepared(kind, weight, params, build):
     call's own result is then undefined, later calls are right).  The key is
     ``(kind, id(weight), params)``; a hit compares the weight with that copy, so an
     array modified in place (or a new array at a recycled id) is rebuilt.  Keeps the
-    last ``_PREPARED_MAX`` entries.
+    last ``PREPARED_MAX`` entries.
     """
     holder = _frozen.get(id(weight))
     if holder is not None and holder.array is weight:
@@ -251,7 +253,7 @@ def prepared(kind, weight, params, build):
     value = build(snapshot)
     with _prepared_lock:
         _prepared[key] = (snapshot, value)
-        while len(_prepared) > _PREPARED_MAX:
+        while len(_prepared) > PREPARED_MAX:
             _prepared.popitem(last=False)
     return value
 
@@ -291,7 +293,7 @@ def same_contents(copy, weight):
     b = np.ascontiguousarray(weight).reshape(-1).view(uint)
     threads = weight.nbytes // COMPARE_BYTES_PER_THREAD
     if threads > 1:                    # (asking Numba costs microseconds: only if it matters)
-        threads = min(numba.get_num_threads(), threads)
+        threads = min(get_num_threads(), threads)
     if threads <= 1:
         return _same_bits(a, b, 0, a.size)
     bounds = [a.size * t // threads for t in range(threads + 1)]
@@ -323,7 +325,7 @@ TASKS_PER_THREAD = 16
 
 
 def threads_for(flops, tasks):
-    """How many threads to use: Numba's setting, capped by the tasks and the work."""
+    """How many threads to use: the thread limit (``ground.threads``), capped by the tasks and the work."""
     if flops < SERIAL_FLOPS:
         return 1
-    return max(1, min(numba.get_num_threads(), tasks))
+    return max(1, min(get_num_threads(), tasks))

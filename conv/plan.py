@@ -14,7 +14,6 @@ compares estimates with each other.  ``TILEGEMM_CONV_ALGORITHM`` forces a choice
 import os
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
 
 from tilegemm.conv import taps
@@ -23,6 +22,7 @@ from tilegemm.conv.params import conv_params
 from tilegemm.conv.paths import PLANES, ROWS, TAPS, im2col_route, path_of
 from tilegemm.conv.rows import rows_kc, rows_merged
 from tilegemm.ground.contracts import round_up
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_threads
 
 #: Fraction of peak the GEMM micro-kernel sustains on full tiles with a long k loop.
@@ -199,7 +199,7 @@ def _describe(route, p):
 def choose(p, dtype=np.float32, threads=None, target=None):
     """The :class:`ConvPlan` for validated parameters ``p`` on ``target`` (the host's
     by default)."""
-    threads = numba.get_num_threads() if threads is None else int(threads)
+    threads = get_num_threads() if threads is None else int(threads)
     est = estimates(p, dtype, threads, target)
     forced = os.environ.get("TILEGEMM_CONV_ALGORITHM")
     if forced in est:
@@ -225,7 +225,7 @@ def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups
         As for :func:`tilegemm.conv2d`.
     dtype : float32 or float64
     threads : int, optional
-        Defaults to ``numba.get_num_threads()``.
+        Defaults to :func:`tilegemm.get_num_threads`.
 
     Returns
     -------

@@ -54,10 +54,23 @@ def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes=None):
     of ``l3_bytes``, at least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
     per_tile = 16 * (min(KC, C) + Kp) * itemsize
     return max(MR, (l2_bytes // 2 // per_tile) // MR * MR,
-               _stream_floor(C, Kp, MR, itemsize, l3_bytes))
+               stream_floor(C, Kp, MR, itemsize, l3_bytes))
 
 
-def _stream_floor(C, Kp, MR, itemsize, l3_bytes):
+def nhwc_tiles(C, Kp, KC, MR, tiles_total, threads, itemsize, l2_bytes, l3_bytes=None):
+    """NHWC: tiles per block of a layer of ``tiles_total`` tiles on ``threads`` threads.
+
+    :func:`tile_block`'s size, cut so that every thread gets at least
+    ``NHWC_BLOCKS_PER_THREAD`` blocks (uneven blocks balance out), but never below
+    :func:`stream_floor` (a streamed weight transform).  Sizes in elements, caches
+    in bytes; ``Kp`` is K rounded up to MR.
+    """
+    floor = stream_floor(C, Kp, MR, itemsize, l3_bytes)
+    balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
+    return min(tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes), max(balanced, floor))
+
+
+def stream_floor(C, Kp, MR, itemsize, l3_bytes):
     """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
     the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
     if l3_bytes and 16 * C * Kp * itemsize > l3_bytes // 4:
@@ -74,7 +87,7 @@ def _pack_transformed_a(w, KC, MR):
     return pack_filter_transforms(w, KC, MR)          # U^T[xi][k, c] = U[xi][c, k]
 
 
-def _nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
+def nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
     """Tiles per block: a multiple of NR with the 16 B slabs and 16 result slabs in ~60% of L2."""
     per_tile = 16 * (min(KC, C) + Kp) * itemsize
     return max(NR, int(0.6 * l2_bytes) // per_tile // NR * NR)
@@ -90,7 +103,7 @@ NCHW_SPLIT_BLOCKS_PER_THREAD = 8
 
 
 @functools.lru_cache(maxsize=256)
-def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts=8):
+def nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts=8):
     """``(whole, parts)``: the first ``whole`` blocks of ``NB`` tiles are a task each; every
     later block is ``parts`` tasks, each with a share of the ``panels`` row panels.
 
@@ -125,6 +138,37 @@ def _nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts
     return best
 
 
+def nchw_blocking(tiles_total, C, KC, Kp, tile, threads, itemsize, l2_bytes):
+    """NCHW: ``(NB, whole, parts)``, the tiles per block and :func:`nchw_parts`' split.
+
+    Parameters
+    ----------
+    tiles_total : int
+        Output tiles of one group (all images).
+    C, KC, Kp : int
+        Input channels of a group, their k block, output channels rounded up to MR.
+    tile : (int, int)
+        The GEMM kernel's MR, NR.
+    threads : (int, int)
+        Threads of the launch, and those one group's tasks must keep busy.
+    itemsize, l2_bytes : int
+
+    Returns
+    -------
+    (int, int, int)
+    """
+    MR, NR = tile
+    threads, group_threads = threads
+    NB = nchw_block(C, KC, Kp, NR, l2_bytes, itemsize)
+    # Enough blocks for every thread, but no block smaller than one NR panel.
+    NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
+    # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
+    # then at most half the rows a task (docs/conv-paths.md).
+    spill = threads > 1 and 16 * Kp * NB * itemsize > 1.5 * l2_bytes
+    return (NB,) + nchw_parts(tiles_total, NB, Kp // MR, MR, NR, group_threads,
+                              2 if spill else 1)
+
+
 def _slab(size, itemsize):
     """Distance between two of the 16 slabs: ``size`` plus one cache line, rounded to lines.
 
@@ -135,14 +179,18 @@ def _slab(size, itemsize):
     return round_up(size, line) + line
 
 
-def run(x, w, bias, out, p, act):
-    """Winograd convolution into ``out`` (C-contiguous in ``p.layout``); 3x3, stride 1, dilation 1."""
+def run(x, w, bias, out, p, act, blocking=None):
+    """Winograd convolution into ``out`` (C-contiguous in ``p.layout``); 3x3, stride 1, dilation 1.
+
+    ``blocking`` is the planned one by default (NCHW :func:`nchw_blocking`, NHWC
+    :func:`nhwc_tiles`); given, it is run instead: any blocking gives the same result.
+    """
     if p.layout == "NCHW":
-        return _run_nchw(x, w, bias, out, p, act)
-    return _run_nhwc(x, w, bias, out, p, act)
+        return _run_nchw(x, w, bias, out, p, act, blocking)
+    return _run_nhwc(x, w, bias, out, p, act, blocking)
 
 
-def _run_nchw(x, w, bias, out, p, act):
+def _run_nchw(x, w, bias, out, p, act, blocking):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.gemm_kernel(out.dtype)
@@ -162,16 +210,12 @@ def _run_nchw(x, w, bias, out, p, act):
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
     group_threads = cdiv(threads, p.groups)
-    NB = _nchw_block(p.Cg, KC, Kp, NR, detect().l2_bytes, out.itemsize)
-    # Enough blocks for every thread, but no block smaller than one NR panel.
-    NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
+    if blocking is None:
+        blocking = nchw_blocking(tiles_total, p.Cg, KC, Kp, (MR, NR), (threads, group_threads),
+                                 out.itemsize, detect().l2_bytes)
+    NB, whole, parts = blocking
     blocks = cdiv(tiles_total, NB)
-    # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
-    # then at most half the rows a task (docs/conv-paths.md).
-    spill = threads > 1 and 16 * Kp * NB * out.itemsize > 1.5 * detect().l2_bytes
     panels = Kp // MR
-    whole, parts = _nchw_parts(tiles_total, NB, panels, MR, NR, group_threads,
-                               2 if spill else 1)
     ntasks = (whole + (blocks - whole) * parts) * p.groups
     threads = min(threads, ntasks)
     b_slab = _slab(KC * NB, out.itemsize)
@@ -192,12 +236,11 @@ def _run_nchw(x, w, bias, out, p, act):
 
 #: The record (:func:`tilegemm.conv.engine.record`) a Winograd task loop reads, built
 #: once per set of numbers.  Keyed by the numbers, not derived from ``p`` alone: the
-#: blocking (:func:`_nchw_block`, :func:`_nchw_parts`, :func:`_stream_floor`) is
-#: chosen on every call.
+#: blocking (:func:`nchw_blocking`, :func:`nhwc_tiles`) is chosen on every call.
 plan_record = functools.lru_cache(maxsize=256)(engine.record)
 
 
-def _run_nhwc(x, w, bias, out, p, act):
+def _run_nhwc(x, w, bias, out, p, act, blocking):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.gemm_kernel(out.dtype)
@@ -209,12 +252,11 @@ def _run_nhwc(x, w, bias, out, p, act):
     TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
-    machine = detect()
-    MT = tile_block(p.Cg, Kp, KC, MR, machine.l2_bytes, out.itemsize, machine.l3_bytes)
-    # At least a few blocks per thread so that uneven blocks balance out, but not
-    # below the floor of a streamed weight transform (see tile_block).
-    balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
-    MT = min(MT, max(balanced, _stream_floor(p.Cg, Kp, MR, out.itemsize, machine.l3_bytes)))
+    MT = blocking
+    if MT is None:
+        machine = detect()
+        MT = nhwc_tiles(p.Cg, Kp, KC, MR, tiles_total, threads, out.itemsize,
+                        machine.l2_bytes, machine.l3_bytes)
     ntasks = cdiv(tiles_total, MT)
     threads = min(threads, ntasks)
     a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)

@@ -16,7 +16,10 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # --------------------------------------------------------------------------- arrays
 
 def check_float_dtype(x, name, func):
-    """Return ``x`` when its dtype is float32 or float64.
+    """``x`` when its dtype is float32 or float64; in the machine's byte order, a copy if not.
+
+    Byte-swapped input (``>f4`` on a little-endian machine, e.g. read from a file)
+    is converted, never refused and never misread: the kernels load native values.
 
     Raises
     ------
@@ -24,6 +27,9 @@ def check_float_dtype(x, name, func):
         For any other dtype, saying how to cast.
     """
     if x.dtype not in FLOAT_DTYPES:
+        native = x.dtype.newbyteorder("=")
+        if native in FLOAT_DTYPES:
+            return x.astype(native)
         raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
                         "float64 only (cast with .astype(np.float32) or np.float64)")
     return x
@@ -102,7 +108,9 @@ def check_out(out, shape, dtype, func, name="out"):
     if out.shape != tuple(shape):
         raise ValueError(f"{func}: {name} has shape {out.shape}, expected {tuple(shape)}")
     if out.dtype != dtype:
-        raise TypeError(f"{func}: {name} has dtype {out.dtype}, expected {dtype}")
+        swapped = out.dtype.newbyteorder("=") == dtype
+        raise TypeError(f"{func}: {name} has dtype {out.dtype}, expected {dtype}"
+                        + (" in the machine's byte order" if swapped else ""))
     if not out.flags.writeable:
         raise ValueError(f"{func}: {name} is read-only")
     return out.view(np.ndarray)

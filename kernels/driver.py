@@ -20,10 +20,10 @@ release the GIL on the pool's Python threads.  This keeps the engine free of
 Numba's parallel machinery: no threading-layer constraints on concurrent calls
 from several Python threads, and seconds less compile time.
 """
-import numba
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.registry import get_kernel
@@ -105,7 +105,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     epi : int
         Epilogue flags from :mod:`tilegemm.ground.contracts`.
     threads : int, optional
-        Defaults to ``numba.get_num_threads()``.
+        Defaults to :func:`tilegemm.get_num_threads` (see :mod:`tilegemm.ground.threads`).
 
     Returns
     -------
@@ -151,7 +151,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         shares = int(2 * (2 * m * n * k) // serial_flops(dtype))
     if threads is None:
         # Only worth asking when the product is big enough to share.
-        threads = numba.get_num_threads() if shares >= 2 else 1
+        threads = get_num_threads() if shares >= 2 else 1
     threads = min(threads, max(1, shares))
     if threads <= 1:
         _serial(kern, blk, m, n, k, args, bias, epi)
@@ -161,7 +161,12 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
 
 def serial_flops(dtype):
-    """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``)."""
+    """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``).
+
+    ``SERIAL_SECONDS`` of work at the *base*-clock nominal peak: the threshold was
+    tuned with that figure, so it stays on the base clock (``tilegemm info``'s
+    nominal peak uses the boost clock where known).
+    """
     return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * nominal_peak_gflops(dtype) * 1e9))
 
 
@@ -202,12 +207,59 @@ def _shifted(operand, by):
     return flat, (off + by, rs, cs)
 
 
+#: Every path :func:`route` may name: three serial ones, three that share a product.
+SERIAL_ROUTES = ("gemv", "unpacked", "packed")
+THREADED_ROUTES = ("split_k", "shared_b", "blocks")
+
+
+def route(kern, blk, m, n, k, threads=1, b_strides=None):
+    """The path a product of m x k by k x n takes on ``threads`` threads.
+
+    The one place the driver decides; tests call it to check a decision and may
+    wrap it to observe the paths a call took (each share of a threaded product
+    asks again with ``threads=1``).
+
+    Parameters
+    ----------
+    kern, blk
+        The kernel and blocking of the product (:func:`kernel_for`).
+    m, n, k : int
+        The product's sizes, m and n at least 1.
+    threads : int
+        Threads sharing the product; 1 for a serial product.
+    b_strides : (int, int), optional
+        B's row and column strides in elements; C-contiguous B by default.
+
+    Returns
+    -------
+    str
+        One thread: ``"gemv"`` (m or n is 1), ``"unpacked"`` (B's rows contiguous
+        and :func:`fits_unpacked`) or ``"packed"``.  Several: ``"split_k"`` (C has
+        too few tiles to go round and k is long), ``"shared_b"`` (B the larger side
+        and one packed B block: packed once, threads take MC-row blocks of C from
+        a counter) or ``"blocks"`` (one block of C per thread along its longer side).
+    """
+    b_rs, b_cs = (n, 1) if b_strides is None else b_strides
+    if threads <= 1:
+        if m == 1 or n == 1:
+            return "gemv"
+        return "unpacked" if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs) else "packed"
+    tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
+    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+        return "split_k"
+    by_rows = m / kern.mr >= n / kern.nr
+    # Matrix-vector products keep their own path.
+    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
+        return "shared_b"
+    return "blocks"
+
+
 def _serial(kern, blk, m, n, k, args, bias, epi):
-    """One thread's product: GEMV for one row or column, else unpacked or packed panels."""
-    _, b_rs, b_cs = args[2][1]
-    if m == 1 or n == 1:
+    """One thread's product, on the path :func:`route` names."""
+    path = route(kern, blk, m, n, k, 1, args[2][1][1:])
+    if path == "gemv":
         _gemv(kern, m, n, k, args, bias, epi)
-    elif b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs):
+    elif path == "unpacked":
         _unpacked(kern, m, n, k, args, bias, epi)
     else:
         _packed(kern, blk, m, n, k, args, bias, epi)
@@ -238,20 +290,19 @@ def fits_unpacked(kern, m, n, k, ldb):
 
 
 def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
-    """Share one product among ``threads`` threads, each running a serial product.
+    """Share one product among ``threads`` threads on the path :func:`route` names.
 
-    C is cut into one block per thread along its longer side; when C has too few
-    tiles to go round and k is long, k is cut instead (:func:`_split_k`).
+    ``blocks``: C is cut into one block per thread along its longer side, each
+    block a serial product.
     """
-    tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
-    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+    path = route(kern, blk, m, n, k, threads, args[2][1][1:])
+    if path == "split_k":
         _split_k(kern, blk, m, n, k, args, bias, epi, threads)
         return
-    by_rows = m / kern.mr >= n / kern.nr
-    # B the larger side (matrix-vector products keep their own path) and one B block.
-    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
+    if path == "shared_b":
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
+    by_rows = m / kern.mr >= n / kern.nr
     scal, a, b, c = args
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n

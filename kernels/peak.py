@@ -56,8 +56,10 @@ def _make_fma_loop(nb_float, lanes, chains):
 
 
 @functools.lru_cache(maxsize=None)
-def _fma_kernel(dtype):
-    """The jitted FMA loop for ``dtype`` (not cached on disk: a closure over the intrinsic)."""
+def fma_kernel(dtype):
+    """The jitted FMA loop for ``dtype``: ``kernel(iters, x)`` runs ``iters`` iterations of
+    :func:`fma_chains` vector FMAs.  Built once per process (not cached on disk: a
+    closure over the intrinsic)."""
     nb_float = numba.from_dtype(np.dtype(dtype))
     fma_loop = _make_fma_loop(nb_float, lanes_for(dtype), fma_chains())
 
@@ -105,32 +107,55 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
     # Several threads are measured against one: see PEAK_ATTEMPTS.
     single = measured_peak_gflops(dtype, 1, seconds) if threads > 1 else None
     with _measured_lock:
-        if key in _measured:
-            return _measured[key]
-        kernel = _fma_kernel(np.dtype(dtype).type)
-        x = np.dtype(dtype).type(1e-8)
-        flops_per_iter = fma_chains() * lanes_for(dtype) * 2
+        if key not in _measured:
+            kernel = fma_kernel(np.dtype(dtype).type)
+            _measured[key] = measure_peak(kernel, dtype, threads, seconds, single)
+        return _measured[key]
 
-        def run(iters):
-            # Same threading as the engine: one Python thread per share, the GIL released.
-            workers = [threading.Thread(target=kernel, args=(iters, x)) for _ in range(threads - 1)]
-            t0 = time.perf_counter()
-            for w in workers:
-                w.start()
-            kernel(iters, x)
-            for w in workers:
-                w.join()
-            return time.perf_counter() - t0
 
-        run(1000)
-        iters = 100_000
-        while run(iters) < seconds / 4:
-            iters *= 2
-        best = float("inf")
-        for _ in range(PEAK_ATTEMPTS):
-            best = min(best, min(run(iters) for _ in range(5)))
-            gflops = threads * iters * flops_per_iter / best / 1e9
-            if single is None or gflops >= PEAK_SCALING * threads * single:
-                break
-        _measured[key] = gflops
-        return gflops
+def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None):
+    """The GFLOPS of ``kernel`` (:func:`fma_kernel`'s calling convention) run on
+    ``threads`` threads at once, measured now (:func:`measured_peak_gflops` caches it).
+
+    Parameters
+    ----------
+    kernel : callable
+        ``kernel(iters, x)``, doing ``fma_chains() * lanes * 2`` flops an iteration.
+    dtype : numpy dtype, float32 or float64
+    threads : int
+    seconds : float
+        Approximate length of each timed run; the best of five is kept.
+    single : float, optional
+        The one-thread figure: a several-thread figure below ``PEAK_SCALING`` times
+        ``threads`` times it is measured again, up to ``PEAK_ATTEMPTS`` times in all.
+
+    Returns
+    -------
+    float
+        GFLOPS.
+    """
+    x = np.dtype(dtype).type(1e-8)
+    flops_per_iter = fma_chains() * lanes_for(dtype) * 2
+
+    def run(iters):
+        # Same threading as the engine: one Python thread per share, the GIL released.
+        workers = [threading.Thread(target=kernel, args=(iters, x)) for _ in range(threads - 1)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        kernel(iters, x)
+        for w in workers:
+            w.join()
+        return time.perf_counter() - t0
+
+    run(1000)
+    iters = 100_000
+    while run(iters) < seconds / 4:
+        iters *= 2
+    best = float("inf")
+    for _ in range(PEAK_ATTEMPTS):
+        best = min(best, min(run(iters) for _ in range(5)))
+        gflops = threads * iters * flops_per_iter / best / 1e9
+        if single is None or gflops >= PEAK_SCALING * threads * single:
+            break
+    return gflops

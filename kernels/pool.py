@@ -38,36 +38,31 @@ WAIT_SPIN_SECONDS = 2e-3
 SLEEP_POLL_SECONDS = 100e-6
 #: One flag per 64-byte cache line, so that a worker's flag shares a line with no other.
 _STRIDE = 8
-#: Constants for the jitted calls below: a literal 0 or False would compile
-#: spin_until once more per pattern of literal arguments (Numba specialises on them).
-_ZERO = np.int64(0)
-_FALSE = np.bool_(False)
+#: No flags to publish (see :func:`signal`).
+_NONE = np.zeros(0, np.int64)
 
 
 @numba.njit(nogil=True, cache=True)
-def spin_until(flags, at, value, equal, spins):
-    """Whether, within ``spins`` polls, ``flags[at] == value`` becomes ``equal``."""
+def signal(post, ats, value, watch, at, target, equal, spins):
+    """``post[a] = value`` for ``a`` in ``ats``, then whether, within ``spins`` polls,
+    ``watch[at] == target`` becomes ``equal``.
+
+    Every flag operation of the pool in one jitted function: a cold process compiles
+    one function, not one per operation (a tenth of a second each).  The GIL is free
+    all the while (see :meth:`SpinPool.run`).
+    """
+    for a in ats:
+        sync.publish(post, a, value)
     for _ in range(spins):
-        if (sync.acquire(flags, at) == value) == equal:
+        if (sync.acquire(watch, at) == target) == equal:
             return True
         sync.pause()
     return False
 
 
-@numba.njit(nogil=True, cache=True)
-def post_all(post, ats, seq, gate, spins):
-    """``post[a] = seq`` for ``a`` in ``ats``, then watch ``gate[0]`` for ``spins`` polls
-    until it is no longer 0.  The GIL is free all the while (see :meth:`SpinPool.run`)."""
-    for a in ats:
-        sync.publish(post, a, seq)
-    spin_until(gate, _ZERO, _ZERO, _FALSE, spins)
-
-
-@numba.njit(nogil=True, cache=True)
-def finish(done, at, value, post, last, spins):
-    """``done[at] = value``, then whether ``post[at]`` leaves ``last`` within ``spins`` polls."""
-    sync.publish(done, at, value)
-    return spin_until(post, at, last, _FALSE, spins)
+def spin_until(flags, at, value, equal, spins):
+    """Whether, within ``spins`` polls, ``flags[at] == value`` becomes ``equal``."""
+    return signal(_NONE, _NONE, 0, flags, at, value, equal, spins)
 
 
 def _spins_per_second():
@@ -134,7 +129,9 @@ class SpinPool:
                 fn(*args)
             except BaseException as exc:         # re-raised on the calling thread
                 self.errors[w] = exc
-            seen = finish(self.done, at, last, self.post, last, self.idle_spins)
+            # Report this share done, then watch the slot for the next call.
+            seen = signal(self.done, self.flag_at[w:w + 1], last, self.post, at, last, False,
+                          self.idle_spins)
 
     def run(self, fn, shares, gate=None):
         """``fn(*share)`` for every share, the first on this thread.
@@ -157,8 +154,9 @@ class SpinPool:
                 self.posted.notify_all()
                 awake = awake[[not asleep for asleep in self.sleeping[:len(rest)]]]
             # Under the lock: a worker going to sleep sees this post first.
-            post_all(self.post, awake, seq,
-                     self.open_gate if gate is None or not awake.size else gate, self.gate_spins)
+            # Post to the awake workers, then watch the gate until one has begun.
+            signal(self.post, awake, seq, self.open_gate if gate is None or not awake.size
+                   else gate, 0, 0, False, self.gate_spins)
         try:
             fn(*shares[0])
         finally:

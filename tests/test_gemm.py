@@ -301,10 +301,14 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
     splits = []
-    real_split_k, real_run = driver._split_k, driver.run_shares
-    monkeypatch.setattr(driver, "_split_k", lambda *a: (splits.append("k"), real_split_k(*a)))
-    real_shared_b = driver._shared_b
-    monkeypatch.setattr(driver, "_shared_b", lambda *a: (splits.append("b"), real_shared_b(*a)))
+    real_route, real_run = driver.route, driver.run_shares
+
+    def recorded_route(*args):
+        path = real_route(*args)
+        splits.append(path)
+        return path
+
+    monkeypatch.setattr(driver, "route", recorded_route)
     monkeypatch.setattr(driver, "run_shares",
                         lambda fn, jobs: (splits.append(len(jobs)), real_run(fn, jobs)))
     m, n, k = shape
@@ -324,11 +328,11 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     assert 2 in splits, "the product was not shared between two threads"
     kern, _ = driver.kernel_for(np.dtype(dtype), n)
     few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
-    assert ("k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
+    assert ("split_k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
     kern, blk = driver.kernel_for(np.dtype(dtype), n)
     shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr
               and k * -(-n // kern.nr) * kern.nr <= blk.kc * blk.nc)
-    assert ("b" in splits) == shared, "B is shared exactly when it is the larger side and fits"
+    assert ("shared_b" in splits) == shared, "B is shared exactly when it is the larger side and fits"
     extra = np.abs(c0) + (0 if bias is None else np.abs(bias).max())
     assert_close(c, ref, 4 * error_bound(a, b, k, dtype, extra=extra), f"{shape} {epi_name} threads=2")
 

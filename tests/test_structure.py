@@ -160,3 +160,76 @@ def test_no_import_cycle_between_modules():
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+# --- the test files -------------------------------------------------------------------
+
+TEST_FILES = sorted(os.path.join(folder, name)
+                    for folder in ("tests", "bench")
+                    for name in os.listdir(os.path.join(ROOT, folder)) if name.endswith(".py"))
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(tree):
+    """``module._x``, ``from tilegemm... import _x``, ``setattr(module, "_x", ...)`` (any
+    ``*.setattr``, e.g. monkeypatch's, or ``getattr``) and ``(module, "_x")`` tables, on
+    names imported from tilegemm."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tilegemm"):
+            bound.update(a.asname or a.name for a in node.names)
+            yield from (f"from {node.module} import {a.name}" for a in node.names if _private(a.name))
+            yield from (f"import {node.module}" for p in node.module.split(".") if _private(p))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("tilegemm"):
+                    bound.add(a.asname or a.name.split(".")[0])
+                    yield from (f"import {a.name}" for p in a.name.split(".") if _private(p))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                yield ast.unparse(node)
+        elif isinstance(node, ast.Tuple):
+            # (module, "_x", ...) tables of what to patch: a name next to its module.
+            for first, second in zip(node.elts, node.elts[1:]):
+                if (isinstance(first, ast.Name) and first.id in bound
+                        and isinstance(second, ast.Constant) and isinstance(second.value, str)
+                        and _private(second.value)):
+                    yield f"({first.id}, {second.value!r})"
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name not in ("setattr", "getattr", "delattr", "hasattr"):
+                continue
+            strings = [a.value for a in node.args[:2]
+                       if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            target = node.args[0]
+            if isinstance(target, ast.Name) and target.id in bound and strings \
+                    and _private(strings[0]):
+                yield f"{name}({target.id}, {strings[0]!r})"
+            # monkeypatch.setattr("tilegemm.kernels.driver._x", value)
+            elif strings and strings[0].startswith("tilegemm.") and any(
+                    _private(p) for p in strings[0].split(".")):
+                yield f"{name}({strings[0]!r})"
+
+
+@pytest.mark.parametrize("rel", TEST_FILES)
+def test_test_file_sizes(rel):
+    """Test files are split by what they test, like the modules they test."""
+    with open(os.path.join(ROOT, rel)) as f:
+        lines = f.read().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{rel} has {lines} lines"
+
+
+@pytest.mark.parametrize("rel", TEST_FILES)
+def test_tests_use_public_names_only(rel):
+    """Tests reach the library as its users do: a private name a test needs is a seam
+    that wants a public form (a decision function, a parameter), not a patch."""
+    uses = sorted(set(_private_uses(_tree(os.path.join(ROOT, rel)))))
+    assert not uses, f"{rel} uses private names of tilegemm: {uses}"

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tilegemm.tuning.blocking import blocking, register_tiles
-from tilegemm.tuning.machine import ISA_SHAPE, detect
+from tilegemm.tuning.machine import ISA_SHAPE, detect, max_clock
 from tilegemm.kernels.peak import measured_peak_gflops
 from tilegemm.tuning.peak import nominal_peak_gflops
 
@@ -115,12 +115,34 @@ def test_several_thread_peak_measured_again_when_below_one_thread(scaling, attem
             main_calls.append(iters)
         time_mod.sleep(iters * 1e-9)
 
-    monkeypatch.setattr(peak, "_fma_kernel", lambda dtype: fake_kernel)
-    monkeypatch.setattr(peak, "_measured", {})
     monkeypatch.setattr(peak, "PEAK_SCALING", scaling)
-    peak.measured_peak_gflops(np.float32, 1, seconds=0.004)
+    single = peak.measure_peak(fake_kernel, np.float32, 1, seconds=0.004)
     del main_calls[:]
-    gflops = peak.measured_peak_gflops(np.float32, 2, seconds=0.004)
+    gflops = peak.measure_peak(fake_kernel, np.float32, 2, seconds=0.004, single=single)
     # The calibration's last run, then five timed runs per attempt, all of that length.
     assert main_calls.count(main_calls[-1]) == 1 + 5 * attempts
-    assert gflops > 0 and peak._measured[("float32", 2)] == gflops
+    assert gflops > 0
+
+
+def test_measured_peak_is_measured_once_per_process():
+    from tilegemm.kernels import peak
+    first = peak.measured_peak_gflops(np.float32, 1, seconds=0.01)
+    assert peak.measured_peak_gflops(np.float32, 1, seconds=0.01) == first
+
+
+def test_max_clock_prefers_cpufreq_then_py_cpuinfo(tmp_path):
+    freq = tmp_path / "cpuinfo_max_freq"
+    freq.write_text("3500000\n")  # kHz
+    assert max_clock(str(freq), pycpuinfo={}) == (3.5e9, "cpufreq max")
+    missing = str(tmp_path / "absent")
+    fake = {"hz_advertised": (2.3e9, 0), "hz_actual": (3.1e9, 0)}
+    assert max_clock(missing, pycpuinfo=fake) == (3.1e9, "py-cpuinfo")
+    assert max_clock(missing, pycpuinfo={}) == (detect().clock_hz, "base clock")
+
+
+def test_nominal_peak_on_the_max_clock_is_at_least_the_base_one():
+    base = nominal_peak_gflops(np.float32, 1)
+    assert nominal_peak_gflops(np.float32, 1, clock="max") >= base * 0.999
+    assert nominal_peak_gflops(np.float32, 2) == pytest.approx(2 * base)
+    with pytest.raises(ValueError):
+        nominal_peak_gflops(np.float32, 1, clock="turbo")

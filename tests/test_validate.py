@@ -77,3 +77,21 @@ def test_check_flag_and_threads():
         validate.check_threads(True, "f")
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         validate.check_threads(0, "f")
+
+
+@pytest.mark.parametrize("order", [">", "<"])
+def test_byte_swapped_operands_compute_as_native_ones(order):
+    """Either byte order in, the machine's out: the same values as native operands."""
+    import tilegemm
+    rng = np.random.default_rng(3)
+    a, b = rng.random((7, 5), np.float32), rng.random((5, 9))
+    sa, sb = a.astype(order + "f4"), b.astype(order + "f8")
+    before = sa.copy()
+    assert np.array_equal(tilegemm.matmul(sa, sb), tilegemm.matmul(a, b))
+    assert np.array_equal(tilegemm.gemm(sa, sa.T), tilegemm.gemm(a, a.T))
+    assert np.array_equal(sa, before) and sa.dtype == np.dtype(order + "f4")   # untouched
+    x, w = rng.random((1, 2, 6, 6), np.float32), rng.random((3, 2, 3, 3), np.float32)
+    got = tilegemm.conv2d(x.astype(order + "f4"), w.astype(order + "f4"), padding=1)
+    assert got.dtype == np.float32 and np.array_equal(got, tilegemm.conv2d(x, w, padding=1))
+    with pytest.raises(TypeError, match="byte order"):
+        tilegemm.matmul(a, a.T, out=np.empty((7, 7), np.dtype(np.float32).newbyteorder("S")))

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overlaps,
                                       plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
@@ -64,6 +65,10 @@ def matmul(a, b, /, out=None):
                 and small_product(a, b)):
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
+    if any_tensor(a, b, out):
+        r = matmul(numpy_view(a, "a", "matmul"), numpy_view(b, "b", "matmul"),
+                   out=numpy_view(out, "out", "matmul"))
+        return out if out is not None else to_tensor(r)
     a = plain_float_array(a, "a", "matmul")
     b = plain_float_array(b, "b", "matmul")
     if a.ndim == 0 or b.ndim == 0:
@@ -152,6 +157,11 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
         Non-2-D operands, mismatched shapes, read-only ``c``, alpha/beta too large
         for the dtype.
     """
+    if any_tensor(a, b, c):
+        r = gemm(numpy_view(a, "a", "gemm"), numpy_view(b, "b", "gemm"),
+                 numpy_view(c, "c", "gemm"), alpha=alpha, beta=beta, trans_a=trans_a,
+                 trans_b=trans_b)
+        return c if c is not None else to_tensor(r)
     a = plain_float_array(a, "a", "gemm")
     b = plain_float_array(b, "b", "gemm")
     dtype = _result_dtype(a, b)

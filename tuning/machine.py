@@ -196,6 +196,46 @@ def detect():
     )
 
 
+#: The kernel's highest frequency of CPU 0 in kHz (the boost clock), where cpufreq exists.
+CPUFREQ_MAX = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
+
+
+def max_clock(path=CPUFREQ_MAX, pycpuinfo=None):
+    """The CPU's highest clock in Hz and where it came from: ``(hz, source)``.
+
+    ``cpufreq``'s ``cpuinfo_max_freq`` (the boost clock) when ``path`` exists; else
+    the larger of py-cpuinfo's advertised and actual clocks (``pycpuinfo`` is its
+    dict, read when not given), which on a virtual machine without cpufreq is
+    usually the base clock again; else :func:`detect`'s nominal clock.
+
+    Returns
+    -------
+    (float, str)
+        Hz and ``"cpufreq max"``, ``"py-cpuinfo"`` or ``"base clock"``.
+    """
+    try:
+        with open(path) as f:
+            return int(f.read().strip()) * 1e3, "cpufreq max"
+    except (OSError, ValueError):
+        pass
+    if pycpuinfo is None:
+        try:
+            import cpuinfo
+            pycpuinfo = cpuinfo.get_cpu_info()
+        except Exception:  # as in _cpuinfo: detection must not fail on an odd platform
+            pycpuinfo = {}
+    hz = max([(pycpuinfo.get(k) or [0])[0] for k in ("hz_advertised", "hz_actual")])
+    if hz > 0:
+        return float(hz), "py-cpuinfo"
+    return detect().clock_hz, "base clock"
+
+
+@functools.lru_cache(maxsize=1)
+def host_max_clock():
+    """:func:`max_clock` of this host, read once per process (py-cpuinfo takes ~1 s)."""
+    return max_clock()
+
+
 #: ISA -> (vector bits, architectural vector registers).
 ISA_SHAPE = {"avx512": (512, 32), "avx2": (256, 16), "generic": (128, 16)}
 

@@ -1,22 +1,31 @@
-"""``bench --compare A.json B.json``: ratios between two saved reports, noise flagged.
+"""``bench --compare A.json B.json``: did anything get slower from A to B?
 
-Two figures are compared for every case present in both reports:
+For every case and tilegemm party present in both reports the time per call
+(the best of the repeats) is compared, B against A.  A change counts only when
+it exceeds both
 
-* tilegemm's GFLOPS, B / A.  Between two runs this swings with the machine (on a
-  shared VM by tens of percent), so it mostly says whether the machine changed.
-* tilegemm's ratio to its peer (numpy for GEMM, torch for convolution), B / A.
-  Peers were interleaved with tilegemm in each run, so machine drift cancels:
-  this is the figure that says whether tilegemm itself got faster or slower.
+* the **threshold** (``--threshold``, default :data:`DEFAULT_THRESHOLD`), and
+* the **noise band** of that row, from the repeats themselves: the relative
+  spread (median - min) / median of the party's repeats in A plus the same in B
+  (at least :data:`NOISE_FLOOR`).  A row whose repeats scattered widely needs a
+  larger change before it is called slower.
 
-The noise band of a comparison comes from the reports themselves: each party's
-``spread`` ((median - best) / best over its repetitions).  A change is flagged
-when it exceeds twice the sum of the spreads involved (never less than
-:data:`MIN_NOISE`).
+Beyond both, a row is ``faster`` or ``SLOWER``, otherwise ``~``; any ``SLOWER``
+row makes ``bench --compare`` exit with status 1, so it can fail a CI job.
+
+The ratio to the interleaved peer (numpy for GEMM, torch or else numpy's
+explicit im2col for convolution) is
+shown beside it, B / A: when tilegemm and its peer slowed down alike, the
+machine changed, not the code.  Compare reports from the same machine; the
+machine descriptions are compared and a difference is stated.
 """
 from tilegemm.tools.report import format_table
 
-#: Smallest noise band, so that single-repetition reports (spread 0) do not flag everything.
-MIN_NOISE = 0.01
+#: Slow-down (fraction) that counts as a regression when the noise band is smaller.
+DEFAULT_THRESHOLD = 0.10
+
+#: Smallest noise band, so that reports whose repeats agree exactly do not flag everything.
+NOISE_FLOOR = 0.01
 
 
 def _key(rec):
@@ -26,64 +35,90 @@ def _key(rec):
             rec["threads"])
 
 
+def _case_text(key):
+    op, *case, dtype, threads = key
+    return f"{op} {' '.join(str(c) for c in case)} {dtype} {threads}t"
+
+
 def _records(report):
     return {_key(r): r for r in report["gemm"] + report["conv"]["records"]}
 
 
-def _ours_and_peer(rec):
-    """[(our party name, peer name or None)] in a record."""
-    peer = "numpy" if rec["op"] == "gemm" else "torch"
-    peer = peer if peer in rec["results"] else None
-    return [(name, peer) for name in rec["results"] if name.startswith("tilegemm")]
+def repeat_noise(party):
+    """Relative spread of one party's repeats: (median - min) / median.
+
+    Reads ``min_s`` (``best_s`` in reports that predate it) and ``median_s``.
+    """
+    low = party.get("min_s", party["best_s"])
+    median = party.get("median_s", low)
+    return (median - low) / median if median > 0 else 0.0
 
 
-def _band(*spreads):
-    return max(MIN_NOISE, 2 * sum(spreads))
-
-
-def _verdict(change, band):
-    if change - 1 > band:
-        return "faster"
-    if 1 - change > band:
+def _verdict(time_a, time_b, limit):
+    if time_b / time_a - 1 > limit:
         return "SLOWER"
+    if time_a / time_b - 1 > limit:
+        return "faster"
     return "~"
 
 
-def compare_rows(a, b):
+def _row(key, party, pa, pb, threshold):
+    """One compared row: tilegemm ``party`` of case ``key`` in results ``pa`` and ``pb``."""
+    a, b = pa[party], pb[party]
+    noise = max(NOISE_FLOOR, repeat_noise(a) + repeat_noise(b))
+    row = {"case": key, "party": party, "ms_a": 1e3 * a["best_s"], "ms_b": 1e3 * b["best_s"],
+           "change": a["best_s"] / b["best_s"], "noise": noise,
+           "verdict": _verdict(a["best_s"], b["best_s"], max(threshold, noise))}
+    # torch for convolutions when both runs had it, else numpy (GEMM, or conv's im2col peer).
+    peer = "torch" if key[0] == "conv" and "torch" in pa and "torch" in pb else "numpy"
+    if peer in pa and peer in pb:
+        row["peer"] = peer
+        row["peer_ratio_change"] = ((b["gflops"] / pb[peer]["gflops"])
+                                    / (a["gflops"] / pa[peer]["gflops"]))
+    return row
+
+
+def compare_rows(a, b, threshold=DEFAULT_THRESHOLD):
     """Rows comparing reports ``a`` and ``b`` (dicts from report.json).
+
+    Parameters
+    ----------
+    a, b : dict
+        The reports, A the baseline.
+    threshold : float
+        Relative slow-down that counts when the noise band is narrower.
 
     Returns
     -------
     rows : list of dict
-        One per (case, tilegemm party) present in both, with ``gflops_a``,
-        ``gflops_b``, ``change`` (B/A), ``noise``, ``verdict`` and, when the
-        peer ran in both, ``peer``, ``ratio_a``, ``ratio_b``, ``ratio_change``,
-        ``ratio_noise``, ``ratio_verdict``.
-    only_a, only_b : int
-        Cases present in one report only.
+        One per (case, tilegemm party) present in both: ``ms_a``, ``ms_b``,
+        ``change`` (A's time / B's: above 1 B is faster), ``noise``, ``verdict``
+        (``"faster"``, ``"SLOWER"`` or ``"~"``) and, when the peer ran in both,
+        ``peer`` and ``peer_ratio_change`` (B's ours/peer over A's).
+    only_a, only_b : list of str
+        Cases (or parties of a case) present in one report only.
     """
     ra, rb = _records(a), _records(b)
-    rows = []
-    for key in [k for k in ra if k in rb]:
-        for party, peer in _ours_and_peer(ra[key]):
-            pa, pb = ra[key]["results"], rb[key]["results"]
-            if party not in pb:
-                continue
-            change = pb[party]["gflops"] / pa[party]["gflops"]
-            noise = _band(pa[party]["spread"], pb[party]["spread"])
-            row = {"case": key, "party": party, "gflops_a": pa[party]["gflops"],
-                   "gflops_b": pb[party]["gflops"], "change": change, "noise": noise,
-                   "verdict": _verdict(change, noise)}
-            if peer and peer in pb:
-                ratio_a = pa[party]["gflops"] / pa[peer]["gflops"]
-                ratio_b = pb[party]["gflops"] / pb[peer]["gflops"]
-                rnoise = _band(pa[party]["spread"], pb[party]["spread"],
-                               pa[peer]["spread"], pb[peer]["spread"])
-                row.update(peer=peer, ratio_a=ratio_a, ratio_b=ratio_b,
-                           ratio_change=ratio_b / ratio_a, ratio_noise=rnoise,
-                           ratio_verdict=_verdict(ratio_b / ratio_a, rnoise))
-            rows.append(row)
-    return rows, len(set(ra) - set(rb)), len(set(rb) - set(ra))
+    rows, only_a, only_b = [], [], []
+    for key in ra:
+        if key not in rb:
+            only_a.append(_case_text(key))
+            continue
+        pa, pb = ra[key]["results"], rb[key]["results"]
+        for party in [p for p in pa if p.startswith("tilegemm")]:
+            if party in pb:
+                rows.append(_row(key, party, pa, pb, threshold))
+            else:
+                only_a.append(f"{_case_text(key)} {party}")
+        only_b += [f"{_case_text(key)} {p}" for p in pb if p.startswith("tilegemm")
+                   and p not in pa]
+    only_b += [_case_text(key) for key in rb if key not in ra]
+    return rows, only_a, only_b
+
+
+def regressions(a, b, threshold=DEFAULT_THRESHOLD):
+    """The rows of :func:`compare_rows` marked ``SLOWER``."""
+    return [r for r in compare_rows(a, b, threshold)[0] if r["verdict"] == "SLOWER"]
 
 
 def _machine_note(a, b):
@@ -91,40 +126,44 @@ def _machine_note(a, b):
     diff = [f for f in fields if a["machine"].get(f) != b["machine"].get(f)]
     if not diff:
         return "Same machine description in both reports."
-    return "Different machines: " + ", ".join(
+    return "DIFFERENT MACHINES, the times do not compare: " + ", ".join(
         f"{f} {a['machine'].get(f)} -> {b['machine'].get(f)}" for f in diff)
 
 
-def compare_text(a, b, name_a="A", name_b="B"):
+def _missing_note(label, cases, most=8):
+    shown = "; ".join(cases[:most]) + (f"; and {len(cases) - most} more" if len(cases) > most
+                                        else "")
+    return f"Only in {label} (not compared): {shown}."
+
+
+def compare_text(a, b, name_a="A", name_b="B", threshold=DEFAULT_THRESHOLD):
     """The comparison as printable text (a table plus notes); names label the two reports."""
-    rows, only_a, only_b = compare_rows(a, b)
-    headers = ["op", "case", "dtype", "thr", "party", "A GFLOPS", "B GFLOPS",
-               "B/A", "noise", "verdict", "peer", "A ours/peer", "B ours/peer", "B/A", "noise",
-               "verdict"]
+    rows, only_a, only_b = compare_rows(a, b, threshold)
+    headers = ["op", "case", "dtype", "thr", "party", "A ms", "B ms", "A/B time", "noise",
+               "verdict", "peer", "ours/peer B/A"]
     table = []
     for r in rows:
         op, *case, dtype, threads = r["case"]
-        line = [op, " ".join(str(c) for c in case), dtype, threads,
-                r["party"].replace("tilegemm", "ours"),
-                f"{r['gflops_a']:.1f}", f"{r['gflops_b']:.1f}", f"{r['change']:.3f}",
-                f"±{100 * r['noise']:.0f}%", r["verdict"]]
-        if "peer" in r:
-            line += [r["peer"], f"{r['ratio_a']:.2f}", f"{r['ratio_b']:.2f}",
-                     f"{r['ratio_change']:.3f}", f"±{100 * r['ratio_noise']:.0f}%",
-                     r["ratio_verdict"]]
-        else:
-            line += ["-"] * 6
-        table.append(line)
+        table.append([op, " ".join(str(c) for c in case), dtype, threads,
+                      r["party"].replace("tilegemm", "ours"), f"{r['ms_a']:.4g}",
+                      f"{r['ms_b']:.4g}", f"{r['change']:.3f}", f"±{100 * r['noise']:.0f}%",
+                      r["verdict"], r.get("peer", "-"),
+                      f"{r['peer_ratio_change']:.3f}" if "peer" in r else "-"])
+    slower = sum(r["verdict"] == "SLOWER" for r in rows)
     notes = [
         f"A = {name_a} (created {a['created']}), B = {name_b} (created {b['created']}).",
         _machine_note(a, b),
-        "B/A of GFLOPS moves with the machine; B/A of the ratio to the peer (interleaved in "
-        "each run) is what tells whether tilegemm itself changed.",
-        "noise = 2 x the repeat spreads recorded in both reports; beyond it a change is "
-        "marked 'faster' or 'SLOWER', within it '~'.",
+        f"A/B time above 1: B is faster. A row is 'faster' or 'SLOWER' when it changed by "
+        f"more than the threshold ({100 * threshold:g}%) and its noise band (the repeats' "
+        f"(median - min) / median in A plus in B, at least {100 * NOISE_FLOOR:g}%), else '~'.",
+        "ours/peer B/A: the change of the ratio to the peer timed in the same rounds; near "
+        "1 while the time changed means the machine changed, not tilegemm.",
+        f"{slower} row(s) SLOWER." if slower else "No row is slower beyond its threshold.",
     ]
-    if only_a or only_b:
-        notes.append(f"Cases in one report only: {only_a} in A, {only_b} in B (not compared).")
+    if only_a:
+        notes.append(_missing_note("A", only_a))
+    if only_b:
+        notes.append(_missing_note("B", only_b))
     if not rows:
         notes.insert(0, "No case appears in both reports.")
         return "\n".join(notes)

@@ -41,6 +41,8 @@ def run_scaling_case(case, reps=5, min_time=0.05, peers=("torch",), budget=10.0)
     """
     x, w = conv_suite.operands(case)
     many = case.threads
+    # numpy's BLAS threads can only be set through threadpoolctl, too slow inside the loop.
+    peers = tuple(p for p in peers if p != "numpy")
     torch = timing.torch_module()
     with timing.pinned_threads(many):
         parties, _, _, not_applicable = conv_suite.gather_parties(case, x, w, peers)

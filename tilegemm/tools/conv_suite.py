@@ -19,6 +19,13 @@ from tilegemm.tools import timing
 #: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.
 ALGORITHMS = ("im2col", "winograd", "direct", "auto")
 
+#: An algorithm estimated (``conv_plan``'s ``estimates``) or first measured more than
+#: this many times slower than the layer's best is not timed further: the report
+#: gives it a footnote instead of a row.  Direct convolution runs 15-90x behind on
+#: dense layers, Winograd 7-140x on grouped and depthwise ones; timing them cost
+#: most of a run and said nothing a reader could use.
+COMPETITIVE_FACTOR = 8.0
+
 
 @dataclass(frozen=True)
 class ConvLayer:
@@ -86,6 +93,15 @@ class ConvCase:
         ly = self.layer
         ho, wo = ly.out_hw
         return 2.0 * self.batch * ly.k * ho * wo * (ly.c // ly.groups) * ly.kh * ly.kw
+
+    @property
+    def min_bytes(self):
+        """Bytes a call must move at least: input, weights and output, each once."""
+        ly = self.layer
+        ho, wo = ly.out_hw
+        elements = (self.batch * ly.c * ly.h * ly.w + ly.k * (ly.c // ly.groups) * ly.kh * ly.kw
+                    + self.batch * ly.k * ho * wo)
+        return elements * np.dtype(self.dtype).itemsize
 
     def algorithm_flops(self, algorithm):
         """Multiply-add flops the algorithm itself performs (for % of peak).
@@ -163,6 +179,55 @@ def torch_party(x, w, layer, layout="NCHW"):
     return lambda: f(tx, tw, None, layer.stride, layer.padding, 1, layer.groups)
 
 
+#: Largest patch matrix the numpy peer builds; above it the peer sits the layer out
+#: (VGG conv1_2 at batch 8 would need 0.9 GiB).
+NUMPY_PEER_MAX_BYTES = 256 << 20
+
+
+def im2col_numpy(x, w, stride=1, padding=0, groups=1, layout="NCHW"):
+    """Convolution as explicit im2col and one ``numpy.matmul``: the peer that is always there.
+
+    The patch matrix (groups x N·Ho·Wo x C/groups·kh·kw) is built in full from a
+    strided window view of the padded image, then multiplied by the weights as
+    one batched product per group, through numpy's BLAS.
+
+    Parameters
+    ----------
+    x : ndarray
+        (N, C, H, W), or (N, H, W, C) when ``layout`` is ``"NHWC"``.
+    w : ndarray
+        (K, C/groups, kh, kw).
+
+    Returns
+    -------
+    ndarray
+        (N, K, Ho, Wo), or (N, Ho, Wo, K) for NHWC.
+    """
+    nchw = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    n, c, _, _ = nchw.shape
+    k, cg, kh, kw = w.shape
+    padded = np.pad(nchw, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(2, 3))
+    windows = windows[:, :, ::stride, ::stride]          # N, C, Ho, Wo, kh, kw (a view)
+    ho, wo = windows.shape[2:4]
+    cols = (windows.reshape(n, groups, cg, ho, wo, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+            .reshape(groups, n * ho * wo, cg * kh * kw))  # the copy: the patch matrix
+    weights = w.reshape(groups, k // groups, cg * kh * kw).transpose(0, 2, 1)
+    out = np.matmul(cols, weights).reshape(groups, n, ho, wo, k // groups)
+    if layout == "NHWC":
+        return out.transpose(1, 2, 3, 0, 4).reshape(n, ho, wo, k)
+    return out.transpose(1, 0, 4, 2, 3).reshape(n, k, ho, wo)
+
+
+def numpy_party(x, w, layer, layout="NCHW"):
+    """A zero-argument call of :func:`im2col_numpy` (None when its patch matrix is too large)."""
+    ho, wo = layer.out_hw
+    patch_bytes = x.shape[0] * ho * wo * layer.c * layer.kh * layer.kw * x.itemsize
+    if patch_bytes > NUMPY_PEER_MAX_BYTES:
+        return None
+    return lambda: im2col_numpy(x, w, layer.stride, layer.padding, layer.groups, layout)
+
+
 def probe(fn):
     """First call of ``fn``: (seconds, output) or (None, reason) when it does not apply."""
     t0 = time.perf_counter()
@@ -173,20 +238,59 @@ def probe(fn):
     return time.perf_counter() - t0, np.asarray(result)
 
 
-def auto_choice(case, x, w):
-    """The algorithm ``algorithm="auto"`` picks for this case (None if not inspectable)."""
+def case_plan(case, x, w):
+    """``tilegemm.conv_plan`` for this case: what ``algorithm="auto"`` picks, and the estimates."""
     import tilegemm
-    plan = getattr(tilegemm, "conv_plan", None)
-    if plan is None:
-        return None
     ly = case.layer
-    return plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups, layout=case.layout,
-                dtype=np.dtype(case.dtype), threads=case.threads).algorithm
+    return tilegemm.conv_plan(x.shape, w.shape, ly.stride, ly.padding, 1, ly.groups,
+                              layout=case.layout, dtype=np.dtype(case.dtype),
+                              threads=case.threads)
 
 
-def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
-    """The callables to time for ``case``: torch (when in ``peers`` and installed) and
-    every algorithm in ``algorithms`` that applies, each probed once.
+def screen(seconds, how, keep=(), factor=COMPETITIVE_FACTOR):
+    """The algorithms too slow to time further: ``{algorithm: footnote}``.
+
+    Parameters
+    ----------
+    seconds : dict of str -> float
+        Estimated or measured seconds per call of each algorithm.
+    how : {"estimated", "measured"}
+        Which kind ``seconds`` are, for the footnote.
+    keep : sequence of str
+        Algorithms never screened out (the one ``auto`` picks).
+    factor : float
+        More than ``factor`` times the fastest is too slow.
+
+    Returns
+    -------
+    dict of str -> str
+        E.g. ``{"direct": "skipped, estimated 32x slower than winograd"}``.
+    """
+    if not seconds:
+        return {}
+    best = min(seconds, key=seconds.get)
+    return {a: f"skipped, {how} {t / seconds[best]:.0f}x slower than {best}"
+            for a, t in seconds.items() if t > factor * seconds[best] and a not in keep}
+
+
+def auto_result(results, chosen):
+    """The ``tilegemm:auto`` row: the row of the algorithm ``auto`` picks, timed once.
+
+    ``conv2d(algorithm="auto")`` runs the same path as the algorithm it picks, so
+    timing it apart only added a row that differed by noise.  Returns a copy of
+    ``results["tilegemm:<chosen>"]`` with ``chose`` and ``timed_as`` set, or None
+    when that algorithm was not timed.
+    """
+    row = results.get(f"tilegemm:{chosen}")
+    if row is None:
+        return None
+    return dict(row, chose=chosen, timed_as=f"tilegemm:{chosen}")
+
+
+def gather_parties(case, x, w, peers=("numpy", "torch"), algorithms=ALGORITHMS):
+    """The callables to time for ``case``: the peers in ``peers`` (numpy's explicit
+    im2col when its patch matrix fits :data:`NUMPY_PEER_MAX_BYTES`, torch when
+    installed) and every algorithm in ``algorithms`` that applies, each probed once.
 
     Returns
     -------
@@ -196,9 +300,11 @@ def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
     """
     ly = case.layer
     parties, first, outputs, not_applicable = {}, {}, {}, {}
-    torch_fn = torch_party(x, w, ly, case.layout) if "torch" in peers else None
-    if torch_fn is not None:
-        parties["torch"] = torch_fn
+    makers = {"numpy": numpy_party, "torch": torch_party}
+    for peer in [p for p in makers if p in peers]:
+        fn = makers[peer](x, w, ly, case.layout)
+        if fn is not None:
+            parties[peer] = fn
     for algo in algorithms:
         fn = tilegemm_party(x, w, ly, algo, case.layout)
         seconds, result = probe(fn)
@@ -210,62 +316,107 @@ def gather_parties(case, x, w, peers=("torch",), algorithms=ALGORITHMS):
     return parties, first, outputs, not_applicable
 
 
-def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("torch",),
+def _per_call(fn, min_time, samples=2):
+    """Seconds per call of ``fn``: the best of ``samples`` samples of at least ``min_time``."""
+    best = None
+    for _ in range(samples):
+        calls, seconds = timing.calibrate(fn, min_time)
+        best = seconds / calls if best is None else min(best, seconds / calls)
+    return best
+
+
+def _competitive_parties(case, x, w, peers, algorithms, min_time):
+    """:func:`gather_parties` for the algorithms worth timing, and the footnotes of the rest.
+
+    Screened first on ``conv_plan``'s estimates (a skipped algorithm is never
+    compiled), then on a first measurement of each (:func:`_per_call`).  ``auto`` is probed once (its result
+    is checked) but not timed: :func:`auto_result` gives its row.
+
+    Returns
+    -------
+    (parties, first, outputs, not_applicable, skipped, chosen)
+    """
+    plan = case_plan(case, x, w)
+    chosen = plan.algorithm if "auto" in algorithms else None
+    keep = (chosen,) if chosen else ()
+    skipped = screen({a: t for a, t in plan.estimates.items() if a in algorithms},
+                     "estimated", keep)
+    timed = [a for a in algorithms if a != "auto" and a not in skipped]
+    timed += [chosen] if chosen and chosen not in timed else []
+    parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, timed)
+    warm = {a: _per_call(parties[f"tilegemm:{a}"], min_time) for a in timed
+            if f"tilegemm:{a}" in parties}
+    measured = screen(warm, "measured", keep)
+    for algo in measured:
+        del parties[f"tilegemm:{algo}"], first[f"tilegemm:{algo}"]
+    skipped.update(measured)
+    if chosen:
+        seconds, result = probe(tilegemm_party(x, w, case.layer, "auto", case.layout))
+        outputs["tilegemm:auto"] = result if seconds is not None else np.empty(0)
+    return parties, first, outputs, not_applicable, skipped, chosen
+
+
+def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("numpy", "torch"),
                   budget=10.0):
-    """Time one layer: every applicable algorithm and torch, interleaved.
+    """Time one layer: each applicable, competitive algorithm and the peers, interleaved.
 
     Returns
     -------
     dict
-        JSON-ready row: the layer, ``results`` per party (``"torch"`` and
-        ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on the
-        algorithm's own flops), ``ratio`` (ours / torch) and, for auto, ``chose``
-        (from ``tilegemm.conv_plan``); ``not_applicable``
-        maps an algorithm that raised ValueError to the error message; ``check``
-        holds each algorithm's max relative error against torch's float64 result
-        (empty without torch).  ``budget`` caps the seconds of timed samples per
-        party (slow algorithms get fewer repetitions).
+        JSON-ready row: the layer, ``results`` per party (``"numpy"``, ``"torch"``
+        and ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on
+        the algorithm's own flops), ``ratio`` (ours / torch) and ``ratio_numpy``
+        (ours / numpy); ``tilegemm:auto`` is the row of the algorithm it picks
+        (:func:`auto_result`: ``chose``, ``timed_as``). ``not_applicable`` maps an
+        algorithm that raised ValueError to the error message, ``skipped`` an
+        algorithm more than :data:`COMPETITIVE_FACTOR` times slower than the best to
+        its footnote (:func:`screen`); ``check`` holds each algorithm's max relative
+        error against a float64 result (:func:`im2col_numpy` on float64 operands).
+        ``budget`` caps the seconds of timed samples per party (slow algorithms get
+        fewer repetitions).
     """
     x, w = operands(case)
     ly = case.layer
     with timing.pinned_threads(case.threads):
-        parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, algorithms)
+        parties, first, outputs, not_applicable, skipped, chosen = _competitive_parties(
+            case, x, w, peers, algorithms, min_time)
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
-                                    settle=timing.settle_time(case.threads),
-                                    ramp=timing.ramp_time(case.threads), budget=budget,
-                                    first_calls=first)
+                                     settle=timing.settle_time(case.threads),
+                                     ramp=timing.ramp_time(case.threads), budget=budget,
+                                     first_calls=first)
         peak = timing.peak_gflops(case.dtype, case.threads)
-        chosen = auto_choice(case, x, w) if "tilegemm:auto" in parties else None
     results = timing.summarise(timings, case.flops, peak)
     for name, row in results.items():
         algo = name.split(":", 1)[1] if ":" in name else None
-        if algo == "auto" and chosen:
-            row["chose"] = chosen
-            algo = chosen
         if algo and peak:
             own = timing.gflops(case.algorithm_flops(algo), row["best_s"])
             row["pct_peak"] = 100.0 * own / peak
         if algo and "torch" in results:
             row["ratio"] = row["gflops"] / results["torch"]["gflops"]
+        if algo and "numpy" in results:
+            row["ratio_numpy"] = row["gflops"] / results["numpy"]["gflops"]
+    auto = auto_result(results, chosen) if chosen else None
+    if auto:
+        results["tilegemm:auto"] = auto
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,
-        "peak_gflops": peak, "reps": reps, "results": results,
-        "not_applicable": not_applicable, "check": _check(x, w, ly, outputs, case.layout),
+        "min_bytes": case.min_bytes, "peak_gflops": peak, "reps": reps, "results": results,
+        "not_applicable": not_applicable, "skipped": skipped,
+        "check": _check(x, w, ly, outputs, case.layout),
     }
 
 
 def _check(x, w, layer, outputs, layout="NCHW"):
-    """Max relative error of every algorithm against a float64 reference (torch)."""
-    torch = timing.torch_module()
-    if torch is None or not outputs:
+    """Max relative error of every algorithm against a float64 reference.
+
+    The reference is :func:`im2col_numpy` on float64 operands (tests check it
+    against a direct loop and torch), so results are checked with or without torch.
+    """
+    if not outputs:
         return {}
-    if layout == "NHWC":  # compare in NCHW: the reference's layout
-        x = x.transpose(0, 3, 1, 2)
-        outputs = {name: out.transpose(0, 3, 1, 2) for name, out in outputs.items()}
-    f = torch.nn.functional.conv2d
-    ref = f(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(w.astype(np.float64)),
-            None, layer.stride, layer.padding, 1, layer.groups).numpy()
+    ref = im2col_numpy(x.astype(np.float64), w.astype(np.float64), layer.stride,
+                       layer.padding, layer.groups, layout)
     from tilegemm.tools.gemm_suite import max_rel_error
     tol = 1e-3 if x.dtype == np.float32 else 1e-9  # Winograd's transforms cost some digits
     checks = {}

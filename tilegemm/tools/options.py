@@ -3,6 +3,9 @@
 Bad input raises :class:`UsageError`, which the command line prints without a
 traceback and turns into exit status 2.
 """
+import os
+import tempfile
+
 
 class UsageError(Exception):
     """Bad command-line input: printed without a traceback, exit status 2."""
@@ -68,3 +71,25 @@ def parse_threads(text):
         raise UsageError(f"--threads: {too_many[0]} is more than the {max_threads()} threads "
                          "available (NUMBA_NUM_THREADS / CPU count)")
     return sorted(set(counts))
+
+
+def check_out_dir(path):
+    """Make sure the report can be written to ``path`` before anything is measured.
+
+    Creates the directory when it does not exist and writes a scratch file into it.
+
+    Raises
+    ------
+    UsageError
+        When ``path`` is an existing file, or the directory cannot be created or
+        written to.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--out: {path} is a file; give a directory for report.md, "
+                         "report.json and the plots")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write to {path}: {exc.strerror or exc}") from None

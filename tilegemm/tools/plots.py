@@ -3,8 +3,14 @@
 * ``gemm_<dtype>.png``: GFLOPS against the square size n, one panel per thread
   count, tilegemm / numpy / torch curves and the measured-peak line.
 * ``gemm_skinny_<dtype>.png``: bars for the skinny shapes.
-* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and torch.
+* ``conv_<dtype>_<threads>t.png``: per-layer bars, one per algorithm and peer
+  (numpy's explicit im2col, torch).
+* ``roofline_<dtype>.png``: every GEMM and layer at its arithmetic intensity under
+  the measured peak and memory bandwidth, log-log, one panel per thread count.
 
+Every title names the machine (CPU model, ISA), the commit and the date; the
+y-axis reaches above the largest value plotted, so nothing is clipped (Winograd's
+effective GFLOPS can exceed the peak), and the measured peak is a dashed line.
 Figures are drawn with matplotlib's object API on an Agg canvas, so no GUI
 backend or global pyplot state is involved.
 """
@@ -40,9 +46,22 @@ def _label(name):
     return name.replace("tilegemm:", "tilegemm ")
 
 
-def _peak_line(ax, peak):
+def _peak_line(ax, peak, values):
+    """The measured-peak line, and a y-range that holds it and every value."""
     ax.axhline(peak, color="black", linestyle="--", linewidth=1.2,
                label=f"measured peak ({peak:.0f} GFLOPS)")
+    top = max([peak] + [v for v in values if v is not None])
+    ax.set_ylim(0, top * 1.1)
+
+
+def caption(report):
+    """Machine, ISA, commit and date of a report, for the figure titles."""
+    from tilegemm.tools.provenance import commit_text
+    m = report.get("machine") or {}
+    source = {"commit": report["commit"], "dirty": report["dirty"]} if report.get(
+        "commit") else None
+    return (f"{m.get('brand', 'unknown CPU')}, {m.get('isa', '?')}; commit "
+            f"{commit_text(source)}; {report['created'][:10]}")
 
 
 def _by_threads(records):
@@ -52,10 +71,14 @@ def _by_threads(records):
     return dict(sorted(groups.items()))
 
 
-def plot_gemm_square(records, dtype, path):
-    """GFLOPS vs n for the square cases of one dtype; one panel per thread count."""
+def plot_gemm_square(records, dtype, title):
+    """GFLOPS vs n for the square cases of one dtype; one panel per thread count.
+
+    Returns the matplotlib Figure; ``title`` (e.g. :func:`caption`) goes on top.
+    """
     groups = _by_threads(records)
     fig, axes = _figure(len(groups))
+    fig.suptitle(title, fontsize="medium")
     for ax, (threads, recs) in zip(axes, groups.items()):
         recs = sorted(recs, key=lambda r: r["n"])
         sizes = [r["n"] for r in recs]
@@ -64,16 +87,16 @@ def plot_gemm_square(records, dtype, path):
             if pts:
                 color, marker = STYLE[party]
                 ax.plot(*zip(*pts), color=color, marker=marker, label=party)
-        _peak_line(ax, recs[0]["peak_gflops"])
+        _peak_line(ax, recs[0]["peak_gflops"],
+                   [p["gflops"] for r in recs for p in r["results"].values()])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set_ylim(0, recs[0]["peak_gflops"] * 1.12)
         ax.set_xlabel("matrix size n (n×n times n×n)")
         ax.set_ylabel("GFLOPS (2·n³ / time)")
         ax.set_title(f"GEMM {dtype}, {timing.threads_text(threads)}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best")
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def _bars(ax, categories, series, peak):
@@ -85,18 +108,18 @@ def _bars(ax, categories, series, peak):
         if pts:
             color = STYLE.get(party, ("gray", None))[0]
             ax.bar(*zip(*pts), width=width, color=color, label=_label(party))
-    _peak_line(ax, peak)
+    _peak_line(ax, peak, [v for values in series.values() for v in values])
     ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
-    ax.set_ylim(0, peak * 1.12)
     ax.grid(True, axis="y", alpha=0.3)
     # Outside the axes, so that it never hides a bar or the peak line.
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
-def plot_gemm_other(records, dtype, path):
-    """Bars for the non-square GEMM cases of one dtype; one panel per thread count."""
+def plot_gemm_other(records, dtype, title):
+    """Bars for the non-square GEMM cases of one dtype, one panel per thread count: a Figure."""
     groups = _by_threads(records)
     fig, axes = _figure(len(groups))
+    fig.suptitle(title, fontsize="medium")
     for ax, (threads, recs) in zip(axes, groups.items()):
         cats = [f"{r['kind']}\n{r['shape']}" for r in recs]
         parties = [p for p in ("tilegemm", "numpy", "torch") if any(p in r["results"] for r in recs)]
@@ -104,30 +127,113 @@ def plot_gemm_other(records, dtype, path):
         _bars(ax, cats, series, recs[0]["peak_gflops"])
         ax.set_ylabel("GFLOPS (2·m·n·k / time)")
         ax.set_title(f"GEMM {dtype}, skinny shapes, {timing.threads_text(threads)}")
-    fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_conv(records, dtype, threads, path):
-    """Per-layer bars of effective GFLOPS by algorithm, with torch."""
+def plot_conv(records, dtype, threads, title):
+    """Per-layer bars of effective GFLOPS by algorithm, with the peers: a Figure."""
     fig, (ax,) = _figure(1, width=max(8.0, 1.3 * len(records) + 4), height=5.0)
+    fig.suptitle(title, fontsize="medium")
     cats = [r["layer"] for r in records]
     parties = []
     for r in records:
         parties += [p for p in r["results"] if p not in parties]
-    order = ["tilegemm:" + a for a in ALGORITHMS] + ["torch"]  # torch last, next to auto
+    order = ["tilegemm:" + a for a in ALGORITHMS] + ["numpy", "torch"]  # peers next to auto
     parties.sort(key=lambda p: order.index(p) if p in order else len(order))
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])
     ax.set_ylabel("effective GFLOPS (direct-conv flops / time)")
     ax.set_title(f"Convolution {dtype}, batch {records[0]['batch']}, {timing.threads_text(threads)}"
                  "\n(no bar: the algorithm does not apply to the layer)")
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def intensity(record):
+    """Arithmetic intensity of a GEMM or convolution record: flops / minimal bytes moved.
+
+    The minimal bytes are every input and the output once (GEMM: (m·k + k·n + m·n)
+    elements; convolution: the record's ``min_bytes``); None when the record does
+    not say (reports from before the roofline).
+    """
+    if record.get("op") == "gemm":
+        item = 4 if record["dtype"] == "float32" else 8
+        m, n, k = record["m"], record["n"], record["k"]
+        return record["flops"] / ((m * k + k * n + m * n) * item)
+    return record["flops"] / record["min_bytes"] if record.get("min_bytes") else None
+
+
+def roofline_points(records):
+    """[(label, intensity, GFLOPS)]: tilegemm's figure of each GEMM and convolution record.
+
+    Convolutions give ``algorithm="auto"`` (else their fastest algorithm) in
+    effective GFLOPS, so Winograd can sit above the roof.
+    """
+    points = []
+    for r in records:
+        ai = intensity(r)
+        ours = {n: p for n, p in r["results"].items() if n.startswith("tilegemm")}
+        if ai is None or not ours:
+            continue
+        best = ours.get("tilegemm", ours.get("tilegemm:auto")) or max(
+            ours.values(), key=lambda p: p["gflops"])
+        label = r["shape"] if r.get("op") == "gemm" else r["layer"]
+        points.append((label, ai, best["gflops"]))
+    return points
+
+
+def plot_roofline(panels, bandwidth_gbps, title):
+    """Roofline: measured peak and memory bandwidth, each case at its intensity: a Figure.
+
+    Parameters
+    ----------
+    panels : list of (subtitle, peak GFLOPS, points)
+        One log-log panel each; ``points`` as :func:`roofline_points` gives them.
+    bandwidth_gbps : float
+        Measured memory bandwidth: the sloped roof is ``bandwidth × intensity``.
+    """
+    fig, axes = _figure(len(panels))
+    fig.suptitle(title, fontsize="medium")
+    for ax, (subtitle, peak, points) in zip(axes, panels):
+        ais = [p[1] for p in points] or [1.0]
+        lo, hi = min(ais + [peak / bandwidth_gbps]) / 4, max(ais + [peak / bandwidth_gbps]) * 4
+        ridge = peak / bandwidth_gbps
+        ax.plot([lo, ridge], [bandwidth_gbps * lo, peak], color="black", linewidth=1.2,
+                label=f"measured bandwidth ({bandwidth_gbps:.1f} GB/s)")
+        ax.plot([ridge, hi], [peak, peak], color="black", linestyle="--", linewidth=1.2,
+                label=f"measured peak ({peak:.0f} GFLOPS)")
+        for label, ai, gf in points:
+            ax.scatter([ai], [gf], s=22, zorder=3)
+            ax.annotate(label, (ai, gf), fontsize="x-small", xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel("arithmetic intensity (flops / byte of inputs and output once)")
+        ax.set_ylabel("GFLOPS (convolution: effective)")
+        ax.set_title(subtitle)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def _roofline(report, dtype, title):
+    """The roofline figure of ``dtype`` (one panel per thread count), or None."""
+    bandwidth = (report.get("memory_bandwidth") or {}).get("gbps")
+    records = [r for r in report["gemm"] + report["conv"]["records"] if r["dtype"] == dtype]
+    panels = [(f"{dtype}, {timing.threads_text(t)}", recs[0]["peak_gflops"], roofline_points(recs))
+              for t, recs in _by_threads(records).items() if recs[0]["peak_gflops"]]
+    panels = [p for p in panels if p[2]]
+    return plot_roofline(panels, bandwidth, title) if bandwidth and panels else None
 
 
 def write_plots(report, out_dir):
     """Write every plot the report has data for; return file names (relative to out_dir)."""
-    written = []
-    dtypes = []
+    written, dtypes, title = [], [], caption(report)
+
+    def save(name, fig):
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        written.append(name)
+
     for r in report["gemm"] + report["conv"]["records"]:
         if r["dtype"] not in dtypes:
             dtypes.append(r["dtype"])
@@ -135,13 +241,13 @@ def write_plots(report, out_dir):
         square = [r for r in report["gemm"] if r["dtype"] == dtype and r["kind"] == "square"]
         other = [r for r in report["gemm"] if r["dtype"] == dtype and r["kind"] != "square"]
         if square:
-            written.append(f"gemm_{dtype}.png")
-            plot_gemm_square(square, dtype, os.path.join(out_dir, written[-1]))
+            save(f"gemm_{dtype}.png", plot_gemm_square(square, dtype, title))
         if other:
-            written.append(f"gemm_skinny_{dtype}.png")
-            plot_gemm_other(other, dtype, os.path.join(out_dir, written[-1]))
+            save(f"gemm_skinny_{dtype}.png", plot_gemm_other(other, dtype, title))
         conv = [r for r in report["conv"]["records"] if r["dtype"] == dtype]
         for threads, recs in _by_threads(conv).items():
-            written.append(f"conv_{dtype}_{threads}t.png")
-            plot_conv(recs, dtype, threads, os.path.join(out_dir, written[-1]))
+            save(f"conv_{dtype}_{threads}t.png", plot_conv(recs, dtype, threads, title))
+        roof = _roofline(report, dtype, title)
+        if roof is not None:
+            save(f"roofline_{dtype}.png", roof)
     return written

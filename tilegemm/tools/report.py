@@ -20,9 +20,8 @@ DTYPES = ("float32", "float64")
 
 # --------------------------------------------------------------------------- machine
 
-def _threading_layer():
-    """How tilegemm runs threads: not a Numba threading layer (nothing uses prange)."""
-    return "Python thread pool over nogil kernels (count from numba.get_num_threads())"
+#: How tilegemm runs threads: not a Numba threading layer (nothing uses prange).
+THREADING = "Python thread pool over nogil kernels (count from numba.get_num_threads())"
 
 
 def _blocking_entry(dtype):
@@ -34,15 +33,27 @@ def _blocking_entry(dtype):
             "source": dict(blk.source)}
 
 
-def _peak_entry(dtype, thread_counts, measure):
+def _peak_entries(machine, thread_counts, measure_peak, remeasure, measure):
+    """``peak_gflops`` of :func:`machine_info` and the warnings about the measurement."""
     from tilegemm.tuning.peak import nominal_peak_gflops
-    per = {}
-    for t in thread_counts:
-        per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t),
-                       "measured": timing.peak_gflops(dtype, t) if measure else None}
-    top = per[str(max(thread_counts))]
-    return {"threads": max(thread_counts), "nominal": top["nominal"],
-            "measured": top["measured"], "per_threads": per}
+    from tilegemm.tools.peak_cache import measured_peaks
+    measured, warnings = ({}, [])
+    if measure_peak:
+        measured, warnings = measured_peaks(machine, DTYPES, thread_counts,
+                                            measure or timing.peak_gflops, remeasure)
+    entries = {}
+    for dtype in DTYPES:
+        per = {}
+        for t in thread_counts:
+            m = measured.get(dtype, {}).get(t)
+            per[str(t)] = {"nominal": nominal_peak_gflops(dtype, t, clock="max"),
+                           "measured": m["gflops"] if m else None,
+                           "measured_at": m["measured_at"] if m else None,
+                           "cached": m["cached"] if m else None}
+        top = per[str(max(thread_counts))]
+        entries[dtype] = {"threads": max(thread_counts), "nominal": top["nominal"],
+                          "measured": top["measured"], "per_threads": per}
+    return entries, warnings
 
 
 def peer_versions():
@@ -59,14 +70,20 @@ def peer_versions():
             "threadpoolctl": threadpoolctl.__version__ if threadpoolctl else None}
 
 
-def machine_info(measure_peak=True):
+def machine_info(measure_peak=True, remeasure=False, measure=None):
     """Everything ``info`` shows, as one JSON-ready dict.
 
     Parameters
     ----------
     measure_peak : bool
-        Run the FMA-throughput loop (about a second per dtype and thread count);
-        when false ``peak_gflops[dtype]["measured"]`` is None.
+        Give the measured FMA peak; when false ``peak_gflops[dtype]["measured"]``
+        is None.
+    remeasure : bool
+        Run the FMA-throughput loop (about two seconds per dtype and thread
+        count) even when this machine's peaks are cached
+        (:mod:`tilegemm.tools.peak_cache`).
+    measure : callable(dtype, threads) -> float, optional
+        What measures one peak in GFLOPS; default :func:`timing.peak_gflops`.
 
     Returns
     -------
@@ -75,26 +92,35 @@ def machine_info(measure_peak=True):
         ``cores``, ``l1d_bytes``/``l2_bytes``/``l3_bytes`` (per core),
         ``blocking`` (dtype -> mr, nr, kc, mc, nc, kernel, source) and
         ``peak_gflops`` (dtype -> nominal, measured for all threads, and
-        ``per_threads`` -> {"1": ..., "N": ...}).
+        ``per_threads`` -> {"1": ..., "N": ...}, each with ``measured_at`` and
+        ``cached``), ``commit`` and ``dirty`` (the source's git state, None outside
+        a checkout) and ``warnings`` (e.g. a peak measured on a busy machine).
     """
-    from tilegemm.tuning.machine import detect
+    from tilegemm.tools.provenance import source_commit
+    from tilegemm.tuning.machine import detect, host_max_clock
     m = detect()
+    max_hz, max_source = host_max_clock()
     all_threads = timing.max_threads()
     thread_counts = sorted({1, all_threads})
+    peaks, warnings = _peak_entries((m.brand, m.isa), thread_counts, measure_peak, remeasure,
+                                    measure)
+    source = source_commit() or {"commit": None, "dirty": None}
     info = {
         "tilegemm_version": tilegemm.__version__,
+        "commit": source["commit"], "dirty": source["dirty"],
         "brand": m.brand, "isa": m.isa, "isa_source": m.isa_source,
         "vector_bits": m.vector_bits, "vector_registers": m.vector_registers,
         "cores": m.cores, "threads": all_threads,
         "l1d_bytes": m.l1d_bytes, "l2_bytes": m.l2_bytes, "l3_bytes": m.l3_bytes,
         "cache_source": m.cache_source, "clock_ghz": m.clock_hz / 1e9, "fma_units": m.fma_units,
+        "nominal_clock_ghz": max_hz / 1e9, "nominal_clock_source": max_source,
         "blocking": {d: _blocking_entry(d) for d in DTYPES},
-        "peak_gflops": {d: _peak_entry(d, thread_counts, measure_peak) for d in DTYPES},
+        "peak_gflops": peaks, "warnings": warnings,
         "numba_version": numba.__version__,
         "python": platform.python_version(),
         "peers": peer_versions(),
     }
-    info["threading_layer"] = _threading_layer()
+    info["threading_layer"] = THREADING
     return info
 
 
@@ -117,8 +143,10 @@ def _fmt(x, digits=1):
 
 def info_text(info):
     """Human-readable form of :func:`machine_info`."""
+    from tilegemm.tools.provenance import commit_text
+    source = {"commit": info["commit"], "dirty": info["dirty"]} if info.get("commit") else None
     lines = [
-        f"tilegemm {info['tilegemm_version']}",
+        f"tilegemm {info['tilegemm_version']} (commit {commit_text(source)})",
         f"  CPU          {info['brand']}",
         f"  ISA          {info['isa']} ({info['isa_source']}): {info['vector_bits']}-bit vectors, "
         f"{info['vector_registers']} registers, {info['fma_units']} FMA unit(s)",
@@ -135,13 +163,36 @@ def info_text(info):
             for d, b in info["blocking"].items()]
     lines += ["  " + r for r in format_table(
         ["dtype", "kernel", "MR", "NR", "KC", "MC", "NC", "from"], rows).splitlines()]
-    lines += ["", "peak GFLOPS (nominal / measured)"]
+    lines += ["", "peak GFLOPS (nominal / measured); " + _clock_text(info)]
     counts = list(next(iter(info["peak_gflops"].values()))["per_threads"])
     rows = [[d] + [f"{_fmt(p['per_threads'][t]['nominal'])} / {_fmt(p['per_threads'][t]['measured'])}"
                    for t in counts] for d, p in info["peak_gflops"].items()]
     lines += ["  " + r for r in format_table(
         ["dtype"] + [timing.threads_text(t) for t in counts], rows).splitlines()]
-    return "\n".join(lines)
+    return "\n".join(lines + _peak_notes(info))
+
+
+def _clock_text(info):
+    """Which clock the nominal peak uses (reports from before it say nothing)."""
+    source = info.get("nominal_clock_source")
+    if source is None:
+        return f"nominal at the base clock {info['clock_ghz']:.2f} GHz"
+    if source == "cpufreq max":
+        return f"nominal at the max boost clock {info['nominal_clock_ghz']:.2f} GHz (cpufreq)"
+    return (f"nominal at {info['nominal_clock_ghz']:.2f} GHz ({source}: no max boost clock "
+            "exposed, so the measured peak may exceed it)")
+
+
+def _peak_notes(info):
+    """Where the measured peaks came from, and any warning about them."""
+    runs = [p for d in info["peak_gflops"].values() for p in d["per_threads"].values()
+            if p.get("measured") is not None]
+    notes = []
+    cached = sorted({p["measured_at"] for p in runs if p.get("cached")})
+    if cached:
+        notes.append(f"  measured peaks cached from {', '.join(cached)} "
+                     "(tilegemm info --remeasure measures them again)")
+    return notes + info.get("warnings", [])
 
 
 # --------------------------------------------------------------------------- tables
@@ -196,17 +247,33 @@ def _party_cells(results, name):
     return [_fmt(row["gflops"]), f"{row['ratio']:.2f}×"]
 
 
+#: Header of the time columns: the best repeat, then the three that show the spread.
+MS_HEADERS = ["ms", "min / median / max ms"]
+
+
+def _ms_cells(row):
+    """[best ms, "min / median / max" ms] of one party (dashes when it did not run)."""
+    if not row:
+        return ["-", "-"]
+    low = row.get("min_s", row["best_s"])
+    spread = [low, row.get("median_s"), row.get("max_s")]
+    text = " / ".join("-" if t is None else f"{t * 1e3:.3g}" for t in spread)
+    return [_fmt(row["best_s"] * 1e3, 3), text]
+
+
 def gemm_tables(records, has_torch):
     """[(title, headers, rows)] for the GEMM records, one table per dtype and thread count."""
     tables = []
     for (dtype, threads), recs in _groups(records).items():
-        headers = ["shape (m×n×k)", "kind", "GFLOPS", "% peak", "numpy GFLOPS", "× numpy"]
+        headers = ["shape (m×n×k)", "kind", "GFLOPS", *MS_HEADERS, "% peak", "numpy GFLOPS",
+                   "× numpy"]
         if has_torch:
             headers += ["torch GFLOPS", "× torch"]
         rows = []
         for r in recs:
             ours = r["results"]["tilegemm"]
-            row = [r["shape"], r["kind"], _fmt(ours["gflops"]), _fmt(ours["pct_peak"])]
+            row = [r["shape"], r["kind"], _fmt(ours["gflops"]), *_ms_cells(ours),
+                   _fmt(ours["pct_peak"])]
             row += _party_cells(r["results"], "numpy")
             if has_torch:
                 row += _party_cells(r["results"], "torch")
@@ -219,39 +286,44 @@ def gemm_tables(records, has_torch):
     return tables
 
 
-def _ms(row):
-    return _fmt(row["best_s"] * 1e3, 2) if row else "-"
+#: Convolution peers, in column order, and the key of tilegemm's ratio to each.
+CONV_PEERS = {"numpy": "ratio_numpy", "torch": "ratio"}
 
 
-def conv_tables(records, has_torch, ms=False):
+def _conv_row(record, name, res, peers, ms):
+    """The table row of tilegemm party ``name`` of one convolution record."""
+    algo = name.split(":", 1)[1] + (f" → {res['chose']}" if res.get("chose") else "")
+    if not record["check"].get(name, {}).get("ok", True):
+        algo += " (WRONG RESULT)"
+    row = [record["layer"], record["shape"], record["batch"], algo, _fmt(res["gflops"]),
+           *_ms_cells(res), _fmt(res["pct_peak"])]
+    for peer in peers:
+        peer_row = record["results"].get(peer)
+        ratio = res.get(CONV_PEERS[peer])
+        row += [_fmt(peer_row["gflops"]) if peer_row else "-",
+                "-" if ratio is None else f"{ratio:.2f}×"]
+        row += _ms_cells(peer_row) if ms else []
+    return row
+
+
+def conv_tables(records, ms=False):
     """[(title, headers, rows)] for the convolution records (one row per layer and algorithm).
 
-    ``ms`` adds the milliseconds per call of each algorithm (and of torch).
+    Every algorithm's milliseconds per call (best, and min / median / max of
+    the repeats) are shown, then each peer that ran (numpy's explicit im2col,
+    torch) with tilegemm's speed relative to it; ``ms`` adds the peers' times.
     """
     tables = []
     for (dtype, threads), recs in _groups(records).items():
-        headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", "% peak"]
-        headers += ["ms"] if ms else []
-        if has_torch:
-            headers += ["torch GFLOPS", "× torch"] + (["torch ms"] if ms else [])
+        peers = [p for p in CONV_PEERS if any(p in r["results"] for r in recs)]
+        headers = ["layer", "shape", "N", "algorithm", "GFLOPS (eff.)", *MS_HEADERS, "% peak"]
+        for peer in peers:
+            headers += [f"{peer} GFLOPS", f"× {peer}"]
+            headers += [f"{peer} {h}" for h in MS_HEADERS] if ms else []
         rows = []
         for r in recs:
-            torch_row = r["results"].get("torch")
-            torch_g = torch_row["gflops"] if torch_row else None
-            for name, res in r["results"].items():
-                if name == "torch":
-                    continue
-                algo = name.split(":", 1)[1]
-                if res.get("chose"):
-                    algo += f" → {res['chose']}"
-                row = [r["layer"], r["shape"], r["batch"], algo, _fmt(res["gflops"]),
-                       _fmt(res["pct_peak"])] + ([_ms(res)] if ms else [])
-                if has_torch:
-                    row += [_fmt(torch_g), f"{res['ratio']:.2f}×" if "ratio" in res else "-"]
-                    row += [_ms(torch_row)] if ms else []
-                if not r["check"].get(name, {}).get("ok", True):
-                    row[3] += " (WRONG RESULT)"
-                rows.append(row)
+            rows += [_conv_row(r, name, res, peers, ms) for name, res in r["results"].items()
+                     if name.startswith("tilegemm")]
             for algo in r["not_applicable"]:
                 row = [r["layer"], r["shape"], r["batch"], algo, "n/a", "n/a"]
                 rows.append(row + ["-"] * (len(headers) - len(row)))
@@ -259,6 +331,23 @@ def conv_tables(records, has_torch, ms=False):
                  f"measured peak {recs[0]['peak_gflops']:.0f} GFLOPS")
         tables.append((title, headers, rows))
     return tables
+
+
+def conv_notes(records):
+    """Footnotes of the convolution tables: the algorithms left out as too slow.
+
+    One line per record and skipped algorithm (``run_conv_case``'s ``skipped``),
+    e.g. ``"resnet18_conv2_x (float32, 1 thread): direct: skipped, estimated 32x
+    slower than winograd"``; an empty list when nothing was skipped.
+    """
+    return [f"{r['layer']} ({r['dtype']}{_layout_text(r)}, {timing.threads_text(r['threads'])}): "
+            f"{algo}: {note}"
+            for r in records for algo, note in r.get("skipped", {}).items()]
+
+
+#: What the ``auto → X`` rows are, said under the convolution tables.
+AUTO_NOTE = ("`auto → X`: `algorithm=\"auto\"` picks X (`tilegemm.conv_plan`) and runs "
+             "X's path, so its row repeats X's measurement rather than timing it again.")
 
 
 def _layout_text(record):
@@ -300,7 +389,7 @@ def memory_text(memory):
 def all_conv_tables(report):
     """Every convolution table of ``report`` (timings, then ``--scaling``), as (title, headers, rows)."""
     conv, settings = report["conv"], report["settings"]
-    tables = conv_tables(conv["records"], has_torch_results(report), settings.get("ms", False))
+    tables = conv_tables(conv["records"], settings.get("ms", False))
     return tables + scaling_tables(conv.get("scaling", []))
 
 
@@ -317,18 +406,67 @@ def first_call_table(records):
     return headers, rows
 
 
+# --------------------------------------------------------------------------- one line per record
+
+def _party_text(name, row):
+    name = name.replace("tilegemm:", "").replace("tilegemm", "ours")
+    chose = f" → {row['chose']}" if row.get("chose") else ""
+    return f"{name}{chose} {row['gflops']:.1f} GFLOPS {row['best_s'] * 1e3:.3g} ms"
+
+
+def row_text(record):
+    """One line saying what a finished benchmark step measured (printed as it finishes)."""
+    op = record.get("op")
+    if op in ("gemm", "conv"):
+        case = (f"gemm {record['shape']} ({record['kind']})" if op == "gemm" else
+                f"conv {record['layer']} N={record['batch']}{_layout_text(record)}")
+        parties = "; ".join(_party_text(n, r) for n, r in record["results"].items())
+        wrong = [n for n, c in (record["check"].items() if op == "conv" else
+                                [("tilegemm", record["check"])]) if not c["ok"]]
+        return (f"{case} {record['dtype']} {timing.threads_text(record['threads'])}: {parties}"
+                + (f" WRONG RESULT: {', '.join(wrong)}" if wrong else ""))
+    if op == "conv-scaling":
+        ups = ", ".join(f"{r['party'].replace('tilegemm:', '')} {r['speedup']:.2f}×"
+                        for r in record["rows"])
+        return (f"conv scaling {record['layer']} {record['dtype']}, 1 → {record['threads']} "
+                f"threads: {ups}; apart {record['apart']['speedup']:.2f}×")
+    if op == "bandwidth":
+        return f"memory bandwidth {record['gbps']:.1f} GB/s ({record['method']})"
+    if "cold" in record:
+        return (f"first call of matmul ({record['dtype']}, n={record['n']}): "
+                f"{record['cold']['first_call_s']:.2f} s with an empty cache, "
+                f"{record['warm']['first_call_s']:.2f} s with a warm one")
+    if "extra_bytes" in record:
+        return memory_text(record)
+    if "peak_gflops" in record:
+        peaks = ", ".join(f"{d} {p['measured']:.0f}" for d, p in record["peak_gflops"].items()
+                          if p["measured"] is not None)
+        return "\n".join([f"machine: {record['brand']}, {record['isa']}; measured peak "
+                          f"({timing.threads_text(record['threads'])}) {peaks} GFLOPS"]
+                         + record.get("warnings", []))
+    return ""
+
+
 # --------------------------------------------------------------------------- report files
 
 def new_report(settings, machine):
-    """An empty report dict: settings, machine description, peers, timestamps."""
+    """An empty report dict: settings, machine description, source commit, timestamps.
+
+    ``commit`` and ``dirty`` give the git state of the measured source (None
+    outside a checkout); ``partial`` is None unless the run was interrupted.
+    """
+    from tilegemm.tools.provenance import source_commit
+    source = source_commit() or {"commit": None, "dirty": None}
     return {
         "format": "tilegemm-bench-report/1",
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "tilegemm_version": tilegemm.__version__,
+        "commit": source["commit"], "dirty": source["dirty"], "partial": None,
         "settings": settings,
         "machine": machine,
         "gemm": [], "first_call": [],
         "conv": {"available": None, "reason": "", "records": []},
-        "plots": [], "plots_skipped": "",
+        "memory_bandwidth": None, "plots": [], "plots_skipped": "",
         "load_average": {"start": None, "end": None},
     }
 
@@ -384,10 +522,19 @@ def markdown_report(report):
     m = report["machine"]
     has_torch = has_torch_results(report)
     out = ["# tilegemm benchmark report", "",
-           f"Created {report['created']} with `{report['settings']['command']}`.", "",
-           "## Machine", "", "```", info_text(m), "```", "",
+           f"Created {report['created']} with `{report['settings']['command']}`"
+           f"{_commit_text(report)}.", ""]
+    if report.get("partial"):
+        p = report["partial"]
+        out += [f"**Partial report**: {p['reason']} after {p['steps_done']} of "
+                f"{p['steps_total']} steps; only the cases measured by then are below.", ""]
+    out += ["## Machine", "", "```", info_text(m) if m else "(not measured)", "```", "",
            "## Method", "", _METHOD.format(reps=report["settings"]["reps"]), "",
            _load_text(report["load_average"], m.get("cores", 1)), ""]
+    if report.get("memory_bandwidth"):
+        bw = report["memory_bandwidth"]
+        out += [f"Memory bandwidth {bw['gbps']:.1f} GB/s: {bw['method']} (the roofline's "
+                "sloped roof).", ""]
     if _above_peak(report):
         out += [_ABOVE_PEAK, ""]
     if report["gemm"]:
@@ -406,6 +553,10 @@ def markdown_report(report):
         out += ["## Convolution", ""]
         for title, headers, rows in all_conv_tables(report):
             out += [f"### {title}", "", format_table(headers, rows, markdown=True), ""]
+        notes = conv_notes(conv["records"])
+        if conv["records"]:
+            out += [AUTO_NOTE + (" Not timed, as too slow for the layer:" if notes else ""), ""]
+            out += [f"* {n}" for n in notes] + ([""] if notes else [])
         if conv.get("memory"):
             out += [memory_text(conv["memory"]) + ".", ""]
     out += ["## Plots", ""]
@@ -414,6 +565,13 @@ def markdown_report(report):
     if report["plots_skipped"]:
         out += [report["plots_skipped"], ""]
     return "\n".join(out)
+
+
+def _commit_text(report):
+    from tilegemm.tools.provenance import commit_text
+    if report.get("commit") is None:
+        return ""
+    return f" at commit {commit_text(report)}"
 
 
 def write_report(report, out_dir):

@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, asdict
 
 from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, report, timing
-from tilegemm.tools.options import UsageError, parse_dtypes, parse_shapes, parse_sizes, parse_threads
+from tilegemm.tools.options import (UsageError, check_out_dir, parse_dtypes, parse_shapes,
+                                    parse_sizes, parse_threads)
 from tilegemm.tools.progress import Progress
 
 
@@ -65,14 +66,14 @@ class BenchPlan:
         if args.scaling and max(threads) < 2:
             raise UsageError("--scaling compares 1 thread with more: give --threads 2 or more "
                              f"(at most {timing.max_threads()} here)")
-        # --sizes/--shapes name GEMM products: without an explicit --op they mean gemm only.
-        op = args.op or ("gemm" if explicit else "all")
+        op = args.op or _implied_op(args)
+        check_out_dir(args.out)
         return cls(
             ops=("gemm", "conv") if op == "all" else (op,),
             dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
             sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
             skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
-            layers=layers, batch=args.batch, layout=args.layout, ms=args.ms,
+            layers=layers, batch=args.batch, layout=args.layout or "NCHW", ms=args.ms,
             scaling=args.scaling, memory=args.memory,
             peers=("numpy",) if args.no_torch else ("numpy", "torch"),
             first_call=not args.no_first_call and not explicit, plots=not args.no_plots,
@@ -82,35 +83,51 @@ class BenchPlan:
         return asdict(self)
 
 
+def _implied_op(args):
+    """The ``--op`` that the other options imply when it is not given.
+
+    ``--sizes``/``--shapes`` name GEMM products and the convolution options
+    (``--layers``, ``--batch``, ``--layout``, ``--ms``, ``--scaling``, ``--memory``)
+    name convolutions: either kind alone means that op only; both or neither, all.
+    """
+    gemm = args.sizes is not None or args.shapes is not None
+    conv = (args.layers is not None or args.batch is not None or args.layout is not None
+            or args.ms or args.scaling or args.memory)
+    if gemm == conv:
+        return "all"
+    return "gemm" if gemm else "conv"
+
+
 @dataclass
 class _Step:
     label: str           # shown by the progress bar
-    run: object          # callable() -> None that stores its result in the report
+    measure: object      # callable() -> the step's record (a JSON-ready dict)
+    keep: object         # callable(record) storing it in the report
 
 
 def _plan_steps(plan, rep):
-    """The measurement steps of ``plan``; each appends its result to ``rep``."""
+    """The measurement steps of ``plan``; each stores its record in ``rep``."""
     steps = []
     if "gemm" in plan.ops:
         for case in gemm_suite.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
                                           plan.shapes, plan.skinny):
-            steps.append(_Step(case.title(), lambda c=case: rep["gemm"].append(
-                gemm_suite.run_gemm_case(c, plan.reps, plan.min_time, plan.peers))))
+            steps.append(_Step(case.title(), lambda c=case: gemm_suite.run_gemm_case(
+                c, plan.reps, plan.min_time, plan.peers), rep["gemm"].append))
     if "conv" in plan.ops:
         rep["conv"]["available"] = True
         steps += _conv_steps(plan, rep["conv"])
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
-                               "then warm cache)",
-                               lambda d=dtype: rep["first_call"].append(gemm_suite.first_call(d))))
+                               "then warm cache)", lambda d=dtype: gemm_suite.first_call(d),
+                               rep["first_call"].append))
     return steps
 
 
 def _conv_steps(plan, conv):
     """The convolution steps: timings (or ``--scaling``), then ``--memory``."""
     steps = []
-    peers = tuple(p for p in plan.peers if p == "torch")
+    peers = plan.peers
     budget = 2.0 if plan.quick else 10.0
     threads = (max(plan.threads),) if plan.scaling else plan.threads
     cases = conv_suite.conv_cases(plan.dtypes, threads, plan.quick, plan.layers, plan.batch,
@@ -119,18 +136,18 @@ def _conv_steps(plan, conv):
         conv["scaling"] = []
         for case in cases:
             steps.append(_Step(f"{case.title()}: 1 thread against {case.threads}",
-                               lambda c=case: conv["scaling"].append(
-                                   conv_scaling.run_scaling_case(c, plan.reps, plan.min_time,
-                                                                 peers, budget))))
+                               lambda c=case: conv_scaling.run_scaling_case(
+                                   c, plan.reps, plan.min_time, peers, budget),
+                               conv["scaling"].append))
     else:
         for case in cases:
-            steps.append(_Step(case.title(), lambda c=case: conv["records"].append(
-                conv_suite.run_conv_case(c, plan.reps, plan.min_time, peers=peers,
-                                         budget=budget))))
+            steps.append(_Step(case.title(), lambda c=case: conv_suite.run_conv_case(
+                c, plan.reps, plan.min_time, peers=peers, budget=budget),
+                conv["records"].append))
     if plan.memory:
         steps.append(_Step(f"im2col memory on {conv_suite.MEMORY_LAYER}",
-                           lambda: conv.update(memory=conv_suite.im2col_memory(
-                               plan.dtypes[0], plan.layout))))
+                           lambda: conv_suite.im2col_memory(plan.dtypes[0], plan.layout),
+                           lambda memory: conv.update(memory=memory)))
     return steps
 
 
@@ -141,6 +158,9 @@ def print_tables(rep, stream=sys.stdout):
     tables += report.all_conv_tables(rep)
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
+    notes = report.conv_notes(rep["conv"]["records"])
+    if notes:
+        print("\nNot timed, as too slow for the layer:\n" + "\n".join(notes), file=stream)
     if rep["first_call"]:
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
@@ -170,28 +190,62 @@ def _failed_checks(rep):
     return bad
 
 
+def _measure(steps, rep, progress):
+    """Run ``steps`` in order, printing each record as it finishes.
+
+    On Ctrl-C, marks ``rep`` partial (what was measured is kept) and returns False.
+    """
+    done = 0
+    try:
+        for step in steps:
+            progress.step(step.label)
+            record = step.measure()
+            step.keep(record)
+            done += 1
+            progress.write(report.row_text(record))
+    except KeyboardInterrupt:
+        progress.close(interrupted=True)
+        rep["partial"] = {"steps_done": done, "steps_total": len(steps),
+                          "reason": "interrupted (Ctrl-C)"}
+        return False
+    progress.close()
+    return True
+
+
 def run_plan(plan, stdout=None, stderr=None):
     """Run a :class:`BenchPlan`: measure, print the tables, write the report.
+
+    Each record is printed on ``stdout`` as soon as it is measured, the full
+    tables at the end.  On Ctrl-C the records measured so far are written as a
+    partial report (no plots).
 
     Returns
     -------
     int
-        Exit status: 0, or 1 when a benchmarked result was wrong.
+        Exit status: 0; 1 when a benchmarked result was wrong; 130 when interrupted.
     """
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     machine = {}
     steps = [_Step("machine: detect, measure the FMA peak",
-                   lambda: machine.update(report.machine_info(measure_peak=True)))]
-    progress = Progress(1, stderr)
+                   lambda: report.machine_info(measure_peak=True, remeasure=True),
+                   machine.update)]
     rep = report.new_report(plan.settings(), machine)
+    # The roofline's sloped roof: streams through a buffer of 4x the last-level cache.
+    steps.append(_Step("memory bandwidth: numpy copy of 4x the last-level cache",
+                       lambda: timing.memory_bandwidth(machine.get("l3_bytes")
+                                                       or machine.get("l2_bytes", 0)),
+                       lambda bw: rep.update(memory_bandwidth=bw)))
     steps += _plan_steps(plan, rep)
-    progress.total = len(steps)
+    progress = Progress(len(steps), stderr, out=stdout)
     rep["load_average"] = {"start": timing.load_average()}
-    for step in steps:
-        progress.step(step.label)
-        step.run()
-    progress.close()
+    complete = _measure(steps, rep, progress)
     rep["load_average"]["end"] = timing.load_average()
+    if not complete:
+        rep["plots_skipped"] = "Plots not drawn: the run was interrupted."
+        json_path, md_path = report.write_report(rep, plan.out)
+        print(f"interrupted: wrote the {rep['partial']['steps_done']} step(s) measured so far "
+              f"to {md_path}, {json_path} (marked partial)", file=stderr)
+        return 130
     note = report.busy_note(rep["load_average"], rep["machine"].get("cores", 1))
     if note:
         print(note, file=stderr)

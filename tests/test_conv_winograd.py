@@ -1,0 +1,227 @@
+"""Winograd F(2x2, 3x3): transforms against the explicit matrices, and the blocking
+(conv/winograd.py) planned and forced."""
+import numpy as np
+import pytest
+
+from conv_cases import RNG, numba_threads, record_arg, run_case
+from reference import reference_conv
+from tilegemm.conv import engine
+from tilegemm.conv.params import conv_params
+from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
+                                       weight_transform)
+
+
+# --- Winograd transforms against the explicit matrices --------------------------------
+
+def test_weight_transform_matches_G():
+    w = RNG.standard_normal((3, 2, 3, 3))
+    u = weight_transform(w)
+    for k in range(3):
+        for c in range(2):
+            np.testing.assert_allclose(u[:, c, k].reshape(4, 4), G @ w[k, c] @ G.T, atol=1e-12)
+
+
+def test_input_transform_matches_BT():
+    d = RNG.standard_normal((6, 7))
+    v = np.empty(16)
+    flat = d.reshape(-1)
+    for y0, x0 in [(0, 0), (1, 2), (2, 3), (-1, -2), (4, 5), (-3, 4)]:
+        padded = np.zeros((4, 4))
+        for a in range(4):
+            for b in range(4):
+                if 0 <= y0 + a < 6 and 0 <= x0 + b < 7:
+                    padded[a, b] = d[y0 + a, x0 + b]
+        src = y0 * 7 + x0
+        input_tile_transform(flat, src, 7, 1, y0, x0, 6, 7, v)
+        np.testing.assert_allclose(v.reshape(4, 4), BT @ padded @ BT.T, atol=1e-12,
+                                   err_msg=f"tile at ({y0}, {x0})")
+
+
+def test_output_transform_matches_AT():
+    K = 3
+    m = RNG.standard_normal((16, 1, K))                      # one tile, K channels
+    bias = RNG.standard_normal(K)
+    out = np.full((1, K, 2, 2), np.nan)
+    geom = (4, 4, 2, 2, 0, 0, 1, 1)
+    unpack_winograd(m.reshape(-1), (K, K), (0, 1), K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
+                    (bias, True, 0))
+    for k in range(K):
+        np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
+                                   atol=1e-12)
+
+
+def _vector_transform_case(dtype, H, W, pad, N=2):
+    """Geometry, strides and the run table of the vector transforms for an NCHW image."""
+    from tilegemm.conv import engine
+    mod = engine.family_module("winograd", dtype)
+    Ho, Wo = H + 2 * pad - 2, W + 2 * pad - 2
+    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    geom = (H, W, Ho, Wo, pad, pad, TH, TW)
+    return mod, geom, TH, TW
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("H, W, pad", [(9, 9, 1), (6, 40, 1), (5, 3, 0), (4, 70, 1), (1, 1, 1)])
+def test_vector_input_transform_matches_BT(dtype, H, W, pad):
+    """The NCHW input transform (B^T d B, lanes of tiles) writes packed B exactly."""
+    from tilegemm.conv import engine
+    mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad)
+    NR = engine.gemm_kernel(dtype)[0].nr
+    N, C = 2, 3
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    xs = (C * H * W, H * W, W, 1)
+    tiles = N * TH * TW
+    T0 = 1 if tiles > 1 else 0                       # a block not starting at tile 0
+    nt = tiles - T0
+    NB = -(-nt // NR) * NR
+    runs = np.empty((NB, 9), np.int64)
+    nruns = mod.winograd_runs(T0, nt, geom, xs, (0, 0, 0, 0), runs)
+    p0, kc = 1, 2                                      # channels 1 and 2
+    slab = kc * NB
+    buf = np.full(16 * slab, np.nan, dtype)
+    mod.winograd_input_block(x.reshape(-1), 0, xs[1], xs[2], H, W, runs, nruns, p0, kc, buf, slab)
+    xp = np.zeros((N, C, H + 4 + 2 * pad, W + 4 + 2 * pad))
+    xp[:, :, pad:pad + H, pad:pad + W] = x
+    for j in range(nt):
+        n, r = divmod(T0 + j, TH * TW)
+        ty, tx = divmod(r, TW)
+        for p in range(kc):
+            d = xp[n, p0 + p, 2 * ty:2 * ty + 4, 2 * tx:2 * tx + 4]
+            got = buf[np.arange(16) * slab + (j // NR) * NR * kc + p * NR + j % NR]
+            np.testing.assert_allclose(got.reshape(4, 4), BT @ d @ BT.T, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"tile {T0 + j}, channel {p0 + p}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("Ho, Wo", [(7, 7), (2, 33), (5, 2), (1, 1)])
+@pytest.mark.parametrize("activation", [0, 4, 8])
+def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
+    """The NCHW output transform (A^T m A + bias + activation) writes only the image."""
+    from tilegemm.conv import engine
+    from tilegemm.ground.contracts import EPI_BIAS_ROW
+    mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1)
+    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    geom = (Ho, Wo, Ho, Wo, 1, 1, TH, TW)
+    lanes = engine.gemm_kernel(dtype)[0].lanes
+    N, K = 2, 3
+    tiles = N * TH * TW
+    NB = -(-tiles // lanes) * lanes
+    os_ = (K * Ho * Wo, Ho * Wo, Wo, 1)
+    runs = np.empty((NB, 9), np.int64)
+    nruns = mod.winograd_runs(0, tiles, geom, (0, 0, 0, 0), os_, runs)
+    m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
+    bias = RNG.standard_normal(K).astype(dtype)
+    out = np.full((N, K, Ho, Wo), np.nan, dtype)
+    mod.winograd_output_block(m.reshape(-1), (K * NB, NB), runs, nruns, (0, K), out.reshape(-1),
+                              (0, os_[1], os_[2]), Wo, (bias, 0, activation | EPI_BIAS_ROW))
+    want = np.zeros((N, K, 2 * TH, 2 * TW))
+    for t in range(tiles):
+        n, r = divmod(t, TH * TW)
+        ty, tx = divmod(r, TW)
+        for k in range(K):
+            want[n, k, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = \
+                AT @ m[:, k, t].reshape(4, 4).astype(np.float64) @ AT.T + bias[k]
+    want = want[:, :, :Ho, :Wo]
+    if activation:
+        want = np.maximum(want, 0)
+    if activation == 8:
+        want = np.minimum(want, 6)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_winograd_identity():
+    """A^T[(G g G^T) * (B^T d B)]A is the 2x2 valid correlation of d with g."""
+    d = RNG.standard_normal((4, 4))
+    g = RNG.standard_normal((3, 3))
+    y = AT @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT.T
+    direct = np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(y, direct, atol=1e-12)
+
+
+def _winograd(x, w, b, layout, activation, blocking):
+    """``winograd.run`` with a given blocking (``conv2d`` runs the planned one)."""
+    from tilegemm.conv import winograd
+    from tilegemm.ground.contracts import EPI_RELU6
+    p = conv_params(x.shape, w.shape, padding=1, layout=layout)
+    out = np.empty(p.output_shape(), x.dtype)
+    act = EPI_RELU6 if activation == "relu6" else 0
+    return winograd.run(x, w, b, out, p, act, blocking)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("block", [12, 18, 66])
+def test_winograd_nhwc_blocks_past_the_l2_budget(threads, block):
+    """NHWC Winograd whatever its blocks of tiles (a floor above the L2 budget is taken
+    when the transformed weights stream from memory): 90 tiles in blocks of 12 to 66,
+    partial last blocks included, give the reference."""
+    x = RNG.standard_normal((3, 9, 11, 24)).astype(np.float32)
+    w = RNG.standard_normal((20, 24, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(20).astype(np.float32)
+    want = reference_conv(x.transpose(0, 3, 1, 2), w, b, padding=1).transpose(0, 2, 3, 1)
+    with numba_threads(threads):
+        got = _winograd(x, w, b, "NHWC", None, block)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_winograd_nhwc_tiles_floor():
+    """NHWC blocks: a few per thread, never below one row panel, nor below
+    ``NHWC_STREAM_TILES`` once the transformed weights take over a quarter of L3."""
+    from tilegemm.conv import winograd
+    MR, l2 = 6, 2 << 20
+    assert winograd.nhwc_tiles(24, 24, 24, MR, 90, 2, 4, l2) == 12
+    assert winograd.nhwc_tiles(24, 24, 24, MR, 6, 2, 4, l2) == MR
+    big = 16 * 512 * 512 * 4           # bytes of the transformed weights, 512 x 512
+    stream = -(-winograd.NHWC_STREAM_TILES // MR) * MR
+    assert winograd.stream_floor(512, 512, MR, 4, 4 * big - 1) == stream
+    assert winograd.stream_floor(512, 512, MR, 4, 4 * big) == MR
+    assert winograd.nhwc_tiles(512, 512, 256, MR, 90, 2, 4, 1 << 30, 4 * big - 1) == stream
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("plan", [(3, 1), (0, 2), (2, 2), (1, 3), (0, 8)])
+def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan):
+    """NCHW Winograd with any blocks split into parts of the output channels (whole
+    blocks first, then parts; 8 parts of 4 row panels leave some empty): 189 tiles in
+    3 blocks, 20 channels (a partial row panel), bias and relu6, give the reference."""
+    nr = engine.gemm_kernel(dtype)[0].nr
+    tiles = 3 * nr - 3                                  # the last block is partial
+    x = RNG.standard_normal((1, 16, 2 * 3, 2 * tiles // 3)).astype(dtype)
+    w = RNG.standard_normal((20, 16, 3, 3)).astype(dtype)
+    b = RNG.standard_normal(20).astype(dtype)
+    want = reference_conv(x, w, b, padding=1, activation="relu6")
+    with numba_threads(threads):
+        got = _winograd(x, w, b, "NCHW", "relu6", (nr,) + plan)   # NR tiles a block
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_winograd_nchw_parts_plan():
+    """The split rule on ResNet-18 conv4_x at batch 8 (392 tiles, 7 blocks of 64, 43 row
+    panels): whole blocks on 1 thread; on 2, the last block in two parts; every block
+    at least in two when asked; whole blocks again once there are plenty."""
+    from tilegemm.conv.winograd import NCHW_SPLIT_BLOCKS_PER_THREAD, nchw_parts
+    assert nchw_parts(392, 64, 43, 6, 64, 1) == (7, 1)
+    assert nchw_parts(392, 64, 43, 6, 64, 2) == (6, 2)
+    assert nchw_parts(392, 64, 43, 6, 64, 2, 2)[0] == 0
+    many = 2 * NCHW_SPLIT_BLOCKS_PER_THREAD * 64
+    assert nchw_parts(many, 64, 43, 6, 64, 2) == (2 * NCHW_SPLIT_BLOCKS_PER_THREAD, 1)
+    # Two blocks on two threads already balance.
+    assert nchw_parts(128, 64, 86, 6, 64, 2) == (2, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [
+    ((3, 32, 9, 17), (32, 3, 3), dict(padding=1, groups=8)),       # ResNeXt-like
+    ((2, 12, 10, 11), (12, 3, 3), dict(padding=1, groups=12)),     # depthwise
+    ((2, 18, 7, 8), (27, 3, 3), dict(padding=(0, 1), groups=3)),   # 9 channels a group
+])
+def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads, dtype,
+                                                                 monkeypatch):
+    """NCHW Winograd on grouped layers gives the reference (bias, relu6, no bias) with one
+    task loop for all the groups, as the engine launches for any other layer."""
+    groups = record_arg(monkeypatch, "winograd_nchw_tasks", 1, dtype, field="groups")
+    with numba_threads(threads):
+        run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
+        run_case(shape, "winograd", "NCHW", dtype, bias=False)
+    assert groups and set(groups) == {shape[2]["groups"]}
