@@ -51,6 +51,9 @@ pack_b_panel = make_pack_panel(DTYPE, NR, LANES)
 #: compiled version.  The same holds inside a tuple: ``(0, k, 1)`` is typed apart from
 #: ``(ZERO, k, UNIT)``.
 ZERO, UNIT = np.intp(0), np.intp(1)
+#: For loops over many small products that allocate nothing: without Numba's reference
+#: counting, the tuples of arrays built per product cost no atomic increments.
+JIT_NO_NRT = dict(JIT, _nrt=False)
 
 
 @numba.njit(inline='always', **JIT)
@@ -198,7 +201,7 @@ def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, p
                          (bias, epi if pc + KC >= k else 0), (ic, jc))
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
     """Tiles ``first..last-1`` (numbered down each column of tiles) of the unpacked product.
 
@@ -236,7 +239,7 @@ def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
                          epi, mr, nr)
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def gemm_small(shape, scal, a, b, c, epilogue, KC, packs):
     """``C = alpha*A@B + beta*C`` without packing: the kernels read A and B in place.
 
@@ -303,7 +306,7 @@ def item_offsets(i, dims, steps, first):
     return a_at, b_at, c_at
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT_NO_NRT)
 def batch_tasks(counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
     """Products of a batch, ``chunk`` at a time from ``counter``: ``C_i = A_i @ B_i``.
 
