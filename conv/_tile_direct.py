@@ -119,16 +119,15 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
             b = bias[k] if has_bias else DTYPE(0)
             for i in range(blocks.size):
                 q0 = blocks[i]
-                depthwise_flat_inside(planes, src + q0, inner, ntaps, w, w_off, colmask,
-                                      q0 % Wq, out, dst + q0, (b, epi))
+                depthwise_flat_inside(planes, inner, ntaps, w, colmask, out,
+                                      (src + q0, w_off, dst + q0), q0 % Wq, (b, epi))
             for i in range(shorts.size):
                 q0 = shorts[i]
-                depthwise_flat_inside_short(planes, src + q0, inner, ntaps, w, w_off, colmask,
-                                            q0 % Wq, out, dst + q0, (b, epi))
+                depthwise_flat_inside_short(planes, inner, ntaps, w, colmask, out,
+                                            (src + q0, w_off, dst + q0), q0 % Wq, (b, epi))
             for v0 in range(0, nvec, DW_FLAT_SHORT):
-                depthwise_flat(planes, src, taps, ntaps, w, w_off, masks,
-                               (starts, rows, v0, min(DW_FLAT_SHORT, nvec - v0)), out, dst,
-                               (b, epi))
+                depthwise_flat(planes, taps, ntaps, w, masks, starts, rows, out,
+                               (src, w_off, dst), (v0, min(DW_FLAT_SHORT, nvec - v0)), (b, epi))
             k = k + 1 if k + 1 < K else 0
 
 
@@ -179,17 +178,17 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
             src = (row + x0 + j0 * dx) * C if nj else 0
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc(edge, x, src + c, (ZERO, dy * W * C, dx * C),
-                               (i1 - i0 if nj else 0, nj), wt, w_row + j0 * C + c, (C, kw), out,
-                               ((dst_row + ow) * C + c, ZERO), (bias, c, epi))
+                depthwise_nhwc(edge, x, (src + c, ZERO, dy * W * C, dx * C),
+                               (i1 - i0 if nj else 0, nj), wt, (w_row + j0 * C + c, C, kw), out,
+                               ((dst_row + ow) * C + c, ZERO), bias, c, epi)
         for ow in range(lo, hi, step):
             ow = min(ow, hi - step)
             src = (row + ow * sx - px) * C
             for c in range(0, C, CB):
                 c = min(c, C - CB)
-                depthwise_nhwc(inner, x, src + c, (sx * C, dy * W * C, dx * C), (i1 - i0, kw),
-                               wt, w_row + c, (C, kw), out, ((dst_row + ow) * C + c, C),
-                               (bias, c, epi))
+                depthwise_nhwc(inner, x, (src + c, sx * C, dy * W * C, dx * C), (i1 - i0, kw),
+                               wt, (w_row + c, C, kw), out, ((dst_row + ow) * C + c, C), bias, c,
+                               epi)
 
 
 @numba.njit(inline='always', **JIT)

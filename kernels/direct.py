@@ -1,9 +1,10 @@
 """Direct convolution in vector IR: a channel's kernel window over output rows
 (``make_direct_row``) and the depthwise kernels (rows, flat planes, NHWC blocks).
 
-Related scalars travel as tuples (the kernel window ``(kh, kw, dy, dx)``, an image
-plane, an epilogue ``(bias, epi)``), unpacked in the IR at no run-time cost, so no
-intrinsic takes more than a dozen arguments.
+Related scalars travel as tuples of scalars (the kernel window ``(kh, kw, dy, dx)``,
+an image plane, an epilogue ``(bias, epi)``), unpacked in the IR at no run-time
+cost, so no intrinsic takes more than a dozen arguments.  Arrays stay arguments of
+their own: a tuple holding one would take its reference count at every call.
 """
 import llvmlite.ir as ir
 import numpy as np
@@ -190,8 +191,8 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
 
     Signature (jitted code only)::
 
-        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, (starts, rows, v0, nv),
-                       out, o_off, (bias, epi))
+        depthwise_flat(x, taps, ntaps, w, masks, starts, rows, out, (src, w_off, o_off),
+                       (v0, nv), (bias, epi))
 
     For ``u < vectors``, with ``v = v0 + min(u, nv - 1)`` and ``q = starts[v]``, the
     ``lanes`` outputs at ``out[o_off + q:]`` become::
@@ -210,7 +211,7 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
     consecutive ones, so their offsets are constants (the general form keeps one
     register per vector's start and mask row, more than x86 has)::
 
-        depthwise_flat(x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, (bias, epi))
+        depthwise_flat(x, taps, ntaps, w, masks, out, (src, w_off, o_off), m_off, (bias, epi))
 
     Vector ``u`` covers ``out[o_off + u*lanes:]`` and reads ``x[src + u*lanes +
     taps[t]:]`` unmasked; lanes across a row's edge are zeroed by ANDing them with
@@ -228,21 +229,20 @@ def make_depthwise_flat(dtype, lanes, vectors, inside=False):
 
     i = types.intp
     scalar_epilogue = types.Tuple((nb_float, i))
+    offsets = types.UniTuple(i, 3)        # (src, w_off, o_off): the channel in x, w, out
 
     if inside:
         @intrinsic
-        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off,
-                           finish):
+        def depthwise_flat(typingctx, x, taps, ntaps, w, masks, out, at, m_off, finish):
             check_mask_width(masks, dtype)
-            return types.void(x, i, taps, i, w, i, masks, i, out, i, scalar_epilogue), emit
+            return types.void(x, taps, i, w, masks, out, offsets, i, scalar_epilogue), emit
     else:
         @intrinsic
-        def depthwise_flat(typingctx, x, src, taps, ntaps, w, w_off, masks, run, out, o_off,
+        def depthwise_flat(typingctx, x, taps, ntaps, w, masks, starts, rows, out, at, run,
                            finish):
             check_mask_width(masks, dtype)
-            starts, rows = run.types[:2]
-            return types.void(x, i, taps, i, w, i, masks, types.Tuple((starts, rows, i, i)), out,
-                              i, scalar_epilogue), emit
+            return types.void(x, taps, i, w, masks, starts, rows, out, offsets,
+                              types.UniTuple(i, 2), scalar_epilogue), emit
 
     flavour = "_inside" if inside else ""
     depthwise_flat.__name__ = f"{np.dtype(dtype).char}_depthwise_flat_{lanes}x{vectors}{flavour}"
@@ -253,27 +253,30 @@ def _emit_depthwise_flat(context, builder, sig, args, dtype, lanes, vectors, ins
     """The body of :func:`make_depthwise_flat`'s intrinsic."""
     nb_float = NUMBA_FLOAT[dtype]
     esize = np.dtype(dtype).itemsize
-    x, src, taps, ntaps, w, w_off, masks, m_off, out, o_off, finish = args
+    if inside:
+        x, taps, ntaps, w, masks, out, channel, m_off, finish = args
+        out_type = sig.args[5]
+    else:
+        x, taps, ntaps, w, masks, starts, rows, out, channel, run, finish = args
+        out_type = sig.args[7]
+        v0, nv = cgutils.unpack_tuple(builder, run, 2)
+    src, w_off, o_off = cgutils.unpack_tuple(builder, channel, 3)
     bias, epi = cgutils.unpack_tuple(builder, finish, 2)
-    out_type = sig.args[8]
-    if not inside:
-        starts, rows, v0, nv = cgutils.unpack_tuple(builder, m_off, 4)
-        start_type, row_type = sig.args[7].types[:2]
     intp = context.get_value_type(types.intp)
     vec = ir.VectorType(context.get_value_type(nb_float), lanes)
     ivec = ir.VectorType(ir.IntType(8 * esize), lanes)
     zero_i = ir.Constant(intp, 0)
     x_ptr = data_ptr(context, builder, sig.args[0], x, src)
-    tap_ptr = data_ptr(context, builder, sig.args[2], taps, zero_i)
-    w_ptr = data_ptr(context, builder, sig.args[4], w, w_off)
+    tap_ptr = data_ptr(context, builder, sig.args[1], taps, zero_i)
+    w_ptr = data_ptr(context, builder, sig.args[3], w, w_off)
     out_ptr = data_ptr(context, builder, out_type, out, o_off)
     if inside:
-        mask_ptr = data_ptr(context, builder, sig.args[6], masks, m_off)
+        mask_ptr = data_ptr(context, builder, sig.args[4], masks, m_off)
         at = mask_at = [ir.Constant(intp, u * lanes) for u in range(vectors)]
     else:
-        mask_ptr = data_ptr(context, builder, sig.args[6], masks, zero_i)
-        start_ptr = data_ptr(context, builder, start_type, starts, zero_i)
-        row_ptr = data_ptr(context, builder, row_type, rows, zero_i)
+        mask_ptr = data_ptr(context, builder, sig.args[4], masks, zero_i)
+        start_ptr = data_ptr(context, builder, sig.args[5], starts, zero_i)
+        row_ptr = data_ptr(context, builder, sig.args[6], rows, zero_i)
         last = builder.sub(nv, ir.Constant(intp, 1))
         at, mask_at = [], []
         for u in range(vectors):
@@ -332,8 +335,8 @@ def make_depthwise_nhwc(dtype, lanes, shapes):
 
     Signature (jitted code only)::
 
-        depthwise_nhwc(shape, x, src, (pixel_step, row_step, col_step), (ni, nj), w, w_off,
-                       (tap_step, kw), out, (dst, out_step), (bias, b_off, epi))
+        depthwise_nhwc(shape, x, (src, pixel_step, row_step, col_step), (ni, nj),
+                       w, (w_off, tap_step, kw), out, (dst, out_step), bias, b_off, epi)
 
     With ``(vectors, pixels) = shapes[shape]``, for ``p < pixels`` and
     ``c < vectors*lanes``::
@@ -366,11 +369,11 @@ def make_depthwise_nhwc(dtype, lanes, shapes):
     i = types.intp
 
     @intrinsic
-    def depthwise_nhwc(typingctx, shape, x, src, steps, window, w, w_off, w_steps, out, o_view,
-                       finish):
+    def depthwise_nhwc(typingctx, shape, x, x_view, window, w, w_view, out, o_view, bias, b_off,
+                       epi):
         pair = types.UniTuple(i, 2)
-        return types.void(i, x, i, types.UniTuple(i, 3), pair, w, i, pair, out, pair,
-                          types.Tuple((finish.types[0], i, i))), emit
+        return types.void(i, x, types.UniTuple(i, 4), pair, w, types.UniTuple(i, 3), out, pair,
+                          bias, i, i), emit
 
     depthwise_nhwc.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc_{lanes}_"
                                + "_".join(f"{v}x{p}" for v, p in shapes))
@@ -381,18 +384,17 @@ def _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, vectors, pixels)
     """One ``(vectors, pixels)`` case of :func:`make_depthwise_nhwc`."""
     nb_float = NUMBA_FLOAT[dtype]
     esize = np.dtype(dtype).itemsize
-    _, x, src, steps, window, w, w_off, w_steps, out, o_view, finish = args
-    pixel_step, row_step, col_step = cgutils.unpack_tuple(builder, steps, 3)
+    _, x, x_view, window, w, w_view, out, o_view, bias, b_off, epi = args
+    src, pixel_step, row_step, col_step = cgutils.unpack_tuple(builder, x_view, 4)
     ni, nj = cgutils.unpack_tuple(builder, window, 2)
-    tap_step, kw = cgutils.unpack_tuple(builder, w_steps, 2)
+    w_off, tap_step, kw = cgutils.unpack_tuple(builder, w_view, 3)
     dst, out_step = cgutils.unpack_tuple(builder, o_view, 2)
-    bias, b_off, epi = cgutils.unpack_tuple(builder, finish, 3)
     intp = context.get_value_type(types.intp)
     vec = ir.VectorType(context.get_value_type(nb_float), lanes)
     x_ptr = data_ptr(context, builder, sig.args[1], x, src)
-    w_ptr = data_ptr(context, builder, sig.args[5], w, w_off)
-    out_ptr = data_ptr(context, builder, sig.args[8], out, dst)
-    bias_ptr = data_ptr(context, builder, sig.args[10].types[0], bias, b_off)
+    w_ptr = data_ptr(context, builder, sig.args[4], w, w_off)
+    out_ptr = data_ptr(context, builder, sig.args[6], out, dst)
+    bias_ptr = data_ptr(context, builder, sig.args[8], bias, b_off)
     at = [builder.mul(ir.Constant(intp, p), pixel_step) for p in range(pixels)]
     sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
              for _ in range(vectors)] for _ in range(pixels)]
