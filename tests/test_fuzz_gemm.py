@@ -61,7 +61,7 @@ from hypothesis import given, note, strategies as st
 
 import tilegemm
 import tilegemm.api as api
-from tilegemm.kernels import driver
+from tilegemm.kernels import batched, driver
 
 from fuzz_settings import fuzz_settings, profile_name
 from gemm_fuzz_cases import (DTYPE_PAIRS, F32, F64, LAYOUTS_2D, LAYOUTS_ND, LIMIT,
@@ -88,10 +88,11 @@ class PathRecorder:
     returns, so a recorded call runs exactly as an unrecorded one.  Labels: the
     route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
-    own block of C), and ``matmul_small``.
+    own block of C), ``matmul_small``, and the batched routes of
+    ``kernels/batched.py`` (``batched.route``).
     """
 
-    WRAPPED = ((driver, "route"), (driver, "matmul_small"),
+    WRAPPED = ((driver, "route"), (batched, "route"), (driver, "matmul_small"),
                # api imported matmul_small by name: its own binding is what it calls.
                (api, "matmul_small"))
 
@@ -419,6 +420,12 @@ def path_cases(dtype):
         ({"blocks", "gemv"}, "gemm", (gemv_rows, 1024), (1024, 1), False, 2),
         # C of a few tiles, long k: k split among threads, the parts summed.
         ({"split_k"}, "gemm", (6, long_k), (long_k, 8), False, 2),
+        # Batches in one launch: small items unpacked (B broadcast over the first
+        # dimension), items whose B has no contiguous rows packed; one item worth
+        # sharing, shared by the threads.
+        ({"batched_unpacked"}, "matmul", (3, 5, 9, 7), (5, 7, 6), False, 2),
+        ({"batched_packed"}, "matmul", (4, 20, 30), (4, 30, 17), True, 1),
+        ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2),
     ]
 
 
@@ -498,7 +505,8 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
             if check_canary is not None:
                 check_canary()
             reached |= paths
-    every = set(driver.SERIAL_ROUTES + driver.THREADED_ROUTES) | {"matmul_small"}
+    every = (set(driver.SERIAL_ROUTES + driver.THREADED_ROUTES + batched.BATCHED_ROUTES)
+             | {"matmul_small"})
     assert every <= reached, f"paths never reached: {sorted(every - reached)}"
 
 
