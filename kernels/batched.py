@@ -8,6 +8,7 @@ shares, and a table of each item's offsets -- and ``batch_tasks`` (in
 items from a shared counter.  Each item takes the unpacked path when its operands
 fit the rule of :func:`~tilegemm.kernels.driver.fits_unpacked`, else the packed one.
 """
+import functools
 import math
 
 import numpy as np
@@ -18,6 +19,9 @@ from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, kernel_for,
                                      serial_flops)
 from tilegemm.kernels.pool import launch
+from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
+from tilegemm.tuning.blocking import blocking
+from tilegemm.tuning.machine import ISA_SHAPE
 
 #: Chunks of items per thread: threads take chunks from a counter, so a thread the
 #: machine slows down takes fewer, while each chunk stays long enough that taking it
@@ -48,6 +52,55 @@ def flat_nd(x):
     flat = np.lib.stride_tricks.as_strided(base, shape=(span,), strides=(item,),
                                            writeable=base.flags.writeable)
     return flat, -lo, strides
+
+
+#: A thread is worth starting for this many items however small (8x8 float32 items run
+#: at about 60 ns each: 2000 of them are 0.1 ms).
+ITEMS_PER_SHARE = 2000
+
+#: Items up to this many rows and columns get a register tile chosen for their shape
+#: (:func:`item_kernel`); larger ones the GEMM's own (:func:`kernel_for`).
+SMALL_ITEM = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _item_tile(dtype_name, m, n):
+    """(ISA, MR, NR) for products of m x n, over every ISA this host runs (see item_kernel)."""
+    best = None
+    for isa in runnable_isas():
+        bits, registers = ISA_SHAPE[isa]
+        lanes = lanes_of(isa, dtype_name)
+        for nv in range(1, 5):
+            nr = nv * lanes
+            top = min(16, (registers - nv - 1) // nv)
+            if top < 2:
+                continue
+            mr = min(range(2, top + 1), key=lambda r: (round_up(m, r), -r))
+            # Per k step: vector FMAs, then lanes wasted past n, then the broadcasts of A
+            # and vector loads of B that feed them (fewer for wider tiles).
+            rows, cols = round_up(m, mr), round_up(n, nr)
+            cost = (rows * cols // lanes, cols - n, rows * (cols // nr) + (rows // mr) * cols // lanes)
+            if best is None or cost < best[0]:
+                best = (cost, isa, mr, nr)
+    return best[1:]
+
+
+def item_kernel(dtype, m, n):
+    """The kernel and blocking for a batch of m x n products.
+
+    Small items pick, over every ISA the host runs, the register tile with the fewest
+    vector FMAs per k step for their shape, then the fewest padded lanes (an 8-column
+    float32 product takes an 8-lane AVX2 tile on an AVX-512 host, so B needs no edge
+    panel), then the fewest broadcasts and loads; its MR divides m where one does
+    (no padded rows).
+    Larger items take the GEMM's tile (:func:`~tilegemm.kernels.driver.kernel_for`).
+    """
+    dtype = np.dtype(dtype)
+    if m > SMALL_ITEM or n > SMALL_ITEM:
+        return kernel_for(dtype, n)
+    isa, mr, nr = _item_tile(dtype.name, m, n)
+    # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
+    return get_kernel(dtype, mr, nr, isa), blocking(dtype)
 
 
 def batch_steps(x, strides, batch):
@@ -104,7 +157,7 @@ def batched_into(a, b, c, threads=None):
     count = math.prod(batch)
     if count == 0 or m == 0 or n == 0:
         return c
-    kern, blk = kernel_for(c.dtype, n)
+    kern, blk = item_kernel(c.dtype, m, n)
     af, a0, a_st = flat_nd(a)
     bf, b0, b_st = flat_nd(b)
     cf, c0, c_st = flat_nd(c)
@@ -121,7 +174,10 @@ def batched_into(a, b, c, threads=None):
         return c
     steps = np.array([batch_steps(a, a_st, batch), batch_steps(b, b_st, batch),
                       batch_steps(c, c_st, batch)], np.int64).reshape(3, len(batch))
-    shares = int(2 * count * (2 * m * n * k) // serial_flops(c.dtype))
+    # Shares worth a thread each: by flops as for one product, or by items, whose
+    # fixed cost (offsets, edge panels, a call of the loop) outweighs tiny products.
+    shares = max(int(2 * count * (2 * m * n * k) // serial_flops(c.dtype)),
+                 count // ITEMS_PER_SHARE)
     threads = max(1, min(wanted, shares, count))
     if path == "batched_unpacked":
         KC = max(1, min(UNPACKED_KC, k))
