@@ -1,8 +1,9 @@
 """The GEMM benchmark suite: which shapes, which parties, one report row per case.
 
-Cases are square products (n = 64 ... 4096) and skinny ones (a row vector, a
-column vector, a long inner dimension, a tall-thin product), for each dtype and
-thread count.  Every case times tilegemm, numpy and (when installed) torch with
+Cases are square products (n = 64 ... 4096), skinny ones (a row vector, a
+column vector, a long inner dimension, a tall-thin product), batches of small
+products and single small products (where the call's own cost is most of the
+time), for each dtype and thread count.  Every case times tilegemm, numpy and (when installed) torch with
 the rules of :mod:`tilegemm.tools.timing`.  Separately, :func:`first_call` measures the
 first call in a fresh Python process, with an empty and with a warm Numba cache.
 """
@@ -29,6 +30,19 @@ SKINNY_SHAPES = {
     "tall-thin": (2048, 64, 2048),
 }
 
+#: Batches of small products (label -> (batch, m, n, k)): ``matmul`` on 3-D operands.
+BATCHED_SHAPES = {
+    "batch 10000x8": (10000, 8, 8, 8),
+    "batch 4000x16": (4000, 16, 16, 16),
+    "batch 1000x32": (1000, 32, 32, 32),
+    "batch 256x64": (256, 64, 64, 64),
+    "batch 64x128": (64, 128, 128, 128),
+}
+#: Single small products (label -> (m, n, k)): mostly the cost of a call.
+SMALL_SHAPES = {"n=4": (4, 4, 4), "n=16": (16, 16, 16), "n=32": (32, 32, 32)}
+#: The ones ``--quick`` keeps.
+QUICK_OTHER = ("batch 4000x16", "n=16")
+
 
 @dataclass(frozen=True)
 class GemmCase:
@@ -40,21 +54,22 @@ class GemmCase:
     dtype: str
     threads: int
     kind: str = "square"
+    batch: int = 1
 
     @property
     def flops(self):
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.m * self.n * self.k * self.batch
 
     @property
     def shape(self):
-        return f"{self.m}x{self.n}x{self.k}"
+        return (f"{self.batch}x" if self.batch > 1 else "") + f"{self.m}x{self.n}x{self.k}"
 
     def title(self):
         """Short description for progress lines."""
         return f"gemm {self.dtype} {self.shape} ({self.kind}) {timing.threads_text(self.threads)}"
 
 
-def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):
+def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True, quick=False):
     """The list of cases to run, grouped by dtype then thread count.
 
     Parameters
@@ -67,7 +82,9 @@ def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):
     shapes : sequence of (m, n, k), optional
         Extra explicit shapes (kind ``"custom"``).
     skinny : bool
-        Add :data:`SKINNY_SHAPES`.
+        Add :data:`SKINNY_SHAPES`, :data:`BATCHED_SHAPES` and :data:`SMALL_SHAPES`.
+    quick : bool
+        Of the batched and small shapes, only :data:`QUICK_OTHER`.
 
     Returns
     -------
@@ -81,13 +98,19 @@ def gemm_cases(dtypes, threads, sizes=SQUARE_SIZES, shapes=None, skinny=True):
             if skinny:
                 cases += [GemmCase(m, n, k, dtype, t, label)
                           for label, (m, n, k) in SKINNY_SHAPES.items()]
+                other = [(label, shape) for label, shape in
+                         list(BATCHED_SHAPES.items()) + list(SMALL_SHAPES.items())
+                         if not quick or label in QUICK_OTHER]
+                cases += [GemmCase(*shape[-3:], dtype, t, label, *shape[:-3])
+                          for label, shape in other]
     return cases
 
 
 def operands(case, seed=0):
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal((case.m, case.k)).astype(case.dtype)
-    b = rng.standard_normal((case.k, case.n)).astype(case.dtype)
+    batch = (case.batch,) if case.batch > 1 else ()
+    a = rng.standard_normal(batch + (case.m, case.k)).astype(case.dtype)
+    b = rng.standard_normal(batch + (case.k, case.n)).astype(case.dtype)
     return a, b
 
 
@@ -103,7 +126,8 @@ def gemm_parties(case, a, b, peers=("numpy", "torch")):
     """
     import tilegemm
 
-    outputs = {"tilegemm": np.empty((case.m, case.n), case.dtype)}
+    batch = (case.batch,) if case.batch > 1 else ()
+    outputs = {"tilegemm": np.empty(batch + (case.m, case.n), case.dtype)}
     parties = {"tilegemm": lambda: tilegemm.matmul(a, b, out=outputs["tilegemm"])}
     if "numpy" in peers:
         outputs["numpy"] = np.empty_like(outputs["tilegemm"])
@@ -155,7 +179,7 @@ def run_gemm_case(case, reps=5, min_time=0.05, peers=("numpy", "torch")):
     tol = check_tolerance(case.dtype, case.k)
     return {
         "op": "gemm", "kind": case.kind, "shape": case.shape,
-        "m": case.m, "n": case.n, "k": case.k,
+        "m": case.m, "n": case.n, "k": case.k, "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "flops": case.flops,
         "peak_gflops": peak, "reps": reps, "results": results,
         # NaN compares False: a result with NaN is reported wrong, stored as null.

@@ -152,13 +152,13 @@ def intensity(record):
     """Arithmetic intensity of a GEMM or convolution record: flops / minimal bytes moved.
 
     The minimal bytes are every input and the output once (GEMM: (m·k + k·n + m·n)
-    elements; convolution: the record's ``min_bytes``); None when the record does
+    elements per product of a batch; convolution: the record's ``min_bytes``); None when the record does
     not say (reports from before the roofline).
     """
     if record.get("op") == "gemm":
         item = 4 if record["dtype"] == "float32" else 8
         m, n, k = record["m"], record["n"], record["k"]
-        return record["flops"] / ((m * k + k * n + m * n) * item)
+        return record["flops"] / ((m * k + k * n + m * n) * item * record.get("batch", 1))
     return record["flops"] / record["min_bytes"] if record.get("min_bytes") else None
 
 

@@ -110,7 +110,7 @@ def _plan_steps(plan, rep):
     steps = []
     if "gemm" in plan.ops:
         for case in gemm_suite.gemm_cases(plan.dtypes, plan.threads, plan.sizes,
-                                          plan.shapes, plan.skinny):
+                                          plan.shapes, plan.skinny, plan.quick):
             steps.append(_Step(case.title(), lambda c=case: gemm_suite.run_gemm_case(
                 c, plan.reps, plan.min_time, plan.peers), rep["gemm"].append))
     if "conv" in plan.ops:
