@@ -73,6 +73,7 @@ def kernel_for(dtype, n=None):
 def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
+    SMALL_CALLS.clear()
 
 
 #: k block of the unpacked path (its tiles read A and B in place, KC columns of A at a time).
@@ -179,6 +180,17 @@ def small_product(a, b):
     m, k = a.shape
     n = b.shape[1]
     return m > 1 and n > 1 and k > 0 and 2 * m * n * k <= SMALL_CALL_FLOPS
+
+
+#: (a's dtype, b's dtype, n) -> :func:`small_call`'s function, filled by ``tilegemm.matmul``
+#: on the first small product of each width: later ones skip its general checks.
+#: Cleared with the kernel choices (:func:`reset_plans`).
+SMALL_CALLS = {}
+
+
+def small_call(dtype, n):
+    """The jitted ``matmul_small(a, b, c, KC)`` for products of ``n`` columns (see below)."""
+    return kernel_for(dtype, n)[0].module.matmul_small
 
 
 def matmul_small(a, b, c):

@@ -13,6 +13,7 @@ from tilegemm.kernels.driver import gemm_into
 from tilegemm.tuning.blocking import blocking
 
 from conftest import assert_close, error_bound
+from guard import GUARD_PAGES, guarded_empty
 
 DTYPES = [np.float32, np.float64]
 PRIMES = [1, 2, 3, 5, 7, 13, 31, 61, 67, 97, 131, 173, 257, 331]
@@ -434,3 +435,28 @@ def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
     expected = np.matmul(a, b)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41)])
+def test_small_call_fast_path_against_guard_pages(dtype, shape):
+    """matmul's shortest path (small C-contiguous products without out=, the jitted
+    call looked up by width): taken from the second product of a width on, right,
+    inputs untouched, no read past operands that end or start at a guard page."""
+    m, k, n = shape
+    rng = np.random.default_rng(11)
+    a_vals, b_vals = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    expected = a_vals.astype(np.float64) @ b_vals
+    driver.reset_plans()
+    for where in ("after", "before"):
+        a = guarded_empty((m, k), dtype, where=where)
+        b = guarded_empty((k, n), dtype, where=where)
+        a[...], b[...] = a_vals, b_vals
+        for call in range(2):
+            got = tilegemm.matmul(a, b)
+            assert got.dtype == dtype and got.shape == (m, n)
+            assert_close(got, expected, error_bound(a_vals, b_vals, k, dtype),
+                         f"{shape} {where} call {call}")
+            assert (np.dtype(dtype), np.dtype(dtype), n) in driver.SMALL_CALLS
+        assert np.array_equal(a, a_vals) and np.array_equal(b, b_vals)

@@ -12,7 +12,8 @@ from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overlaps,
                                       plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
-from tilegemm.kernels.driver import gemm_into, matmul_small, small_product
+from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
+                                     matmul_small, small_call, small_product)
 
 
 def _result_dtype(a, b):
@@ -54,6 +55,18 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
+    if type(a) is np.ndarray and type(b) is np.ndarray and out is None and a.ndim == b.ndim == 2:
+        # Small C-contiguous products, the shortest path there is: a call costs more
+        # than their arithmetic.  Other dtypes, shapes and layouts find no entry.
+        m, k = a.shape
+        n = b.shape[1]
+        call = SMALL_CALLS.get((a.dtype, b.dtype, n))
+        if (call is not None and k == b.shape[0] and m > 1 and 0 < k
+                and 2 * m * n * k <= SMALL_CALL_FLOPS
+                and a.flags.c_contiguous and b.flags.c_contiguous):
+            c = np.empty((m, n), a.dtype)
+            call(a, b, c, UNPACKED_KC)
+            return c
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
             and a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and _plain_out(out, a, b)):
         # The common case, kept short: tiny products are dominated by call overhead.
@@ -63,6 +76,7 @@ def matmul(a, b, /, out=None):
         c = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
         if (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous
                 and small_product(a, b)):
+            SMALL_CALLS[(a.dtype, a.dtype, b.shape[1])] = small_call(a.dtype, b.shape[1])
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
     if any_tensor(a, b, out):
