@@ -16,6 +16,6 @@ from tilegemm.ground.threads import get_num_threads, set_num_threads, thread_lim
 
 __all__ = ["gemm", "matmul", "conv2d", "ConvWeights", "conv_plan", "fold_batchnorm",
            "get_num_threads", "set_num_threads", "thread_limit"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-threadpool.register()
+threadpool.register(__version__)

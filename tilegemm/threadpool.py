@@ -9,7 +9,6 @@ set through threadpoolctl are the process-wide limit of
 :func:`tilegemm.set_num_threads`.  Registered when tilegemm is imported and
 threadpoolctl is installed (it is never required).
 """
-import importlib.metadata
 import importlib.util
 
 from tilegemm.ground import threads
@@ -19,7 +18,7 @@ from tilegemm.ground import threads
 API = "tilegemm"
 
 
-def _controller_class():
+def _controller_class(version):
     import threadpoolctl
 
     class TilegemmController(threadpoolctl.LibController):
@@ -37,10 +36,7 @@ def _controller_class():
             threads.set_num_threads(max(1, min(int(num_threads), threads.max_threads())))
 
         def get_version(self):
-            try:
-                return importlib.metadata.version("tilegemm")
-            except importlib.metadata.PackageNotFoundError:   # run from a source tree
-                return None
+            return version
 
         def set_additional_attributes(self):
             self.threading_layer = "Python threads over nogil kernels"
@@ -48,11 +44,12 @@ def _controller_class():
     return TilegemmController
 
 
-def register():
-    """Register the controller with threadpoolctl, if it is installed; returns the class or None."""
+def register(version):
+    """Register the controller (reporting ``version``) with threadpoolctl, if it is
+    installed; returns the class or None."""
     if importlib.util.find_spec("threadpoolctl") is None:
         return None
     import threadpoolctl
-    cls = _controller_class()
+    cls = _controller_class(version)
     threadpoolctl.register(cls)
     return cls

@@ -57,5 +57,5 @@ def commit_text(source):
 
 
 def version_text(root=SOURCE_ROOT):
-    """What ``tilegemm --version`` prints: ``tilegemm 0.1.0 (commit abc1234+dirty)``."""
+    """What ``tilegemm --version`` prints: ``tilegemm 0.2.0 (commit abc1234+dirty)``."""
     return f"tilegemm {tilegemm.__version__} (commit {commit_text(source_commit(root))})"
