@@ -26,8 +26,11 @@ def any_tensor(*xs):
     return "torch" in sys.modules and any(is_tensor(x) for x in xs)
 
 
-def numpy_view(x, name, func):
+def numpy_view(x, name, func, written=False):
     """``x`` itself unless it is a tensor; a tensor's data as an ndarray sharing its memory.
+
+    ``written``: ``x`` is a destination (``out=``, gemm's ``c``), so it must be its
+    own memory, not a lazily negated view that only a copy could resolve.
 
     Raises
     ------
@@ -47,6 +50,9 @@ def numpy_view(x, name, func):
                             "call it under torch.no_grad() or pass .detach()")
         x = x.detach()
     if x.is_neg():
+        if written:
+            raise TypeError(f"{func}: {name} is a lazily negated tensor view; tilegemm cannot "
+                            "write through it (pass a plain tensor)")
         x = x.resolve_neg()              # a lazily negated view: numpy would see the sign lost
     try:
         return x.numpy()

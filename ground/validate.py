@@ -27,9 +27,8 @@ def check_float_dtype(x, name, func):
         For any other dtype, saying how to cast.
     """
     if x.dtype not in FLOAT_DTYPES:
-        native = x.dtype.newbyteorder("=")
-        if native in FLOAT_DTYPES:
-            return x.astype(native)
+        if x.dtype.kind == "f" and not x.dtype.isnative and x.dtype.newbyteorder("=") in FLOAT_DTYPES:
+            return x.astype(x.dtype.newbyteorder("="))
         raise TypeError(f"{func}: {name} has dtype {x.dtype}; tilegemm computes in float32 and "
                         "float64 only (cast with .astype(np.float32) or np.float64)")
     return x
@@ -108,7 +107,7 @@ def check_out(out, shape, dtype, func, name="out"):
     if out.shape != tuple(shape):
         raise ValueError(f"{func}: {name} has shape {out.shape}, expected {tuple(shape)}")
     if out.dtype != dtype:
-        swapped = out.dtype.newbyteorder("=") == dtype
+        swapped = out.dtype.kind == "f" and out.dtype.newbyteorder("=") == dtype
         raise TypeError(f"{func}: {name} has dtype {out.dtype}, expected {dtype}"
                         + (" in the machine's byte order" if swapped else ""))
     if not out.flags.writeable:

@@ -75,7 +75,9 @@ def _item_tile(dtype_name, m, n):
             top = min(16, (registers - nv - 1) // nv)
             if top < 2:
                 continue
-            mr = min(range(2, top + 1), key=lambda r: (round_up(m, r), -r))
+            # Few row counts, so that varied shapes share a few compiled kernels.
+            rows_choices = {top} | {r for r in (2, 4, 8, 16) if r <= top}
+            mr = min(rows_choices, key=lambda r: (round_up(m, r), -r))
             # Per k step: vector FMAs, then lanes wasted past n, then the broadcasts of A
             # and vector loads of B that feed them (fewer for wider tiles).
             rows, cols = round_up(m, mr), round_up(n, nr)
@@ -91,12 +93,16 @@ def item_kernel(dtype, m, n):
     Small items pick, over every ISA the host runs, the register tile with the fewest
     vector FMAs per k step for their shape, then the fewest padded lanes (an 8-column
     float32 product takes an 8-lane AVX2 tile on an AVX-512 host, so B needs no edge
-    panel), then the fewest broadcasts and loads; its MR divides m where one does
-    (no padded rows).
-    Larger items take the GEMM's tile (:func:`~tilegemm.kernels.driver.kernel_for`).
+    panel), then the fewest broadcasts and loads.  MR is the tile's largest or a power
+    of two (one that divides m where one does), so that varied shapes share a few
+    kernels (at most 5 per NR) rather than compile one each.  Larger items, and any
+    tile set through ``TILEGEMM_MR``/``TILEGEMM_NR``, take the GEMM's tile
+    (:func:`~tilegemm.kernels.driver.kernel_for`).
     """
     dtype = np.dtype(dtype)
-    if m > SMALL_ITEM or n > SMALL_ITEM:
+    blk = kernel_for(dtype)[1]
+    derived = blk.source["mr"] == blk.source["nr"] == "derived"
+    if m > SMALL_ITEM or n > SMALL_ITEM or not derived:
         return kernel_for(dtype, n)
     isa, mr, nr = _item_tile(dtype.name, m, n)
     # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
@@ -125,7 +131,9 @@ def route(kern, count, shape, threads, b_strides):
     ``threads`` threads, B's items with ``b_strides`` (row, column): one of
     :data:`BATCHED_ROUTES`."""
     m, n, k = shape
-    if count < threads and 2 * m * n * k >= serial_flops(kern.dtype):
+    # Items worth sharing, too few to go round evenly (3 items on 2 threads would
+    # leave one thread a whole item behind): each item shared by the threads.
+    if count < 4 * threads and 2 * m * n * k >= serial_flops(kern.dtype):
         return "batched_items"
     b_rs, b_cs = b_strides
     if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs):
@@ -184,7 +192,10 @@ def batched_into(a, b, c, threads=None):
         blocks, sizes = None, (kern.mr * KC, kern.nr * KC)
     else:
         KC = max(1, min(blk.kc, k))
-        NC, MC = min(blk.nc, round_up(n, kern.nr)), min(blk.mc, round_up(m, kern.mr))
+        # Whole MR and NR panels: the blocking's MC and NC belong to its own tile, and
+        # the packers fill whole panels.
+        MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
+        NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
         blocks, sizes = (KC, MC, NC), (MC * KC, NC * KC)
     chunk = max(1, cdiv(count, threads * CHUNKS_PER_THREAD))
     plan = ((np.array(batch, np.int64), steps), (m, n, k), (af, (a0,) + a_st[-2:]),

@@ -425,6 +425,8 @@ def path_cases(dtype):
         # sharing, shared by the threads.
         ({"batched_unpacked"}, "matmul", (3, 5, 9, 7), (5, 7, 6), False, 2),
         ({"batched_packed"}, "matmul", (4, 20, 30), (4, 30, 17), True, 1),
+        # Rows not a whole number of the blocking's MC for the item's own tile.
+        ({"batched_packed"}, "matmul", (3, 63, 40), (3, 40, 20), True, 1),
         ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2),
     ]
 

@@ -82,3 +82,13 @@ def test_array_likes_in_give_ndarrays_out():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     got = tilegemm.matmul(Wrapped(a), [[1.0], [2.0], [3.0]])
     assert type(got) is np.ndarray and np.allclose(got, a @ [[1.0], [2.0], [3.0]])
+
+
+def test_a_negated_view_is_read_but_never_written_through():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    neg = a._neg_view() if hasattr(a, "_neg_view") else None
+    if neg is None or not neg.is_neg():
+        pytest.skip("this torch has no lazily negated views")
+    _close(tilegemm.matmul(neg, b), -(a @ b))
+    with pytest.raises(TypeError, match="negated"):
+        tilegemm.matmul(a, b, out=torch.zeros(5, 3).t()._neg_view())

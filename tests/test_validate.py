@@ -95,3 +95,20 @@ def test_byte_swapped_operands_compute_as_native_ones(order):
     assert got.dtype == np.float32 and np.array_equal(got, tilegemm.conv2d(x, w, padding=1))
     with pytest.raises(TypeError, match="byte order"):
         tilegemm.matmul(a, a.T, out=np.empty((7, 7), np.dtype(np.float32).newbyteorder("S")))
+
+
+def test_new_style_dtypes_get_the_project_message():
+    strings = np.array(["a", "b"], dtype=np.dtypes.StringDType()) if hasattr(
+        np, "dtypes") and hasattr(np.dtypes, "StringDType") else np.array(["a", "b"])
+    with pytest.raises(TypeError, match="computes in float32 and float64 only"):
+        validate.check_float_dtype(strings, "a", "f")
+
+
+def test_out_with_a_batch_stride_between_elements_is_still_written():
+    import tilegemm
+    rec = np.zeros(4, [("m", "f4", (3, 5)), ("tag", "i2")])
+    out = rec["m"]                                 # strides (62, 20, 4)
+    rng = np.random.default_rng(5)
+    a, b = rng.random((4, 3, 2), np.float32), rng.random((4, 2, 5), np.float32)
+    assert tilegemm.matmul(a, b, out=out) is out
+    assert np.allclose(rec["m"], a @ b, rtol=1e-6)

@@ -56,16 +56,8 @@ def matmul(a, b, /, out=None):
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
     if type(a) is np.ndarray and type(b) is np.ndarray and out is None and a.ndim == b.ndim == 2:
-        # Small C-contiguous products, the shortest path there is: a call costs more
-        # than their arithmetic.  Other dtypes, shapes and layouts find no entry.
-        m, k = a.shape
-        n = b.shape[1]
-        call = SMALL_CALLS.get((a.dtype, b.dtype, n))
-        if (call is not None and k == b.shape[0] and m > 1 and 0 < k
-                and 2 * m * n * k <= SMALL_CALL_FLOPS
-                and a.flags.c_contiguous and b.flags.c_contiguous):
-            c = np.empty((m, n), a.dtype)
-            call(a, b, c, UNPACKED_KC)
+        c = _small_call(a, b)
+        if c is not None:
             return c
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
             and a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and _plain_out(out, a, b)):
@@ -76,13 +68,13 @@ def matmul(a, b, /, out=None):
         c = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
         if (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous
                 and small_product(a, b)):
-            SMALL_CALLS[(a.dtype, a.dtype, b.shape[1])] = small_call(a.dtype, b.shape[1])
+            key = (a.dtype, a.dtype, b.shape[1])
+            if key not in SMALL_CALLS:
+                SMALL_CALLS[key] = small_call(a.dtype, b.shape[1])
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
     if any_tensor(a, b, out):
-        r = matmul(numpy_view(a, "a", "matmul"), numpy_view(b, "b", "matmul"),
-                   out=numpy_view(out, "out", "matmul"))
-        return out if out is not None else to_tensor(r)
+        return _tensor_matmul(a, b, out)
     a = plain_float_array(a, "a", "matmul")
     b = plain_float_array(b, "b", "matmul")
     if a.ndim == 0 or b.ndim == 0:
@@ -119,6 +111,28 @@ def matmul(a, b, /, out=None):
     return out
 
 
+def _tensor_matmul(a, b, out):
+    """:func:`matmul` of torch tensors (any of a, b, out): numpy views in, a tensor out."""
+    r = matmul(numpy_view(a, "a", "matmul"), numpy_view(b, "b", "matmul"),
+               out=numpy_view(out, "out", "matmul", written=True))
+    return out if out is not None else to_tensor(r)
+
+
+def _small_call(a, b):
+    """``a @ b`` for small C-contiguous 2-D operands whose width has been seen: the
+    shortest path there is, a call costing more than their arithmetic.  None for any
+    other operands (other dtypes, shapes and layouts find no entry)."""
+    m, k = a.shape
+    n = b.shape[1]
+    call = SMALL_CALLS.get((a.dtype, b.dtype, n))
+    if (call is None or k != b.shape[0] or m < 2 or k < 1 or 2 * m * n * k > SMALL_CALL_FLOPS
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return None
+    c = np.empty((m, n), a.dtype)
+    call(a, b, c, UNPACKED_KC)
+    return c
+
+
 def _batched(a, b, c, batch):
     """C[i] = A[i] @ B[i] over broadcast batch indices."""
     if not batch:
@@ -133,7 +147,7 @@ def _batched(a, b, c, batch):
         gemm_into(a_full.reshape(rows, k), b, c.reshape(rows, c.shape[-1]))
         return
     item = c.itemsize
-    if c.strides[-1] == item and c.strides[-2] % item == 0:
+    if c.strides[-1] == item and all(st % item == 0 for st in c.strides):
         batched_into(a, b, c)           # the whole batch in one launch
         return
     tmp = np.empty(c.shape, c.dtype)    # C's rows are not contiguous: compute apart
@@ -173,7 +187,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
     """
     if any_tensor(a, b, c):
         r = gemm(numpy_view(a, "a", "gemm"), numpy_view(b, "b", "gemm"),
-                 numpy_view(c, "c", "gemm"), alpha=alpha, beta=beta, trans_a=trans_a,
+                 numpy_view(c, "c", "gemm", written=True), alpha=alpha, beta=beta, trans_a=trans_a,
                  trans_b=trans_b)
         return c if c is not None else to_tensor(r)
     a = plain_float_array(a, "a", "gemm")

@@ -50,6 +50,8 @@ def register(version):
     if importlib.util.find_spec("threadpoolctl") is None:
         return None
     import threadpoolctl
+    if not hasattr(threadpoolctl, "register"):      # before threadpoolctl 3.2
+        return None
     cls = _controller_class(version)
     threadpoolctl.register(cls)
     return cls

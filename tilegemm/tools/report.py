@@ -21,7 +21,7 @@ DTYPES = ("float32", "float64")
 # --------------------------------------------------------------------------- machine
 
 #: How tilegemm runs threads: not a Numba threading layer (nothing uses prange).
-THREADING = "Python thread pool over nogil kernels (count from numba.get_num_threads())"
+THREADING = "Python thread pool over nogil kernels (count from tilegemm.get_num_threads())"
 
 
 def _blocking_entry(dtype):

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 import numba
+
+from tilegemm.ground import threads as thread_settings
 import numpy as np
 
 
@@ -64,7 +66,8 @@ def max_threads():
 def pinned_threads(threads):
     """Run the block with every party limited to ``threads`` threads.
 
-    Numba (tilegemm) via ``numba.set_num_threads``, OpenBLAS (numpy) via
+    tilegemm via its process-wide limit (``tilegemm.set_num_threads``) and Numba's
+    per-thread setting (which also caps it), OpenBLAS (numpy) via
     threadpoolctl's BLAS limit, torch via ``torch.set_num_threads`` when torch is
     already imported.  Previous settings are restored on exit.
 
@@ -78,6 +81,8 @@ def pinned_threads(threads):
         raise ValueError(f"threads must be between 1 and {max_threads()}, got {threads}")
     saved_numba = numba.get_num_threads()
     numba.set_num_threads(threads)
+    saved_tilegemm = thread_settings.process_limit()
+    thread_settings.set_num_threads(threads)
     torch = torch_module()
     saved_torch = torch.get_num_threads() if torch else None
     if torch:
@@ -91,6 +96,7 @@ def pinned_threads(threads):
             yield
         finally:
             numba.set_num_threads(saved_numba)
+            thread_settings.set_num_threads(saved_tilegemm)
             if torch:
                 torch.set_num_threads(saved_torch)
 
