@@ -56,11 +56,30 @@ def write_if_changed(path, text):
                 return
     except OSError:
         pass
+    write_atomic(path, text.encode())
+
+
+def write_atomic(path, data):
+    """Write the bytes ``data`` to ``path`` so that no process ever sees half a file."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_first(path, data):
+    """Create ``path`` holding ``data`` unless it exists: of racing processes, the first wins."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    try:
+        os.link(tmp, path)  # fails if the file exists; never shows half a file
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def load_generated(name, text):

@@ -29,9 +29,11 @@ import llvmlite.ir as ir
 import numpy as np
 from numba import types
 from numba.core import cgutils
+from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import cdiv
+from tilegemm.kernels import tilelib
 from tilegemm.kernels.ir import (NUMBA_FLOAT, check_mask_width, data_ptr, epilogue, fma,
                                  load_bias, load_vector, masked_load_call, nullcontext,
                                  prefetch_line, splat, store_vector, vector_ptr)
@@ -179,6 +181,11 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
     name = flavour.value + (f"_a{a_step}" if a_step != mr else "")  # A's stride is in the body
     strides = constant_strides(flavour, mr, nr, a_step)
     names = [n for n, _ in ARGUMENTS[flavour]]
+    symbol = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_l{lanes}_{name}"
+    fnty = _tile_type(dtype, flavour)
+    # Registered now if cached (a caller loaded from Numba's cache needs it), else
+    # compiled when the first caller is (see tilelib).
+    tilelib.load_cached(symbol)
 
     def emit(context, builder, sig, args):
         arg = dict(zip(names, args))
@@ -201,7 +208,12 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         args = TileArgs(arg["kc"], ptr("a", "a_off"), a_rs, a_cs, ptr("b", "b_off"), ldb,
                         ptr("c", "c_off"), arg["ldc"], arg["alpha"], arg["beta"],
                         ptr("bias", "bias_off"), arg["epi"])
-        call_tile(context, builder, shape, name, flavour, strides, args, valid, extra)
+        values = list(args) + list(valid) + list(extra)
+        if [v.type for v in values] != list(fnty.args):
+            raise TypeError(f"{symbol}: arguments of types {[str(v.type) for v in values]}, "
+                            f"expected {[str(t) for t in fnty.args]}")
+        tilelib.define(symbol, fnty, lambda body, fn: _define_tile(body, fn, shape, flavour, strides))
+        builder.call(tilelib.declare(builder.module, symbol, fnty), values)
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))
@@ -229,6 +241,8 @@ def _typing(flavour, dtype, emit):
             _check_offsets(given["offs"], given["zeros"], given["a"])
         if "masks" in given:
             check_mask_width(given["masks"], dtype)
+            _check_index_array("taps", given["taps"])
+            _check_index_array("sched", given["sched"])
         return types.void(*(kind_type.get(kind, t) for (_, kind), t in zip(spec, args))), emit
 
     param = inspect.Parameter
@@ -237,9 +251,13 @@ def _typing(flavour, dtype, emit):
     return typing
 
 
+def _check_index_array(name, array):
+    if not (isinstance(array, types.Array) and array.dtype == types.intp):
+        raise TypeError(f"{name} must be an array of intp, got {array}")
+
+
 def _check_offsets(offs, zeros, a):
-    if not (isinstance(offs, types.Array) and offs.dtype == types.intp):
-        raise TypeError(f"row offsets must be an array of intp, got {offs}")
+    _check_index_array("row offsets", offs)
     if not (isinstance(zeros, types.Array) and zeros.dtype == a.dtype):
         raise TypeError(f"the zero row must be an array of {a.dtype}, got {zeros}")
 
@@ -250,41 +268,40 @@ TileArgs = collections.namedtuple(
     "TileArgs", "kc a_ptr a_rs a_cs b_ptr ldb c_ptr ldc alpha beta bias_ptr epi")
 
 
-def call_tile(context, builder, shape, name, flavour, strides, args, valid=(), extra=()):
-    """Call the tile function, defining it in this LLVM module on first use.
+def _tile_type(dtype, flavour):
+    """The LLVM type of a flavour's tile function: the :class:`TileArgs`, then the
+    edge flavours' ``(rows, cols)``, then the taps or rows flavour's own arguments."""
+    context = cpu_target.target_context
+    intp = context.get_value_type(types.intp)
+    fl = context.get_value_type(NUMBA_FLOAT[dtype])
+    fp, ip = fl.as_pointer(), intp.as_pointer()
+    params = [intp, fp, intp, intp, fp, intp, fp, intp, fl, fl, fp, intp]
+    if flavour.edge:
+        params += [intp, intp]
+    if flavour is Flavour.TAPS:
+        params += [intp, intp, ip, ir.IntType(8 * np.dtype(dtype).itemsize).as_pointer(), ip]
+    elif "offs" in dict(ARGUMENTS[flavour]):
+        params += [intp, ip, intp, fp, intp]
+    return ir.FunctionType(ir.VoidType(), params)
 
-    One out-of-line definition per module and flavour, however many call sites a
-    jitted function has: LLVM then optimises the kernel once, which keeps compile
-    times down; a call per tile costs nothing next to its k loop.  The strides the
-    flavour fixes (``strides``, from :func:`constant_strides`) are passed into the
-    body as constants so they fold there; the others stay parameters even where a
-    call site passes a constant, since the one body serves every call site.
-    ``args``: the :class:`TileArgs`; ``valid``: ``(rows, cols)`` of an edge flavour;
-    ``extra``: the taps or rows flavour's arguments (see :func:`_emit_tile`).
-    """
-    dtype, mr, nr, lanes = shape
-    module = builder.module
-    fn_name = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_{name}"
-    values = list(args) + list(valid) + list(extra)
-    fn = module.globals.get(fn_name)
-    if fn is None:
-        fnty = ir.FunctionType(ir.VoidType(), [x.type for x in values])
-        fn = ir.Function(module, fnty, fn_name)
-        fn.linkage = "internal"
-        fn.attributes.add("noinline")
-        body = ir.IRBuilder(fn.append_basic_block("entry"))
-        p = list(fn.args)
-        for at, fixed, stride in zip((2, 3, 5), strides, (args.a_rs, args.a_cs, args.ldb)):
-            if fixed is not None:
-                p[at] = stride
-        n = len(TileArgs._fields)
-        tail = tuple(p[n + len(valid):]) or None
-        _emit_tile(context, body, shape, TileArgs(*p[:n]),
-                   valid=tuple(p[n:n + len(valid)]) or None,
-                   taps=tail if flavour is Flavour.TAPS else None,
-                   rows=tail if flavour is not Flavour.TAPS else None)
-        body.ret_void()
-    builder.call(fn, values)
+
+def _define_tile(builder, fn, shape, flavour, strides):
+    """The tile function's body.  The strides the flavour fixes (``strides``, from
+    :func:`constant_strides`) replace their parameters, so they fold in the body; the
+    others stay parameters even where a call site passes a constant, since the one
+    body serves every call site."""
+    p = list(fn.args)
+    for at, fixed in zip((2, 3, 5), strides):
+        if fixed is not None:
+            p[at] = ir.Constant(p[at].type, fixed)
+    n = len(TileArgs._fields)
+    n_valid = 2 if flavour.edge else 0
+    tail = tuple(p[n + n_valid:]) or None
+    _emit_tile(cpu_target.target_context, builder, shape, TileArgs(*p[:n]),
+               valid=tuple(p[n:n + n_valid]) or None,
+               taps=tail if flavour is Flavour.TAPS else None,
+               rows=tail if flavour is not Flavour.TAPS else None)
+    builder.ret_void()
 
 
 def _emit_tile(context, builder, shape, args, valid=None, taps=None, rows=None):
