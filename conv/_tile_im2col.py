@@ -98,9 +98,12 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf, general):
                     c += 1
 
 
-@numba.njit(inline='always', **JIT)
-def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general):
-    """One task = (image n, NC block of output pixels, slice of output channels) of group ``g``.
+@numba.njit(**JIT)
+def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general):
+    """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
+    out; a task = (image n, NC block of output pixels, slice of output channels) of
+    group ``g``.  The loop holds the task's body: an inlined body would cost the
+    compile a copy of its IR, a called one a compile of its own.
 
     ``plan`` is :func:`tilegemm.conv.im2col.packed_plan`'s record (its names below).
     ``apack`` holds the group's weights as packed A for every KC block (block ``pc``
@@ -109,7 +112,8 @@ def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general):
     row, ``Mp`` values) and activation ride on the last KC block.  When M is not a
     multiple of MR the last row panel runs as a full tile into ``bufs[1]`` (MR x NC
     rounded up to NR), copied out at the end, rather than through the scalar
-    edge-tile path.
+    edge-tile path.  ``general``: None for a 1x1 stride-1 unpadded layer (see
+    :func:`pack_b_im2col_rows`), else True.
     """
     r = plan[0]
     bpack, edge = bufs
@@ -117,48 +121,39 @@ def im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general):
     xs, os = strides_of(r)
     ckk, KC, MC, NC, Mp, M = r.ckk, r.KC, r.MC, r.NC, r.Mp, r.M
     n_jc, msplit, mstep = r.n_jc, r.msplit, r.mstep
-    n = task // (n_jc * msplit)
-    jb = (task // msplit) % n_jc
-    m0 = (task % msplit) * mstep
-    m1 = min(M, m0 + mstep)
-    m_full = m0 + (m1 - m0) // MR * MR
-    pixels = r.Ho * r.Wo
-    jc = jb * NC
-    nc = min(NC, pixels - jc)
     ld_edge = (NC + NR - 1) // NR * NR
-    xo = g * r.Cg * xs[1] + n * xs[0]
-    co = g * M * os[1] + n * os[0]
     ldc = os[1]
-    for pc in range(0, ckk, KC):
-        kc = min(KC, ckk - pc)
-        pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack, general)
-        beta = DTYPE(0) if pc == 0 else DTYPE(1)
-        epi_pc = epi if pc + KC >= ckk else 0
-        # Row blocks of MC, then the partial row panel as a full tile into edge: one
-        # call site, as the inlined macro-kernel compiles once per site.
-        ic = m0
-        while ic < m1:
-            if ic < m_full:
-                mc, c, c_off, ld = min(MC, m_full - ic), out, co + ic * ldc + jc, ldc
-            else:
-                mc, c, c_off, ld = MR, edge, 0, ld_edge
-            macro_kernel((mc, nc, kc), apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,
-                         (DTYPE(1), beta), (bias, epi_pc), (ic, jc))
-            ic += mc
-    for i in range(m1 - m_full):
-        dst = co + (m_full + i) * ldc + jc
-        for j in range(nc):
-            out[dst + j] = edge[i * ld_edge + j]
-
-
-@numba.njit(**JIT)
-def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general):
-    """Tasks of :func:`im2col_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    the plan's ``ntasks`` are out.  ``general``: None for a 1x1 stride-1 unpadded layer
-    (see :func:`pack_b_im2col_rows`), else True."""
-    ntasks = plan[0].ntasks
     while True:
         task = next_task(counter)
-        if task >= ntasks:
+        if task >= r.ntasks:
             break
-        im2col_nchw_task(task, plan, g, x, apack, bias, epi, out, bufs, general)
+        n = task // (n_jc * msplit)
+        jb = (task // msplit) % n_jc
+        m0 = (task % msplit) * mstep
+        m1 = min(M, m0 + mstep)
+        m_full = m0 + (m1 - m0) // MR * MR
+        pixels = r.Ho * r.Wo
+        jc = jb * NC
+        nc = min(NC, pixels - jc)
+        xo = g * r.Cg * xs[1] + n * xs[0]
+        co = g * M * os[1] + n * os[0]
+        for pc in range(0, ckk, KC):
+            kc = min(KC, ckk - pc)
+            pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack, general)
+            beta = DTYPE(0) if pc == 0 else DTYPE(1)
+            epi_pc = epi if pc + KC >= ckk else 0
+            # Row blocks of MC, then the partial row panel as a full tile into edge: one
+            # call site, as the inlined macro-kernel compiles once per site.
+            ic = m0
+            while ic < m1:
+                if ic < m_full:
+                    mc, c, c_off, ld = min(MC, m_full - ic), out, co + ic * ldc + jc, ldc
+                else:
+                    mc, c, c_off, ld = MR, edge, 0, ld_edge
+                macro_kernel((mc, nc, kc), apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,
+                             (DTYPE(1), beta), (bias, epi_pc), (ic, jc))
+                ic += mc
+        for i in range(m1 - m_full):
+            dst = co + (m_full + i) * ldc + jc
+            for j in range(nc):
+                out[dst + j] = edge[i * ld_edge + j]
