@@ -66,12 +66,20 @@ def weight_transform(weight):
 
 
 def filter_transforms(weight):
-    """Each filter's ``G g G^T`` flattened: shape (K, C, 16), ``[k, c, 4*a + b]``."""
-    K, C = weight.shape[:2]
-    out = np.empty((K, C, 16), weight.dtype)
-    _filter_transforms(np.ascontiguousarray(weight), out.reshape(-1), C, K, 1,
-                       weight.dtype.type(0.5), True)
-    return out
+    """Each filter's ``G g G^T`` flattened: shape (K, C, 16), ``[k, c, 4*a + b]``.
+
+    In numpy, whole arrays at a time: G applied down the filters' columns, then
+    along each row, over every (k, c) at once.  A jitted loop would cost a compile
+    of its own in a cold process (a third of a second) for work done once per
+    weight array.
+    """
+    w = np.asarray(weight)
+    h = w.dtype.type(0.5)
+    out = np.empty(w.shape[:2] + (4, 4), w.dtype)
+    for a, col in enumerate(_g_rows(w[:, :, 0, :], w[:, :, 1, :], w[:, :, 2, :], h)):
+        for b, value in enumerate(_g_rows(col[..., 0], col[..., 1], col[..., 2], h)):
+            out[:, :, a, b] = value
+    return out.reshape(w.shape[0], w.shape[1], 16)
 
 
 def pack_filter_transforms(weight, KC, R):
@@ -82,56 +90,28 @@ def pack_filter_transforms(weight, KC, R):
     of it at ``j*R*kc``, value (c, r) at ``c*R + r``.  That is packed B of each
     ``U[xi]`` with NR = R, and packed A of its transpose with MR = R.
 
-    Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  A
-    compiled loop that writes each value where the kernels read it: einsum and
-    packer calls per matrix and block took 15 ms for ResNet-18 conv3_x's 128x128
-    filters (7x the layer), on the call path whenever the prepared-weight cache
-    misses.
+    Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  One
+    strided copy per KC block, all 16 matrices at once (a copy per matrix and
+    block costs Python overhead that outweighs the work).
     """
     K, C = weight.shape[:2]
     Kp = round_up(K, R)
+    u = np.zeros((16, C, Kp), weight.dtype)
+    u[:, :, :K] = filter_transforms(weight).transpose(2, 1, 0)
     buf = np.zeros(16 * C * Kp + 1, weight.dtype)
-    _filter_transforms(np.ascontiguousarray(weight), buf, KC, Kp, R, weight.dtype.type(0.5),
-                       False)
+    blocks = buf[:-1].reshape(16, C * Kp)
+    for pc in range(0, C, KC):
+        kc = min(KC, C - pc)
+        panels = u[:, pc:pc + kc].reshape(16, kc, Kp // R, R).transpose(0, 2, 1, 3)
+        blocks[:, pc * Kp:(pc + kc) * Kp].reshape(16, Kp // R, kc, R)[...] = panels
     return buf, Kp
 
 
-@numba.njit(inline="always", **JIT)
 def _g_rows(x0, x1, x2, h):
-    """One 1-D weight transform ``G x`` over three values (G's rows: e0, (e0+e1+e2)/2,
-    (e0-e1+e2)/2, e2); ``h`` is 0.5 in the values' dtype."""
+    """One 1-D weight transform ``G x`` over three values or arrays (G's rows: e0,
+    (e0+e1+e2)/2, (e0-e1+e2)/2, e2); ``h`` is 0.5 in the values' dtype."""
     half = (x0 + x2) * h
     return x0, half + x1 * h, half - x1 * h, x2
-
-
-@numba.njit(**JIT)
-def _filter_transforms(w, out, KC, Kp, R, h, flat):
-    """``(G @ w[k, c] @ G.T)[a, b]`` of every filter into ``out``.
-
-    ``flat``: at ``out[(k*C + c)*16 + 4*a + b]``.  Otherwise packed as
-    :func:`pack_filter_transforms` says (``KC``, ``Kp``, ``R``).  ``w`` is
-    C-contiguous (K, C, 3, 3), ``h`` 0.5 in its dtype.  Each filter's taps are read
-    into scalars (a view ``w[k, c]`` per filter would cost reference counting), G
-    applied down the columns, then along each row.
-    """
-    K, C = w.shape[0], w.shape[1]
-    for k in range(K):
-        j, r = k // R, k % R
-        for c in range(C):
-            pc = c // KC * KC
-            kc = min(KC, C - pc)
-            c0 = _g_rows(w[k, c, 0, 0], w[k, c, 1, 0], w[k, c, 2, 0], h)
-            c1 = _g_rows(w[k, c, 0, 1], w[k, c, 1, 1], w[k, c, 2, 1], h)
-            c2 = _g_rows(w[k, c, 0, 2], w[k, c, 1, 2], w[k, c, 2, 2], h)
-            for a in range(4):
-                row = _g_rows(c0[a], c1[a], c2[a], h)
-                for b in range(4):
-                    xi = 4 * a + b
-                    if flat:
-                        at = (k * C + c) * 16 + xi
-                    else:
-                        at = (xi * C + pc) * Kp + j * R * kc + (c - pc) * R + r
-                    out[at] = row[b]
 
 
 @numba.njit(inline="always", **JIT)
