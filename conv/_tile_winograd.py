@@ -165,11 +165,13 @@ def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epi
                             (s_row, Wo), (runs[r, 8], runs[r, 7], runs[r, 1], runs[r, 2]), b, epi)
 
 
-@numba.njit(inline='always', **JIT)
-def winograd_nchw_task(task, plan, g, x, upack, bias, epi, out, bufs):
-    """One task of group ``g`` = a block of ``NB`` tiles (the first ``whole`` tasks) or
-    one of the ``parts`` parts of the output channels of a later block: input
-    transform, 16 GEMMs, output transform.
+@numba.njit(**JIT)
+def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
+    """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
+    out, ``ntasks // groups`` per group; the loop holds the task's body (see
+    ``im2col_nchw_tasks``).  A task of group ``g`` is a block of ``NB`` tiles (the
+    first ``whole`` tasks) or one of the ``parts`` parts of the output channels of a
+    later block: input transform, 16 GEMMs, output transform.
 
     ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here);
     the group reads input channels ``g*C:``, writes output channels ``g*K:`` (their
@@ -190,48 +192,40 @@ def winograd_nchw_task(task, plan, g, x, upack, bias, epi, out, bufs):
     geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
     xs = (r.xs_n, r.xs_c, r.xs_h, r.xs_w)
     os = (r.os_n, r.os_k, r.os_h, r.os_w)
-    x_off, u_off, o_off = g * C * r.xs_c, g * r.u_group, g * K * r.os_k
-    b_off = g * K if epi & EPI_BIAS_ROW else 0
     H, W, Ho, Wo, py, px, TH, TW = geom
-    block, part, split = task, 0, 1
-    if task >= whole:
-        block, part, split = whole + (task - whole) // parts, (task - whole) % parts, parts
     panels = Kp // MR
-    r0 = part * panels // split * MR
-    r1 = (part + 1) * panels // split * MR
-    T0 = block * NB
-    nt = min(NB, tiles_total - T0)
-    ncols = (nt + NR - 1) // NR * NR
-    nruns = winograd_runs(T0, nt, geom, xs, os, runs)
-    for pc in range(0, C, KC):
-        kc = min(KC, C - pc)
-        winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
-        if ncols > nt:
-            # Columns past the last tile: zeros, so the GEMM never meets stale bits.
-            for xi in range(16):
-                for q in range(nt, ncols):
-                    base = xi * b_slab + (q // NR) * NR * kc + q % NR
-                    for p in range(kc):
-                        bpack[base + p * NR] = 0
-        beta = DTYPE(0) if pc == 0 else DTYPE(1)
-        for xi in range(16):
-            macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
-                         bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta), (bias, ZERO),
-                         (ZERO, ZERO))
-    winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, min(r1, K)), out,
-                          (o_off, os[1], os[2]), Wo, (bias, b_off, epi))
-
-
-@numba.njit(**JIT)
-def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
-    """Tasks of :func:`winograd_nchw_task` taken from ``counter`` (:func:`next_task`) until
-    the plan's ``ntasks`` are out, ``ntasks // groups`` per group."""
-    r = plan[0]
-    ntasks = r.ntasks
-    per_group = ntasks // r.groups
+    per_group = r.ntasks // r.groups
     while True:
         task = next_task(counter)
-        if task >= ntasks:
+        if task >= r.ntasks:
             break
         g = task // per_group
-        winograd_nchw_task(task - g * per_group, plan, g, x, upack, bias, epi, out, bufs)
+        task -= g * per_group
+        x_off, u_off, o_off = g * C * r.xs_c, g * r.u_group, g * K * r.os_k
+        b_off = g * K if epi & EPI_BIAS_ROW else 0
+        block, part, split = task, 0, 1
+        if task >= whole:
+            block, part, split = whole + (task - whole) // parts, (task - whole) % parts, parts
+        r0 = part * panels // split * MR
+        r1 = (part + 1) * panels // split * MR
+        T0 = block * NB
+        nt = min(NB, tiles_total - T0)
+        ncols = (nt + NR - 1) // NR * NR
+        nruns = winograd_runs(T0, nt, geom, xs, os, runs)
+        for pc in range(0, C, KC):
+            kc = min(KC, C - pc)
+            winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
+            if ncols > nt:
+                # Columns past the last tile: zeros, so the GEMM never meets stale bits.
+                for xi in range(16):
+                    for q in range(nt, ncols):
+                        base = xi * b_slab + (q // NR) * NR * kc + q % NR
+                        for p in range(kc):
+                            bpack[base + p * NR] = 0
+            beta = DTYPE(0) if pc == 0 else DTYPE(1)
+            for xi in range(16):
+                macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
+                             bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta),
+                             (bias, ZERO), (ZERO, ZERO))
+        winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, min(r1, K)), out,
+                              (o_off, os[1], os[2]), Wo, (bias, b_off, epi))
