@@ -74,7 +74,7 @@ def split_fits(t, px, W, Wq):
     return t >= 0 and t + LANES <= Wq and 2 * t - px >= 0 and 2 * (t + LANES) - px <= W
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def split_row(x, src, px, W, Wq, xq, even, odd, spill):
     """A stride-2 row's two column phases: ``xq[even + s] = x[src + 2*s - px]`` and
     ``xq[odd + s] = x[src + 2*s + 1 - px]`` for ``s < Wq`` (zero off the row's ``W``

@@ -171,7 +171,7 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
             dst_row[j] = src[j]
 
 
-@numba.njit(**JIT)
+@numba.njit(inline='always', **JIT)
 def _stage_image(r, copy, x, x_at, xq):
     """Where B is read for one image of a taps task (``r`` the plan record's row): ``(src, off)``.
 
