@@ -27,7 +27,6 @@ which makes Numba's cache of them stale, so no cached caller outlives its tiles.
 import functools
 import hashlib
 import os
-import pickle
 import secrets
 
 import llvmlite
@@ -36,7 +35,7 @@ import llvmlite.ir as ir
 
 from tilegemm.ground import loader
 
-_ready = {}  # symbol -> the code library holding its machine code (kept alive)
+_ready = {}  # symbol -> its object code
 _compiled = set()  # the symbols this process compiled rather than loaded
 
 
@@ -83,6 +82,22 @@ def _codegen():
     return cpu_target.target_context.codegen()
 
 
+@functools.lru_cache(maxsize=1)
+def _machine():
+    """Numba's target (triple, CPU name and features: tiles and their callers agree)."""
+    triple, cpu, features = _codegen().magic_tuple()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="default", codemodel="jitdefault")
+
+
+@functools.lru_cache(maxsize=1)
+def _engine():
+    """The execution engine that holds every tile's machine code (process-wide)."""
+    return llvm.create_mcjit_compiler(llvm.parse_assembly(""), _machine())
+
+
 def _path(symbol):
     machine = repr((_codegen().magic_tuple(), llvmlite.__version__)).encode()
     return os.path.join(_folder(), f"{symbol}_{hashlib.sha256(machine).hexdigest()[:12]}.o")
@@ -90,7 +105,7 @@ def _path(symbol):
 
 def _lock():
     from numba.core.compiler_lock import global_compiler_lock
-    return global_compiler_lock  # Numba's codegen needs it: one lock, no order to get wrong
+    return global_compiler_lock  # LLVM's state is shared with Numba's compiles: one lock
 
 
 def load_cached(symbol):
@@ -101,10 +116,10 @@ def load_cached(symbol):
         if symbol not in _ready:
             try:
                 with open(_path(symbol), "rb") as f:
-                    library = _codegen().unserialize_library(pickle.load(f))
-            except (OSError, EOFError, pickle.UnpicklingError):
+                    obj = f.read()
+            except OSError:
                 return False
-            _register(symbol, library)
+            _register(symbol, obj)
     return True
 
 
@@ -119,19 +134,29 @@ def define(symbol, fnty, emit_body):
     with _lock():
         if symbol in _ready:
             return
-        codegen = _codegen()
         module = ir.Module(symbol)
-        module.triple = llvm.get_process_triple()
-        module.data_layout = str(codegen.target_data)
+        module.triple = _machine().triple
+        module.data_layout = str(_machine().target_data)
         fn = ir.Function(module, fnty, symbol)
         emit_body(ir.IRBuilder(fn.append_basic_block("entry")), fn)
-        library = codegen.create_library(symbol)
-        library.enable_object_caching()
-        library.add_ir_module(module)
-        library.finalize()
-        loader.write_atomic(_path(symbol), pickle.dumps(library.serialize_using_object_code()))
-        _register(symbol, library)
+        obj = _compile(module)
+        loader.write_atomic(_path(symbol), obj)
+        _register(symbol, obj)
         _compiled.add(symbol)
+
+
+def _compile(module):
+    """Object code of ``module``: LLVM's O3 pipeline without its vectorisers and
+    unroller.  The body is vector code already, its k loop unrolled as written;
+    those passes would find nothing to do and cost half the compile."""
+    machine = _machine()
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_unrolling = False
+    passes = llvm.create_pass_builder(machine, tuning)
+    passes.getModulePassManager().run(parsed, passes)
+    return machine.emit_object(parsed)
 
 
 def compiled():
@@ -139,9 +164,15 @@ def compiled():
     return frozenset(_compiled)
 
 
-def _register(symbol, library):
-    llvm.add_symbol(symbol, library.get_pointer_to_function(symbol))
-    _ready[symbol] = library
+def _register(symbol, obj):
+    engine = _engine()
+    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    address = engine.get_function_address(symbol)
+    if not address:
+        raise RuntimeError(f"{symbol} is not in its object code")
+    llvm.add_symbol(symbol, address)
+    _ready[symbol] = obj
 
 
 def declare(module, symbol, fnty):
