@@ -88,13 +88,16 @@ class PathRecorder:
     returns, so a recorded call runs exactly as an unrecorded one.  Labels: the
     route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
-    own block of C), ``matmul_small``, and the batched routes of
+    own block of C), ``matmul_small`` (also for ``api.fast_small_matmul``, the same
+    product without the general checks), and the batched routes of
     ``kernels/batched.py`` (``batched.route``).
     """
 
     WRAPPED = ((driver, "route"), (batched, "route"), (driver, "matmul_small"),
                # api imported matmul_small by name: its own binding is what it calls.
-               (api, "matmul_small"))
+               (api, "matmul_small"),
+               # matmul's shortest path: the same product, None when it does not apply.
+               (api, "fast_small_matmul"))
 
     def __init__(self):
         self.log = []          # list.append is atomic: pool threads record too
@@ -108,8 +111,12 @@ class PathRecorder:
         @functools.wraps(fn)
         def recorded(*args, **kwargs):
             result = fn(*args, **kwargs)
-            # route returns the label; matmul_small is a label of its own.
-            self.log.append(result if fn.__name__ == "route" else fn.__name__)
+            # route returns the label; matmul_small is a label of its own, and so is
+            # the fast path that takes its place when it applies.
+            if fn.__name__ == "route":
+                self.log.append(result)
+            elif fn.__name__ != "fast_small_matmul" or result is not None:
+                self.log.append("matmul_small")
             return result
         return recorded
 

@@ -441,9 +441,10 @@ def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41)])
 def test_small_call_fast_path_against_guard_pages(dtype, shape):
-    """matmul's shortest path (small C-contiguous products without out=, the jitted
-    call looked up by width): taken from the second product of a width on, right,
-    inputs untouched, no read past operands that end or start at a guard page."""
+    """matmul's shortest path (small C-contiguous products, the jitted call looked up
+    by width): taken from the second product of a width on, right, inputs untouched,
+    no read past operands that end or start at a guard page, nor a write past an
+    ``out=`` placed the same way; an ``out=`` overlapping an operand falls back."""
     m, k, n = shape
     rng = np.random.default_rng(11)
     a_vals, b_vals = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
@@ -453,10 +454,20 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
         a = guarded_empty((m, k), dtype, where=where)
         b = guarded_empty((k, n), dtype, where=where)
         a[...], b[...] = a_vals, b_vals
+        out = guarded_empty((m, n), dtype, where=where)
         for call in range(2):
             got = tilegemm.matmul(a, b)
             assert got.dtype == dtype and got.shape == (m, n)
             assert_close(got, expected, error_bound(a_vals, b_vals, k, dtype),
                          f"{shape} {where} call {call}")
             assert (np.dtype(dtype), np.dtype(dtype), n) in driver.SMALL_CALLS
+            out[...] = np.nan
+            assert tilegemm.matmul(a, b, out=out) is out
+            assert_close(out, expected, error_bound(a_vals, b_vals, k, dtype),
+                         f"{shape} {where} out= call {call}")
         assert np.array_equal(a, a_vals) and np.array_equal(b, b_vals)
+    if k == n:
+        # out= is the operand itself: the product goes through a temporary first.
+        a = a_vals.copy()
+        assert tilegemm.matmul(a, b, out=a) is a
+        assert_close(a, expected, error_bound(a_vals, b_vals, k, dtype), f"{shape} out=a")

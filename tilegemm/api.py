@@ -55,8 +55,8 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
-    if type(a) is np.ndarray and type(b) is np.ndarray and out is None and a.ndim == b.ndim == 2:
-        c = _small_call(a, b)
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == b.ndim == 2:
+        c = fast_small_matmul(a, b, out)
         if c is not None:
             return c
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
@@ -118,19 +118,25 @@ def _tensor_matmul(a, b, out):
     return out if out is not None else to_tensor(r)
 
 
-def _small_call(a, b):
+def fast_small_matmul(a, b, out):
     """``a @ b`` for small C-contiguous 2-D operands whose width has been seen: the
-    shortest path there is, a call costing more than their arithmetic.  None for any
-    other operands (other dtypes, shapes and layouts find no entry)."""
+    shortest path there is, a call costing more than their arithmetic.  ``out``: None,
+    or a C-contiguous writeable ndarray of the result's shape and dtype that shares
+    no memory with the operands.  None for any other operands or ``out`` (other
+    dtypes, shapes and layouts find no entry)."""
     m, k = a.shape
     n = b.shape[1]
     call = SMALL_CALLS.get((a.dtype, b.dtype, n))
     if (call is None or k != b.shape[0] or m < 2 or k < 1 or 2 * m * n * k > SMALL_CALL_FLOPS
             or not (a.flags.c_contiguous and b.flags.c_contiguous)):
         return None
-    c = np.empty((m, n), a.dtype)
-    call(a, b, c, UNPACKED_KC)
-    return c
+    if out is None:
+        out = np.empty((m, n), a.dtype)
+    elif not (type(out) is np.ndarray and out.dtype == a.dtype and out.shape == (m, n)
+              and out.flags.c_contiguous and out.flags.writeable and not overlaps(out, a, b)):
+        return None
+    call(a, b, out, UNPACKED_KC)
+    return out
 
 
 def _batched(a, b, c, batch):
