@@ -21,6 +21,7 @@ import numpy as np
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
 from tilegemm.kernels.gemv import make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.native import SHARE, array_at, bits_of, float_bits, put_array
 from tilegemm.kernels.packers import make_pack_panel
 from tilegemm.kernels.registry import microkernel
 from tilegemm.kernels.sync import acquire, next_task, publish
@@ -461,3 +462,133 @@ def gemv(shape, scal, mat, x, y, epilogue, bias_row, acc):
         if beta != 0:
             v += beta * y[y_off + i * y_s]
         y[y_off + i * y_s] = apply_epilogue(v, bias, i if bias_row else 0, epi)
+
+
+@numba.njit(**JIT)
+def gemv_product(shape, scal, a, b, c, epilogue, acc):
+    """A product with m == 1 or n == 1 as :func:`gemv` takes it: arguments as for
+    :func:`gemm_serial`, ``acc`` ``max(m, n)`` elements of scratch.  n == 1: y (m) =
+    A @ b[:, 0]; else y (n) = B^T @ a[0, :], on B's transposed view."""
+    m, n, k = shape
+    af, (a_off, a_rs, a_cs) = a
+    bf, (b_off, b_rs, b_cs) = b
+    cf, (c_off, c_rs, _) = c
+    epi = epilogue[1]
+    if n == 1:
+        gemv((m, k), scal, (af, (a_off, a_rs, a_cs)), (bf, (b_off, b_rs)), (cf, (c_off, c_rs)),
+             epilogue, (epi & EPI_BIAS_ROW) != 0, acc)
+    else:
+        gemv((n, k), scal, (bf, (b_off, b_cs, b_rs)), (af, (a_off, a_cs)), (cf, (c_off, 1)),
+             epilogue, (epi & EPI_BIAS_COL) != 0, acc)
+
+
+# --- native shares (kernels/native.py): a product's shares handed to pool threads as
+# a C function and an argument block, so that no thread takes the GIL.  Each kind has
+# a jitted writer of its blocks and a reader, compiled as a C function on first use
+# (a process that never shares a product compiles neither).
+
+@numba.njit(inline='always', **JIT)
+def put_operand(v, at, operand):
+    """An operand ``(flat, (offset, row_stride, col_stride))`` into five slots of ``v``."""
+    flat, (off, rs, cs) = operand
+    put_array(v, at, flat)
+    v[at + 2], v[at + 3], v[at + 4] = off, rs, cs
+
+
+@numba.njit(inline='always', **JIT)
+def operand_at(v, at):
+    """The operand :func:`put_operand` wrote at ``at``."""
+    return array_at(v, at, DTYPE), (v[at + 2], v[at + 3], v[at + 4])
+
+
+#: Slots of a block of share_address("serial"), and its paths (the ``path`` slot).
+SERIAL_SLOTS = 31
+GEMV, UNPACKED, PACKED = 0, 1, 2
+
+
+@numba.njit(**JIT)
+def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
+    """``v``: the argument block of one product on one thread (a share of a product
+    cut into blocks of C, or a slice of k): ``path`` (GEMV, UNPACKED or PACKED), then
+    :func:`gemm_serial`'s arguments, ``packs`` its two buffers (GEMV: ``acc`` first)."""
+    v[0] = path
+    v[1], v[2], v[3] = shape
+    v[4], v[5] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
+    put_operand(v, 6, a)
+    put_operand(v, 11, b)
+    put_operand(v, 16, c)
+    put_array(v, 21, epilogue[0])
+    v[23] = epilogue[1]
+    v[24], v[25], v[26] = blocks
+    put_array(v, 27, packs[0])
+    put_array(v, 29, packs[1])
+
+
+def _serial_share(block):
+    """One product on the path its block names, as a native share (see
+    :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
+    v = numba.carray(block, SERIAL_SLOTS)
+    shape = (v[1], v[2], v[3])
+    scal = (DTYPE(float_bits(v[4])), DTYPE(float_bits(v[5])))
+    a, b, c = operand_at(v, 6), operand_at(v, 11), operand_at(v, 16)
+    epilogue = (array_at(v, 21, DTYPE), v[23])
+    packs = (array_at(v, 27, DTYPE), array_at(v, 29, DTYPE))
+    if v[0] == PACKED:
+        gemm_serial(shape, scal, a, b, c, epilogue, (v[24], v[25], v[26]), packs)
+    elif v[0] == UNPACKED:
+        gemm_small(shape, scal, a, b, c, epilogue, v[24], packs)
+    else:
+        gemv_product(shape, scal, a, b, c, epilogue, packs[0])
+
+
+#: Slots of a block of share_address("gemm_tasks") (see ``kernels/native.py``).
+SHARED_B_SLOTS = 37
+
+
+@numba.njit(**JIT)
+def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, packs):
+    """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`gemm_tasks`
+    (arguments as there; ``flags`` = (counter, ready flag), ``packs`` = (B shared,
+    A buffer of each share, own B of each share but the first)).  Share 0 packs B."""
+    threads = out.shape[0]
+    for t in range(threads):
+        v = out[t]
+        put_array(v, 0, flags[0:1])
+        put_array(v, 2, flags[1:2])
+        v[4] = 1 if t == 0 else 0
+        v[5], v[6], v[7] = shape
+        v[8], v[9] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
+        put_operand(v, 10, a)
+        put_operand(v, 15, b)
+        put_operand(v, 20, c)
+        put_array(v, 25, epilogue[0])
+        v[27] = epilogue[1]
+        v[28], v[29], v[30] = blocks
+        put_array(v, 31, packs[1 + t])
+        put_array(v, 33, packs[0])
+        put_array(v, 35, packs[threads + t] if t else packs[0])
+
+
+def _gemm_tasks_share(block):
+    """:func:`gemm_tasks` as a native share, its arguments read from ``block`` (as
+    :func:`shared_b_blocks` writes them)."""
+    v = numba.carray(block, SHARED_B_SLOTS)
+    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), v[4] != 0,
+               (v[5], v[6], v[7]), (DTYPE(float_bits(v[8])), DTYPE(float_bits(v[9]))),
+               operand_at(v, 10), operand_at(v, 15), operand_at(v, 20),
+               (array_at(v, 25, DTYPE), v[27]), (v[28], v[29], v[30]),
+               (array_at(v, 31, DTYPE), array_at(v, 33, DTYPE), array_at(v, 35, DTYPE)))
+
+
+_SHARE_READERS = {"gemm_tasks": _gemm_tasks_share, "serial": _serial_share}
+_shares = {}
+
+
+def share_address(kind):
+    """The address of the native share ``kind`` (``"gemm_tasks"``: :func:`gemm_tasks`
+    from a :func:`shared_b_blocks` block; ``"serial"``: one product from a
+    :func:`serial_block` block), compiled (or loaded from the cache) on first use."""
+    entry = _shares.get(kind)
+    if entry is None:
+        entry = _shares[kind] = numba.cfunc(SHARE, nopython=True, cache=True)(_SHARE_READERS[kind])
+    return entry.address

@@ -15,17 +15,19 @@ rather than wait, so no thread ever waits on another inside a call.  Otherwise C
 is cut into one block per thread along its longer side (whole MR or NR multiples)
 and each block runs the serial path, every thread packing the operand it shares
 (A for a column split); when C has too few tiles for that and k is long, k is cut
-instead and the partial products are summed at the end.  The jitted drivers
-release the GIL on the pool's Python threads.  This keeps the engine free of
-Numba's parallel machinery: no threading-layer constraints on concurrent calls
-from several Python threads, and seconds less compile time.
+instead and the partial products are summed at the end.  Every share goes to the
+pool as a native share (``kernels/native.py``): a C function and an argument
+block the caller writes, which a pool thread runs without taking the GIL.  This
+keeps the engine free of Numba's parallel machinery: no threading-layer
+constraints on concurrent calls from several Python threads, and seconds less
+compile time.
 """
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
-from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
@@ -34,13 +36,13 @@ from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
 #: pool thread costs more than it saves (figures in docs/kernels.md, Threads).
-SERIAL_FLOPS = 2 * 320 ** 3
+SERIAL_FLOPS = 2 * 176 ** 3
 #: ... or below this many seconds of one core at its nominal peak, when that is fewer
 #: flops: the handoff costs the same time on a slower core, so it shares smaller products.
-SERIAL_SECONDS = 200e-6
+SERIAL_SECONDS = 80e-6
 
 #: A matrix-vector product is shared only when its matrix has this many elements per thread.
-GEMV_SERIAL_ELEMENTS = 1 << 20
+GEMV_SERIAL_ELEMENTS = 1 << 18
 
 #: Split k among threads only when each slice has at least this many.
 SPLIT_K_MIN = 1024
@@ -267,14 +269,30 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
-    """One thread's product, on the path :func:`route` names."""
-    path = route(kern, blk, m, n, k, 1, args[2][1][1:])
+    """One thread's product, on the path :func:`route` names, with this thread's buffers."""
+    path, blocks, sizes = _serial_plan(kern, blk, m, n, k, args[2][1][1:])
+    packs = buffers((kern.name, path), sizes, kern.dtype)
+    mod = kern.module
+    if path == "gemv":       # m == 1 or n == 1: one pass over the matrix operand
+        mod.gemv_product((m, n, k), *args, (bias, epi), packs[0])
+    elif path == "unpacked":  # the strided kernel on A and B; only edge panels packed
+        mod.gemm_small((m, n, k), *args, (bias, epi), blocks[0], packs)
+    else:                     # the five loops over packed panels
+        mod.gemm_serial((m, n, k), *args, (bias, epi), blocks, packs)
+
+
+def _serial_plan(kern, blk, m, n, k, b_strides):
+    """``(path, (KC, MC, NC), buffer sizes)`` of a product on one thread: GEMV's buffer
+    is its accumulator, the others' A and B panels."""
+    path = route(kern, blk, m, n, k, 1, b_strides)
     if path == "gemv":
-        _gemv(kern, m, n, k, args, bias, epi)
-    elif path == "unpacked":
-        _unpacked(kern, m, n, k, args, bias, epi)
-    else:
-        _packed(kern, blk, m, n, k, args, bias, epi)
+        return path, (0, 0, 0), (max(m, n), 1)
+    if path == "unpacked":
+        KC = max(1, min(UNPACKED_KC, k))
+        return path, (KC, 0, 0), (kern.mr * KC, kern.nr * KC)
+    KC = max(1, min(blk.kc, k))
+    MC, NC = min(blk.mc, round_up(m, kern.mr)), min(blk.nc, round_up(n, kern.nr))
+    return path, (KC, MC, NC), (MC * KC, NC * KC)
 
 
 def fits_unpacked(kern, m, n, k, ldb):
@@ -319,19 +337,37 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     unit = kern.mr if by_rows else kern.nr
     length = m if by_rows else n
     step = round_up(cdiv(length, threads), unit)
-    jobs = []
+    shares = []
     for start in range(0, length, step):
         size = min(step, length - start)
         if by_rows:
             sub = (scal, _shifted(a, start * a[1][1]), b, _shifted(c, start * c[1][1]))
-            shape = (size, n)
+            shape = (size, n, k)
         else:
             sub = (scal, a, _shifted(b, start * b[1][2]), _shifted(c, start))
-            shape = (m, size)
+            shape = (m, size, k)
         flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
-        sub_bias = bias[start:] if epi & flag else bias
-        jobs.append((kern, blk, shape[0], shape[1], k, sub, sub_bias, epi))
-    run_shares(_serial, jobs)
+        shares.append((shape, sub, bias[start:] if epi & flag else bias, epi))
+    _run_serial_shares(kern, blk, shares)
+
+
+#: The code of each serial path in a native share's block (``kernels/_tile.py``).
+_PATH_CODES = {"gemv": 0, "unpacked": 1, "packed": 2}
+
+
+def _run_serial_shares(kern, blk, shares):
+    """Products ``(shape, (scal, a, b, c), bias, epi)`` on one thread each, at once:
+    each on the serial path :func:`route` names, as native shares (``serial_share``
+    in ``kernels/_tile.py``), with buffers the caller holds for them."""
+    mod = kern.module
+    block = np.empty((len(shares), mod.SERIAL_SLOTS), np.int64)
+    for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
+        path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
+        packs = buffers((kern.name, "share", t), sizes, kern.dtype)
+        mod.serial_block(block[t], _PATH_CODES[path], (m, n, k), *sub, (bias, epi), blocks,
+                         packs)
+    base, row = block.ctypes.data, block.strides[0]
+    run_native_shares(mod.share_address("serial"), [base + t * row for t in range(len(shares))])
 
 
 def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
@@ -349,17 +385,16 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     NC = min(blk.nc, round_up(n, NR))
     MC = min(blk.mc, round_up(m, MR))
     size = max(1, k * round_up(n, NR))
-    counter, ready = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    (shared,) = buffers((kern.name, "shared_b"), (size,), kern.dtype)
-
-    def run(packer):
-        # Buffers of the thread this runs on: its A blocks, and its own B if it comes early.
-        apack, own = buffers((kern.name, "shared_b_task"), (MC * KC, 1 if packer else size),
-                              kern.dtype)
-        kern.module.gemm_tasks(counter, ready, packer, (m, n, k), *args, (bias, epi),
-                               (KC, MC, NC), (apack, shared, own))
-
-    run_shares(run, [(True,)] + [(False,)] * (threads - 1))
+    flags = np.zeros(2, np.int64)            # the task counter, B's ready flag
+    # Every share's buffers are the caller's: its A blocks and, but for the packer's,
+    # a B of its own for when it comes early.
+    packs = buffers((kern.name, "shared_b", threads), (size,) + (MC * KC,) * threads
+                    + (size,) * (threads - 1), kern.dtype)
+    block = np.empty((threads, kern.module.SHARED_B_SLOTS), np.int64)
+    kern.module.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC), packs)
+    base, row = block.ctypes.data, block.strides[0]
+    run_native_shares(kern.module.share_address("gemm_tasks"),
+                      [base + t * row for t in range(threads)])
 
 
 def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
@@ -371,40 +406,9 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
     unit = (kern.dtype.type(1), kern.dtype.type(0))
     step = round_up(cdiv(k, threads), 8)
     parts = np.empty((cdiv(k, step), m * n), kern.dtype)
-    jobs = []
+    shares = []
     for t, k0 in enumerate(range(0, k, step)):
         sub = (unit, _shifted(a, k0 * a[1][2]), _shifted(b, k0 * b[1][1]), (parts[t], (0, n, 1)))
-        jobs.append((kern, blk, m, n, min(step, k - k0), sub, kern.no_bias, 0))
-    run_shares(_serial, jobs)
+        shares.append(((m, n, min(step, k - k0)), sub, kern.no_bias, 0))
+    _run_serial_shares(kern, blk, shares)
     kern.module.sum_parts(m, n, parts, alpha, beta, cf, c_off, c_rs, bias, epi)
-
-
-def _gemv(kern, m, n, k, args, bias, epi):
-    """m == 1 or n == 1: one pass over the matrix operand, no packing."""
-    scal, (af, (a_off, a_rs, a_cs)), (bf, (b_off, b_rs, b_cs)), (cf, (c_off, c_rs, _)) = args
-    (acc,) = buffers(("gemv", cf.dtype), (max(m, n),), cf.dtype)
-    gemv = kern.module.gemv
-    if n == 1:   # y (m) = A (m x k) @ b[:, 0]
-        gemv((m, k), scal, (af, (a_off, a_rs, a_cs)), (bf, (b_off, b_rs)), (cf, (c_off, c_rs)),
-             (bias, epi), bool(epi & EPI_BIAS_ROW), acc)
-    else:        # y (n) = B^T (n x k) @ a[0, :]
-        gemv((n, k), scal, (bf, (b_off, b_cs, b_rs)), (af, (a_off, a_cs)), (cf, (c_off, 1)),
-             (bias, epi), bool(epi & EPI_BIAS_COL), acc)
-
-
-def _unpacked(kern, m, n, k, args, bias, epi):
-    """The strided kernel straight on A and B; only the edge panels are packed."""
-    MR, NR = kern.mr, kern.nr
-    KC = max(1, min(UNPACKED_KC, k))
-    apack, bpack = buffers((kern.name, "unpacked"), (MR * KC, NR * KC), kern.dtype)
-    kern.module.gemm_small((m, n, k), *args, (bias, epi), KC, (apack, bpack))
-
-
-def _packed(kern, blk, m, n, k, args, bias, epi):
-    """The five-loop driver over packed panels."""
-    MR, NR = kern.mr, kern.nr
-    KC = max(1, min(blk.kc, k))
-    NC = min(blk.nc, round_up(n, NR))
-    MC = min(blk.mc, round_up(m, MR))
-    apack, bpack = buffers((kern.name, "packed"), (MC * KC, NC * KC), kern.dtype)
-    kern.module.gemm_serial((m, n, k), *args, (bias, epi), (KC, MC, NC), (apack, bpack))

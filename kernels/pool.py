@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 from tilegemm.kernels import sync
+from tilegemm.kernels.native import call_share, run_share
 
 #: How long an idle worker watches its slot before sleeping.  Back-to-back calls (a
 #: network's layers, a benchmark loop) come within a few tens of microseconds.
@@ -58,6 +59,32 @@ def signal(post, ats, value, watch, at, target, equal, spins):
             return True
         sync.pause()
     return False
+
+
+@numba.njit(nogil=True, cache=True)
+def serve(post, done, native, at, last, spins, finished):
+    """A worker's loop in jitted code: ``(last, python)`` once a Python share is posted
+    (``python`` True) or ``spins`` polls pass with nothing new (False).
+
+    ``finished``: publish ``done[at] = last`` first (the Python share just run).  A
+    new number in ``post[at]`` is a share; where ``native[at]`` holds an address it
+    is a native share (:mod:`tilegemm.kernels.native`), run here, its completion
+    published, and the loop goes on without ever taking the GIL.
+    """
+    if finished:
+        sync.publish(done, at, last)
+    while True:
+        n = 0
+        while sync.acquire(post, at) == last:
+            if n == spins:
+                return last, False
+            sync.pause()
+            n += 1
+        last = sync.acquire(post, at)
+        if native[at] == 0:
+            return last, True
+        call_share(native[at], native[at + 1])
+        sync.publish(done, at, last)
 
 
 def spin_until(flags, at, value, equal, spins):
@@ -97,6 +124,8 @@ class SpinPool:
         self.seq = 0
         self.post = np.zeros(workers * _STRIDE, np.int64)
         self.done = np.zeros(workers * _STRIDE, np.int64)
+        # Per worker: a native share's function and block addresses, 0 for a Python share.
+        self.native = np.zeros(workers * _STRIDE, np.int64)
         self.jobs = [None] * workers
         self.errors = [None] * workers
         self.sleeping = [False] * workers
@@ -112,26 +141,25 @@ class SpinPool:
                              daemon=True).start()
 
     def _work(self, w):
-        at, last = w * _STRIDE, 0
-        seen = spin_until(self.post, at, last, False, self.idle_spins)
+        at, last, finished = w * _STRIDE, 0, False
         while True:
-            if not seen:
+            last, python = serve(self.post, self.done, self.native, at, last, self.idle_spins,
+                                 finished)
+            finished = python
+            if not python:
                 with self.posted:
                     self.sleeping[w] = True
                     # A call that needs fewer workers skips this one: any new number.
                     while self.post[at] == last:
                         self.posted.wait()
                     self.sleeping[w] = False
-            last = int(self.post[at])
+                continue                  # serve() takes the share just posted
             fn, args = self.jobs[w]
             self.jobs[w] = None
             try:
                 fn(*args)
             except BaseException as exc:         # re-raised on the calling thread
                 self.errors[w] = exc
-            # Report this share done, then watch the slot for the next call.
-            seen = signal(self.done, self.flag_at[w:w + 1], last, self.post, at, last, False,
-                          self.idle_spins)
 
     def run(self, fn, shares, gate=None):
         """``fn(*share)`` for every share, the first on this thread.
@@ -141,35 +169,58 @@ class SpinPool:
         in jitted code (the task counter of ``next_task`` loops); without it the
         caller starts at once.
         """
-        self.seq += 1
-        seq, rest = self.seq, shares[1:]
-        with self.posted:
-            for w, share in enumerate(rest):
-                self.jobs[w] = (fn, share)
-            awake = self.flag_at[:len(rest)]
-            if any(self.sleeping[:len(rest)]):
-                for w in range(len(rest)):
-                    if self.sleeping[w]:
-                        self.post[w * _STRIDE] = seq
-                self.posted.notify_all()
-                awake = awake[[not asleep for asleep in self.sleeping[:len(rest)]]]
-            # Under the lock: a worker going to sleep sees this post first.
-            # Post to the awake workers, then watch the gate until one has begun.
-            signal(self.post, awake, seq, self.open_gate if gate is None or not awake.size
-                   else gate, 0, 0, False, self.gate_spins)
+        rest = shares[1:]
+        for w, share in enumerate(rest):
+            self.jobs[w] = (fn, share)
+            self.native[w * _STRIDE] = 0
+        seq = self._post(len(rest), gate)
         try:
             fn(*shares[0])
         finally:
-            # The workers use the caller's buffers: wait for them even on an error.
-            for w in range(len(rest)):
-                at = w * _STRIDE
-                if not spin_until(self.done, at, seq, True, self.wait_spins):
-                    while self.done[at] != seq:
-                        time.sleep(SLEEP_POLL_SECONDS)
+            self._wait(len(rest), seq)   # they use the caller's buffers: even on an error
         for w in range(len(rest)):
             exc, self.errors[w] = self.errors[w], None
             if exc is not None:
                 raise exc
+
+    def run_native(self, address, blocks):
+        """The native share at ``address`` on every argument block (addresses), the
+        first on this thread; as :meth:`run` otherwise.  No thread takes the GIL."""
+        rest = blocks[1:]
+        for w, block in enumerate(rest):
+            self.native[w * _STRIDE] = address
+            self.native[w * _STRIDE + 1] = block
+        seq = self._post(len(rest), None)
+        try:
+            run_share(address, blocks[0])
+        finally:
+            self._wait(len(rest), seq)
+
+    def _post(self, count, gate):
+        """Post a new call number to the first ``count`` workers; returns the number."""
+        self.seq += 1
+        seq = self.seq
+        with self.posted:
+            awake = self.flag_at[:count]
+            if any(self.sleeping[:count]):
+                for w in range(count):
+                    if self.sleeping[w]:
+                        self.post[w * _STRIDE] = seq
+                self.posted.notify_all()
+                awake = awake[[not asleep for asleep in self.sleeping[:count]]]
+            # Under the lock: a worker going to sleep sees this post first.
+            # Post to the awake workers, then watch the gate until one has begun.
+            signal(self.post, awake, seq, self.open_gate if gate is None or not awake.size
+                   else gate, 0, 0, False, self.gate_spins)
+        return seq
+
+    def _wait(self, count, seq):
+        """Until the first ``count`` workers have finished call ``seq``."""
+        for w in range(count):
+            at = w * _STRIDE
+            if not spin_until(self.done, at, seq, True, self.wait_spins):
+                while self.done[at] != seq:
+                    time.sleep(SLEEP_POLL_SECONDS)
 
 
 _pool = None
@@ -233,6 +284,23 @@ def run_shares(fn, shares, gate=None):
             spinning.busy.release()
     futures = [executor().submit(fn, *share) for share in shares[1:]]
     fn(*shares[0])
+    for f in futures:
+        f.result()
+
+
+def run_native_shares(address, blocks):
+    """Run the native share at ``address`` (:mod:`tilegemm.kernels.native`) on every
+    argument block in ``blocks`` (their addresses): the first on this thread, the
+    rest on pool threads that never take the GIL.  A call that finds the spinning
+    pool busy runs them on the queue-based :func:`executor` instead."""
+    spinning = acquire(len(blocks) - 1) if len(blocks) > 1 else None
+    if spinning is not None:
+        try:
+            return spinning.run_native(address, blocks)
+        finally:
+            spinning.busy.release()
+    futures = [executor().submit(run_share, address, block) for block in blocks[1:]]
+    run_share(address, blocks[0])
     for f in futures:
         f.result()
 

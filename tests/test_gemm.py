@@ -302,7 +302,7 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)  # share even these small products
     splits = []
-    real_route, real_run = driver.route, driver.run_shares
+    real_route, real_run = driver.route, driver.run_native_shares
 
     def recorded_route(*args):
         path = real_route(*args)
@@ -310,8 +310,9 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
         return path
 
     monkeypatch.setattr(driver, "route", recorded_route)
-    monkeypatch.setattr(driver, "run_shares",
-                        lambda fn, jobs: (splits.append(len(jobs)), real_run(fn, jobs)))
+    monkeypatch.setattr(driver, "run_native_shares",
+                        lambda address, blocks: (splits.append(len(blocks)),
+                                                 real_run(address, blocks)))
     m, n, k = shape
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)

@@ -108,10 +108,26 @@ def test_busy_pool_sends_other_callers_to_the_queue_pool():
         seen = []
         box = []
         t = threading.Thread(target=lambda: box.append(
-            driver.run_shares(lambda s: seen.append(s), [(0,), (1,)])))
+            pool.run_shares(lambda s: seen.append(s), [(0,), (1,)])))
         t.start()
         t.join(10)
         assert not t.is_alive() and sorted(seen) == [0, 1]
+        # Native shares (a shared GEMM) take the queue pool the same way.
+        rng = np.random.default_rng(5)
+        a = rng.standard_normal((200, 150)).astype(np.float32)
+        b = rng.standard_normal((150, 170)).astype(np.float32)
+        for shape_b in (b, b[:, :1], b[:, :1].T.copy().reshape(150, 1)):
+            c = np.empty((200, shape_b.shape[1]), np.float32)
+            t = threading.Thread(target=lambda: driver.gemm_into(a, shape_b, c, threads=2))
+            saved = driver.SERIAL_FLOPS, driver.GEMV_SERIAL_ELEMENTS
+            driver.SERIAL_FLOPS = driver.GEMV_SERIAL_ELEMENTS = 1
+            try:
+                t.start()
+                t.join(30)
+            finally:
+                driver.SERIAL_FLOPS, driver.GEMV_SERIAL_ELEMENTS = saved
+            assert not t.is_alive()
+            np.testing.assert_allclose(c, a.astype(np.float64) @ shape_b, rtol=1e-4, atol=1e-3)
     finally:
         held.busy.release()
 
