@@ -18,7 +18,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, kernel_for,
                                      serial_flops)
-from tilegemm.kernels.pool import launch
+from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
 from tilegemm.tuning.blocking import blocking
 from tilegemm.tuning.machine import ISA_SHAPE
@@ -201,9 +201,14 @@ def batched_into(a, b, c, threads=None):
     plan = ((np.array(batch, np.int64), steps), (m, n, k), (af, (a0,) + a_st[-2:]),
             (bf, (b0, b_rs, b_cs)), (cf, (c0, c_st[-2], 1)), KC, blocks)
 
-    def run(t, counter):
-        packs = buffers((kern.name, "batched"), sizes, kern.dtype)
-        kern.module.batch_tasks(counter, chunk, *plan, packs)
-
-    launch(run, threads)
+    # Native shares (kernels/native.py): the blocks hold addresses only, so this call
+    # holds every array they name (the counter too) until the shares are done.
+    mod = kern.shares
+    packs = buffers((kern.name, "batched", threads), sizes * threads, kern.dtype)
+    counter = np.zeros(1, np.int64)
+    block = np.empty((threads, mod.BATCH_SLOTS), np.int64)
+    mod.batch_blocks(block, counter, chunk, *plan, packs)
+    base, row = block.ctypes.data, block.strides[0]
+    run_native_shares(mod.share_address("batch" if blocks is None else "batch_packed"),
+                      [base + t * row for t in range(threads)])
     return c

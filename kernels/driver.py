@@ -359,7 +359,7 @@ def _run_serial_shares(kern, blk, shares):
     """Products ``(shape, (scal, a, b, c), bias, epi)`` on one thread each, at once:
     each on the serial path :func:`route` names, as native shares (``serial_share``
     in ``kernels/_tile.py``), with buffers the caller holds for them."""
-    mod = kern.module
+    mod = kern.shares
     block = np.empty((len(shares), mod.SERIAL_SLOTS), np.int64)
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
         path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
@@ -390,10 +390,10 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     # a B of its own for when it comes early.
     packs = buffers((kern.name, "shared_b", threads), (size,) + (MC * KC,) * threads
                     + (size,) * (threads - 1), kern.dtype)
-    block = np.empty((threads, kern.module.SHARED_B_SLOTS), np.int64)
-    kern.module.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC), packs)
+    block = np.empty((threads, kern.shares.SHARED_B_SLOTS), np.int64)
+    kern.shares.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC), packs)
     base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(kern.module.share_address("gemm_tasks"),
+    run_native_shares(kern.shares.share_address("gemm_tasks"),
                       [base + t * row for t in range(threads)])
 
 

@@ -90,3 +90,24 @@ def array_at(block, at, dtype):
 def run_share(address, block):
     """Run one native share on this thread (the GIL is free meanwhile)."""
     call_share(address, block)
+
+
+@numba.njit(inline="always", nogil=True)
+def put_operand(block, at, operand):
+    """An operand ``(flat, (offset, row_stride, col_stride))`` into five slots."""
+    flat, (off, rs, cs) = operand
+    put_array(block, at, flat)
+    block[at + 2], block[at + 3], block[at + 4] = off, rs, cs
+
+
+@numba.njit(inline="always", nogil=True)
+def operand_at(block, at, dtype):
+    """The operand :func:`put_operand` wrote at ``at``."""
+    return array_at(block, at, dtype), (block[at + 2], block[at + 3], block[at + 4])
+
+
+@numba.njit(inline="always", nogil=True)
+def batch_at(block):
+    """A batch's ``(dims, steps)`` from slots 3-6 (``steps`` is 3 x ``dims.size``)."""
+    dims = array_at(block, 3, np.int64)
+    return dims, array_at(block, 5, np.int64).reshape((3, dims.size))

@@ -177,3 +177,17 @@ def test_forked_child_gets_a_pool_of_its_own():
     child.join(60)
     assert child.exitcode == 0
     assert queue.get(timeout=5) == 0.0
+
+
+@pytest.mark.parametrize("count, n", [(4000, 16), (600, 32), (40, 128)])
+def test_batched_products_on_native_shares(count, n):
+    """Batches on two threads reach the pool as native shares (blocks of addresses the
+    caller keeps alive): right results call after call, the unpacked and packed paths."""
+    rng = np.random.default_rng(count)
+    a = rng.standard_normal((count, n, n)).astype(np.float32)
+    b = rng.standard_normal((count, n, n)).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b)
+    with tilegemm.thread_limit(2):
+        for _ in range(5):
+            got = tilegemm.matmul(a, b)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * n)

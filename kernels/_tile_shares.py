@@ -1,0 +1,165 @@
+"""Template for the native shares of one GEMM kernel (``kernels/native.py``).
+
+A product's shares reach pool threads as a C function and an argument block, so
+that no thread takes the GIL.  Each kind of share has a jitted writer of its
+blocks, run by the caller, and a reader, compiled as a C function on first use (a
+process that never shares a product compiles neither); the reader calls the
+kernel module's driver (``kernels/_tile.py``) the Python call would.
+``tilegemm.kernels.registry`` writes one module per kernel from this file, as it
+does from ``_tile.py``.
+"""
+import numba
+import numpy as np
+
+from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.native import (SHARE, array_at, batch_at, bits_of, float_bits, operand_at,
+                                     put_array, put_operand)
+from tilegemm.kernels.registry import get_kernel
+
+# --- configuration ---
+DTYPE = np.float32
+MR = 6
+NR = 64
+ISA = "avx512"
+# --- end configuration ---
+
+_DRIVERS = get_kernel(DTYPE, MR, NR, ISA).module
+gemm_tasks, gemm_serial, gemm_small = (_DRIVERS.gemm_tasks, _DRIVERS.gemm_serial,
+                                       _DRIVERS.gemm_small)
+gemv_product, batch_tasks = _DRIVERS.gemv_product, _DRIVERS.batch_tasks
+
+
+#: Slots of a block of share_address("serial"), and its paths (the ``path`` slot).
+SERIAL_SLOTS = 31
+GEMV, UNPACKED, PACKED = 0, 1, 2
+
+
+@numba.njit(**JIT)
+def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
+    """``v``: the argument block of one product on one thread (a share of a product
+    cut into blocks of C, or a slice of k): ``path`` (GEMV, UNPACKED or PACKED), then
+    :func:`gemm_serial`'s arguments, ``packs`` its two buffers (GEMV: ``acc`` first)."""
+    v[0] = path
+    v[1], v[2], v[3] = shape
+    v[4], v[5] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
+    put_operand(v, 6, a)
+    put_operand(v, 11, b)
+    put_operand(v, 16, c)
+    put_array(v, 21, epilogue[0])
+    v[23] = epilogue[1]
+    v[24], v[25], v[26] = blocks
+    put_array(v, 27, packs[0])
+    put_array(v, 29, packs[1])
+
+
+def _serial_share(block):
+    """One product on the path its block names, as a native share (see
+    :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
+    v = numba.carray(block, SERIAL_SLOTS)
+    shape = (v[1], v[2], v[3])
+    scal = (DTYPE(float_bits(v[4])), DTYPE(float_bits(v[5])))
+    a, b, c = operand_at(v, 6, DTYPE), operand_at(v, 11, DTYPE), operand_at(v, 16, DTYPE)
+    epilogue = (array_at(v, 21, DTYPE), v[23])
+    packs = (array_at(v, 27, DTYPE), array_at(v, 29, DTYPE))
+    if v[0] == PACKED:
+        gemm_serial(shape, scal, a, b, c, epilogue, (v[24], v[25], v[26]), packs)
+    elif v[0] == UNPACKED:
+        gemm_small(shape, scal, a, b, c, epilogue, v[24], packs)
+    else:
+        gemv_product(shape, scal, a, b, c, epilogue, packs[0])
+
+
+#: Slots of a block of share_address("gemm_tasks") (see ``kernels/native.py``).
+SHARED_B_SLOTS = 37
+
+
+@numba.njit(**JIT)
+def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, packs):
+    """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`gemm_tasks`
+    (arguments as there; ``flags`` = (counter, ready flag), ``packs`` = (B shared,
+    A buffer of each share, own B of each share but the first)).  Share 0 packs B."""
+    threads = out.shape[0]
+    for t in range(threads):
+        v = out[t]
+        put_array(v, 0, flags[0:1])
+        put_array(v, 2, flags[1:2])
+        v[4] = 1 if t == 0 else 0
+        v[5], v[6], v[7] = shape
+        v[8], v[9] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
+        put_operand(v, 10, a)
+        put_operand(v, 15, b)
+        put_operand(v, 20, c)
+        put_array(v, 25, epilogue[0])
+        v[27] = epilogue[1]
+        v[28], v[29], v[30] = blocks
+        put_array(v, 31, packs[1 + t])
+        put_array(v, 33, packs[0])
+        put_array(v, 35, packs[threads + t] if t else packs[0])
+
+
+def _gemm_tasks_share(block):
+    """:func:`gemm_tasks` as a native share, its arguments read from ``block`` (as
+    :func:`shared_b_blocks` writes them)."""
+    v = numba.carray(block, SHARED_B_SLOTS)
+    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), v[4] != 0,
+               (v[5], v[6], v[7]), (DTYPE(float_bits(v[8])), DTYPE(float_bits(v[9]))),
+               operand_at(v, 10, DTYPE), operand_at(v, 15, DTYPE), operand_at(v, 20, DTYPE),
+               (array_at(v, 25, DTYPE), v[27]), (v[28], v[29], v[30]),
+               (array_at(v, 31, DTYPE), array_at(v, 33, DTYPE), array_at(v, 35, DTYPE)))
+
+
+#: Slots of a block of share_address("batch") or ("batch_packed").
+BATCH_SLOTS = 33
+
+
+@numba.njit(**JIT)
+def batch_blocks(out, counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
+    """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`batch_tasks`
+    (arguments as there; ``packs`` holds each share's ``apack, bpack`` in turn)."""
+    dims, steps = batch
+    for t in range(out.shape[0]):
+        v = out[t]
+        put_array(v, 0, counter)
+        v[2] = chunk
+        put_array(v, 3, dims)
+        v[5], v[6] = steps.ctypes.data, steps.size        # (3, len(dims)), C order
+        v[7], v[8], v[9] = shape
+        put_operand(v, 10, a)
+        put_operand(v, 15, b)
+        put_operand(v, 20, c)
+        v[25] = KC
+        if blocks is not None:
+            v[26], v[27], v[28] = blocks
+        put_array(v, 29, packs[2 * t])
+        put_array(v, 31, packs[2 * t + 1])
+
+
+def _batch_share(block):
+    v = numba.carray(block, BATCH_SLOTS)
+    batch_tasks(array_at(v, 0, np.int64), v[2], batch_at(v), (v[7], v[8], v[9]),
+                operand_at(v, 10, DTYPE), operand_at(v, 15, DTYPE), operand_at(v, 20, DTYPE), v[25], None,
+                (array_at(v, 29, DTYPE), array_at(v, 31, DTYPE)))
+
+
+def _batch_packed_share(block):
+    v = numba.carray(block, BATCH_SLOTS)
+    batch_tasks(array_at(v, 0, np.int64), v[2], batch_at(v), (v[7], v[8], v[9]),
+                operand_at(v, 10, DTYPE), operand_at(v, 15, DTYPE), operand_at(v, 20, DTYPE), v[25],
+                (v[26], v[27], v[28]), (array_at(v, 29, DTYPE), array_at(v, 31, DTYPE)))
+
+
+_SHARE_READERS = {"gemm_tasks": _gemm_tasks_share, "serial": _serial_share,
+                  "batch": _batch_share, "batch_packed": _batch_packed_share}
+_shares = {}
+
+
+def share_address(kind):
+    """The address of the native share ``kind`` (``"gemm_tasks"``: :func:`gemm_tasks`
+    from a :func:`shared_b_blocks` block; ``"serial"``: one product from a
+    :func:`serial_block` block; ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
+    on the unpacked or packed path from a :func:`batch_blocks` block), compiled (or
+    loaded from the cache) on first use."""
+    entry = _shares.get(kind)
+    if entry is None:
+        entry = _shares[kind] = numba.cfunc(SHARE, nopython=True, cache=True)(_SHARE_READERS[kind])
+    return entry.address
