@@ -12,8 +12,8 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.native import (SHARE, array_at, batch_at, bits_of, float_bits, operand_at,
-                                     put_array, put_operand)
+from tilegemm.kernels.native import (SHARE, array_at, batch_at, bits_of, data_address, float_bits,
+                                     operand_at, put_array, put_operand, put_range)
 from tilegemm.kernels.registry import get_kernel
 
 # --- configuration ---
@@ -74,15 +74,18 @@ SHARED_B_SLOTS = 37
 
 
 @numba.njit(**JIT)
-def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, packs):
+def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, scratch):
     """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`gemm_tasks`
-    (arguments as there; ``flags`` = (counter, ready flag), ``packs`` = (B shared,
-    A buffer of each share, own B of each share but the first)).  Share 0 packs B."""
+    (arguments as there; ``flags`` = (counter, B's ready flag)).  Share 0 packs B.
+    ``scratch`` = ``(buffer, b_len, a_len)``: the buffer holds B's shared copy
+    (``b_len`` elements), each share's A blocks (``a_len``), then a B of its own
+    for each share but the first; see :func:`scratch_sizes`."""
     threads = out.shape[0]
+    buf, b_len, a_len = scratch
     for t in range(threads):
         v = out[t]
-        put_array(v, 0, flags[0:1])
-        put_array(v, 2, flags[1:2])
+        put_range(v, 0, flags, 0, 1)
+        put_range(v, 2, flags, 1, 1)
         v[4] = 1 if t == 0 else 0
         v[5], v[6], v[7] = shape
         v[8], v[9] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
@@ -92,9 +95,18 @@ def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, packs):
         put_array(v, 25, epilogue[0])
         v[27] = epilogue[1]
         v[28], v[29], v[30] = blocks
-        put_array(v, 31, packs[1 + t])
-        put_array(v, 33, packs[0])
-        put_array(v, 35, packs[threads + t] if t else packs[0])
+        put_range(v, 31, buf, b_len + t * a_len, a_len)
+        put_range(v, 33, buf, 0, b_len)
+        put_range(v, 35, buf, b_len + threads * a_len + (t - 1) * b_len if t else 0, b_len)
+
+
+def scratch_sizes(threads, first, second):
+    """``(total, first, second)``: a scratch buffer of two buffers per share, of
+    ``first`` and ``second`` elements, each rounded up to whole cache lines so that
+    every share's buffers start one (:func:`shared_b_blocks`, :func:`batch_blocks`)."""
+    line = 64 // np.dtype(DTYPE).itemsize
+    first, second = -(-first // line) * line, -(-second // line) * line
+    return threads * (first + second), first, second
 
 
 def _gemm_tasks_share(block):
@@ -113,16 +125,18 @@ BATCH_SLOTS = 33
 
 
 @numba.njit(**JIT)
-def batch_blocks(out, counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
+def batch_blocks(out, counter, chunk, batch, shape, a, b, c, KC, blocks, scratch):
     """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`batch_tasks`
-    (arguments as there; ``packs`` holds each share's ``apack, bpack`` in turn)."""
+    (arguments as there).  ``scratch`` = ``(buffer, a_len, b_len)``: share ``t``'s A
+    and B panels at ``t*(a_len + b_len)`` of the buffer."""
     dims, steps = batch
+    buf, a_len, b_len = scratch
     for t in range(out.shape[0]):
         v = out[t]
         put_array(v, 0, counter)
         v[2] = chunk
         put_array(v, 3, dims)
-        v[5], v[6] = steps.ctypes.data, steps.size        # (3, len(dims)), C order
+        v[5], v[6] = data_address(steps), steps.size      # (3, len(dims)), C order
         v[7], v[8], v[9] = shape
         put_operand(v, 10, a)
         put_operand(v, 15, b)
@@ -130,8 +144,8 @@ def batch_blocks(out, counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
         v[25] = KC
         if blocks is not None:
             v[26], v[27], v[28] = blocks
-        put_array(v, 29, packs[2 * t])
-        put_array(v, 31, packs[2 * t + 1])
+        put_range(v, 29, buf, t * (a_len + b_len), a_len)
+        put_range(v, 31, buf, t * (a_len + b_len) + a_len, b_len)
 
 
 def _batch_share(block):

@@ -204,10 +204,11 @@ def batched_into(a, b, c, threads=None):
     # Native shares (kernels/native.py): the blocks hold addresses only, so this call
     # holds every array they name (the counter too) until the shares are done.
     mod = kern.shares
-    packs = buffers((kern.name, "batched", threads), sizes * threads, kern.dtype)
+    total, a_len, b_len = mod.scratch_sizes(threads, *sizes)
+    (scratch,) = buffers((kern.name, "batched"), (total,), kern.dtype)
     counter = np.zeros(1, np.int64)
     block = np.empty((threads, mod.BATCH_SLOTS), np.int64)
-    mod.batch_blocks(block, counter, chunk, *plan, packs)
+    mod.batch_blocks(block, counter, chunk, *plan, (scratch, a_len, b_len))
     base, row = block.ctypes.data, block.strides[0]
     run_native_shares(mod.share_address("batch" if blocks is None else "batch_packed"),
                       [base + t * row for t in range(threads)])

@@ -384,16 +384,17 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     KC = max(1, min(blk.kc, k))
     NC = min(blk.nc, round_up(n, NR))
     MC = min(blk.mc, round_up(m, MR))
-    size = max(1, k * round_up(n, NR))
     flags = np.zeros(2, np.int64)            # the task counter, B's ready flag
     # Every share's buffers are the caller's: its A blocks and, but for the packer's,
     # a B of its own for when it comes early.
-    packs = buffers((kern.name, "shared_b", threads), (size,) + (MC * KC,) * threads
-                    + (size,) * (threads - 1), kern.dtype)
-    block = np.empty((threads, kern.shares.SHARED_B_SLOTS), np.int64)
-    kern.shares.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC), packs)
+    mod = kern.shares
+    total, b_len, a_len = mod.scratch_sizes(threads, max(1, k * round_up(n, NR)), MC * KC)
+    (scratch,) = buffers((kern.name, "shared_b"), (total,), kern.dtype)
+    block = np.empty((threads, mod.SHARED_B_SLOTS), np.int64)
+    mod.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC),
+                        (scratch, b_len, a_len))
     base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(kern.shares.share_address("gemm_tasks"),
+    run_native_shares(mod.share_address("gemm_tasks"),
                       [base + t * row for t in range(threads)])
 
 

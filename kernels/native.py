@@ -73,11 +73,33 @@ def bits_of(typingctx, value):
     return types.int64(types.float64), emit
 
 
+@intrinsic
+def data_address(typingctx, array):
+    """The address of ``array``'s first element, as an int64 (``array.ctypes.data``
+    without the ctypes object Numba would lower for it)."""
+    if not isinstance(array, types.Array):
+        raise TypeError("data_address takes an array")
+
+    def emit(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+
+    return types.int64(array), emit
+
+
 @numba.njit(inline="always", nogil=True)
 def put_array(block, at, array):
     """``block[at], block[at + 1] = address, size`` of the 1-D contiguous ``array``."""
-    block[at] = array.ctypes.data
+    block[at] = data_address(array)
     block[at + 1] = array.size
+
+
+@numba.njit(inline="always", nogil=True)
+def put_range(block, at, base, offset, size):
+    """``block[at], block[at + 1]`` = address and size of ``base[offset:offset + size]``
+    (``base`` 1-D contiguous): a share's buffer cut from one scratch array."""
+    block[at] = data_address(base) + offset * base.itemsize
+    block[at + 1] = size
 
 
 @numba.njit(inline="always", nogil=True)
