@@ -11,7 +11,6 @@ does from ``_tile.py``.
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import JIT
 from tilegemm.kernels.native import (SHARE, array_at, batch_at, bits_of, data_address, float_bits,
                                      operand_at, put_array, put_operand, put_range)
 from tilegemm.kernels.registry import get_kernel
@@ -24,6 +23,9 @@ ISA = "avx512"
 # --- end configuration ---
 
 _DRIVERS = get_kernel(DTYPE, MR, NR, ISA).module
+#: The writers allocate nothing: without reference counting, taking arrays out of
+#: their tuples costs no atomic increments (and compiles faster).
+JIT_NO_NRT = _DRIVERS.JIT_NO_NRT
 gemm_tasks, gemm_serial, gemm_small = (_DRIVERS.gemm_tasks, _DRIVERS.gemm_serial,
                                        _DRIVERS.gemm_small)
 gemv_product, batch_tasks = _DRIVERS.gemv_product, _DRIVERS.batch_tasks
@@ -34,7 +36,7 @@ SERIAL_SLOTS = 31
 GEMV, UNPACKED, PACKED = 0, 1, 2
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT_NO_NRT)
 def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
     """``v``: the argument block of one product on one thread (a share of a product
     cut into blocks of C, or a slice of k): ``path`` (GEMV, UNPACKED or PACKED), then
@@ -73,7 +75,7 @@ def _serial_share(block):
 SHARED_B_SLOTS = 37
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT_NO_NRT)
 def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, scratch):
     """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`gemm_tasks`
     (arguments as there; ``flags`` = (counter, B's ready flag)).  Share 0 packs B.
@@ -124,7 +126,7 @@ def _gemm_tasks_share(block):
 BATCH_SLOTS = 33
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT_NO_NRT)
 def batch_blocks(out, counter, chunk, batch, shape, a, b, c, KC, blocks, scratch):
     """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`batch_tasks`
     (arguments as there).  ``scratch`` = ``(buffer, a_len, b_len)``: share ``t``'s A
