@@ -31,6 +31,33 @@ gemm_tasks, gemm_serial, gemm_small = (_DRIVERS.gemm_tasks, _DRIVERS.gemm_serial
 gemv_product, batch_tasks = _DRIVERS.gemv_product, _DRIVERS.batch_tasks
 
 
+#: Slots of one product's description in a block (:func:`put_product`).
+PRODUCT_SLOTS = 23
+
+
+@numba.njit(inline='always', **JIT_NO_NRT)
+def put_product(v, at, shape, scal, a, b, c, epilogue):
+    """A product as :func:`gemm_serial` takes it, from ``v[at]`` on: ``m, n, k``,
+    alpha and beta (float64 bits), the operands (five slots each), the bias (two),
+    the epilogue flags."""
+    v[at], v[at + 1], v[at + 2] = shape
+    v[at + 3], v[at + 4] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
+    put_operand(v, at + 5, a)
+    put_operand(v, at + 10, b)
+    put_operand(v, at + 15, c)
+    put_array(v, at + 20, epilogue[0])
+    v[at + 22] = epilogue[1]
+
+
+@numba.njit(inline='always', **JIT_NO_NRT)
+def product_at(v, at):
+    """``(shape, scal, a, b, c, epilogue)`` as :func:`put_product` wrote them."""
+    return ((v[at], v[at + 1], v[at + 2]),
+            (DTYPE(float_bits(v[at + 3])), DTYPE(float_bits(v[at + 4]))),
+            operand_at(v, at + 5, DTYPE), operand_at(v, at + 10, DTYPE),
+            operand_at(v, at + 15, DTYPE), (array_at(v, at + 20, DTYPE), v[at + 22]))
+
+
 #: Slots of a block of share_address("serial"), and its paths (the ``path`` slot).
 SERIAL_SLOTS = 31
 GEMV, UNPACKED, PACKED = 0, 1, 2
@@ -42,13 +69,7 @@ def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
     cut into blocks of C, or a slice of k): ``path`` (GEMV, UNPACKED or PACKED), then
     :func:`gemm_serial`'s arguments, ``packs`` its two buffers (GEMV: ``acc`` first)."""
     v[0] = path
-    v[1], v[2], v[3] = shape
-    v[4], v[5] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
-    put_operand(v, 6, a)
-    put_operand(v, 11, b)
-    put_operand(v, 16, c)
-    put_array(v, 21, epilogue[0])
-    v[23] = epilogue[1]
+    put_product(v, 1, shape, scal, a, b, c, epilogue)
     v[24], v[25], v[26] = blocks
     put_array(v, 27, packs[0])
     put_array(v, 29, packs[1])
@@ -58,10 +79,7 @@ def _serial_share(block):
     """One product on the path its block names, as a native share (see
     :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
     v = numba.carray(block, SERIAL_SLOTS)
-    shape = (v[1], v[2], v[3])
-    scal = (DTYPE(float_bits(v[4])), DTYPE(float_bits(v[5])))
-    a, b, c = operand_at(v, 6, DTYPE), operand_at(v, 11, DTYPE), operand_at(v, 16, DTYPE)
-    epilogue = (array_at(v, 21, DTYPE), v[23])
+    shape, scal, a, b, c, epilogue = product_at(v, 1)
     packs = (array_at(v, 27, DTYPE), array_at(v, 29, DTYPE))
     if v[0] == PACKED:
         gemm_serial(shape, scal, a, b, c, epilogue, (v[24], v[25], v[26]), packs)
@@ -89,13 +107,7 @@ def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, scratch)
         put_range(v, 0, flags, 0, 1)
         put_range(v, 2, flags, 1, 1)
         v[4] = 1 if t == 0 else 0
-        v[5], v[6], v[7] = shape
-        v[8], v[9] = bits_of(np.float64(scal[0])), bits_of(np.float64(scal[1]))
-        put_operand(v, 10, a)
-        put_operand(v, 15, b)
-        put_operand(v, 20, c)
-        put_array(v, 25, epilogue[0])
-        v[27] = epilogue[1]
+        put_product(v, 5, shape, scal, a, b, c, epilogue)
         v[28], v[29], v[30] = blocks
         put_range(v, 31, buf, b_len + t * a_len, a_len)
         put_range(v, 33, buf, 0, b_len)
@@ -115,10 +127,9 @@ def _gemm_tasks_share(block):
     """:func:`gemm_tasks` as a native share, its arguments read from ``block`` (as
     :func:`shared_b_blocks` writes them)."""
     v = numba.carray(block, SHARED_B_SLOTS)
-    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), v[4] != 0,
-               (v[5], v[6], v[7]), (DTYPE(float_bits(v[8])), DTYPE(float_bits(v[9]))),
-               operand_at(v, 10, DTYPE), operand_at(v, 15, DTYPE), operand_at(v, 20, DTYPE),
-               (array_at(v, 25, DTYPE), v[27]), (v[28], v[29], v[30]),
+    shape, scal, a, b, c, epilogue = product_at(v, 5)
+    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), v[4] != 0, shape, scal,
+               a, b, c, epilogue, (v[28], v[29], v[30]),
                (array_at(v, 31, DTYPE), array_at(v, 33, DTYPE), array_at(v, 35, DTYPE)))
 
 
