@@ -351,10 +351,6 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     _run_serial_shares(kern, blk, shares)
 
 
-#: The code of each serial path in a native share's block (``kernels/_tile.py``).
-_PATH_CODES = {"gemv": 0, "unpacked": 1, "packed": 2}
-
-
 def _run_serial_shares(kern, blk, shares):
     """Products ``(shape, (scal, a, b, c), bias, epi)`` on one thread each, at once:
     each on the serial path :func:`route` names, as native shares (``serial_share``
@@ -364,8 +360,9 @@ def _run_serial_shares(kern, blk, shares):
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
         path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
         packs = buffers((kern.name, "share", t), sizes, kern.dtype)
-        mod.serial_block(block[t], _PATH_CODES[path], (m, n, k), *sub, (bias, epi), blocks,
-                         packs)
+        # The block names the path by the shares module's code for it (GEMV, ...).
+        mod.serial_block(block[t], getattr(mod, path.upper()), (m, n, k), *sub, (bias, epi),
+                         blocks, packs)
     base, row = block.ctypes.data, block.strides[0]
     run_native_shares(mod.share_address("serial"), [base + t * row for t in range(len(shares))])
 
