@@ -353,8 +353,9 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
 
 def _run_serial_shares(kern, blk, shares):
     """Products ``(shape, (scal, a, b, c), bias, epi)`` on one thread each, at once:
-    each on the serial path :func:`route` names, as native shares (``serial_share``
-    in ``kernels/_tile.py``), with buffers the caller holds for them."""
+    each on the serial path :func:`route` names, as native shares (``serial_block``
+    and ``share_address("serial")`` in ``kernels/_tile_shares.py``), with buffers the
+    caller holds for them."""
     mod = kern.shares
     block = np.empty((len(shares), mod.SERIAL_SLOTS), np.int64)
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):

@@ -14,8 +14,9 @@ their float64 bits (:func:`bits_of`, :func:`float_bits`), arrays as ``(address,
 size)`` (:func:`put_array`, :func:`array_at`).  The block and every array it names
 must stay alive until the share is done (the caller holds them until the pool
 reports it).  Each kind of share has a jitted writer of its blocks and a
-``numba.cfunc`` reading one, side by side in the generated kernel modules (the
-same layout in both); the cfunc calls the same jitted driver a Python call runs.
+``numba.cfunc`` reading one, side by side in each kernel's shares module
+(``kernels/_tile_shares.py``, the same layout in both); the cfunc calls the same
+jitted driver a Python call runs.
 """
 import llvmlite.ir as ir
 import numba
