@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, inner_jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -74,7 +74,7 @@ def _next_pixel(n, oh, ow, step, Ho, Wo):
     return n, oh, ow
 
 
-@numba.njit(**JIT)
+@inner_jit
 def pixel_offsets(geom, strides, p0, count, m, runs, offs):
     """Where each tap of output pixels ``p0 .. p0 + count`` reads its input pixel.
 
@@ -258,7 +258,7 @@ def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
 
 
 
-@numba.njit(**JIT)
+@inner_jit
 def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
     """``out[n, k, q] = cbuf[(p - p0)*ldc + k]`` for batch pixels ``p = n*plane + q`` in
     ``p0 .. p0 + count`` and ``k0 <= k < k1`` (of ``K``): rows of pixels into NCHW

@@ -8,7 +8,7 @@ functions from it, so each is compiled once per vector width.  Importable as is
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, inner_jit
 from tilegemm.kernels.transforms import make_deinterleave, make_masked_copy, make_transpose
 
 # --- configuration ---
@@ -49,7 +49,7 @@ def copy_run(x, src, first, W, buf, dst, count, step):
         masked_copy2(x, src, first, W, buf, dst, count)
 
 
-@numba.njit(**JIT)
+@inner_jit
 def transpose_copy(x, src, lds, rows, cols, y, dst, ldd):
     """``y[dst + j*ldd + r] = x[src + r*lds + j]`` for ``r < rows``, ``j < cols``.
 
@@ -95,11 +95,11 @@ def split_row(x, src, px, W, Wq, xq, even, odd, spill):
             deinterleave(x, src + 2 * last - px, xq, even + last, odd + last)
             continue
         count = min(LANES, Wq - t)
-        copy_run(x, src + col, col, W, xq, even + t, count, 2)
-        copy_run(x, src + col + 1, col + 1, W, xq, odd + t, LANES if spill else count, 2)
+        masked_copy2(x, src + col, col, W, xq, even + t, count)
+        masked_copy2(x, src + col + 1, col + 1, W, xq, odd + t, LANES if spill else count)
 
 
-@numba.njit(**JIT)
+@inner_jit
 def phase_split(x, view, image, phases, split, xq, spill):
     """Write channels ``0:C`` of one image, zero padded and split by stride phase, into ``xq``.
 
@@ -139,8 +139,8 @@ def phase_split(x, view, image, phases, split, xq, spill):
                         # LANES columns per masked copy, the padding read as zero.
                         for t in range(0, Wq, LANES):
                             col = sx * t + b - px
-                            copy_run(x, src + col, col, W, xq, dst + t,
-                                     LANES if spill else min(LANES, Wq - t), sx)
+                            masked_copy(x, src + col, col, W, xq, dst + t,
+                                        LANES if spill else min(LANES, Wq - t))
                         continue
                     # Columns s with 0 <= s*sx + b - px < W.
                     lo = min(Wq, max(0, (px - b + sx - 1) // sx))

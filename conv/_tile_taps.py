@@ -10,7 +10,7 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.conv.taps import PADDED, PHASED
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, inner_jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -80,7 +80,7 @@ def short_rows(rows):
 
 
 
-@numba.njit(**JIT)
+@inner_jit
 def taps_block(b, grid, ntaps, blocks, a, rows, columns, c, tail, epilogue):
     """Rows ``m0:m1`` x grid columns ``j0:j0+cols`` of the output, into C.
 
@@ -156,7 +156,7 @@ def taps_block(b, grid, ntaps, blocks, a, rows, columns, c, tail, epilogue):
                                      e)
 
 
-@numba.njit(**JIT)
+@inner_jit
 def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
     """``out[dst + k*ldo : +cols] = cbuf[k*ldb : +cols]`` for ``k < rows``.
 
@@ -192,7 +192,7 @@ def _stage_image(r, copy, x, x_at, xq):
     return x, x_at
 
 
-@numba.njit(**JIT)
+@inner_jit
 def _copy_grid_columns(cbuf, ldb, j0, cols, Wq, Wo, out, co, sk, M):
     """Copy grid columns ``j0:j0+cols`` of ``cbuf`` to ``out``: one output-row run at a
     time, the grid's columns past ``Wo`` (padding) skipped."""

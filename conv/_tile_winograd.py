@@ -8,7 +8,7 @@ Written once per GEMM kernel (MR, NR, ISA) by
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT
+from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, inner_jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.kernels.transforms import make_winograd_input, make_winograd_output
@@ -90,7 +90,7 @@ def winograd_tasks(counter, plan, g, x, upack, epilogue, out, bufs):
 # may span tile rows or images: each lane group is cut into *runs* of tiles sharing a
 # tile row, and the masked transforms handle one run at a time.
 
-@numba.njit(**JIT)
+@inner_jit
 def winograd_runs(T0, nt, geom, xs, os, runs):
     """Describe tiles ``T0:T0+nt`` as runs within lane groups; returns the number of runs.
 
@@ -129,7 +129,7 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
     return count
 
 
-@numba.njit(**JIT)
+@inner_jit
 def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, slab):
     """``V`` of channels ``p0:p0+kc`` for the block's runs, into 16 packed-B slabs of ``slab``."""
     for p in range(kc):
@@ -146,7 +146,7 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
                            (runs[r, 4], runs[r, 5], runs[r, 1], LANES), buf, dst, slab)
 
 
-@numba.njit(**JIT)
+@inner_jit
 def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epilogue):
     """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
     (``channels``): channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``

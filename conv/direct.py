@@ -27,7 +27,7 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, round_up
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, inner_jit, round_up
 from tilegemm.conv import engine
 from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import valid_range
@@ -39,7 +39,7 @@ KB = 8
 TICK_OUTPUTS = 1 << 14
 
 
-@numba.njit(**JIT)
+@inner_jit
 def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
     """One (image, group, block of <= KB output channels): every output row.
 
@@ -105,7 +105,7 @@ def _nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
 
 
 
-@numba.njit(**JIT)
+@inner_jit
 def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
     """One (image, output row): every pixel, every channel.
 

@@ -18,7 +18,8 @@ Loops, outermost first (BLIS names):
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
+from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT,
+                                      inner_jit)
 from tilegemm.kernels.gemv import make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.packers import make_pack_panel
@@ -376,7 +377,7 @@ def apply_epilogue(x, bias, bias_idx, epi):
     return x
 
 
-@numba.njit(**JIT)
+@inner_jit
 def dot_rows(rows, k, m, m_off, m_rs, x, x_off, acc):
     """acc[i] = M[i, :] . x for rows-contiguous M and contiguous x.
 
@@ -405,7 +406,7 @@ def _dot_tail(m, base, x, x_off, start, stop):
     return s
 
 
-@numba.njit(**JIT)
+@inner_jit
 def axpy_columns(rows, k, m, m_off, m_cs, x, x_off, x_s, acc):
     """acc = M @ x for columns-contiguous M: four whole columns per pass over acc."""
     for i in range(rows):

@@ -26,7 +26,7 @@ the bottom/right padding is implied by ``Ho``/``Wo``).
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, inner_jit
 
 
 def conv_output_size(size, kernel, stride, pad_before, pad_after, dilation):
@@ -86,7 +86,7 @@ def row_segments(col, cols, Wo, seg_oh, seg_ow, seg_len):
     return nseg
 
 
-@numba.njit(**JIT)
+@inner_jit
 def valid_range(start, step, count, limit):
     """``[lo, hi)`` of the ``t < count`` with ``0 <= start + t*step < limit`` (``step > 0``)."""
     lo = 0
@@ -103,7 +103,7 @@ def valid_range(start, step, count, limit):
     return lo, hi
 
 
-@numba.njit(**JIT)
+@inner_jit
 def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
     """Pack rows ``p0:p0+kc`` x columns ``j0:j0+nc`` of one image's patch matrix as packed B.
 

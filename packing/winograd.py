@@ -31,7 +31,7 @@ Image strides and offsets follow :mod:`tilegemm.packing.im2col`; ``geom`` here i
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, round_up
+from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, inner_jit, round_up
 
 #: Input transform: V = BT @ d @ BT.T
 BT = np.array([[1, 0, -1, 0],
@@ -120,7 +120,7 @@ def _rows(d0, d1, d2, d3):
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-@numba.njit(**JIT)
+@inner_jit
 def input_tile_transform(x, src, s_row, s_col, y0, x0, H, W, v):
     """``V = B^T d B`` for the 4x4 tile whose top-left input pixel is (y0, x0); writes v[0:16].
 
@@ -161,7 +161,7 @@ def input_tile_transform(x, src, s_row, s_col, y0, x0, H, W, v):
         v[4 * a + 3] = r3
 
 
-@numba.njit(**JIT)
+@inner_jit
 def _transform_run(x, src, xs, tiles, channels, MR, buf, slab, dst, strip):
     """``V`` for ``count`` horizontally adjacent tiles lying wholly inside the image.
 
@@ -201,7 +201,7 @@ def _transform_run(x, src, xs, tiles, channels, MR, buf, slab, dst, strip):
                 buf[(4 * a + 3) * slab + out + i] = e1 - e3
 
 
-@numba.njit(**JIT)
+@inner_jit
 def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
     """Transform channels ``p0:p0+kc`` of tiles ``t0:t0+mt`` into 16 packed-A slabs.
 
@@ -261,7 +261,7 @@ def activate(y, act):
     return y
 
 
-@numba.njit(**JIT)
+@inner_jit
 def unpack_winograd(m, layout, tiles, K, out, o_off, os, geom, epilogue):
     """Output transform ``Y = A^T m A`` + bias + activation for tiles ``t0:t0+mt``.
 

@@ -9,6 +9,7 @@ import pytest
 
 import tilegemm
 from conv_cases import CASES, RNG, guarded_pages, numba_threads, record_arg, run_case
+from jitted import trampoline
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
@@ -48,7 +49,7 @@ def test_pack_b_im2col_matches_explicit(geom):
         kc = min(kc, col.shape[0] - p0)
         nc = min(nc, col.shape[1] - j0)
         buf = np.full(-(-nc // NR) * NR * kc, np.nan)
-        pack_b_im2col(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, NR, buf)
+        trampoline(pack_b_im2col)(x.reshape(-1), 0, (0, H * W, W, 1), p.geom(), p0, kc, j0, nc, NR, buf)
         _assert_panels(buf, col[p0:p0 + kc, j0:j0 + nc], NR)
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conv_cases import RNG, numba_threads, record_arg, run_case
+from jitted import trampoline
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
@@ -32,7 +33,7 @@ def test_input_transform_matches_BT():
                 if 0 <= y0 + a < 6 and 0 <= x0 + b < 7:
                     padded[a, b] = d[y0 + a, x0 + b]
         src = y0 * 7 + x0
-        input_tile_transform(flat, src, 7, 1, y0, x0, 6, 7, v)
+        trampoline(input_tile_transform)(flat, src, 7, 1, y0, x0, 6, 7, v)
         np.testing.assert_allclose(v.reshape(4, 4), BT @ padded @ BT.T, atol=1e-12,
                                    err_msg=f"tile at ({y0}, {x0})")
 
@@ -43,7 +44,7 @@ def test_output_transform_matches_AT():
     bias = RNG.standard_normal(K)
     out = np.full((1, K, 2, 2), np.nan)
     geom = (4, 4, 2, 2, 0, 0, 1, 1)
-    unpack_winograd(m.reshape(-1), (K, K), (0, 1), K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
+    trampoline(unpack_winograd)(m.reshape(-1), (K, K), (0, 1), K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
                     (bias, True, 0))
     for k in range(K):
         np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
@@ -75,11 +76,11 @@ def test_vector_input_transform_matches_BT(dtype, H, W, pad):
     nt = tiles - T0
     NB = -(-nt // NR) * NR
     runs = np.empty((NB, 9), np.int64)
-    nruns = mod.winograd_runs(T0, nt, geom, xs, (0, 0, 0, 0), runs)
+    nruns = trampoline(mod.winograd_runs)(T0, nt, geom, xs, (0, 0, 0, 0), runs)
     p0, kc = 1, 2                                      # channels 1 and 2
     slab = kc * NB
     buf = np.full(16 * slab, np.nan, dtype)
-    mod.winograd_input_block(x.reshape(-1), 0, xs[1], xs[2], H, W, runs, nruns, p0, kc, buf, slab)
+    trampoline(mod.winograd_input_block)(x.reshape(-1), 0, xs[1], xs[2], H, W, runs, nruns, p0, kc, buf, slab)
     xp = np.zeros((N, C, H + 4 + 2 * pad, W + 4 + 2 * pad))
     xp[:, :, pad:pad + H, pad:pad + W] = x
     for j in range(nt):
@@ -108,11 +109,11 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     NB = -(-tiles // lanes) * lanes
     os_ = (K * Ho * Wo, Ho * Wo, Wo, 1)
     runs = np.empty((NB, 9), np.int64)
-    nruns = mod.winograd_runs(0, tiles, geom, (0, 0, 0, 0), os_, runs)
+    nruns = trampoline(mod.winograd_runs)(0, tiles, geom, (0, 0, 0, 0), os_, runs)
     m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
     bias = RNG.standard_normal(K).astype(dtype)
     out = np.full((N, K, Ho, Wo), np.nan, dtype)
-    mod.winograd_output_block(m.reshape(-1), (K * NB, NB), runs, nruns, (0, K), out.reshape(-1),
+    trampoline(mod.winograd_output_block)(m.reshape(-1), (K * NB, NB), runs, nruns, (0, K), out.reshape(-1),
                               (0, os_[1], os_[2]), Wo, (bias, 0, activation | EPI_BIAS_ROW))
     want = np.zeros((N, K, 2 * TH, 2 * TW))
     for t in range(tiles):

@@ -112,3 +112,17 @@ def test_out_with_a_batch_stride_between_elements_is_still_written():
     a, b = rng.random((4, 3, 2), np.float32), rng.random((4, 2, 5), np.float32)
     assert tilegemm.matmul(a, b, out=out) is out
     assert np.allclose(rec["m"], a @ b, rtol=1e-6)
+
+
+def test_a_jitted_code_only_function_refuses_a_python_call():
+    """``inner_jit`` functions have no CPython wrapper: a Python call raises, never
+    jumps into code that cannot take Python arguments (before and after a jitted
+    caller has compiled them)."""
+    from jitted import trampoline
+    from tilegemm.packing.im2col import valid_range
+
+    with pytest.raises(TypeError, match="runs inside jitted code only"):
+        valid_range(0, 1, 4, 4)
+    assert trampoline(valid_range)(0, 1, 4, 4) == (0, 4)
+    with pytest.raises(TypeError, match="runs inside jitted code only"):
+        valid_range(0, 1, 4, 4)
