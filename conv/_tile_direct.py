@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, inner_jit
+from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
 from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc, make_depthwise_rows,
                                      make_direct_row)
 from tilegemm.kernels.sync import next_task, prefetch
@@ -60,7 +60,7 @@ depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
 
 # --- direct convolution, NCHW, horizontal stride 1: vectors along the output row ---------
 
-@inner_jit
+@numba.njit(**JIT)
 def depthwise_plane(geom):
     """(rows, row stride) of a channel zero padded for :func:`depthwise_rows`.
 
