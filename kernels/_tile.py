@@ -34,11 +34,13 @@ LANES = 16
 ISA = "avx512"
 # --- end configuration ---
 
-ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
+# Declared last-needed first: a cold process's helper compiles the latest first, and
+# the packed GEMM runs the packed pair.  Edge flavours read full (zero-padded)
+# panels and touch only the valid corner of C.
 ukernel_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED)
-# Edge flavours: read full (zero-padded) panels, touch only the valid corner of C.
-ukernel_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.EDGE)
 ukernel_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED_EDGE)
+ukernel_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.EDGE)
+ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)

@@ -148,6 +148,35 @@ def constant_strides(flavour, mr, nr, a_step):
     return None, None, None
 
 
+#: One tile function: its symbol, LLVM type, body writer (``body(builder, fn)``) and
+#: the strides it fixes (:func:`constant_strides`).
+Tile = collections.namedtuple("Tile", "symbol fnty body strides")
+
+
+def tile_function(dtype_name, mr, nr, lanes, flavour, a_step):
+    """The tile function of an ``mr x nr`` tile of ``dtype_name`` (see :func:`make_microkernel`).
+
+    Plain values in, so that the helper process of :mod:`tilegemm.kernels.tilebuild`
+    writes the same tile from the spec it is sent.
+    """
+    dtype = np.dtype(dtype_name).type
+    flavour = Flavour(flavour)
+    if nr % lanes:
+        raise ValueError(f"NR={nr} is not a multiple of the vector width {lanes}")
+    if a_step is not None and (flavour is not Flavour.TAPS or a_step < mr):
+        raise ValueError(f"a_step={a_step} needs the taps flavour and at least mr={mr} rows")
+    a_step = mr if a_step is None else a_step
+    shape = (dtype, mr, nr, lanes)
+    name = flavour.value + (f"_a{a_step}" if a_step != mr else "")  # A's stride is in the body
+    strides = constant_strides(flavour, mr, nr, a_step)
+
+    def body(builder, fn):
+        _define_tile(builder, fn, shape, flavour, strides)
+
+    return Tile(f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_l{lanes}_{name}",
+                _tile_type(dtype, flavour), body, strides)
+
+
 def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
     """Build the intrinsic for an ``mr x nr`` tile of ``dtype`` with ``lanes``-wide vectors.
 
@@ -172,20 +201,12 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
     """
     dtype = np.dtype(dtype).type
     flavour = Flavour(flavour)
-    if nr % lanes:
-        raise ValueError(f"NR={nr} is not a multiple of the vector width {lanes}")
-    if a_step is not None and (flavour is not Flavour.TAPS or a_step < mr):
-        raise ValueError(f"a_step={a_step} needs the taps flavour and at least mr={mr} rows")
-    a_step = mr if a_step is None else a_step
-    shape = (dtype, mr, nr, lanes)
-    name = flavour.value + (f"_a{a_step}" if a_step != mr else "")  # A's stride is in the body
-    strides = constant_strides(flavour, mr, nr, a_step)
+    spec = (np.dtype(dtype).name, mr, nr, lanes, flavour.value, a_step)
+    symbol, fnty, body, strides = tile_function(*spec)
     names = [n for n, _ in ARGUMENTS[flavour]]
-    symbol = f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_l{lanes}_{name}"
-    fnty = _tile_type(dtype, flavour)
     # Registered now if cached (a caller loaded from Numba's cache needs it), else
-    # compiled when the first caller is (see tilelib).
-    tilelib.load_cached(symbol)
+    # compiled by the helper process while the first caller is (see tilelib).
+    tilelib.prefetch(symbol, spec)
 
     def emit(context, builder, sig, args):
         arg = dict(zip(names, args))
@@ -212,11 +233,12 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         if [v.type for v in values] != list(fnty.args):
             raise TypeError(f"{symbol}: arguments of types {[str(v.type) for v in values]}, "
                             f"expected {[str(t) for t in fnty.args]}")
-        tilelib.define(symbol, fnty, lambda body, fn: _define_tile(body, fn, shape, flavour, strides))
+        tilelib.define(symbol, fnty, body)
         builder.call(tilelib.declare(builder.module, symbol, fnty), values)
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))
+    name = symbol.rsplit(f"_l{lanes}_", 1)[1]
     ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}_{name}"
     return ukernel
 

@@ -14,10 +14,15 @@ before any code calling it is compiled or loaded from Numba's cache:
   import), loads every tile already in the cache: a caller loaded from Numba's
   cache can only call a tile that some earlier process compiled, and stored,
   before that caller was compiled.
-* :func:`define`, when a caller is compiled, compiles a tile not loaded yet.
-
-A tile is compiled only when some loop that calls it is: a process that runs
-only the packed GEMM never compiles the strided or convolution flavours.
+* :func:`prefetch`, at the same moment, asks a helper process
+  (:mod:`tilegemm.kernels.tilebuild`) for a tile that is not cached; the helper
+  writes and compiles it while this process types and lowers the loops that call
+  it, so on two cores a cold call overlaps the two.  (A thread would not: llvmlite
+  serialises every LLVM call of a process behind one lock, Numba's included.)
+* :func:`define`, when a caller is compiled, takes the helper's object code
+  (waiting for it if the helper has started on it, else compiling the tile
+  here), or compiles the tile without a helper (``TILEGEMM_TILE_HELPER=0``, or no
+  helper could start).
 
 The digest of the kernel sources and a per-folder ``EPOCH`` token go into every
 generated module's header (:func:`header`): a new tilegemm version, or the tiles
@@ -27,7 +32,12 @@ which makes Numba's cache of them stale, so no cached caller outlives its tiles.
 import functools
 import hashlib
 import os
+import pickle
 import secrets
+import struct
+import subprocess
+import sys
+import threading
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -37,6 +47,11 @@ from tilegemm.ground import loader
 
 _ready = {}  # symbol -> its object code
 _compiled = set()  # the symbols this process compiled rather than loaded
+_builds = {}  # symbol -> its _Build, sent to the helper and not yet taken
+_builds_lock = threading.Lock()
+_helper = []  # the helper process, once started (None: it could not start)
+#: How long a caller waits for the helper's copy of a tile it has started.
+HELPER_WAIT_SECONDS = 60.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,10 +97,18 @@ def _codegen():
     return cpu_target.target_context.codegen()
 
 
-@functools.lru_cache(maxsize=1)
+def _target():
+    """Numba's ``(triple, CPU name, features)``: tiles and their callers agree."""
+    return _codegen().magic_tuple()
+
+
 def _machine():
-    """Numba's target (triple, CPU name and features: tiles and their callers agree)."""
-    triple, cpu, features = _codegen().magic_tuple()
+    return target_machine(*_target())
+
+
+@functools.lru_cache(maxsize=None)
+def target_machine(triple, cpu, features):
+    """LLVM's target machine for Numba's ``(triple, cpu, features)``."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     return llvm.Target.from_triple(triple).create_target_machine(
@@ -123,40 +146,185 @@ def load_cached(symbol):
     return True
 
 
+class _Build:
+    """A tile sent to the helper: whether it has started, then its object code."""
+
+    def __init__(self):
+        self.started = False
+        self.done = threading.Event()
+        self.obj = None
+
+
+def prefetch(symbol, spec):
+    """Register ``symbol`` from the cache, or ask the helper process to compile it.
+
+    ``spec`` is what the helper needs to write the tile (for a micro-kernel, the
+    arguments of :func:`tilegemm.kernels.microkernel.tile_function`).
+    """
+    if load_cached(symbol):
+        return
+    helper = _helper_process()
+    if helper is None:
+        return
+    with _builds_lock:
+        if symbol in _ready or symbol in _builds:
+            return
+        _builds[symbol] = _Build()
+        try:
+            send(helper.stdin, (symbol, spec, _target()))
+        except (OSError, ValueError):  # the helper has gone: define() compiles it here
+            _builds.pop(symbol, None)
+
+
+def _helper_process():
+    """The helper process, started on first use; None where it cannot run."""
+    with _builds_lock:
+        if not _helper:
+            _helper.append(_start_helper())
+        return _helper[0]
+
+
+def _start_helper():
+    if os.environ.get("TILEGEMM_TILE_HELPER", "1") == "0" or not sys.executable:
+        return None
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tilegemm.kernels.tilebuild"],
+                                   stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    threading.Thread(target=_read_replies, args=(process,), name="tilegemm-tiles",
+                     daemon=True).start()
+    return process
+
+
+def _read_replies(process):
+    """Record the helper's replies; at its end, release every caller waiting on it."""
+    try:
+        while (reply := receive(process.stdout)) is not None:
+            symbol, state, payload = reply
+            with _builds_lock:
+                build = _builds.get(symbol)
+                if build is not None and state == "started":
+                    build.started = True
+            if build is None or state == "started":
+                continue
+            if state == "done":
+                loader.write_atomic(_path(symbol), payload)
+                build.obj = payload
+            build.done.set()
+    except (OSError, ValueError, EOFError):
+        pass
+    idle = process.wait() == 0  # it ran out of work; a broken helper is not started again
+    with _builds_lock:
+        if _helper and _helper[0] is process:
+            if idle:
+                _helper.clear()
+            else:
+                _helper[0] = None
+        for build in _builds.values():
+            build.done.set()
+
+
+def stop_helper():
+    """End the helper process, if one runs (the next tile that is not cached starts another)."""
+    with _builds_lock:
+        process = _helper[0] if _helper else None
+    if process is not None:
+        process.stdin.close()
+        process.wait()
+
+
+def _forget_helper():
+    """In a forked child: the helper's pipes belong to the parent."""
+    _helper.clear()
+    _builds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helper)
+
+
+def _claim(symbol):
+    """The helper's object code of ``symbol``, or None: not sent, not started yet
+    (the caller compiles it now), or failed."""
+    with _builds_lock:
+        build = _builds.get(symbol)
+        if build is None or not build.started:
+            _builds.pop(symbol, None)
+            return None
+    build.done.wait(HELPER_WAIT_SECONDS)
+    with _builds_lock:
+        _builds.pop(symbol, None)
+    return build.obj
+
+
 def define(symbol, fnty, emit_body):
     """Make ``symbol``, a function of LLVM type ``fnty``, callable from jitted code.
 
-    ``emit_body(builder, fn)`` writes its body.  Loaded from the cache if there,
-    else compiled and stored; later calls return at once.
+    ``emit_body(builder, fn)`` writes its body.  Loaded from the cache if there, or
+    taken from the helper process (:func:`prefetch`), else compiled and stored;
+    later calls return at once.
     """
-    if load_cached(symbol):
+    if symbol in _ready:
         return
     with _lock():
         if symbol in _ready:
             return
-        module = ir.Module(symbol)
-        module.triple = _machine().triple
-        module.data_layout = str(_machine().target_data)
-        fn = ir.Function(module, fnty, symbol)
-        emit_body(ir.IRBuilder(fn.append_basic_block("entry")), fn)
-        obj = _compile(module)
-        loader.write_atomic(_path(symbol), obj)
+        obj = _claim(symbol)
+        if obj is None:
+            if load_cached(symbol):
+                return
+            obj = _build(symbol, fnty, emit_body)
         _register(symbol, obj)
         _compiled.add(symbol)
 
 
-def _compile(module):
-    """Object code of ``module``: LLVM's O3 pipeline without its vectorisers and
-    unroller.  The body is vector code already, its k loop unrolled as written;
-    those passes would find nothing to do and cost half the compile."""
-    machine = _machine()
-    parsed = llvm.parse_assembly(str(module))
+def module_of(symbol, fnty, emit_body):
+    """The LLVM module holding ``symbol``, its body written by ``emit_body``."""
+    module = ir.Module(symbol)
+    module.triple = _machine().triple
+    module.data_layout = str(_machine().target_data)
+    fn = ir.Function(module, fnty, symbol)
+    emit_body(ir.IRBuilder(fn.append_basic_block("entry")), fn)
+    return module
+
+
+def compile_ir(text, target):
+    """Object code of the module ``text`` for ``target`` ``(triple, cpu, features)``:
+    LLVM's O3 pipeline without its vectorisers and unroller.  The body is vector
+    code already, its k loop unrolled as written; those passes would find nothing to
+    do and cost half the compile."""
+    machine = target_machine(*target)
+    parsed = llvm.parse_assembly(text)
     parsed.verify()
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_unrolling = False
     passes = llvm.create_pass_builder(machine, tuning)
     passes.getModulePassManager().run(parsed, passes)
     return machine.emit_object(parsed)
+
+
+def _build(symbol, fnty, emit_body):
+    """Compile ``symbol`` here and store its object code in the cache."""
+    obj = compile_ir(str(module_of(symbol, fnty, emit_body)), _target())
+    loader.write_atomic(_path(symbol), obj)
+    return obj
+
+
+def send(stream, message):
+    """Write one message to the helper's pipe ``stream`` (a 4-byte length, a pickle)."""
+    data = pickle.dumps(message)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def receive(stream):
+    """The next message on the helper's pipe ``stream``, or None at its end."""
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    return pickle.loads(stream.read(struct.unpack("<I", head)[0]))
 
 
 def compiled():

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 _SCRIPT = """
 import numpy as np, tilegemm as tg
 from tilegemm.kernels import tilelib
@@ -25,21 +27,37 @@ print(sorted(tilelib.compiled()))
 """
 
 
-def _run(cache):
-    env = dict(os.environ, TILEGEMM_CACHE_DIR=str(cache), NUMBA_CACHE_DIR=str(cache / "numba"))
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
+def _run(cache, helper="1", prelude=""):
+    env = dict(os.environ, TILEGEMM_CACHE_DIR=str(cache), NUMBA_CACHE_DIR=str(cache / "numba"),
+               TILEGEMM_TILE_HELPER=helper)
+    done = subprocess.run([sys.executable, "-c", prelude + _SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_tiles_compile_once_and_load_in_later_processes(tmp_path):
-    first = ast.literal_eval(_run(tmp_path))
+def _stored(cache):
+    return {os.path.basename(p).rsplit("_", 1)[0]
+            for p in glob.glob(str(cache / "tiles" / "*" / "*.o"))}
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_tiles_compile_once_and_load_in_later_processes(tmp_path, helper):
+    first = ast.literal_eval(_run(tmp_path, helper))
     assert first                                # this process compiled its tiles
-    assert _run(tmp_path) == "[]"               # the next one loads them all
-    stored = {os.path.basename(p).rsplit("_", 1)[0]
-              for p in glob.glob(str(tmp_path / "tiles" / "*" / "*.o"))}
-    assert stored == set(first)                 # only the tiles some loop called
+    assert _run(tmp_path, helper) == "[]"       # the next one loads them all
+    if helper == "1":
+        # The helper also compiled the other tiles of the templates the call imported.
+        assert set(first) <= _stored(tmp_path)
+    else:
+        assert _stored(tmp_path) == set(first)  # only the tiles some loop called
+
+
+def test_a_helper_that_cannot_start_leaves_the_tiles_to_the_caller(tmp_path):
+    # The helper runs as ``sys.executable -m ...``: here a program that exits at once.
+    prelude = "import sys; sys.executable = '/bin/false'\n"
+    assert ast.literal_eval(_run(tmp_path, prelude=prelude))
+    assert _run(tmp_path) == "[]"
 
 
 def test_deleted_tiles_folder_makes_cached_loops_recompile(tmp_path):

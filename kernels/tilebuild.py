@@ -1,0 +1,74 @@
+"""The helper process that writes and compiles micro-kernel tiles for a cold process.
+
+Started by :func:`tilegemm.kernels.tilelib.prefetch` (``python -m
+tilegemm.kernels.tilebuild``) the first time a process asks for a tile that is
+not cached.  Each request on stdin names a tile and its spec (the arguments of
+:func:`tilegemm.kernels.microkernel.tile_function`); the helper writes the tile's
+IR with the same code the caller would have used, compiles it, and sends the
+object code back on stdout.  The latest request goes first: the template imported
+last is the one the caller's next loop runs.
+
+Messages (:func:`tilelib.send`, :func:`tilelib.receive`): requests ``(symbol,
+spec, (triple, cpu, features))``; replies ``(symbol, "started", None)``, then
+``(symbol, "done", object_code)`` or ``(symbol, "failed", message)``.
+"""
+import sys
+import threading
+
+from tilegemm.kernels import tilelib
+from tilegemm.kernels.microkernel import tile_function
+
+
+#: A helper with nothing to do for this long exits (the caller starts another when needed).
+IDLE_EXIT_SECONDS = 5.0
+
+
+def serve(requests, replies):
+    """Compile requested tiles, latest first, until ``requests`` ends or stays idle.
+
+    A thread drains ``requests`` as they come, so that a caller's write never waits
+    for a compile.
+    """
+    pending = []
+    changed = threading.Condition()
+
+    def drain():
+        while (job := tilelib.receive(requests)) is not None:
+            with changed:
+                pending.append(job)
+                changed.notify()
+        with changed:
+            pending.insert(0, None)
+            changed.notify()
+
+    threading.Thread(target=drain, daemon=True).start()
+    while True:
+        with changed:
+            if not pending and not changed.wait_for(lambda: pending, IDLE_EXIT_SECONDS):
+                return
+            job = pending.pop()
+        if job is None:
+            return
+        _build(job, replies)
+
+
+def _build(job, replies):
+    symbol, spec, target = job
+    tilelib.send(replies, (symbol, "started", None))
+    try:
+        tile = tile_function(*spec)
+        if tile.symbol != symbol:
+            raise ValueError(f"spec {spec} names {tile.symbol}, not {symbol}")
+        text = str(tilelib.module_of(symbol, tile.fnty, tile.body))
+        obj = tilelib.compile_ir(text, target)
+    except Exception as error:  # the caller compiles the tile itself and raises there
+        tilelib.send(replies, (symbol, "failed", repr(error)))
+        return
+    tilelib.send(replies, (symbol, "done", obj))
+
+
+if __name__ == "__main__":
+    try:
+        serve(sys.stdin.buffer, sys.stdout.buffer)
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass  # the caller's process has ended
