@@ -87,6 +87,20 @@ def serve(post, done, native, at, last, spins, finished):
         sync.publish(done, at, last)
 
 
+def warm():
+    """Compile, or load from Numba's cache, the jitted functions every threaded call
+    runs, with the argument types the pool passes them.
+
+    A cold process's tile helper (``kernels/tilebuild.py``) calls this once its
+    tiles are built, so that the caller finds them in the cache when its first
+    threaded call starts the pool (0.2-0.3 s of compiling on a cold cache).
+    """
+    flags = np.zeros(_STRIDE, np.int64)
+    signal(_NONE, _NONE, 0, flags, 0, 0, False, 0)     # no flags, no polls
+    serve(flags, flags, flags, 0, 0, 0, False)          # post[0] == last: back at once
+    run_share.compile((numba.int64, numba.int64))       # an address runs nothing here
+
+
 def spin_until(flags, at, value, equal, spins):
     """Whether, within ``spins`` polls, ``flags[at] == value`` becomes ``equal``."""
     return signal(_NONE, _NONE, 0, flags, at, value, equal, spins)

@@ -6,7 +6,9 @@ not cached.  Each request on stdin names a tile and its spec (the arguments of
 :func:`tilegemm.kernels.microkernel.tile_function`); the helper writes the tile's
 IR with the same code the caller would have used, compiles it, and sends the
 object code back on stdout.  The latest request goes first: the template imported
-last is the one the caller's next loop runs.
+last is the one the caller's next loop runs.  At its first lull it compiles the
+pool's jitted functions into Numba's cache (:func:`tilegemm.kernels.pool.warm`),
+which the caller's first threaded call then loads.
 
 Messages (:func:`tilelib.send`, :func:`tilelib.receive`): requests ``(symbol,
 spec, (triple, cpu, features))``; replies ``(symbol, "started", None)``, then
@@ -15,7 +17,7 @@ spec, (triple, cpu, features))``; replies ``(symbol, "started", None)``, then
 import sys
 import threading
 
-from tilegemm.kernels import tilelib
+from tilegemm.kernels import pool, tilelib
 from tilegemm.kernels.microkernel import tile_function
 
 
@@ -42,14 +44,33 @@ def serve(requests, replies):
             changed.notify()
 
     threading.Thread(target=drain, daemon=True).start()
+    built = warmed = False
     while True:
         with changed:
-            if not pending and not changed.wait_for(lambda: pending, IDLE_EXIT_SECONDS):
+            idle = not pending and (warmed or not built)
+            if idle and not changed.wait_for(lambda: pending, IDLE_EXIT_SECONDS):
                 return
-            job = pending.pop()
+            job = pending.pop() if pending else _LULL
         if job is None:
             return
-        _build(job, replies)
+        if job is _LULL:
+            _warm_pool()
+            warmed = True
+        else:
+            _build(job, replies)
+            built = True
+
+
+#: The queue emptied after the first tiles: the caller is compiling its loops.
+_LULL = object()
+
+
+def _warm_pool():
+    """The pool's functions into Numba's cache, for the caller's first threaded call."""
+    try:
+        pool.warm()
+    except Exception:  # the caller compiles them itself
+        pass
 
 
 def _build(job, replies):

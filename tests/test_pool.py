@@ -1,5 +1,8 @@
 """The spinning worker pool that runs the shares of a threaded call (kernels/pool.py)."""
+import ast
 import multiprocessing
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -191,3 +194,32 @@ def test_batched_products_on_native_shares(count, n):
         for _ in range(5):
             got = tilegemm.matmul(a, b)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * n)
+
+
+_THREADED_CALL = """
+import numpy as np, tilegemm
+from tilegemm.kernels import pool
+a = np.ones((512, 512), np.float32)
+with tilegemm.thread_limit(2):
+    assert (tilegemm.matmul(a, a) == 512).all()
+misses = {f.__name__: sum(f.stats.cache_misses.values())
+          for f in (pool.serve, pool.signal, pool.run_share)}
+print(misses)
+"""
+
+
+def test_warm_compiles_what_the_first_threaded_call_loads(tmp_path):
+    """A cold process's tile helper runs ``pool.warm()``: the pool's functions must then
+    be in Numba's cache with the very types a threaded call passes them (without the
+    warm-up each of the three counts one miss)."""
+    env = dict(os.environ, TILEGEMM_CACHE_DIR=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "nb"),
+               TILEGEMM_TILE_HELPER="0")
+
+    def run(code):
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    run("from tilegemm.kernels import pool; pool.warm()")
+    assert ast.literal_eval(run(_THREADED_CALL)) == {"serve": 0, "signal": 0, "run_share": 0}
