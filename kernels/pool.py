@@ -8,7 +8,10 @@ its slot for ``IDLE_SPIN_SECONDS`` before it sleeps, and the caller, once its ow
 share is done, watches the workers' completion flags.  Both watch in jitted code
 that releases the GIL, with atomic loads and the ``pause`` hint.  Calls that
 arrive while the pool is busy (other Python threads) get ``None`` from
-:func:`acquire` and use the queue-based pool instead.
+:func:`acquire` and use the queue-based pool instead, and so does a process's
+first threaded call: the spinning pool is created after it, on a thread of its
+own (:func:`start_soon`), so that a cold first call does not also wait for the
+pool's flag functions to compile.
 
 Every threaded call goes through :func:`run_shares` (a list of shares) or
 :func:`launch` (task loops over a shared counter).  Python threads rather than
@@ -240,46 +243,98 @@ class SpinPool:
 _pool = None
 _pool_pid = None
 _create_lock = threading.Lock()
+_creating = []  # the thread creating this process's pool, while it runs
 
 
 def acquire(needed):
-    """The spinning pool, held for this call, or ``None`` when another call holds it or it
-    has fewer than ``needed`` workers.
+    """The spinning pool, held for this call, or ``None`` when it does not exist yet,
+    another call holds it, or it has fewer than ``needed`` workers.
 
-    Created on first use with a worker for every thread Numba could be asked for beyond
-    the caller's (``needed`` at least).  Release with ``pool.busy.release()``.
+    Release with ``pool.busy.release()``.  A call that gets ``None`` runs on the
+    queue-based :func:`executor` and then calls :func:`start_soon`.
     """
-    global _pool, _pool_pid
-    if _pool is None or _pool_pid != os.getpid():
-        with _create_lock:
-            if _pool is None or _pool_pid != os.getpid():
-                # A forked child has none of its parent's threads: a pool of its own.
-                workers = max(needed, numba.config.NUMBA_NUM_THREADS - 1, 1)
-                _pool, _pool_pid = SpinPool(workers), os.getpid()
-    spinning = _pool
-    if spinning.workers < needed or not spinning.busy.acquire(blocking=False):
+    spinning = _pool if _pool_pid == os.getpid() else None
+    if spinning is None or spinning.workers < needed or not spinning.busy.acquire(blocking=False):
         return None
     return spinning
 
 
+def start(needed=1):
+    """Create this process's spinning pool now, if it has none (one worker for every
+    thread Numba could be asked for beyond the caller's, ``needed`` at least)."""
+    global _pool, _pool_pid
+    with _create_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            # A forked child has none of its parent's threads: a pool of its own.
+            workers = max(needed, numba.config.NUMBA_NUM_THREADS - 1, 1)
+            _pool, _pool_pid = SpinPool(workers), os.getpid()
+
+
+def start_soon(needed):
+    """Create the spinning pool on a thread of its own, once, unless it exists.
+
+    Creating it compiles, or loads, its jitted flag functions; on a cold cache
+    that is a quarter of a second which a process's first threaded call, already
+    compiling its own loops, does not wait for: that call runs on the queue-based
+    pool, and the calls after it find the spinning pool ready.
+    """
+    with _create_lock:
+        if (_pool is not None and _pool_pid == os.getpid()) or _creating:
+            return
+        thread = threading.Thread(target=_create, args=(needed,), name="tilegemm-pool-start")
+        _creating.append(thread)
+    thread.start()
+
+
+def _create(needed):
+    try:
+        start(needed)
+    finally:
+        with _create_lock:
+            _creating.clear()
+
+
+def _finish_creation():
+    """Before a fork: no thread may be compiling the pool's functions (the child would
+    inherit the compiler's lock held by a thread it does not have)."""
+    for thread in list(_creating):
+        thread.join()
+
+
+def _reset_after_fork():
+    """In a forked child: a lock another parent thread held at the fork stays held."""
+    global _create_lock
+    _create_lock = threading.Lock()
+    _creating.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_finish_creation, after_in_child=_reset_after_fork)
+
+
 _queue_pool = None
+_queue_pool_pid = None
 _queue_pool_lock = threading.Lock()
 
 
 def executor():
-    """The process-wide queue-based pool, for calls that find the spinning pool busy.
+    """The process-wide queue-based pool, for calls that find the spinning pool busy
+    or not created yet.
 
-    Created once, with as many workers as Numba could ever be asked for minus one
-    (the calling thread takes a share itself); workers start only when used.  It
-    is never replaced, so a caller can never be handed a pool another thread shut.
+    Created once per process, with as many workers as Numba could ever be asked for
+    minus one (the calling thread takes a share itself); workers start only when
+    used.  It is never replaced within a process, so a caller can never be handed a
+    pool another thread shut; a forked child, which has none of its parent's
+    threads, makes its own.
     """
-    global _queue_pool
-    if _queue_pool is None:
+    global _queue_pool, _queue_pool_pid
+    if _queue_pool is None or _queue_pool_pid != os.getpid():
         with _queue_pool_lock:
-            if _queue_pool is None:
+            if _queue_pool is None or _queue_pool_pid != os.getpid():
                 _queue_pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
                     thread_name_prefix="tilegemm")
+                _queue_pool_pid = os.getpid()
     return _queue_pool
 
 
@@ -300,6 +355,8 @@ def run_shares(fn, shares, gate=None):
     fn(*shares[0])
     for f in futures:
         f.result()
+    if len(shares) > 1:
+        start_soon(len(shares) - 1)
 
 
 def run_native_shares(address, blocks):
@@ -317,6 +374,8 @@ def run_native_shares(address, blocks):
     run_share(address, blocks[0])
     for f in futures:
         f.result()
+    if len(blocks) > 1:
+        start_soon(len(blocks) - 1)
 
 
 def launch(run, threads):

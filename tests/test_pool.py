@@ -104,6 +104,7 @@ def test_sleeping_workers_wake_for_the_next_call(spin3):
 def test_busy_pool_sends_other_callers_to_the_queue_pool():
     """While one call holds the spinning pool, another thread's call runs on the
     queue-based pool, with the same results."""
+    pool.start(1)
     held = pool.acquire(1)
     assert held is not None
     try:
