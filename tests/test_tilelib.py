@@ -67,3 +67,76 @@ def test_deleted_tiles_folder_makes_cached_loops_recompile(tmp_path):
     # tiles nobody registered.  The new tiles epoch rewrites the generated modules.
     assert ast.literal_eval(_run(tmp_path))
     assert _run(tmp_path) == "[]"
+
+
+_KILL_HELPER = """
+import glob, os, signal, threading, time
+
+def kill_helper():
+    # The helper is this process's only child: kill it once it is busy with tiles.
+    for _ in range(4000):
+        kids = [int(p) for f in glob.glob(f"/proc/{os.getpid()}/task/*/children")
+                for p in open(f).read().split()]
+        if kids:
+            time.sleep(0.6)
+            for kid in kids:
+                os.kill(kid, signal.SIGKILL)
+            print("killed", flush=True)
+            return
+        time.sleep(0.005)
+
+threading.Thread(target=kill_helper, daemon=True).start()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds the helper through /proc")
+def test_a_helper_killed_midway_leaves_the_rest_to_the_caller(tmp_path):
+    env = dict(os.environ, TILEGEMM_CACHE_DIR=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    done = subprocess.run([sys.executable, "-c", _KILL_HELPER + _SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "killed" in done.stdout                      # the helper did start and die
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert _run(tmp_path) == "[]"
+
+
+_CONCURRENT_FIRST_CALLS = """
+import threading
+import numpy as np, tilegemm as tg
+rng = np.random.default_rng(1)
+a = rng.standard_normal((300, 200)).astype(np.float32)
+b = rng.standard_normal((200, 250)).astype(np.float32)
+x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+want_c = a.astype(np.float64) @ b
+patches = np.lib.stride_tricks.sliding_window_view(
+    np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+want_y = np.einsum("nchwij,kcij->nkhw", patches, w)
+errors = []
+
+def product():
+    for _ in range(3):
+        if np.abs(tg.matmul(a, b) - want_c).max() > 1e-3:
+            errors.append("matmul")
+
+def convolution():
+    for _ in range(3):
+        if np.abs(tg.conv2d(x, w, padding=1) - want_y).max() > 1e-3:
+            errors.append("conv2d")
+
+threads = [threading.Thread(target=f) for f in (product, convolution, product, convolution)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors)
+"""
+
+
+def test_concurrent_first_calls_on_a_cold_cache(tmp_path):
+    """Python threads making their first calls at once, tiles and pool still compiling."""
+    env = dict(os.environ, TILEGEMM_CACHE_DIR=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    done = subprocess.run([sys.executable, "-c", _CONCURRENT_FIRST_CALLS], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
