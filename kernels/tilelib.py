@@ -210,7 +210,10 @@ def _read_replies(process):
             if build is None or state == "started":
                 continue
             if state == "done":
-                loader.write_atomic(_path(symbol), payload)
+                try:
+                    loader.write_atomic(_path(symbol), payload)
+                except OSError:  # an unwritable cache: the object code serves this process
+                    pass
                 build.obj = payload
             build.done.set()
     except (OSError, ValueError, EOFError):
