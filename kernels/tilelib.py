@@ -188,9 +188,11 @@ def _start_helper():
     if os.environ.get("TILEGEMM_TILE_HELPER", "1") == "0" or not sys.executable:
         return None
     try:
+        # The helper never starts a helper of its own.
         process = subprocess.Popen([sys.executable, "-m", "tilegemm.kernels.tilebuild"],
-                                   stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL,
+                                   env=dict(os.environ, TILEGEMM_TILE_HELPER="0"))
     except OSError:
         return None
     threading.Thread(target=_read_replies, args=(process,), name="tilegemm-tiles",
