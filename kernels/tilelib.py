@@ -122,7 +122,7 @@ def _engine():
 
 
 def _path(symbol):
-    machine = repr((_codegen().magic_tuple(), llvmlite.__version__)).encode()
+    machine = repr((_target(), llvmlite.__version__)).encode()
     return os.path.join(_folder(), f"{symbol}_{hashlib.sha256(machine).hexdigest()[:12]}.o")
 
 
@@ -229,15 +229,6 @@ def _read_replies(process):
                 _helper[0] = None
         for build in _builds.values():
             build.done.set()
-
-
-def stop_helper():
-    """End the helper process, if one runs (the next tile that is not cached starts another)."""
-    with _builds_lock:
-        process = _helper[0] if _helper else None
-    if process is not None:
-        process.stdin.close()
-        process.wait()
 
 
 def _forget_helper():
