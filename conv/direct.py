@@ -29,6 +29,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, inner_jit, round_up
 from tilegemm.conv import engine
+from tilegemm.conv.params import unique_rows
 from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import valid_range
 from tilegemm.packing.winograd import activate
@@ -236,8 +237,7 @@ def flat_geometry(p, lanes, vectors, short, dtype):
     col = q % Wq + c[None, :, None]
     on = (row >= 0) & (row < Hq) & (col >= 0) & (col < Wq)         # (vector, tap, lane)
     # (-1 for T*lanes, not -1: every vector may be interior, leaving no masked ones.)
-    patterns, which = np.unique(on.reshape(len(starts), T * lanes), axis=0,
-                                return_inverse=True)
+    patterns, which = unique_rows(on.reshape(len(starts), T * lanes))
     masks = np.where(patterns, -1, 0).astype(itype).reshape(-1)
     if masks.size == 0:
         masks = np.zeros(lanes, itype)                 # no masked vector: never read

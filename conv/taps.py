@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from tilegemm.conv import engine
+from tilegemm.conv.params import unique_rows
 from tilegemm.ground.contracts import EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.tuning.machine import detect, l1_alias_period
 
@@ -178,7 +179,7 @@ def _panel_masks(geometry, nr, itemsize, group, in_image):
         safe = ((read >= 0) & (read < H * W)).all(axis=2)
     else:
         safe = np.ones((npanels, T), bool)                 # a copy with zeroed slack around
-    patterns, which = np.unique(on.reshape(-1, nr), axis=0, return_inverse=True)
+    patterns, which = unique_rows(on.reshape(-1, nr))
     which = which.reshape(npanels, T)
     masked = ~on.all(axis=2)
     # The group: taps 0..n-1, all masked, safe and of tap 0's pattern.
