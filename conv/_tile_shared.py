@@ -127,7 +127,8 @@ def phase_split(x, view, image, phases, split, xq, spill):
                     dst = base + r * Wq
                     y = r * sy + a - py
                     if y < 0 or y >= H:
-                        xq[dst:dst + Wq] = 0
+                        for s in range(Wq):
+                            xq[dst + s] = 0
                         continue
                     src = x_off + c * sc + y * s_row
                     if sx == 2 and b == 0:
@@ -145,8 +146,6 @@ def phase_split(x, view, image, phases, split, xq, spill):
                     # Columns s with 0 <= s*sx + b - px < W.
                     lo = min(Wq, max(0, (px - b + sx - 1) // sx))
                     hi = max(lo, min(Wq, (W - 1 + px - b) // sx + 1))
-                    xq[dst:dst + lo] = 0
-                    for s in range(lo, hi):
-                        xq[dst + s] = x[src + s * sx + b - px]
-                    xq[dst + hi:dst + Wq] = 0
+                    for s in range(Wq):
+                        xq[dst + s] = x[src + s * sx + b - px] if lo <= s < hi else 0
 

@@ -207,79 +207,6 @@ def _copy_grid_columns(cbuf, ldb, j0, cols, Wq, Wo, out, co, sk, M):
 
 
 @numba.njit(inline='always', **JIT)
-def taps_task(n, part, g, copy, plan, grid, x, apack, epilogue, out, bufs):
-    """Part ``part`` of ``plan[0].parts`` of image ``n`` in group ``g``: its share of the
-    column blocks of the output grid's first ``q_end`` columns.
-
-    ``plan`` is :func:`tilegemm.conv.taps.taps_plan`'s record (its names below),
-    ``grid`` ``(taps, masks, sched)``, ``epilogue`` ``(bias, bias_group,
-    epi)``, ``bufs`` the thread's ``(xq, cbuf, bpack)``.  Group ``g`` reads channels
-    ``g*Cg:`` of ``x``, writes its ``M`` output channels from ``g*M``, its packed
-    weights start at ``apack[g*a_group]`` and its bias at ``bias[g*bias_group]``.
-
-    ``layout`` FLAT (stride 1 and ``Wq == Wo == W``): the grid is the image plane and
-    the output plane, B is read from ``x`` itself, channels ``chan`` apart.  PHASED:
-    the same grid (``Wq == Wo``), B read from an unpadded stride-split copy in
-    ``xq`` after ``slack`` zeros.  For both, with ``direct`` whole tiles go straight
-    into ``out``, only the partial row panel and last column panel through
-    ``cbuf``; without, C goes through ``cbuf``.  PADDED: the image is split by
-    stride phase, zero padded, into ``xq``, every tile goes through ``cbuf`` and the
-    valid columns are copied out.  A thread whose previous task had the same image
-    skips the copy (``copy`` False).  ``taps`` holds each kernel tap's offset from
-    a grid position, ``masks`` and ``sched`` the masks and each panel's tap
-    schedule (see :func:`taps_block`); ``cbuf`` is an ``Mp x NCB`` block of C
-    (``NCB`` a multiple of NR); the column blocks are cut into ``parts`` runs.
-    """
-    r = plan[0]
-    bias, bias_group, epi = epilogue
-    xq, cbuf, _ = bufs
-    Wo, Cg, M, Mp, ntaps, KC, MC, NCB = r.Wo, r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
-    Wq, layout, direct, chan = r.Wq, r.layout, r.direct, r.chan
-    parts, q_end = r.parts, r.q_end
-    x_off, o_off = g * Cg * r.xs_c, g * M * r.os_k
-    a_off, b_off = g * r.a_group, g * bias_group
-    xs0 = r.xs_n
-    src, src_off = _stage_image(r, copy, x, x_off + n * xs0, xq)
-    co = o_off + n * r.os_n
-    sk = r.os_k
-    columns = q_end
-    m_full = M // MR * MR
-    blocks = (columns + NCB - 1) // NCB
-    per_part = (blocks + parts - 1) // parts
-    for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
-        j0 = blk * NCB
-        cols = min(NCB, columns - j0)
-        panels = (cols + NR - 1) // NR * NR
-        if layout != PADDED and not direct:
-            # A tile's rows would share L1 sets in out (channels a whole number of pages
-            # apart): C goes through cbuf, copied out once.
-            taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
-                       (ZERO, Mp, ZERO, ZERO), (j0, cols), (cbuf, ZERO, NCB), (cbuf, NCB),
-                       (bias, b_off, epi))
-            _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
-            continue
-        if layout != PADDED:
-            # The grid is the output plane: whole tiles straight in, the partial row
-            # panel and last column panel through cbuf.
-            short = short_rows(M - m_full)
-            taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
-                       (ZERO, Mp, m_full, short), (j0, cols), (out, co + j0, sk), (cbuf, NCB),
-                       (bias, b_off, epi))
-            full = cols // NR * NR
-            if full < cols:
-                _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
-            if m_full < M:
-                done = full if short else 0     # whole columns the short kernel wrote
-                _copy_rows(cbuf[m_full * NCB + done:], NCB, out, co + m_full * sk + j0 + done, sk,
-                           M - m_full, cols - done)
-            continue
-        taps_block((xq, ZERO, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
-                   (ZERO, Mp, ZERO, ZERO), (j0, panels), (cbuf, ZERO, NCB), (cbuf, NCB),
-                   (bias, b_off, epi))
-        _copy_grid_columns(cbuf, NCB, j0, cols, Wq, Wo, out, co, sk, M)
-
-
-@numba.njit(inline='always', **JIT)
 def pack_tails(x, x_off, xs0, xs1, N, reads, ntaps, tail, pc, kc, bpack):
     """B of :func:`taps_tails` for channels ``pc:pc+kc``, as NR-wide packed panels.
 
@@ -315,7 +242,7 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
     kernel's (each row panel's taps are one packed panel of ``ntaps*kc``), B is
     packed from the images by :func:`pack_tails` (``reads``: where the taps read in
     a channel), C goes through the thread's ``cbuf`` into each image.  Arguments as
-    for :func:`taps_task`.
+    for :func:`taps_tasks`.
     """
     r = plan[0]
     bias, bias_group, epi = epilogue
@@ -351,32 +278,73 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
 def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
     """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 
-    In a group, the first ``tail_tasks`` run :func:`taps_tails` over the grid columns
-    from ``q_end`` on: ``tail_imgs`` images per GEMM, each cut into ``tail_parts``
-    shares of its row panels so threads split that work too.  The others are image
-    * parts + part, up to ``q_end`` (:func:`taps_task`).  Arguments as for
-    :func:`taps_task`; ``plan`` is the plan's record, read once per call.  ``reads``
-    is None for a layer without tails: Numba then prunes the tails and does not
-    compile them (a 7x7 stem's padded layout never has any).
+    ``plan`` is :func:`tilegemm.conv.taps.taps_plan`'s record (its names below),
+    ``grid`` ``(taps, masks, sched)`` (see :func:`taps_block`), ``epilogue`` ``(bias,
+    bias_group, epi)``, ``bufs`` the thread's ``(xq, cbuf, bpack)``: ``cbuf`` an ``Mp x
+    NCB`` block of C.  Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M``
+    output channels from ``g*M``; its packed weights start at ``apack[g*a_group]``.
+
+    A group's first ``tail_tasks`` run :func:`taps_tails` over the grid columns from
+    ``q_end`` on; ``reads`` is None for a layer without tails (Numba then prunes
+    them: a 7x7 stem's padded layout never has any).  The others are image * parts +
+    part: that part's share of the NCB column blocks of the image's first ``q_end``
+    grid columns, the image staged by :func:`_stage_image` unless the thread's
+    previous task had it.  FLAT and PHASED grids are the output plane: with
+    ``direct`` whole tiles go straight into ``out``, the partial row panel and last
+    column panel through ``cbuf``; without, all of C goes through ``cbuf``.  PADDED
+    grids go through ``cbuf``, their valid columns copied out.  The loop holds the
+    task's body: an inlined one would cost the compile a copy of its IR.
     """
     r = plan[0]
-    ntasks, tail_tasks, parts = r.ntasks, r.tail_tasks, r.parts
-    per_group = ntasks // r.groups
-    N = (per_group - tail_tasks) // parts
+    bias, bias_group, epi = epilogue
+    xq, cbuf, _ = bufs
+    Cg, M, Mp, ntaps, KC, MC, NCB = r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
+    per_group, parts, chan, sk = r.ntasks // r.groups, r.parts, r.chan, r.os_k
+    N = (per_group - r.tail_tasks) // parts
+    m_full = M // MR * MR
+    blocks = (r.q_end + NCB - 1) // NCB
+    per_part = (blocks + parts - 1) // parts
     last = -1
     while True:
         task = next_task(counter)
-        if task >= ntasks:
+        if task >= r.ntasks:
             break
         g = task // per_group
         task -= g * per_group
-        if task < tail_tasks:
+        if task < r.tail_tasks:
             if reads is not None:
                 taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs)
             continue
-        task -= tail_tasks
-        n = task // parts
-        image = g * N + n               # the copy in xq is of this image's group
-        taps_task(n, task % parts, g, image != last, plan, grid, x, apack, epilogue, out, bufs)
-        last = image
-
+        n, part = (task - r.tail_tasks) // parts, (task - r.tail_tasks) % parts
+        a_off, b_off = g * r.a_group, g * bias_group
+        src, src_off = _stage_image(r, g * N + n != last, x, g * Cg * r.xs_c + n * r.xs_n, xq)
+        last = g * N + n                # the copy in xq is of this image's group
+        co = g * M * sk + n * r.os_n
+        for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
+            j0 = blk * NCB
+            cols = min(NCB, r.q_end - j0)
+            if r.layout == PADDED:
+                panels = (cols + NR - 1) // NR * NR
+                taps_block((xq, ZERO, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                           (ZERO, Mp, ZERO, ZERO), (j0, panels), (cbuf, ZERO, NCB), (cbuf, NCB),
+                           (bias, b_off, epi))
+                _copy_grid_columns(cbuf, NCB, j0, cols, r.Wq, r.Wo, out, co, sk, M)
+            elif not r.direct:
+                # A tile's rows would share L1 sets in out (channels a whole number of
+                # pages apart): C goes through cbuf, copied out once.
+                taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                           (ZERO, Mp, ZERO, ZERO), (j0, cols), (cbuf, ZERO, NCB), (cbuf, NCB),
+                           (bias, b_off, epi))
+                _copy_rows(cbuf, NCB, out, co + j0, sk, M, cols)
+            else:
+                short = short_rows(M - m_full)
+                taps_block((src, src_off, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
+                           (ZERO, Mp, m_full, short), (j0, cols), (out, co + j0, sk),
+                           (cbuf, NCB), (bias, b_off, epi))
+                full = cols // NR * NR
+                if full < cols:
+                    _copy_rows(cbuf[full:], NCB, out, co + j0 + full, sk, m_full, cols - full)
+                if m_full < M:
+                    done = full if short else 0     # whole columns the short kernel wrote
+                    _copy_rows(cbuf[m_full * NCB + done:], NCB, out,
+                               co + m_full * sk + j0 + done, sk, M - m_full, cols - done)
