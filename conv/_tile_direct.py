@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT
+from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, jit
 from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc, make_depthwise_rows,
                                      make_direct_row)
 from tilegemm.kernels.sync import next_task, prefetch
@@ -60,7 +60,7 @@ depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
 
 # --- direct convolution, NCHW, horizontal stride 1: vectors along the output row ---------
 
-@numba.njit(**JIT)
+@jit
 def depthwise_plane(geom):
     """(rows, row stride) of a channel zero padded for :func:`depthwise_rows`.
 
@@ -73,7 +73,7 @@ def depthwise_plane(geom):
     return rows, (cols + LANES - 1) // LANES * LANES
 
 
-@numba.njit(**JIT)
+@jit
 def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
     """Depthwise channels whose output (``out_plane`` pixels) is as wide as the image's
     stride-phase planes (``Hq x Wq``), its rows end to end (:func:`depthwise_flat`);
@@ -131,7 +131,7 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
             k = k + 1 if k + 1 < K else 0
 
 
-@numba.njit(**JIT)
+@jit
 def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     """Depthwise NHWC rows (task ``n*Ho + oh``), the lanes over the channels.
 
@@ -274,7 +274,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
                 out[dst + ow] = y
 
 
-@numba.njit(**JIT)
+@jit
 def direct_nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
     """Tasks of :func:`direct_nchw_task`, ``per_tick`` at a time taken from ``counter``
     (:func:`next_task`) until ``ntasks`` are out: a small depthwise channel is a

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
@@ -98,7 +98,7 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf, general):
                     c += 1
 
 
-@numba.njit(**JIT)
+@jit
 def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general):
     """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
     out; a task = (image n, NC block of output pixels, slice of output channels) of

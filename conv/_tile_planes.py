@@ -5,11 +5,10 @@ Written once per GEMM kernel (MR, NR, ISA) by
 (the configuration block, task loops over a shared counter).  Importable as is
 (float32 6x64).
 """
-import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import jit
 from tilegemm.kernels.sync import next_task
 
 # --- configuration ---
@@ -37,7 +36,7 @@ ZERO = _SHARED.ZERO
 # back interleaved: the copies are of one group of one image, never the whole array.
 
 
-@numba.njit(**JIT)
+@jit
 def planes_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
     """Tasks (image, block of ``G`` groups) taken from ``counter`` until ``ntasks`` are out.
 

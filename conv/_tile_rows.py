@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT, inner_jit
+from tilegemm.ground.contracts import JIT, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -194,7 +194,7 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
                                               DTYPE(1), beta, bias, g * Kg + jr, e, rows, cols)
 
 
-@numba.njit(**JIT)
+@jit
 def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs):
     """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until the plan's ``ntasks``
     are out."""
@@ -273,7 +273,7 @@ def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
         p += run
 
 
-@numba.njit(**JIT)
+@jit
 def rows_nchw_tasks(counter, plan, x, bpack, bias, epi, out, zeros, bufs):
     """Tasks of :func:`rows_nchw_task` taken from ``counter`` until the plan's ``ntasks``
     are out."""

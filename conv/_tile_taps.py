@@ -10,7 +10,7 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.conv.taps import PADDED, PHASED
-from tilegemm.ground.contracts import JIT, inner_jit
+from tilegemm.ground.contracts import JIT, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -274,7 +274,7 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
                    r.os_k, min(m1, M) - m0, tail)
 
 
-@numba.njit(**JIT)
+@jit
 def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
     """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 

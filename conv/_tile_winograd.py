@@ -8,7 +8,7 @@ Written once per GEMM kernel (MR, NR, ISA) by
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, inner_jit
+from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, inner_jit, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.kernels.transforms import make_winograd_input, make_winograd_output
@@ -67,7 +67,7 @@ def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
     unpack_winograd(mbuf, (m_slab, Kp), (t0, mt), K, out, o_off, os, geom, epilogue)
 
 
-@numba.njit(**JIT)
+@jit
 def winograd_tasks(counter, plan, g, x, upack, epilogue, out, bufs):
     """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
     the plan's ``ntasks`` are out."""
@@ -165,7 +165,7 @@ def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epi
                             (s_row, Wo), (runs[r, 8], runs[r, 7], runs[r, 1], runs[r, 2]), b, epi)
 
 
-@numba.njit(**JIT)
+@jit
 def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
     """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
     out, ``ntasks // groups`` per group; the loop holds the task's body (see

@@ -27,7 +27,7 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, inner_jit, round_up
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, inner_jit, jit, round_up
 from tilegemm.conv import engine
 from tilegemm.conv.params import unique_rows
 from tilegemm.kernels.sync import next_task
@@ -92,7 +92,7 @@ def _shape_geom(r):
             (r.H, r.W, r.Ho, r.Wo, r.kh, r.kw, r.sy, r.sx, r.py, r.px, r.dy, r.dx))
 
 
-@numba.njit(**JIT)
+@jit
 def _nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
     """Tasks of :func:`_nchw_task` taken from ``counter`` until ``ntasks`` are out;
     ``plan`` is :func:`direct_plan`'s record."""
@@ -149,7 +149,7 @@ def _nhwc_task(task, x, wt, bias, has_bias, act, out, shape, geom, acc):
             out[dst + k] = activate(y, act)
 
 
-@numba.njit(**JIT)
+@jit
 def _nhwc_tasks(counter, plan, x, wt, bias, has_bias, act, out, acc):
     """Tasks of :func:`_nhwc_task` taken from ``counter`` until ``ntasks`` are out;
     arguments as for :func:`_nchw_tasks`."""

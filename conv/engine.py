@@ -24,11 +24,10 @@ import os
 import threading
 import weakref
 
-import numba
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import JIT, cdiv
+from tilegemm.ground.contracts import cdiv, jit
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels import tilelib
@@ -267,7 +266,7 @@ COMPARE_BYTES_PER_THREAD = 1 << 20
 _COMPARE_BLOCK = 4096
 
 
-@numba.njit(**JIT)
+@jit
 def _same_bits(a, b, lo, hi):
     """Whether ``a[lo:hi]`` and ``b[lo:hi]`` (unsigned integer views) hold the same bits."""
     for start in range(lo, hi, _COMPARE_BLOCK):

@@ -7,8 +7,9 @@ FMA, ``reassoc`` lets reductions be vectorised.
 """
 import os
 
-from numba.core.registry import CPUDispatcher
 from numba.extending import overload
+
+from tilegemm.ground.linking import LinkedDispatcher
 
 #: Fast-math flags applied to jitted loops (never nnan / ninf).
 FASTMATH = {"contract", "reassoc", "nsz", "arcp", "afn"}
@@ -20,8 +21,11 @@ CACHE = os.environ.get("TILEGEMM_NO_CACHE", "0") != "1"
 JIT = dict(nogil=True, cache=CACHE, fastmath=FASTMATH)
 
 
-class _InnerDispatcher(CPUDispatcher):
-    """A jitted function compiled without the wrappers that let Python call it."""
+class _InnerDispatcher(LinkedDispatcher):
+    """A jitted function compiled without the wrappers that let Python call it,
+    called from jitted code by its symbol (:mod:`tilegemm.ground.linking`)."""
+
+    by_symbol = True
 
     def __call__(self, *args, **kwargs):
         # Without its CPython wrapper the compiled entry point is not callable from
@@ -36,14 +40,27 @@ def inner_jit(fn):
     Numba gives every jitted function a CPython and a C wrapper and compiles them
     with it, cold, whether or not anything outside jitted code calls it; without them
     a layer's first call compiles a tenth to a third of a second sooner.  Calling the
-    function from Python raises TypeError.
+    function from Python raises TypeError.  Callers made by ``inner_jit`` or
+    :func:`jit` call it by its symbol instead of compiling its code again
+    (:mod:`tilegemm.ground.linking`).
     """
-    options = dict(JIT, nopython=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    return _dispatcher(_InnerDispatcher, fn, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+
+
+def jit(fn):
+    """``numba.njit(**JIT)`` whose calls to :func:`inner_jit` functions go by symbol
+    (:mod:`tilegemm.ground.linking`): the callees' code is not compiled again inside it."""
+    return _dispatcher(LinkedDispatcher, fn)
+
+
+def _dispatcher(cls, fn, **options):
+    options = dict(JIT, nopython=True, **options)
     cache = options.pop("cache")
-    dispatcher = _InnerDispatcher(py_func=fn, locals={}, targetoptions=options)
+    dispatcher = cls(py_func=fn, locals={}, targetoptions=options)
     if cache:
         dispatcher.enable_caching()
     return dispatcher
+
 
 # Fused epilogue codes, OR-ed into one ``epi`` integer: the micro-kernels, the
 # packers' output transforms and the direct kernels all read the same bits.

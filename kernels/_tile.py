@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT,
-                                      inner_jit)
+                                      inner_jit, jit)
 from tilegemm.kernels.gemv import make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.packers import make_pack_panel
@@ -112,7 +112,7 @@ def macro_kernel(shape, apack, a_base, bpack, b_base, c, c_off, ldc, scal, epilo
                              alpha, beta, bias, bias_off, epi, mr, nr)
 
 
-@numba.njit(**JIT)
+@jit
 def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
     """``C = alpha*A@B + beta*C`` (+ epilogue) on one thread.
 
@@ -157,7 +157,7 @@ def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
                    bpack[jc * k + pc * ncp:])
 
 
-@numba.njit(**JIT)
+@jit
 def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, packs):
     """One thread's part of a product shared through one packed copy of B.
 
@@ -277,7 +277,7 @@ def gemm_small(shape, scal, a, b, c, epilogue, KC, packs):
                     (bf, (b_pc, b_rs, b_cs)), c, (bias, epi_pc), packs)
 
 
-@numba.njit(**JIT)
+@jit
 def matmul_small(a, b, c, KC):
     """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
 
@@ -345,7 +345,7 @@ def batch_tasks(counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
                 gemm_serial(shape, scal, av, bv, cv, (NO_BIAS, ZERO), blocks, packs)
 
 
-@numba.njit(**JIT)
+@jit
 def sum_parts(m, n, parts, alpha, beta, c, c_off, ldc, bias, epi):
     """C = alpha * sum(parts) + beta * C, then the epilogue: the end of a k split among threads.
 
@@ -430,7 +430,7 @@ def axpy_columns(rows, k, m, m_off, m_cs, x, x_off, x_s, acc):
             acc[i] += m[base + i] * xq
 
 
-@numba.njit(**JIT)
+@jit
 def gemv(shape, scal, mat, x, y, epilogue, bias_row, acc):
     """``y = alpha * M @ x + beta * y`` with M ``rows x k`` and an optional epilogue.
 
@@ -466,7 +466,7 @@ def gemv(shape, scal, mat, x, y, epilogue, bias_row, acc):
         y[y_off + i * y_s] = apply_epilogue(v, bias, i if bias_row else 0, epi)
 
 
-@numba.njit(**JIT)
+@jit
 def gemv_product(shape, scal, a, b, c, epilogue, acc):
     """A product with m == 1 or n == 1 as :func:`gemv` takes it: arguments as for
     :func:`gemm_serial`, ``acc`` ``max(m, n)`` elements of scratch.  n == 1: y (m) =
