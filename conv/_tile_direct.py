@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, jit
+from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, imax, imin, jit
 from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc, make_depthwise_rows,
                                      make_direct_row)
 from tilegemm.kernels.sync import next_task, prefetch
@@ -107,7 +107,7 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
         if first >= ntasks:
             break
         k = first % K
-        for c in range(first, min(ntasks, first + per_tick)):
+        for c in range(first, imin(ntasks, first + per_tick)):
             dst = c * out_plane
             if copy:
                 phase_split(x, (c * H * W, H * W, W), (UNIT, H, W), (sy, sx, ZERO, ZERO),
@@ -127,7 +127,7 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
                                             (src + q0, w_off, dst + q0), q0 % Wq, (b, epi))
             for v0 in range(0, nvec, DW_FLAT_SHORT):
                 depthwise_flat(planes, taps, ntaps, w, masks, starts, rows, out,
-                               (src, w_off, dst), (v0, min(DW_FLAT_SHORT, nvec - v0)), (b, epi))
+                               (src, w_off, dst), (v0, imin(DW_FLAT_SHORT, nvec - v0)), (b, epi))
             k = k + 1 if k + 1 < K else 0
 
 
@@ -148,9 +148,9 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     P = 1 if wide else DW_NHWC_PIXELS
     edge = WIDE if wide else ONE
     # Columns ow with 0 <= ow*sx - px and ow*sx + (kw-1)*dx - px < W.
-    lo = min(Wo, (px + sx - 1) // sx)
+    lo = imin(Wo, (px + sx - 1) // sx)
     reach = W - 1 - (kw - 1) * dx + px
-    hi = max(lo, min(Wo, reach // sx + 1)) if reach >= 0 else lo
+    hi = imax(lo, imin(Wo, reach // sx + 1)) if reach >= 0 else lo
     step = P if hi - lo >= P else 1
     inner = WIDE if wide else (RUN if step == P else ONE)
     while True:
@@ -159,8 +159,8 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
             break
         n, oh = task // Ho, task % Ho
         y0 = oh * sy - py
-        i0 = max(0, (dy - 1 - y0) // dy)                  # first kernel row inside the image
-        i1 = min(kh, (H - 1 - y0) // dy + 1) if y0 < H else 0
+        i0 = imax(0, (dy - 1 - y0) // dy)                 # first kernel row inside the image
+        i1 = imin(kh, (H - 1 - y0) // dy + 1) if y0 < H else 0
         if i1 <= i0:
             i0 = i1 = 0                                   # only padding: the bias alone
             y0 = 0
@@ -172,20 +172,20 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
             if lo <= ow < hi:
                 continue
             x0 = ow * sx - px
-            j0 = max(0, (dx - 1 - x0) // dx)
-            j1 = min(kw, (W - 1 - x0) // dx + 1) if x0 < W else 0
-            nj = max(0, j1 - j0)
+            j0 = imax(0, (dx - 1 - x0) // dx)
+            j1 = imin(kw, (W - 1 - x0) // dx + 1) if x0 < W else 0
+            nj = imax(0, j1 - j0)
             src = (row + x0 + j0 * dx) * C if nj else 0
             for c in range(0, C, CB):
-                c = min(c, C - CB)
+                c = imin(c, C - CB)
                 depthwise_nhwc(edge, x, (src + c, ZERO, dy * W * C, dx * C),
                                (i1 - i0 if nj else 0, nj), wt, (w_row + j0 * C + c, C, kw), out,
                                ((dst_row + ow) * C + c, ZERO), bias, c, epi)
         for ow in range(lo, hi, step):
-            ow = min(ow, hi - step)
+            ow = imin(ow, hi - step)
             src = (row + ow * sx - px) * C
             for c in range(0, C, CB):
-                c = min(c, C - CB)
+                c = imin(c, C - CB)
                 depthwise_nhwc(inner, x, (src + c, sx * C, dy * W * C, dx * C), (i1 - i0, kw),
                                wt, (w_row + c, C, kw), out, ((dst_row + ow) * C + c, C), bias, c,
                                epi)
@@ -207,7 +207,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
     n = task // (groups * blocks)
     g = (task // blocks) % groups
     k0 = g * Kg + (task % blocks) * KB
-    kn = min(KB, (g + 1) * Kg - k0)
+    kn = imin(KB, (g + 1) * Kg - k0)
     lda = (Wo + ROW - 1) // ROW * ROW
     if Cg == 1 and kn == 1:
         # One input channel per output channel (depthwise): the channel is copied zero
@@ -221,13 +221,13 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
         # Ask for the start of the next channel now: a small channel is a few short
         # rows, too short for the hardware prefetcher to pick up before they are read.
         if (n * C + g + 1) * H * W < x.size:
-            for q in range(0, min(H * W, 4096 // x.itemsize), 64 // x.itemsize):
+            for q in range(0, imin(H * W, 4096 // x.itemsize), 64 // x.itemsize):
                 prefetch(x, (n * C + g + 1) * H * W + q)
         dst = (n * K + k0) * Ho * Wo
         b = bias[k0] if has_bias else DTYPE(0)
         whole = Ho // DW_ROWS * DW_ROWS
         for t in range(0, Wo, ROW):
-            count = min(ROW, Wo - t)
+            count = imin(ROW, Wo - t)
             for oh in range(0, whole, DW_ROWS):
                 depthwise_rows(acc, oh * sy * Wp + t, (Wp, sy * Wp), count, w, k0 * kh * kw,
                                (kh, kw, dy, dx), out, (dst + oh * Wo + t, Wo), (b, epi))
@@ -246,7 +246,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
                 dst = ((n * K + k0 + kk) * Ho + oh) * Wo
                 b = bias[k0 + kk] if has_bias else DTYPE(0)
                 for t in range(0, Wo, ROW):
-                    direct_row_out(x, src + t, (W, H, W), (y0, t - px, min(ROW, Wo - t)), w,
+                    direct_row_out(x, src + t, (W, H, W), (y0, t - px, imin(ROW, Wo - t)), w,
                                    (k0 + kk) * kh * kw, (kh, kw, dy, dx), out, dst + t, (b, epi))
         return
     for oh in range(Ho):
@@ -257,7 +257,7 @@ def direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
             for kk in range(kn):
                 w_off = ((k0 + kk) * Cg + c) * kh * kw
                 for t in range(0, Wo, ROW):
-                    direct_row(x, src + t, (W, H, W), (y0, t - px, min(ROW, Wo - t)), w, w_off,
+                    direct_row(x, src + t, (W, H, W), (y0, t - px, imin(ROW, Wo - t)), w, w_off,
                                (kh, kw, dy, dx), acc, kk * lda + t)
         for kk in range(kn):
             dst = ((n * K + k0 + kk) * Ho + oh) * Wo
@@ -289,6 +289,6 @@ def direct_nchw_tasks(counter, plan, x, w, bias, has_bias, act, out, acc):
         first = next_task(counter) * per_tick
         if first >= ntasks:
             break
-        for task in range(first, min(ntasks, first + per_tick)):
+        for task in range(first, imin(ntasks, first + per_tick)):
             direct_nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, KB, acc)
 

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT, jit
+from tilegemm.ground.contracts import JIT, imin, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import pack_b_im2col, row_segments
@@ -65,7 +65,7 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf, general):
     seg_ow = np.empty(NR, np.int64)
     seg_len = np.empty(NR, np.int64)
     for jr in range(0, nc, NR):
-        cols = min(NR, nc - jr)
+        cols = imin(NR, nc - jr)
         nseg = row_segments(j0 + jr, cols, Wo, seg_oh, seg_ow, seg_len)
         c = p0 // (kh * kw)
         i = (p0 // kw) % kh
@@ -82,12 +82,12 @@ def pack_b_im2col_rows(x, x_off, xs, geom, p0, kc, j0, nc, buf, general):
                 src = x_off + c * sc + ih * s_row + iw0
                 for t in range(0, seg, LANES):
                     copy_run(x, src + sx * t, iw0 + sx * t, width, buf, out + t,
-                             min(LANES, seg - t), sx)
+                             imin(LANES, seg - t), sx)
                 out += seg
             if cols < NR:
                 masked_copy(x, 0, 0, 0, buf, dst + cols, NR - cols)
                 for t in range(cols + LANES, NR, LANES):
-                    masked_copy(x, 0, 0, 0, buf, dst + t, min(LANES, NR - t))
+                    masked_copy(x, 0, 0, 0, buf, dst + t, imin(LANES, NR - t))
             dst += NR
             j += 1
             if j == kw:
@@ -130,15 +130,15 @@ def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general)
         n = task // (n_jc * msplit)
         jb = (task // msplit) % n_jc
         m0 = (task % msplit) * mstep
-        m1 = min(M, m0 + mstep)
+        m1 = imin(M, m0 + mstep)
         m_full = m0 + (m1 - m0) // MR * MR
         pixels = r.Ho * r.Wo
         jc = jb * NC
-        nc = min(NC, pixels - jc)
+        nc = imin(NC, pixels - jc)
         xo = g * r.Cg * xs[1] + n * xs[0]
         co = g * M * os[1] + n * os[0]
         for pc in range(0, ckk, KC):
-            kc = min(KC, ckk - pc)
+            kc = imin(KC, ckk - pc)
             pack_b_im2col_rows(x, xo, xs, geom, pc, kc, jc, nc, bpack, general)
             beta = DTYPE(0) if pc == 0 else DTYPE(1)
             epi_pc = epi if pc + KC >= ckk else 0
@@ -147,7 +147,7 @@ def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general)
             ic = m0
             while ic < m1:
                 if ic < m_full:
-                    mc, c, c_off, ld = min(MC, m_full - ic), out, co + ic * ldc + jc, ldc
+                    mc, c, c_off, ld = imin(MC, m_full - ic), out, co + ic * ldc + jc, ldc
                 else:
                     mc, c, c_off, ld = MR, edge, 0, ld_edge
                 macro_kernel((mc, nc, kc), apack, pc * Mp + ic * kc, bpack, ZERO, c, c_off, ld,

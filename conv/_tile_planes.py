@@ -8,7 +8,7 @@ Written once per GEMM kernel (MR, NR, ISA) by
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import jit
+from tilegemm.ground.contracts import imin, jit
 from tilegemm.kernels.sync import next_task
 
 # --- configuration ---
@@ -68,10 +68,10 @@ def planes_tasks(counter, plan, grid, x, apack, epilogue, out, bufs):
         if task >= ntasks:
             break
         n, g0 = task // blocks, task % blocks * G
-        ng = min(G, groups - g0)
+        ng = imin(G, groups - g0)
         transpose_copy(x, n * pixels * C + g0 * Cg, C, pixels, ng * Cg, xq, 0, pixels)
         for j0 in range(0, out_pixels, NCB):
-            cols = min(NCB, out_pixels - j0)
+            cols = imin(NCB, out_pixels - j0)
             for i in range(ng):
                 g = g0 + i
                 taps_block((xq, i * Cg * pixels, pixels), grid, ntaps, (Cg, KC, MC),

@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT, inner_jit, jit
+from tilegemm.ground.contracts import JIT, imin, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -99,7 +99,7 @@ def pixel_offsets(geom, strides, p0, count, m, runs, offs):
     ow = p0 - n * plane - oh * Wo
     for q in range((count + MR - 1) // MR):
         at = q * panel_stride(ntaps)
-        last = min(MR, m - p0 - q * MR)               # pixels of the panel that exist
+        last = imin(MR, m - p0 - q * MR)              # pixels of the panel that exist
         inside = runs
         o_w = ow
         for i in range(MR):
@@ -160,29 +160,29 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
     stride = panel_stride(ntaps)
     p0 = task // parts * MP
     k0 = task % parts * KS
-    k1 = min(k0 + KS, Kg)
-    count = min(MP, m - p0)
+    k1 = imin(k0 + KS, Kg)
+    count = imin(MP, m - p0)
     pixel_offsets(geom, (geom[0] * geom[1] * C, geom[1] * C, C), p0, count, m, runs, offs)
     panels = (count + MR - 1) // MR
     for g in range(G):
         b_g = g * Cg * ntaps * Np
         for pc in range(0, Cg, KC):
-            kc = min(KC, Cg - pc)
+            kc = imin(KC, Cg - pc)
             beta = DTYPE(0) if pc == 0 else DTYPE(1)
             e = epi if pc + KC >= Cg else 0
             a_at = g * Cg + pc
             b_pc = b_g + pc * ntaps * Np
             for jc in range(k0, k1, NC):
-                j_end = min(jc + NC, k1)
+                j_end = imin(jc + NC, k1)
                 for q in range(panels):
                     pix = p0 + q * MR
-                    rows = min(MR, m - pix)
+                    rows = imin(MR, m - pix)
                     c_at = pix * K + g * Kg
                     # A kernel row as one tap (taps j = 0 of each row, kw*MR apart).
                     merged = offs[q * stride + ntaps * MR] == 1
                     t_kc, t_step, t_n = (kw * kc, kw * MR, kh) if merged else (kc, MR, ntaps)
                     for jr in range(jc, j_end, NR):
-                        cols = min(NR, Kg - jr)
+                        cols = imin(NR, Kg - jr)
                         b_at = b_pc + jr * ntaps * kc
                         if rows == MR and cols == NR:
                             ukernel_rows(t_kc, x, a_at, offs, q * stride, t_step, t_n, zeros,
@@ -228,22 +228,22 @@ def rows_nchw_task(task, plan, x, bpack, bias, epi, out, zeros, bufs):
     hw = H * W
     p0 = task // parts * MP
     k0 = task % parts * KS
-    k1 = min(k0 + KS, K)
-    count = min(MP, m - p0)
+    k1 = imin(k0 + KS, K)
+    count = imin(MP, m - p0)
     pixel_offsets(geom, (C * hw, W, UNIT), p0, count, m, FALSE, offs)
     panels = (count + MR - 1) // MR
     for pc in range(0, C, KC):
-        kc = min(KC, C - pc)
+        kc = imin(KC, C - pc)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= C else 0
         b_pc = pc * ntaps * Np
         for jc in range(k0, k1, NC):
-            j_end = min(jc + NC, k1)
+            j_end = imin(jc + NC, k1)
             for q in range(panels):
                 # Rows past the last pixel read zeros (offset -1) into rows never copied out.
                 c_at = q * MR * Np
                 for jr in range(jc, j_end, NR):
-                    cols = min(NR, K - jr)
+                    cols = imin(NR, K - jr)
                     b_at = b_pc + jr * ntaps * kc
                     if cols == NR:
                         ukernel_rows_strided(kc, x, pc * hw, hw, offs, q * stride, MR, ntaps,
@@ -267,7 +267,7 @@ def pixels_to_planes(cbuf, ldc, p0, count, k0, k1, K, plane, out):
     while p < p0 + count:
         n = p // plane
         q = p - n * plane
-        run = min(p0 + count - p, plane - q)          # pixels in image n
+        run = imin(p0 + count - p, plane - q)         # pixels in image n
         transpose_copy(cbuf, (p - p0) * ldc + k0, ldc, run, k1 - k0, out,
                        (n * K + k0) * plane + q, plane)
         p += run

@@ -8,7 +8,7 @@ functions from it, so each is compiled once per vector width.  Importable as is
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import JIT, inner_jit
+from tilegemm.ground.contracts import JIT, imax, imin, inner_jit
 from tilegemm.kernels.transforms import make_deinterleave, make_masked_copy, make_transpose
 
 # --- configuration ---
@@ -94,7 +94,7 @@ def split_row(x, src, px, W, Wq, xq, even, odd, spill):
             last = Wq - LANES
             deinterleave(x, src + 2 * last - px, xq, even + last, odd + last)
             continue
-        count = min(LANES, Wq - t)
+        count = imin(LANES, Wq - t)
         masked_copy2(x, src + col, col, W, xq, even + t, count)
         masked_copy2(x, src + col + 1, col + 1, W, xq, odd + t, LANES if spill else count)
 
@@ -141,11 +141,11 @@ def phase_split(x, view, image, phases, split, xq, spill):
                         for t in range(0, Wq, LANES):
                             col = sx * t + b - px
                             masked_copy(x, src + col, col, W, xq, dst + t,
-                                        LANES if spill else min(LANES, Wq - t))
+                                        LANES if spill else imin(LANES, Wq - t))
                         continue
                     # Columns s with 0 <= s*sx + b - px < W.
-                    lo = min(Wq, max(0, (px - b + sx - 1) // sx))
-                    hi = max(lo, min(Wq, (W - 1 + px - b) // sx + 1))
+                    lo = imin(Wq, imax(0, (px - b + sx - 1) // sx))
+                    hi = imax(lo, imin(Wq, (W - 1 + px - b) // sx + 1))
                     for s in range(Wq):
                         xq[dst + s] = x[src + s * sx + b - px] if lo <= s < hi else 0
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.conv.taps import PADDED, PHASED
-from tilegemm.ground.contracts import JIT, inner_jit, jit
+from tilegemm.ground.contracts import JIT, imin, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -120,11 +120,11 @@ def taps_block(b, grid, ntaps, blocks, a, rows, columns, c, tail, epilogue):
     bias, b_off, epi = epilogue
     full = cols // NR * NR
     for pc in range(0, Cg, KC):
-        kc = min(KC, Cg - pc)
+        kc = imin(KC, Cg - pc)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
         for ic in range(m0, m1, MC):
-            ic_end = min(ic + MC, m1)
+            ic_end = imin(ic + MC, m1)
             for jr in range(0, cols, NR):
                 tm = sched[(j0 + jr) // NR]
                 narrow = jr == full and cols - full <= LANES < NR
@@ -200,9 +200,9 @@ def _copy_grid_columns(cbuf, ldb, j0, cols, Wq, Wo, out, co, sk, M):
     while q < j0 + cols:
         oh = q // Wq
         ow = q % Wq
-        run = min(Wq - ow, j0 + cols - q)
+        run = imin(Wq - ow, j0 + cols - q)
         if ow < Wo:
-            _copy_rows(cbuf[q - j0:], ldb, out, co + oh * Wo + ow, sk, M, min(run, Wo - ow))
+            _copy_rows(cbuf[q - j0:], ldb, out, co + oh * Wo + ow, sk, M, imin(run, Wo - ow))
         q += run
 
 
@@ -254,15 +254,15 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
     m0 = task % r.tail_parts * per
     if m0 >= Mp:
         return
-    m1 = min(Mp, m0 + per)
-    images = min(r.tail_imgs, N - n0)
+    m1 = imin(Mp, m0 + per)
+    images = imin(r.tail_imgs, N - n0)
     q0, tail = r.q_end, r.Ho * r.Wq - r.q_end
     x_off = g * Cg * r.xs_c + n0 * r.xs_n
     o_off = g * M * r.os_k + n0 * r.os_n
     a_off, b_off = g * r.a_group, g * bias_group
     ldc = (images * tail + NR - 1) // NR * NR
     for pc in range(0, Cg, KC):
-        kc = min(KC, Cg - pc)
+        kc = imin(KC, Cg - pc)
         pack_tails(x, x_off, r.xs_n, r.xs_c, images, reads, ntaps, tail, pc, kc, bpack)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         e = epi if pc + KC >= Cg else 0
@@ -271,7 +271,7 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
                      (b_off + m0, ZERO))
     for n in range(images):
         _copy_rows(cbuf[m0 * ldc + n * tail:], ldc, out, o_off + n * r.os_n + m0 * r.os_k + q0,
-                   r.os_k, min(m1, M) - m0, tail)
+                   r.os_k, imin(m1, M) - m0, tail)
 
 
 @jit
@@ -320,9 +320,9 @@ def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
         src, src_off = _stage_image(r, g * N + n != last, x, g * Cg * r.xs_c + n * r.xs_n, xq)
         last = g * N + n                # the copy in xq is of this image's group
         co = g * M * sk + n * r.os_n
-        for blk in range(part * per_part, min(blocks, (part + 1) * per_part)):
+        for blk in range(part * per_part, imin(blocks, (part + 1) * per_part)):
             j0 = blk * NCB
-            cols = min(NCB, r.q_end - j0)
+            cols = imin(NCB, r.q_end - j0)
             if r.layout == PADDED:
                 panels = (cols + NR - 1) // NR * NR
                 taps_block((xq, ZERO, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),

@@ -8,7 +8,7 @@ Written once per GEMM kernel (MR, NR, ISA) by
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, inner_jit, jit
+from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, imin, inner_jit, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.kernels.transforms import make_winograd_input, make_winograd_output
@@ -53,14 +53,14 @@ def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
     os = (r.os_n, r.os_k, r.os_h, r.os_w)
     x_off, o_off = g * C * r.xs_c, g * K * r.os_k
     t0 = task * MT
-    mt = min(MT, r.tiles_total - t0)
+    mt = imin(MT, r.tiles_total - t0)
     for pc in range(0, C, KC):
-        kc = min(KC, C - pc)
+        kc = imin(KC, C - pc)
         pack_a_winograd(x, x_off, xs, geom, t0, mt, pc, kc, MR, apack, a_slab, v)
         beta = DTYPE(0) if pc == 0 else DTYPE(1)
         for xi in range(16):
             for jc in range(0, K, NC):
-                nc = min(NC, K - jc)
+                nc = imin(NC, K - jc)
                 macro_kernel((mt, nc, kc), apack, xi * a_slab, upack,
                              xi * C * Kp + pc * Kp + jc * kc, mbuf, xi * m_slab + jc, Kp,
                              (DTYPE(1), beta), (bias, ZERO), (ZERO, ZERO))
@@ -105,14 +105,14 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
     tiles = TH * TW
     count = 0
     for g in range(0, nt, LANES):
-        end = min(LANES, nt - g)
+        end = imin(LANES, nt - g)
         l = 0
         while l < end:
             t = T0 + g + l
             n = t // tiles
             ty = (t % tiles) // TW
             tx = t % TW
-            run = min(end - l, TW - tx)
+            run = imin(end - l, TW - tx)
             y0 = 2 * ty - py
             col0 = 2 * (tx - l) - px
             runs[count, 0] = g
@@ -122,7 +122,7 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
             runs[count, 4] = y0
             runs[count, 5] = col0
             runs[count, 6] = n * os[0] + 2 * ty * os[2] + 2 * (tx - l)
-            runs[count, 7] = min(2, Ho - 2 * ty)
+            runs[count, 7] = imin(2, Ho - 2 * ty)
             runs[count, 8] = 2 * (tx - l)
             count += 1
             l += run
@@ -209,11 +209,11 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
         r0 = part * panels // split * MR
         r1 = (part + 1) * panels // split * MR
         T0 = block * NB
-        nt = min(NB, tiles_total - T0)
+        nt = imin(NB, tiles_total - T0)
         ncols = (nt + NR - 1) // NR * NR
         nruns = winograd_runs(T0, nt, geom, xs, os, runs)
         for pc in range(0, C, KC):
-            kc = min(KC, C - pc)
+            kc = imin(KC, C - pc)
             winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
             if ncols > nt:
                 # Columns past the last tile: zeros, so the GEMM never meets stale bits.
@@ -227,5 +227,5 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
                 macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
                              bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta),
                              (bias, ZERO), (ZERO, ZERO))
-        winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, min(r1, K)), out,
+        winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, imin(r1, K)), out,
                               (o_off, os[1], os[2]), Wo, (bias, b_off, epi))

@@ -27,7 +27,8 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, inner_jit, jit, round_up
+from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, imin, inner_jit, jit,
+                                       round_up)
 from tilegemm.conv import engine
 from tilegemm.conv.params import unique_rows
 from tilegemm.kernels.sync import next_task
@@ -54,7 +55,7 @@ def _nchw_task(task, x, w, bias, has_bias, act, out, shape, geom, acc):
     n = task // (groups * blocks)
     g = (task // blocks) % groups
     k0 = g * Kg + (task % blocks) * KB
-    kn = min(KB, (g + 1) * Kg - k0)
+    kn = imin(KB, (g + 1) * Kg - k0)
     for oh in range(Ho):
         acc[:kn * Wo] = 0
         for c in range(Cg):

@@ -18,8 +18,8 @@ Loops, outermost first (BLIS names):
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT,
-                                      inner_jit, jit)
+from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, imax,
+                                       imin, inner_jit, jit)
 from tilegemm.kernels.gemv import make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.packers import make_pack_panel
@@ -63,14 +63,14 @@ JIT_NO_NRT = dict(JIT, _nrt=False)
 def pack_a(a, off, rs, cs, mc, kc, buf):
     """Pack an ``mc x kc`` block of A into ``ceil(mc/MR)`` MR-row micro-panels at ``buf[0:]``."""
     for ir in range(0, mc, MR):
-        pack_a_panel(kc, a, off + ir * rs, rs, cs, min(MR, mc - ir), buf, ir * kc)
+        pack_a_panel(kc, a, off + ir * rs, rs, cs, imin(MR, mc - ir), buf, ir * kc)
 
 
 @numba.njit(inline='always', **JIT)
 def pack_b(b, off, rs, cs, kc, nc, buf):
     """Pack a ``kc x nc`` block of B into ``ceil(nc/NR)`` NR-column micro-panels at ``buf[0:]``."""
     for jr in range(0, nc, NR):
-        pack_b_panel(kc, b, off + jr * cs, cs, rs, min(NR, nc - jr), buf, jr * kc)
+        pack_b_panel(kc, b, off + jr * cs, cs, rs, imin(NR, nc - jr), buf, jr * kc)
 
 
 @numba.njit(inline='always', **JIT)
@@ -99,9 +99,9 @@ def macro_kernel(shape, apack, a_base, bpack, b_base, c, c_off, ldc, scal, epilo
     bias, epi = epilogue
     row0, col0 = origin
     for jr in range(0, nc, NR):
-        nr = min(NR, nc - jr)
+        nr = imin(NR, nc - jr)
         for ir in range(0, mc, MR):
-            mr = min(MR, mc - ir)
+            mr = imin(MR, mc - ir)
             c_tile = c_off + ir * ldc + jr
             bias_off = bias_offset(epi, row0 + ir, col0 + jr)
             if mr == MR and nr == NR:
@@ -132,15 +132,15 @@ def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
     KC, MC, NC = blocks
     apack, bpack = packs
     for jc in range(0, n, NC):
-        nc = min(NC, n - jc)
+        nc = imin(NC, n - jc)
         # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
-        for pc in range(0, max(k, 1), KC):
-            kc = min(KC, k - pc)
+        for pc in range(0, imax(k, 1), KC):
+            kc = imin(KC, k - pc)
             pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, kc, nc, bpack)
             beta_pc = beta if pc == 0 else DTYPE(1)
             epi_pc = epi if pc + KC >= k else 0
             for ic in range(0, m, MC):
-                mc = min(MC, m - ic)
+                mc = imin(MC, m - ic)
                 pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
                 macro_kernel((mc, nc, kc), apack, ZERO, bpack, ZERO, c, c_off + ic * ldc + jc, ldc,
                              (alpha, beta_pc), (bias, epi_pc), (ic, jc))
@@ -150,10 +150,10 @@ def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
 def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
     """Pack all of B, block by block: block (jc, pc) starts at ``jc*k + pc*round_up(nc, NR)``."""
     for jc in range(0, n, NC):
-        nc = min(NC, n - jc)
+        nc = imin(NC, n - jc)
         ncp = (nc + NR - 1) // NR * NR
         for pc in range(0, k, KC):
-            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, min(KC, k - pc), nc,
+            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, imin(KC, k - pc), nc,
                    bpack[jc * k + pc * ncp:])
 
 
@@ -192,12 +192,12 @@ def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, p
             break
         ic = (task % blocks_m) * MC
         jc = (task // blocks_m) * NC
-        mc = min(MC, m - ic)
-        nc = min(NC, n - jc)
+        mc = imin(MC, m - ic)
+        nc = imin(NC, n - jc)
         ncp = (nc + NR - 1) // NR * NR
         # k == 0 still makes one pass (kc = 0) so beta and the epilogue are applied.
-        for pc in range(0, max(k, 1), KC):
-            kc = min(KC, k - pc)
+        for pc in range(0, imax(k, 1), KC):
+            kc = imin(KC, k - pc)
             pack_a(a, a_off + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, apack)
             macro_kernel((mc, nc, kc), apack, ZERO, bsrc, jc * k + pc * ncp, c,
                          c_off + ic * ldc + jc, ldc, (alpha, beta if pc == 0 else DTYPE(1)),
@@ -223,8 +223,8 @@ def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
     for t in range(first, last):
         jr = (t // tiles_m) * NR
         ir = (t % tiles_m) * MR
-        nr = min(NR, n - jr)
-        mr = min(MR, m - ir)
+        nr = imin(NR, n - jr)
+        mr = imin(MR, m - ir)
         c_tile = c_off + ir * ldc + jr
         a_tile = a_off + ir * a_rs
         bias_off = bias_offset(epi, ir, jr)
@@ -263,8 +263,8 @@ def gemm_small(shape, scal, a, b, c, epilogue, KC, packs):
     m_full = m - m % MR
     n_full = n - n % NR
     tiles = ((m + MR - 1) // MR) * ((n + NR - 1) // NR)
-    for pc in range(0, max(k, 1), KC):
-        kc = min(KC, k - pc)
+    for pc in range(0, imax(k, 1), KC):
+        kc = imin(KC, k - pc)
         a_pc = a_off + pc * a_cs
         b_pc = b_off + pc * b_rs
         if m_full < m:
@@ -287,7 +287,7 @@ def matmul_small(a, b, c, KC):
     """
     m, k = a.shape
     n = b.shape[1]
-    kc = max(1, min(KC, k))
+    kc = imax(1, imin(KC, k))
     apack = np.empty(MR * kc, DTYPE)
     bpack = np.empty(NR * kc, DTYPE)
     gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, k, UNIT)),
@@ -334,7 +334,7 @@ def batch_tasks(counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
         first = next_task(counter) * chunk
         if first >= count:
             break
-        for i in range(first, min(first + chunk, count)):
+        for i in range(first, imin(first + chunk, count)):
             a_at, b_at, c_at = item_offsets(i, dims, steps, (a_off, b_off, c_off))
             av = (af, (a_at, a_rs, a_cs))
             bv = (bf, (b_at, b_rs, b_cs))

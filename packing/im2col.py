@@ -26,7 +26,7 @@ the bottom/right padding is implied by ``Ho``/``Wo``).
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import JIT, inner_jit
+from tilegemm.ground.contracts import JIT, imax, imin, inner_jit
 
 
 def conv_output_size(size, kernel, stride, pad_before, pad_after, dilation):
@@ -79,7 +79,7 @@ def row_segments(col, cols, Wo, seg_oh, seg_ow, seg_len):
     while done < cols:
         seg_oh[nseg] = col // Wo
         seg_ow[nseg] = col % Wo
-        seg_len[nseg] = min(Wo - seg_ow[nseg], cols - done)
+        seg_len[nseg] = imin(Wo - seg_ow[nseg], cols - done)
         done += seg_len[nseg]
         col += seg_len[nseg]
         nseg += 1
@@ -121,7 +121,7 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
     seg_len = np.empty(NR, np.int64)
     contiguous = sx == 1 and s_col == 1
     for jr in range(0, nc, NR):
-        cols = min(NR, nc - jr)
+        cols = imin(NR, nc - jr)
         nseg = row_segments(j0 + jr, cols, Wo, seg_oh, seg_ow, seg_len)
         # Row p0 of the patch matrix is (c, i, j); later rows step j, then i, then c.
         c = p0 // (kh * kw)
@@ -140,8 +140,8 @@ def pack_b_im2col(x, x_off, xs, geom, p0, kc, j0, nc, NR, buf):
                     iw0 = seg_ow[s] * sx + j * dx - px
                     src = x_off + c * sc + ih * s_row + iw0 * s_col
                     if contiguous:
-                        lo = max(0, -iw0)
-                        hi = max(lo, min(seg, W - iw0))
+                        lo = imax(0, -iw0)
+                        hi = imax(lo, imin(seg, W - iw0))
                     else:
                         lo, hi = valid_range(iw0, sx, seg, W)
                     for t in range(lo):

@@ -20,7 +20,7 @@ than the vector copy.
 """
 import numba
 
-from tilegemm.ground.contracts import JIT
+from tilegemm.ground.contracts import JIT, imin
 
 
 @numba.njit(inline='always', **JIT)
@@ -87,11 +87,11 @@ def pack_b_panel(b, off, rs, cs, cols, kc, NR, buf, dst):
 def pack_a(a, off, rs, cs, mc, kc, MR, buf):
     """Pack an ``mc x kc`` block of A into ``ceil(mc/MR)`` MR-row micro-panels at ``buf[0:]``."""
     for ir in range(0, mc, MR):
-        pack_a_panel(a, off + ir * rs, rs, cs, min(MR, mc - ir), kc, MR, buf, ir * kc)
+        pack_a_panel(a, off + ir * rs, rs, cs, imin(MR, mc - ir), kc, MR, buf, ir * kc)
 
 
 @numba.njit(inline='always', **JIT)
 def pack_b(b, off, rs, cs, kc, nc, NR, buf):
     """Pack a ``kc x nc`` block of B into ``ceil(nc/NR)`` NR-column micro-panels at ``buf[0:]``."""
     for jr in range(0, nc, NR):
-        pack_b_panel(b, off + jr * cs, rs, cs, min(NR, nc - jr), kc, NR, buf, jr * kc)
+        pack_b_panel(b, off + jr * cs, rs, cs, imin(NR, nc - jr), kc, NR, buf, jr * kc)

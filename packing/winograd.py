@@ -31,7 +31,7 @@ Image strides and offsets follow :mod:`tilegemm.packing.im2col`; ``geom`` here i
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, inner_jit, round_up
+from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, imin, inner_jit, round_up
 
 #: Input transform: V = BT @ d @ BT.T
 BT = np.array([[1, 0, -1, 0],
@@ -215,7 +215,7 @@ def pack_a_winograd(x, x_off, xs, geom, t0, mt, p0, kc, MR, buf, slab, v):
     tiles = TH * TW
     strip = v[16:]
     for ir in range(0, mt, MR):
-        rows = min(MR, mt - ir)
+        rows = imin(MR, mt - ir)
         base = ir * kc
         for i in range(rows, MR):
             for p in range(kc):
