@@ -126,3 +126,22 @@ def test_a_jitted_code_only_function_refuses_a_python_call():
     assert trampoline(valid_range)(0, 1, 4, 4) == (0, 4)
     with pytest.raises(TypeError, match="runs inside jitted code only"):
         valid_range(0, 1, 4, 4)
+
+
+def test_imin_imax_match_min_max_in_python_and_in_jitted_code():
+    import numba
+
+    from tilegemm.ground.contracts import imax, imin
+
+    @numba.njit
+    def picks(a, b):
+        return imin(a, b), imax(a, b), imin(a, 3), imax(-2, b)
+
+    cases = [(5, -7), (-7, 5), (4, 4), (np.int32(-9), np.int64(2**40)),
+             (np.uint8(200), np.uint8(7)), (np.int64(-2**63), np.int64(2**63 - 1))]
+    for a, b in cases:
+        want = (min(a, b), max(a, b), min(a, 3), max(-2, b))
+        assert picks(a, b) == want, (a, b)
+        assert (imin(a, b), imax(a, b)) == want[:2]
+    with pytest.raises(numba.TypingError):
+        picks(1.5, 2.0)                     # integers only: floats keep min/max
