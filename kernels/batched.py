@@ -8,7 +8,6 @@ shares, and a table of each item's offsets -- and ``batch_tasks`` (in
 items from a shared counter.  Each item takes the unpacked path when its operands
 fit the rule of :func:`~tilegemm.kernels.driver.fits_unpacked`, else the packed one.
 """
-import functools
 import math
 
 import numpy as np
@@ -16,12 +15,9 @@ import numpy as np
 from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
-from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, kernel_for,
+from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, item_kernel,
                                      serial_flops)
 from tilegemm.kernels.pool import run_native_shares
-from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
-from tilegemm.tuning.blocking import blocking
-from tilegemm.tuning.machine import ISA_SHAPE
 
 #: Chunks of items per thread: threads take chunks from a counter, so a thread the
 #: machine slows down takes fewer, while each chunk stays long enough that taking it
@@ -57,57 +53,6 @@ def flat_nd(x):
 #: A thread is worth starting for this many items however small (8x8 float32 items run
 #: at about 60 ns each: 2000 of them are 0.1 ms).
 ITEMS_PER_SHARE = 2000
-
-#: Items up to this many rows and columns get a register tile chosen for their shape
-#: (:func:`item_kernel`); larger ones the GEMM's own (:func:`kernel_for`).
-SMALL_ITEM = 64
-
-
-@functools.lru_cache(maxsize=None)
-def _item_tile(dtype_name, m, n):
-    """(ISA, MR, NR) for products of m x n, over every ISA this host runs (see item_kernel)."""
-    best = None
-    for isa in runnable_isas():
-        bits, registers = ISA_SHAPE[isa]
-        lanes = lanes_of(isa, dtype_name)
-        for nv in range(1, 5):
-            nr = nv * lanes
-            top = min(16, (registers - nv - 1) // nv)
-            if top < 2:
-                continue
-            # Few row counts, so that varied shapes share a few compiled kernels.
-            rows_choices = {top} | {r for r in (2, 4, 8, 16) if r <= top}
-            mr = min(rows_choices, key=lambda r: (round_up(m, r), -r))
-            # Per k step: vector FMAs, then lanes wasted past n, then the broadcasts of A
-            # and vector loads of B that feed them (fewer for wider tiles).
-            rows, cols = round_up(m, mr), round_up(n, nr)
-            cost = (rows * cols // lanes, cols - n, rows * (cols // nr) + (rows // mr) * cols // lanes)
-            if best is None or cost < best[0]:
-                best = (cost, isa, mr, nr)
-    return best[1:]
-
-
-def item_kernel(dtype, m, n):
-    """The kernel and blocking for a batch of m x n products.
-
-    Small items pick, over every ISA the host runs, the register tile with the fewest
-    vector FMAs per k step for their shape, then the fewest padded lanes (an 8-column
-    float32 product takes an 8-lane AVX2 tile on an AVX-512 host, so B needs no edge
-    panel), then the fewest broadcasts and loads.  MR is the tile's largest or a power
-    of two (one that divides m where one does), so that varied shapes share a few
-    kernels (at most 5 per NR) rather than compile one each.  Larger items, and any
-    tile set through ``TILEGEMM_MR``/``TILEGEMM_NR``, take the GEMM's tile
-    (:func:`~tilegemm.kernels.driver.kernel_for`).
-    """
-    dtype = np.dtype(dtype)
-    blk = kernel_for(dtype)[1]
-    derived = blk.source["mr"] == blk.source["nr"] == "derived"
-    if m > SMALL_ITEM or n > SMALL_ITEM or not derived:
-        return kernel_for(dtype, n)
-    isa, mr, nr = _item_tile(dtype.name, m, n)
-    # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
-    return get_kernel(dtype, mr, nr, isa), blocking(dtype)
-
 
 def batch_steps(x, strides, batch):
     """Per batch dimension of ``batch``, the stride of ``x`` in elements: 0 where ``x``

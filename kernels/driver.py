@@ -22,16 +22,18 @@ keeps the engine free of Numba's parallel machinery: no threading-layer
 constraints on concurrent calls from several Python threads, and seconds less
 compile time.
 """
+import functools
+
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.pool import run_native_shares
-from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
-from tilegemm.tuning.machine import detect, l1_alias_period
+from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
@@ -76,6 +78,58 @@ def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
     SMALL_CALLS.clear()
+
+
+#: Products up to this many rows and columns (batch items, small 2-D products) get a
+#: register tile chosen for their shape (:func:`item_kernel`); larger ones the GEMM's
+#: own (:func:`kernel_for`).
+SMALL_ITEM = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _item_tile(dtype_name, m, n):
+    """(ISA, MR, NR) for products of m x n, over every ISA this host runs (see item_kernel)."""
+    best = None
+    for isa in runnable_isas():
+        bits, registers = ISA_SHAPE[isa]
+        lanes = lanes_of(isa, dtype_name)
+        for nv in range(1, 5):
+            nr = nv * lanes
+            top = min(16, (registers - nv - 1) // nv)
+            if top < 2:
+                continue
+            # Few row counts, so that varied shapes share a few compiled kernels.
+            rows_choices = {top} | {r for r in (2, 4, 8, 16) if r <= top}
+            mr = min(rows_choices, key=lambda r: (round_up(m, r), -r))
+            # Per k step: vector FMAs, then lanes wasted past n, then the broadcasts of A
+            # and vector loads of B that feed them (fewer for wider tiles).
+            rows, cols = round_up(m, mr), round_up(n, nr)
+            cost = (rows * cols // lanes, cols - n, rows * (cols // nr) + (rows // mr) * cols // lanes)
+            if best is None or cost < best[0]:
+                best = (cost, isa, mr, nr)
+    return best[1:]
+
+
+def item_kernel(dtype, m, n):
+    """The kernel and blocking for m x n products: a batch's items, a small 2-D product.
+
+    Small items pick, over every ISA the host runs, the register tile with the fewest
+    vector FMAs per k step for their shape, then the fewest padded lanes (an 8-column
+    float32 product takes an 8-lane AVX2 tile on an AVX-512 host, so B needs no edge
+    panel), then the fewest broadcasts and loads.  MR is the tile's largest or a power
+    of two (one that divides m where one does), so that varied shapes share a few
+    kernels (at most 5 per NR) rather than compile one each.  Larger items, and any
+    tile set through ``TILEGEMM_MR``/``TILEGEMM_NR``, take the GEMM's tile
+    (:func:`~tilegemm.kernels.driver.kernel_for`).
+    """
+    dtype = np.dtype(dtype)
+    blk = kernel_for(dtype)[1]
+    derived = blk.source["mr"] == blk.source["nr"] == "derived"
+    if m > SMALL_ITEM or n > SMALL_ITEM or not derived:
+        return kernel_for(dtype, n)
+    isa, mr, nr = _item_tile(dtype.name, m, n)
+    # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
+    return get_kernel(dtype, mr, nr, isa), blocking(dtype)
 
 
 #: k block of the unpacked path (its tiles read A and B in place, KC columns of A at a time).
@@ -184,25 +238,27 @@ def small_product(a, b):
     return m > 1 and n > 1 and k > 0 and 2 * m * n * k <= SMALL_CALL_FLOPS
 
 
-#: (a's dtype, b's dtype, n) -> :func:`small_call`'s function, filled by ``tilegemm.matmul``
-#: on the first small product of each width: later ones skip its general checks.
-#: Cleared with the kernel choices (:func:`reset_plans`).
+#: (a's dtype, b's dtype, m, n) -> :func:`small_call`'s function, filled by
+#: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
+#: general checks.  Cleared with the kernel choices (:func:`reset_plans`).
 SMALL_CALLS = {}
 
 
-def small_call(dtype, n):
-    """The jitted ``matmul_small(a, b, c, KC)`` for products of ``n`` columns (see below)."""
-    return kernel_for(dtype, n)[0].module.matmul_small
+def small_call(dtype, m, n):
+    """The jitted ``matmul_small(a, b, c, KC)`` for m x n products (see below)."""
+    return item_kernel(dtype, m, n)[0].module.matmul_small
 
 
 def matmul_small(a, b, c):
     """``c = a @ b`` on one thread through a single jitted call; see :func:`small_product`.
 
     The general entry spends several microseconds in Python deciding paths and
-    describing strides; a small C-contiguous product has only one sensible path.
+    describing strides; a small C-contiguous product has only one sensible path, on
+    the register tile chosen for its shape (:func:`item_kernel`: 64x64 float32 on
+    AVX-512 runs 4x64 tiles, 10% faster than the 6x64 tile's 10 whole row panels and
+    a 4-row edge).
     """
-    kern, _ = kernel_for(c.dtype, c.shape[1])
-    kern.module.matmul_small(a, b, c, UNPACKED_KC)
+    small_call(c.dtype, c.shape[0], c.shape[1])(a, b, c, UNPACKED_KC)
     return c
 
 

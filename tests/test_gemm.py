@@ -461,7 +461,7 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
             assert got.dtype == dtype and got.shape == (m, n)
             assert_close(got, expected, error_bound(a_vals, b_vals, k, dtype),
                          f"{shape} {where} call {call}")
-            assert (np.dtype(dtype), np.dtype(dtype), n) in driver.SMALL_CALLS
+            assert (np.dtype(dtype), np.dtype(dtype), m, n) in driver.SMALL_CALLS
             out[...] = np.nan
             assert tilegemm.matmul(a, b, out=out) is out
             assert_close(out, expected, error_bound(a_vals, b_vals, k, dtype),

@@ -68,9 +68,9 @@ def matmul(a, b, /, out=None):
         c = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
         if (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous
                 and small_product(a, b)):
-            key = (a.dtype, a.dtype, b.shape[1])
+            key = (a.dtype, a.dtype, a.shape[0], b.shape[1])
             if key not in SMALL_CALLS:
-                SMALL_CALLS[key] = small_call(a.dtype, b.shape[1])
+                SMALL_CALLS[key] = small_call(a.dtype, a.shape[0], b.shape[1])
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
     if any_tensor(a, b, out):
@@ -119,14 +119,14 @@ def _tensor_matmul(a, b, out):
 
 
 def fast_small_matmul(a, b, out):
-    """``a @ b`` for small C-contiguous 2-D operands whose width has been seen: the
+    """``a @ b`` for small C-contiguous 2-D operands whose shape has been seen: the
     shortest path there is, a call costing more than their arithmetic.  ``out``: None,
     or a C-contiguous writeable ndarray of the result's shape and dtype that shares
     no memory with the operands.  None for any other operands or ``out`` (other
     dtypes, shapes and layouts find no entry)."""
     m, k = a.shape
     n = b.shape[1]
-    call = SMALL_CALLS.get((a.dtype, b.dtype, n))
+    call = SMALL_CALLS.get((a.dtype, b.dtype, m, n))
     if (call is None or k != b.shape[0] or m < 2 or k < 1 or 2 * m * n * k > SMALL_CALL_FLOPS
             or not (a.flags.c_contiguous and b.flags.c_contiguous)):
         return None
