@@ -254,9 +254,8 @@ def matmul_small(a, b, c):
 
     The general entry spends several microseconds in Python deciding paths and
     describing strides; a small C-contiguous product has only one sensible path, on
-    the register tile chosen for its shape (:func:`item_kernel`: 64x64 float32 on
-    AVX-512 runs 4x64 tiles, 10% faster than the 6x64 tile's 10 whole row panels and
-    a 4-row edge).
+    the register tile chosen for its shape (:func:`item_kernel`; figures in
+    docs/kernels.md).
     """
     small_call(c.dtype, c.shape[0], c.shape[1])(a, b, c, UNPACKED_KC)
     return c
