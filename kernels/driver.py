@@ -244,9 +244,29 @@ def small_product(a, b):
 SMALL_CALLS = {}
 
 
+def small_kernel(dtype, m, n):
+    """The kernel of a one-call small product of m x n (:func:`matmul_small`).
+
+    Up to ``SMALL_ITEM`` rows and columns, the tile chosen for the shape
+    (:func:`item_kernel`).  Wider, when n is not a multiple of the GEMM tile's NR,
+    a tile two vectors wide and up to 8 rows high: the GEMM tile would leave its last
+    column panel to the edge kernels, whose packed panels cost a product this small up
+    to a quarter of its time (float32 80^3 and 96^3 on AVX-512, docs/kernels.md).
+    With 16 registers that tile is the GEMM's own (6x16 float32 on AVX2).
+    """
+    if m <= SMALL_ITEM and n <= SMALL_ITEM:
+        return item_kernel(dtype, m, n)
+    kern, blk = kernel_for(dtype, n)
+    derived = blk.source["mr"] == blk.source["nr"] == "derived"
+    if not derived or n % blk.nr == 0:
+        return kern, blk
+    mr = min(8, (detect().vector_registers - 3) // 2)
+    return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
+
+
 def small_call(dtype, m, n):
     """The jitted ``matmul_small(a, b, c, KC)`` for m x n products (see below)."""
-    return item_kernel(dtype, m, n)[0].module.matmul_small
+    return small_kernel(dtype, m, n)[0].module.matmul_small
 
 
 def matmul_small(a, b, c):
@@ -254,7 +274,7 @@ def matmul_small(a, b, c):
 
     The general entry spends several microseconds in Python deciding paths and
     describing strides; a small C-contiguous product has only one sensible path, on
-    the register tile chosen for its shape (:func:`item_kernel`; figures in
+    the register tile chosen for its shape (:func:`small_kernel`; figures in
     docs/kernels.md).
     """
     small_call(c.dtype, c.shape[0], c.shape[1])(a, b, c, UNPACKED_KC)

@@ -440,10 +440,10 @@ def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41)])
+@pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41), (70, 30, 90)])
 def test_small_call_fast_path_against_guard_pages(dtype, shape):
     """matmul's shortest path (small C-contiguous products, the jitted call looked up
-    by width): taken from the second product of a width on, right, inputs untouched,
+    by shape): taken from the second product of a shape on, right, inputs untouched,
     no read past operands that end or start at a guard page, nor a write past an
     ``out=`` placed the same way; an ``out=`` overlapping an operand falls back."""
     m, k, n = shape
