@@ -22,6 +22,7 @@ from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI
                                        imin, inner_jit, jit)
 from tilegemm.kernels.gemv import make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.native import data_address
 from tilegemm.kernels.packers import make_pack_panel
 from tilegemm.kernels.registry import microkernel
 from tilegemm.kernels.sync import acquire, next_task, publish
@@ -277,22 +278,37 @@ def gemm_small(shape, scal, a, b, c, epilogue, KC, packs):
                     (bf, (b_pc, b_rs, b_cs)), c, (bias, epi_pc), packs)
 
 
+@numba.njit(inline='always', **JIT)
+def overlap(x, y):
+    """Whether the C-contiguous arrays ``x`` and ``y`` share memory (their byte ranges
+    meet): what ``np.may_share_memory`` says of them, without its Python call."""
+    x0, y0 = data_address(x), data_address(y)
+    return x0 < y0 + y.size * y.itemsize and y0 < x0 + x.size * x.itemsize
+
+
 @jit
 def matmul_small(a, b, c, KC):
     """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
 
     The unpacked path with its scratch panels allocated here: for products of a
     few microseconds the Python-side bookkeeping of the general entry costs more
-    than the arithmetic.  Assumes m, n >= 2 and matching shapes.
+    than the arithmetic.  A C that shares memory with A or B is computed in a
+    temporary, then copied.  Assumes m, n >= 2 and matching shapes.
     """
     m, k = a.shape
     n = b.shape[1]
     kc = imax(1, imin(KC, k))
     apack = np.empty(MR * kc, DTYPE)
     bpack = np.empty(NR * kc, DTYPE)
+    shared = overlap(c, a) or overlap(c, b)
+    dst = np.empty((m, n), DTYPE) if shared else c
     gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, k, UNIT)),
-               (b.reshape(-1), (ZERO, n, UNIT)), (c.reshape(-1), (ZERO, n, UNIT)), (NO_BIAS, ZERO),
-               kc, (apack, bpack))
+               (b.reshape(-1), (ZERO, n, UNIT)), (dst.reshape(-1), (ZERO, n, UNIT)),
+               (NO_BIAS, ZERO), kc, (apack, bpack))
+    if shared:
+        flat, src = c.reshape(-1), dst.reshape(-1)
+        for i in range(m * n):
+            flat[i] = src[i]
 
 
 @numba.njit(inline='always', **JIT)

@@ -440,7 +440,8 @@ def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41), (70, 30, 90)])
+@pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41), (70, 30, 90),
+                                   (24, 24, 40)])
 def test_small_call_fast_path_against_guard_pages(dtype, shape):
     """matmul's shortest path (small C-contiguous products, the jitted call looked up
     by shape): taken from the second product of a shape on, right, inputs untouched,
@@ -472,3 +473,7 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
         a = a_vals.copy()
         assert tilegemm.matmul(a, b, out=a) is a
         assert_close(a, expected, error_bound(a_vals, b_vals, k, dtype), f"{shape} out=a")
+    if m == k:
+        b = b_vals.copy()
+        assert tilegemm.matmul(a_vals, b, out=b) is b
+        assert_close(b, expected, error_bound(a_vals, b_vals, k, dtype), f"{shape} out=b")

@@ -121,8 +121,9 @@ def _tensor_matmul(a, b, out):
 def fast_small_matmul(a, b, out):
     """``a @ b`` for small C-contiguous 2-D operands whose shape has been seen: the
     shortest path there is, a call costing more than their arithmetic.  ``out``: None,
-    or a C-contiguous writeable ndarray of the result's shape and dtype that shares
-    no memory with the operands.  None for any other operands or ``out`` (other
+    or a C-contiguous writeable ndarray of the result's shape and dtype (one sharing
+    memory with an operand is handled in the jitted call: ``np.may_share_memory``
+    costs more than a 16x16 product).  None for any other operands or ``out`` (other
     dtypes, shapes and layouts find no entry)."""
     m, k = a.shape
     n = b.shape[1]
@@ -133,7 +134,7 @@ def fast_small_matmul(a, b, out):
     if out is None:
         out = np.empty((m, n), a.dtype)
     elif not (type(out) is np.ndarray and out.dtype == a.dtype and out.shape == (m, n)
-              and out.flags.c_contiguous and out.flags.writeable and not overlaps(out, a, b)):
+              and out.flags.c_contiguous and out.flags.writeable):
         return None
     call(a, b, out, UNPACKED_KC)
     return out
