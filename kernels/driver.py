@@ -248,8 +248,8 @@ def small_kernel(dtype, m, n):
     """The kernel of a one-call small product of m x n (:func:`matmul_small`).
 
     Up to ``SMALL_ITEM`` rows and columns, the tile chosen for the shape
-    (:func:`item_kernel`).  Wider, when n is not a multiple of the GEMM tile's NR,
-    a tile two vectors wide and up to 8 rows high: the GEMM tile would leave its last
+    (:func:`item_kernel`).  More than ``SMALL_ITEM`` columns, not a multiple of the
+    GEMM tile's NR: a tile two vectors wide and up to 8 rows high: the GEMM tile would leave its last
     column panel to the edge kernels, whose packed panels cost a product this small up
     to a quarter of its time (float32 80^3 and 96^3 on AVX-512, docs/kernels.md).
     With 16 registers that tile is the GEMM's own (6x16 float32 on AVX2).
@@ -258,8 +258,8 @@ def small_kernel(dtype, m, n):
         return item_kernel(dtype, m, n)
     kern, blk = kernel_for(dtype, n)
     derived = blk.source["mr"] == blk.source["nr"] == "derived"
-    if not derived or n % blk.nr == 0:
-        return kern, blk
+    if not derived or n <= SMALL_ITEM or n % blk.nr == 0:
+        return kern, blk                # narrow products keep kernel_for's narrow tile
     mr = min(8, (detect().vector_registers - 3) // 2)
     return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
 
