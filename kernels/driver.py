@@ -67,11 +67,17 @@ def kernel_for(dtype, n=None):
     if plan is None:
         plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
     blk = plan[1]
-    if n is not None and n < blk.nr and blk.source["nr"] == blk.source["mr"] == "derived":
+    if n is not None and n < blk.nr and derived_tile(blk):
         mr, nr = min((t for t in register_tiles(detect().vector_registers, blk.lanes)
                       if t[1] >= n), key=lambda t: t[1])
         plan = _plans[(dtype, n)] = (get_kernel(dtype, mr, nr), blocking(dtype, mr=mr, nr=nr))
     return plan
+
+
+def derived_tile(blk):
+    """Whether ``blk``'s register tile was derived from the machine, not set through
+    ``TILEGEMM_MR``/``TILEGEMM_NR`` (only a derived tile is swapped for a shape's own)."""
+    return blk.source["mr"] == blk.source["nr"] == "derived"
 
 
 def reset_plans():
@@ -123,9 +129,7 @@ def item_kernel(dtype, m, n):
     (:func:`~tilegemm.kernels.driver.kernel_for`).
     """
     dtype = np.dtype(dtype)
-    blk = kernel_for(dtype)[1]
-    derived = blk.source["mr"] == blk.source["nr"] == "derived"
-    if m > SMALL_ITEM or n > SMALL_ITEM or not derived:
+    if m > SMALL_ITEM or n > SMALL_ITEM or not derived_tile(kernel_for(dtype)[1]):
         return kernel_for(dtype, n)
     isa, mr, nr = _item_tile(dtype.name, m, n)
     # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
@@ -257,8 +261,7 @@ def small_kernel(dtype, m, n):
     if m <= SMALL_ITEM and n <= SMALL_ITEM:
         return item_kernel(dtype, m, n)
     kern, blk = kernel_for(dtype, n)
-    derived = blk.source["mr"] == blk.source["nr"] == "derived"
-    if not derived or n <= SMALL_ITEM or n % blk.nr == 0:
+    if not derived_tile(blk) or n <= SMALL_ITEM or n % blk.nr == 0:
         return kern, blk                # narrow products keep kernel_for's narrow tile
     mr = min(8, (detect().vector_registers - 3) // 2)
     return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
@@ -275,9 +278,14 @@ def matmul_small(a, b, c):
     The general entry spends several microseconds in Python deciding paths and
     describing strides; a small C-contiguous product has only one sensible path, on
     the register tile chosen for its shape (:func:`small_kernel`; figures in
-    docs/kernels.md).
+    docs/kernels.md).  Records the call in ``SMALL_CALLS`` for ``tilegemm.matmul``'s
+    fast path.
     """
-    small_call(c.dtype, c.shape[0], c.shape[1])(a, b, c, UNPACKED_KC)
+    key = (a.dtype, b.dtype, c.shape[0], c.shape[1])
+    call = SMALL_CALLS.get(key)
+    if call is None:
+        call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
+    call(a, b, c, UNPACKED_KC)
     return c
 
 

@@ -13,7 +13,7 @@ from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overl
                                       plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
 from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
-                                     matmul_small, small_call, small_product)
+                                     matmul_small, small_product)
 
 
 def _result_dtype(a, b):
@@ -68,9 +68,6 @@ def matmul(a, b, /, out=None):
         c = np.empty((a.shape[0], b.shape[1]), a.dtype) if out is None else out
         if (a.flags.c_contiguous and b.flags.c_contiguous and c.flags.c_contiguous
                 and small_product(a, b)):
-            key = (a.dtype, a.dtype, a.shape[0], b.shape[1])
-            if key not in SMALL_CALLS:
-                SMALL_CALLS[key] = small_call(a.dtype, a.shape[0], b.shape[1])
             return matmul_small(a, b, c)
         return gemm_into(a, b, c)
     if any_tensor(a, b, out):
