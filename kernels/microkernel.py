@@ -148,9 +148,9 @@ def constant_strides(flavour, mr, nr, a_step):
     return None, None, None
 
 
-#: One tile function: its symbol, LLVM type, body writer (``body(builder, fn)``) and
-#: the strides it fixes (:func:`constant_strides`).
-Tile = collections.namedtuple("Tile", "symbol fnty body strides")
+#: One tile function: its symbol, LLVM type, body writer (``body(builder, fn)``), the
+#: strides it fixes (:func:`constant_strides`) and its short name (flavour, A's step).
+Tile = collections.namedtuple("Tile", "symbol fnty body strides name")
 
 
 def tile_function(dtype_name, mr, nr, lanes, flavour, a_step):
@@ -174,7 +174,7 @@ def tile_function(dtype_name, mr, nr, lanes, flavour, a_step):
         _define_tile(builder, fn, shape, flavour, strides)
 
     return Tile(f"tilegemm_{np.dtype(dtype).name}_tile_{mr}x{nr}_l{lanes}_{name}",
-                _tile_type(dtype, flavour), body, strides)
+                _tile_type(dtype, flavour), body, strides, name)
 
 
 def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
@@ -202,7 +202,7 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
     dtype = np.dtype(dtype).type
     flavour = Flavour(flavour)
     spec = (np.dtype(dtype).name, mr, nr, lanes, flavour.value, a_step)
-    symbol, fnty, body, strides = tile_function(*spec)
+    symbol, fnty, body, strides, name = tile_function(*spec)
     names = [n for n, _ in ARGUMENTS[flavour]]
     # Registered now if cached (a caller loaded from Numba's cache needs it), else
     # compiled by the helper process while the first caller is (see tilelib).
@@ -238,7 +238,6 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))
-    name = symbol.rsplit(f"_l{lanes}_", 1)[1]
     ukernel.__name__ = f"{np.dtype(dtype).char}_ukernel_{mr}x{nr}_{name}"
     return ukernel
 
