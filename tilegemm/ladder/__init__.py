@@ -18,9 +18,10 @@ rung  function                      what it now respects
 6     :func:`threaded`              every core: the library's parallel driver
 ====  ============================  ==============================================
 
-Rungs 0-4 are plain Numba.  Rungs 3-5 pack with the library's own
+Rungs 0-4 are plain Numba.  Rung 3 packs with the library's reference packers
 :func:`tilegemm.packing.pack_a` / :func:`tilegemm.packing.pack_b`; rung 5 calls the
-library's ``macro_kernel`` (the jr and ir loops around the vector-IR micro-kernel) and
+library's vector-IR packers of the same layouts and its ``macro_kernel`` (the jr and
+ir loops around the vector-IR micro-kernel), and
 rung 6 is :func:`tilegemm.kernels.driver.gemm_into` itself, so the last rungs measure
 the library, not a copy of it.
 
@@ -32,15 +33,17 @@ Modules: :mod:`~tilegemm.ladder.rungs` (rungs 0-3, 5, 6),
 from tilegemm.ladder.register_tile import (make_register_tile, pack_columns,
                                            packed_register_tile, register_tile_kc,
                                            register_tile_shape)
-from tilegemm.ladder.rungs import (blocked, library_micro_kernel, loop_ikj, naive_ijk, packed,
-                                   threaded, tile_in_local_array)
+from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
+                                   local_tile_kc, loop_ikj, naive_ijk, packed, threaded,
+                                   tile_in_local_array)
 from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Result, Rung, compute, measure,
                                     run_ladder)
 from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNING, format_table,
                                    main, plot, slower_notes)
 
 __all__ = [
-    "naive_ijk", "loop_ikj", "blocked", "tile_in_local_array", "packed",
+    "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR", "local_tile_kc",
+    "tile_in_local_array", "packed",
     "register_tile_shape", "make_register_tile", "pack_columns", "register_tile_kc",
     "packed_register_tile", "library_micro_kernel", "threaded",
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",

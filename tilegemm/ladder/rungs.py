@@ -3,6 +3,7 @@
 thing from the rung before it; see the table in :mod:`tilegemm.ladder`.
 """
 import numba
+import numpy as np
 
 from tilegemm.ground.contracts import JIT
 from tilegemm.kernels.driver import gemm_into
@@ -80,42 +81,59 @@ def blocked(a, b, c, KC, MC, NC):
 
 
 # --------------------------------------------------------------------------- rung 3
-@numba.njit(**JIT)
-def tile_in_local_array(kc, a_panel, b_panel, acc, MR, NR):
-    """``acc = a_panel @ b_panel`` for one ``MR x NR`` tile, summed in a small local array.
+#: Rung 3's tile, fixed when the module is compiled (Numba reads module globals as
+#: constants): the sums live in a local ``LOCAL_MR x LOCAL_NR`` array, and a row of it,
+#: 64 values, is 4 or 8 whole vectors that LLVM updates with no scalar remainder.
+#: (A constant row of 16 is unrolled into scalar code before it is vectorised; a row
+#: length known only at run time costs a vector loop's setup per row: 3-5x slower.)
+LOCAL_MR, LOCAL_NR = 4, 64
 
-    ``a_panel`` is a packed A micro-panel (``kc x MR``, k-major), ``b_panel`` a packed B
-    micro-panel (``kc x NR``, k-major), ``acc`` a scratch of ``MR*NR`` values.  For
-    each ``p`` a row of B (``NR`` contiguous values) is multiplied by each of the
-    ``MR`` A values and added to a row of ``acc``: slices from 0 with a run-time
-    length, so the ``j`` loop vectorises whatever NR is (a literal NR of 16 is
-    unrolled into scalar code instead).
+
+def local_tile_kc(itemsize):
+    """Rung 3's KC: one ``KC x LOCAL_NR`` micro-panel of B in half of L1d, the rest for
+    the tile's sums and the A micro-panel."""
+    from tilegemm.tuning.machine import detect
+    return max(1, detect().l1d_bytes // 2 // (LOCAL_NR * itemsize))
+
+
+@numba.njit(**JIT)
+def tile_in_local_array(kc, a_panel, b_panel, c, mr, nr):
+    """``c[:mr, :nr] += (a_panel @ b_panel)[:mr, :nr]`` for one ``LOCAL_MR x LOCAL_NR`` tile.
+
+    ``a_panel`` is a packed A micro-panel (``kc x LOCAL_MR``, k-major), ``b_panel`` a
+    packed B micro-panel (``kc x LOCAL_NR``, k-major), ``c`` a 2-D view whose corner
+    the tile covers.  The sums stay in ``acc``, an array local to the call, for the
+    whole ``kc`` loop: for each ``p`` a row of B is multiplied by each of the
+    ``LOCAL_MR`` A values and added to a row of ``acc``.  Local, of constant size, it
+    overlaps nothing LLVM can see, so each row update is plain vector code; C is read
+    and written once per tile.
     """
-    acc[:] = 0
+    acc = np.zeros((LOCAL_MR, LOCAL_NR), c.dtype)
     for p in range(kc):
-        b_row = b_panel[p * NR:(p + 1) * NR]
-        for i in range(MR):
-            a_ip = a_panel[p * MR + i]
-            acc_row = acc[i * NR:(i + 1) * NR]
-            for j in range(NR):
-                acc_row[j] += a_ip * b_row[j]
+        for i in range(LOCAL_MR):
+            a_ip = a_panel[p * LOCAL_MR + i]
+            for j in range(LOCAL_NR):
+                acc[i, j] += a_ip * b_panel[p * LOCAL_NR + j]
+    for i in range(mr):
+        for j in range(nr):
+            c[i, j] += acc[i, j]
 
 
 @numba.njit(**JIT)
-def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc):
+def packed(a, b, c, KC, MC, NC, apack, bpack):
     """Rung 3: pack the A block and the B panel into contiguous micro-panels.
 
     Change: before they are used, the ``MC x KC`` block of A is copied into
-    ``MR``-row micro-panels and the ``KC x NC`` panel of B into ``NR``-column
-    micro-panels, both k-major (the reference packers of ``tilegemm.packing.pack``),
-    and C is computed one ``MR x NR`` tile at a time (:func:`tile_in_local_array`):
-    the tile's sums stay in a small array (``acc``, L1) for the whole ``kc`` loop,
-    and C is read and written once per tile and KC block instead of once per
-    ``p``.  The micro-panels are read strictly in order: one of A (``MR*KC``) and one
-    of B (``KC*NR``) fit L1 together, the prefetchers see plain streams.  The copy
-    costs O(mk + kn) per block against O(mnk) arithmetic.  Buffers: ``apack >=
-    ceil(MC/MR)*MR*KC``, ``bpack >= ceil(NC/NR)*NR*KC``, ``acc >= MR*NR``; a, b, c
-    C-contiguous.
+    ``LOCAL_MR``-row micro-panels and the ``KC x NC`` panel of B into
+    ``LOCAL_NR``-column micro-panels, both k-major (the reference packers of
+    ``tilegemm.packing.pack``), and C is computed one tile at a time
+    (:func:`tile_in_local_array`): the tile's sums stay in a small local array (L1)
+    for the whole ``kc`` loop, and C is read and written once per tile and KC block
+    instead of once per ``p``.  The micro-panels are read strictly in order: a B
+    micro-panel stays in L1 while the A micro-panels stream past, the prefetchers
+    see plain streams.  The copy costs O(mk + kn) per block against O(mnk)
+    arithmetic.  Buffers: ``apack >= ceil(MC/LOCAL_MR)*LOCAL_MR*KC``, ``bpack >=
+    ceil(NC/LOCAL_NR)*LOCAL_NR*KC``; a, b, c C-contiguous.
     """
     m, k = a.shape
     n = b.shape[1]
@@ -125,36 +143,36 @@ def packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc):
         nc = min(NC, n - jc)
         for pc in range(0, k, KC):
             kc = min(KC, k - pc)
-            pack_b(bf, pc * n + jc, n, 1, kc, nc, NR, bpack)
+            pack_b(bf, pc * n + jc, n, 1, kc, nc, LOCAL_NR, bpack)
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
-                for jr in range(0, nc, NR):          # B micro-panel: stays in L1 ...
-                    for ir in range(0, mc, MR):      # ... while A micro-panels stream
-                        tile_in_local_array(kc, apack[ir * kc:(ir + MR) * kc],
-                                            bpack[jr * kc:(jr + NR) * kc], acc, MR, NR)
-                        for i in range(min(MR, mc - ir)):     # clipped at the edges
-                            c_row = c[ic + ir + i, jc + jr:min(jc + jr + NR, n)]
-                            for j in range(c_row.shape[0]):
-                                c_row[j] += acc[i * NR + j]
+                pack_a(af, ic * k + pc, k, 1, mc, kc, LOCAL_MR, apack)
+                for jr in range(0, nc, LOCAL_NR):          # B micro-panel: stays in L1 ...
+                    for ir in range(0, mc, LOCAL_MR):      # ... while A micro-panels stream
+                        tile_in_local_array(kc, apack[ir * kc:(ir + LOCAL_MR) * kc],
+                                            bpack[jr * kc:(jr + LOCAL_NR) * kc],
+                                            c[ic + ir:, jc + jr:], min(LOCAL_MR, mc - ir),
+                                            min(LOCAL_NR, nc - jr))
 
 
 # --------------------------------------------------------------------------- rung 5
-# Not cached on disk: ``macro_kernel`` arrives as an argument (a function from the
-# generated kernel module), and Numba cannot cache code specialised on a function.
+# Not cached on disk: ``macro_kernel`` and the packers arrive as arguments (functions
+# from the generated kernel module), and Numba cannot cache code specialised on a function.
 @numba.njit(**dict(JIT, cache=False))
-def library_micro_kernel(a, b, c, blocks, packs, macro_kernel, tile, units):
-    """Rung 5: the same five loops, with the library's vector-IR micro-kernel inside.
+def library_micro_kernel(a, b, c, blocks, packs, pack_a_v, pack_b_v, macro_kernel, tile, units):
+    """Rung 5: the same five loops, with the library's vector-IR micro-kernel and packers.
 
     Change: the jr and ir loops and the micro-kernel are the library's
     ``macro_kernel`` from ``get_kernel(dtype).module`` (``kernels/_tile.py``).  Its
     micro-kernel is written as LLVM vector IR: per ``p`` it loads ``NR/lanes``
     vectors of B, broadcasts each of the ``MR`` A values and issues
     ``MR*NR/lanes`` full-width FMAs into accumulators that live in registers for
-    the whole ``kc`` loop.  C is read and written once per tile and block.
-    ``blocks`` is ``(KC, MC, NC)``, ``packs`` ``(apack, bpack)``, ``tile`` ``(MR,
-    NR)``; ``units`` ``(one, zero)`` are 1 and 0 in C's dtype: beta is 0 on the
-    first ``pc`` block (overwrite C), 1 afterwards (accumulate).
+    the whole ``kc`` loop.  C is read and written once per tile and block.  The
+    panels are packed by the same module's ``pack_a_v`` / ``pack_b_v``: rung 3's
+    layouts, copied a vector at a time.  ``blocks`` is ``(KC, MC, NC)``, ``packs``
+    ``(apack, bpack)``, ``tile`` ``(MR, NR)``; ``units`` ``(one, zero)`` are 1 and 0
+    in C's dtype: beta is 0 on the first ``pc`` block (overwrite C), 1 afterwards
+    (accumulate).
     """
     KC, MC, NC = blocks
     apack, bpack = packs
@@ -167,11 +185,11 @@ def library_micro_kernel(a, b, c, blocks, packs, macro_kernel, tile, units):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):   # k == 0 still makes one pass to zero C
             kc = min(KC, k - pc)
-            pack_b(bf, pc * n + jc, n, 1, kc, nc, NR, bpack)
+            pack_b_v(bf, pc * n + jc, n, 1, kc, nc, bpack)
             beta = zero if pc == 0 else one
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                pack_a(af, ic * k + pc, k, 1, mc, kc, MR, apack)
+                pack_a_v(af, ic * k + pc, k, 1, mc, kc, apack)
                 # ((mc, nc, kc), A, A offset, B, B offset, C, C offset, ldc, (alpha, beta),
                 #  (bias (unread: no epilogue), epilogue flags = none), (bias row, bias col))
                 macro_kernel((mc, nc, kc), apack, 0, bpack, 0, cf, ic * n + jc, n, (one, beta),

@@ -9,8 +9,8 @@ import numpy as np
 from tilegemm.ground.contracts import round_up
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.ladder.register_tile import packed_register_tile
-from tilegemm.ladder.rungs import (blocked, library_micro_kernel, loop_ikj, naive_ijk, packed,
-                                   threaded)
+from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
+                                   local_tile_kc, loop_ikj, naive_ijk, packed, threaded)
 from tilegemm.packing import aligned_empty
 from tilegemm.tuning.blocking import blocking
 
@@ -37,13 +37,18 @@ RUNGS = (
 
 @functools.lru_cache(maxsize=None)
 def _buffers(dtype_name, MR, NR, KC, MC, NC):
-    """Pack buffers and rung 3's tile scratch for one blocking, allocated once and
-    reused (as the library does).  B's buffer also holds rung 4's column panels
-    (its NR divides no more than the library's: padding to it takes no more room)."""
+    """Rungs 3 and 5's pack buffers for one tile and blocking, allocated once and
+    reused (as the library does)."""
     apack = aligned_empty(round_up(MC, MR) * KC, dtype_name)
     bpack = aligned_empty(round_up(NC, NR) * KC, dtype_name)
-    acc = aligned_empty(MR * NR, dtype_name)
-    return apack, bpack, acc
+    return apack, bpack
+
+
+def _local_tile_blocks(blk, custom, itemsize):
+    """Rung 3's (KC, MC): its own KC unless the caller chose the blocks, MC a whole
+    number of its ``LOCAL_MR``-row micro-panels."""
+    KC = blk.kc if custom else local_tile_kc(itemsize)
+    return KC, max(LOCAL_MR, blk.mc // LOCAL_MR * LOCAL_MR)
 
 
 def compute(number, a, b, c=None, blk=None):
@@ -82,7 +87,6 @@ def compute(number, a, b, c=None, blk=None):
     custom_blocks = blk is not None
     blk = blk or blocking(a.dtype)
     MR, NR, KC, MC, NC = blk.mr, blk.nr, blk.kc, blk.mc, blk.nc
-    apack, bpack, acc = _buffers(a.dtype.name, MR, NR, KC, MC, NC)
     if number == 0:
         naive_ijk(a, b, c)
     elif number == 1:
@@ -90,16 +94,18 @@ def compute(number, a, b, c=None, blk=None):
     elif number == 2:
         blocked(a, b, c, KC, MC, NC)
     elif number == 3:
-        packed(a, b, c, MR, NR, KC, MC, NC, apack, bpack, acc)
+        KC3, MC3 = _local_tile_blocks(blk, custom_blocks, a.itemsize)
+        packed(a, b, c, KC3, MC3, NC, *_buffers(a.dtype.name, LOCAL_MR, LOCAL_NR, KC3, MC3, NC))
     elif number == 4:
         if custom_blocks:
             packed_register_tile(a, b, c, KC, MC, NC)
         else:
             packed_register_tile(a, b, c)     # its own KC (register_tile_kc)
     elif number == 5:
-        kern = get_kernel(a.dtype, MR, NR)
+        mod = get_kernel(a.dtype, MR, NR).module
         one = a.dtype.type(1)
-        library_micro_kernel(a, b, c, (KC, MC, NC), (apack, bpack), kern.module.macro_kernel,
+        library_micro_kernel(a, b, c, (KC, MC, NC), _buffers(a.dtype.name, MR, NR, KC, MC, NC),
+                             mod.pack_a, mod.pack_b, mod.macro_kernel,
                              (MR, NR), (one, one - one))
     else:
         raise ValueError(f"compute: rung must be 0 to 6, got {number}")
