@@ -85,3 +85,49 @@ def test_command_end_to_end(tmp_path, capsys):
 def test_command_rejects_bad_n(capsys):
     with pytest.raises(SystemExit):
         ladder.main(["--n", "0"])
+
+
+def _result(number, gflops, n=1024, threads=1, peak=100.0, spread=0.02):
+    return ladder.Result(ladder.RUNGS[number], n, threads, gflops, 0.1, 50.0, peak, spread)
+
+
+def test_slower_rung_gets_a_note_unless_within_spread():
+    climbing = [_result(2, 20.0), _result(3, 30.0)]
+    assert ladder.slower_notes(climbing) == []
+    within = [_result(2, 20.0, spread=0.1), _result(3, 19.0, spread=0.1)]
+    assert ladder.slower_notes(within) == []
+    slower = [_result(2, 30.0), _result(3, 20.0)]
+    notes = ladder.slower_notes(slower)
+    assert len(notes) == 1 and notes[0].startswith("rung 3 is slower than rung 2 here:")
+
+
+def test_rung_below_n_gets_a_note():
+    notes = ladder.smaller_n_notes([_result(0, 1.0, n=512), _result(1, 10.0)], 1024)
+    assert len(notes) == 1 and notes[0].startswith("rung 0 ran at n = 512:")
+
+
+def test_width_note_only_when_plain_numba_vectors_are_narrower(monkeypatch):
+    from tilegemm.ladder import register_tile
+    blk = blocking(np.float32)
+    peak_bits = blk.lanes * 32
+    results = [_result(4, 30.0, peak=100.0)]
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: peak_bits)
+    assert ladder.width_notes(results) == []
+    monkeypatch.setattr(register_tile, "vector_bits", lambda: peak_bits // 2)
+    (note,) = ladder.width_notes(results)
+    assert "50% of the peak" in note and "60% of that ceiling" in note
+    assert ladder.width_notes([_result(3, 30.0)]) == []
+
+
+def test_vector_bits_reads_the_compiled_tile():
+    assert ladder.vector_bits() in (128, 256, 512)
+
+
+def test_busy_machine_warnings():
+    from tilegemm.ladder.table import _busy_machine_warning
+    quiet = [_result(5, 80.0), _result(6, 150.0, threads=2, peak=200.0)]
+    assert _busy_machine_warning(quiet) is None
+    assert "above the measured peak" in _busy_machine_warning([_result(5, 120.0)])
+    assert "apart" in _busy_machine_warning([_result(5, 80.0, spread=0.5)])
+    poor = [_result(5, 80.0), _result(6, 100.0, threads=2, peak=200.0)]
+    assert "ran only 1.25x rung 5" in _busy_machine_warning(poor)

@@ -6,6 +6,7 @@ Plain Numba has no arrays in registers, so the tile's micro-kernel is generated
 import functools
 
 import numba
+import numpy as np
 
 from tilegemm.ground.contracts import JIT, round_up
 from tilegemm.packing import aligned_empty
@@ -56,13 +57,21 @@ def make_register_tile(MR, NR):
 def pack_columns(b, b_off, ldb, kc, nc, NR, bpack):
     """Columns ``0:nc`` of the ``kc``-row block of B at ``b[b_off]`` (rows ``ldb`` apart),
     each column's ``kc`` values contiguous (column ``j`` at ``j*kc``), zero columns up
-    to a multiple of ``NR``.  Rows of B are read in order."""
+    to a multiple of ``NR``.
+
+    A transpose, NR columns at a time: per row of B, NR neighbouring values go to the
+    ends of NR column runs that each grow by one value, so every write lands in one
+    of NR cache lines already in L1 (a whole row of B at a time scatters each row
+    over ``nc`` lines: 3x slower at n = 1024).
+    """
     for j in range(nc, round_up(nc, NR)):
         bpack[j * kc:(j + 1) * kc] = 0
-    for p in range(kc):
-        row = b[b_off + p * ldb:b_off + p * ldb + nc]
-        for j in range(nc):
-            bpack[j * kc + p] = row[j]
+    for jr in range(0, nc, NR):
+        width = min(NR, nc - jr)
+        for p in range(kc):
+            row = b[b_off + p * ldb + jr:b_off + p * ldb + jr + width]
+            for j in range(width):
+                bpack[(jr + j) * kc + p] = row[j]
 
 
 def register_tile_kc(MR, NR, itemsize):
@@ -103,6 +112,22 @@ def packed_register_tile(a, b, c, KC=None, MC=None, NC=None):
 def _column_buffer(dtype_name, NR, KC, NC):
     """Rung 4's packed columns of B: ``NC`` rounded up to ``NR`` columns of ``KC``."""
     return aligned_empty(round_up(NC, NR) * KC, dtype_name)
+
+
+def vector_bits():
+    """Width in bits of the vectors in rung 4's compiled tile, read from its machine
+    code (512 when it uses zmm registers, 256 for ymm, else 128).
+
+    The tile is plain Numba, so LLVM chooses the width: on many AVX-512 CPUs its
+    tuning prefers 256-bit vectors in auto-vectorised loops, half the width of the
+    FMAs the peak is measured with, which caps rung 4 at half the peak there.
+    """
+    tile = make_register_tile(*register_tile_shape(_vector_registers()))
+    if not tile.signatures:
+        one = np.ones(1, np.float32)
+        tile(1, one, 0, 1, one, 0, one.copy(), 0, 1, 1, 1, np.float32(0))
+    asm = "".join(tile.inspect_asm(sig) for sig in tile.signatures)
+    return next((bits for bits, reg in ((512, "%zmm"), (256, "%ymm")) if reg in asm), 128)
 
 
 def _vector_registers():

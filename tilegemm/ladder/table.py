@@ -54,6 +54,29 @@ def slower_notes(results):
     return notes
 
 
+def smaller_n_notes(results, n):
+    """One line for each rung measured below ``n``, saying why."""
+    return [f"rung {r.rung.number} ran at n = {r.n}: one call at n = {2 * r.n} would take more "
+            f"than {CALL_BUDGET} s; GFLOPS are rates, so the ratios still compare"
+            for r in results if r.n < n]
+
+
+def width_notes(results, dtype=np.float32):
+    """A line when rung 4's plain-Numba vectors are narrower than the peak's FMAs (its
+    ceiling is then that fraction of the peak), else none."""
+    from tilegemm.ladder.register_tile import vector_bits
+    rung4 = next((r for r in results if r.rung.number == 4), None)
+    peak_bits = blocking(dtype).lanes * np.dtype(dtype).itemsize * 8
+    bits = vector_bits()
+    if rung4 is None or bits >= peak_bits:
+        return []
+    ceiling = rung4.peak_gflops * bits / peak_bits
+    return [f"rung 4 is plain Numba, and LLVM vectorised it {bits} bits wide on this CPU (its "
+            f"tuning for the CPU prefers that width) against the peak's {peak_bits}-bit FMAs: "
+            f"its ceiling here is {100 * bits / peak_bits:.0f}% of the peak, and it ran at "
+            f"{100 * rung4.gflops / ceiling:.0f}% of that ceiling."]
+
+
 def _busy_machine_warning(results):
     """A warning when the figures show another program sharing the cores, else None."""
     # (An n-thread peak below n x the 1-thread peak is not a sign of this by itself:
@@ -140,7 +163,7 @@ def main(argv=None):
     table = format_table(results)
     print()
     print(table)
-    notes = slower_notes(results)
+    notes = slower_notes(results) + smaller_n_notes(results, args.n) + width_notes(results)
     for note in notes:
         print(note)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
