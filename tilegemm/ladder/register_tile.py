@@ -75,12 +75,16 @@ def pack_columns(b, b_off, ldb, kc, nc, NR, bpack):
 
 
 def register_tile_kc(MR, NR, itemsize):
-    """Rung 4's KC: the ``NR`` packed columns of B in half of L1d, reused by every
-    ``MR`` rows of A.  Its tiles are narrow, so KC is longer than the library's, which
-    also spreads each sum's final reduction over more products (measured in
-    docs/cache-blocking.md)."""
+    """Rung 4's KC: the ``NR`` packed columns of B in two thirds of L1d, reused by
+    every ``MR`` rows of A streaming through the rest, rounded down to 64 values.
+
+    Its tiles are narrow, so KC is much longer than the library's: each tile ends
+    with its sums reduced across their vectors and added to C, and a long KC spreads
+    that over more products (measured in docs/cache-blocking.md).
+    """
     from tilegemm.tuning.machine import detect
-    return max(1, detect().l1d_bytes // 2 // (NR * itemsize))
+    kc = detect().l1d_bytes * 2 // 3 // (NR * itemsize)
+    return max(64, kc // 64 * 64)
 
 
 def packed_register_tile(a, b, c, KC=None, MC=None, NC=None):
