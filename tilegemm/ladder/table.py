@@ -29,9 +29,9 @@ def format_table(results):
 #: Why a rung may not beat the one before it on some hosts, printed under the table
 #: when it does not.
 SLOWER_BECAUSE = {
-    3: "packing changes what is read, not what is written: like rung 2 it stores every "
-       "sum of C to L1 at every k step, and that store traffic, not the reads packing "
-       "straightens, bounds both (rung 4 keeps the sums in registers)",
+    3: "like rung 2 it stores every sum to memory at every k step (its local array here, "
+       "a row of C there), and that store traffic bounds both; packing only makes the reads "
+       "cheaper (rung 4 keeps the sums in registers)",
     4: "plain Numba's vectors here are as wide as LLVM's preferred width for this CPU, "
        "and each sum is reduced across its vector once per tile",
 }
