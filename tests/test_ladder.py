@@ -4,6 +4,7 @@ Correctness only: timings belong to ``tilegemm ladder`` itself, never to tests.
 """
 import numpy as np
 import pytest
+from guard import GUARD_PAGES, guarded_empty
 
 from tilegemm import ladder
 from tilegemm.tuning.blocking import blocking
@@ -51,6 +52,22 @@ def test_rung_small_blocks(number, dtype, shape):
     blk = blocking(dtype, kc=16, mc=2 * base.mr, nc=2 * base.nr)
     a, b = _operands(*shape, dtype, seed=1)
     _check(ladder.compute(number, a, b, blk=blk), a, b)
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("number", RUNGS)
+def test_rung_against_guard_pages(number):
+    """No rung reads past A or B, or writes past C, when each ends (or starts) at a
+    guard page; the operands are left as they were."""
+    m, k, n = 37, 131, 67
+    a_vals, b_vals = _operands(m, k, n, np.float32, seed=2)
+    for where in ("after", "before"):
+        a = guarded_empty((m, k), np.float32, where=where)
+        b = guarded_empty((k, n), np.float32, where=where)
+        c = guarded_empty((m, n), np.float32, where=where)
+        a[...], b[...], c[...] = a_vals, b_vals, np.nan
+        _check(ladder.compute(number, a, b, c), a_vals, b_vals)
+        assert np.array_equal(a, a_vals) and np.array_equal(b, b_vals)
 
 
 @pytest.mark.parametrize("number", RUNGS)
