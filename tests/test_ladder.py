@@ -141,10 +141,9 @@ def test_vector_bits_reads_the_compiled_tile():
 
 
 def test_busy_machine_warnings():
-    from tilegemm.ladder.table import _busy_machine_warning
     quiet = [_result(5, 80.0), _result(6, 150.0, threads=2, peak=200.0)]
-    assert _busy_machine_warning(quiet) is None
-    assert "above the measured peak" in _busy_machine_warning([_result(5, 120.0)])
-    assert "apart" in _busy_machine_warning([_result(5, 80.0, spread=0.5)])
+    assert ladder.busy_machine_warning(quiet) is None
+    assert "above the measured peak" in ladder.busy_machine_warning([_result(5, 120.0)])
+    assert "apart" in ladder.busy_machine_warning([_result(5, 80.0, spread=0.5)])
     poor = [_result(5, 80.0), _result(6, 100.0, threads=2, peak=200.0)]
-    assert "ran only 1.25x rung 5" in _busy_machine_warning(poor)
+    assert "ran only 1.25x rung 5" in ladder.busy_machine_warning(poor)

@@ -38,8 +38,9 @@ from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_ke
                                    tile_in_local_array)
 from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Result, Rung, compute, measure,
                                     run_ladder)
-from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNING, format_table,
-                                   main, plot, slower_notes, smaller_n_notes, width_notes)
+from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNING,
+                                   busy_machine_warning, format_table, main, plot,
+                                   slower_notes, smaller_n_notes, width_notes)
 
 __all__ = [
     "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR", "local_tile_kc",
@@ -48,6 +49,6 @@ __all__ = [
     "packed_register_tile", "library_micro_kernel", "threaded",
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",
     "format_table", "SLOWER_BECAUSE", "SPREAD_WARNING", "SCALING_WARNING", "slower_notes",
-    "smaller_n_notes", "width_notes",
+    "smaller_n_notes", "width_notes", "busy_machine_warning",
     "plot", "main",
 ]

@@ -77,7 +77,7 @@ def width_notes(results, dtype=np.float32):
             f"{100 * rung4.gflops / ceiling:.0f}% of that ceiling."]
 
 
-def _busy_machine_warning(results):
+def busy_machine_warning(results):
     """A warning when the figures show another program sharing the cores, else None."""
     # (An n-thread peak below n x the 1-thread peak is not a sign of this by itself:
     # cores may share an FMA unit or drop their clock when all of them run 512-bit code.)
@@ -171,7 +171,7 @@ def main(argv=None):
     if any(np.isnan(r.numpy_gflops) for r in results):
         print("numpy column empty: pip install threadpoolctl to limit numpy's threads",
               file=sys.stderr)
-    warning = _busy_machine_warning(results)
+    warning = busy_machine_warning(results)
     if warning:
         print(warning, file=sys.stderr)
 
