@@ -532,7 +532,10 @@ def test_rows_print_as_they_finish_and_ctrl_c_writes_a_partial_report(tmp_path):
     argv = [sys.executable, "-m", "tilegemm", "bench", "--sizes", ",".join(["24"] * 60),
             "--dtype", "float32", "--threads", "1", "--reps", "3", "--min-time", "0.05",
             "--no-torch", "--out", str(tmp_path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that:
+    # give the run the default disposition, as a terminal's Ctrl-C would find it.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         for line in proc.stdout:  # rows arrive while the run goes on
