@@ -498,3 +498,24 @@ def gemv_product(shape, scal, a, b, c, epilogue, acc):
     else:
         gemv((n, k), scal, (bf, (b_off, b_cs, b_rs)), (af, (a_off, a_cs)), (cf, (c_off, 1)),
              epilogue, (epi & EPI_BIAS_COL) != 0, acc)
+
+
+@jit
+def matvec(a, x, y):
+    """``y = a @ x`` for a C-contiguous ``m x k`` matrix and contiguous vectors: matmul's
+    shortest matrix-vector call.  ``y`` is also :func:`gemv`'s scratch (each value is
+    written once its sum is complete) and its unread bias; ``ZERO`` for the epilogue
+    flags and ``ZERO != 0`` for ``bias_row``, not literals, share gemv's compiled code
+    with :func:`gemv_product`."""
+    m, k = a.shape
+    gemv((m, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, k, UNIT)), (x, (ZERO, UNIT)),
+         (y, (ZERO, UNIT)), (y, ZERO), ZERO != 0, y)
+
+
+@jit
+def vecmat(x, a, y):
+    """``y = x @ a`` for a C-contiguous ``k x n`` matrix and contiguous vectors, on the
+    matrix's transposed view (as :func:`matvec`)."""
+    k, n = a.shape
+    gemv((n, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, UNIT, n)), (x, (ZERO, UNIT)),
+         (y, (ZERO, UNIT)), (y, ZERO), ZERO != 0, y)

@@ -84,6 +84,7 @@ def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
     SMALL_CALLS.clear()
+    _gemv_modules.clear()
 
 
 #: Products up to this many rows and columns (batch items, small 2-D products) get a
@@ -219,6 +220,36 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     else:
         _threaded(kern, blk, m, n, k, args, bias, epi, threads)
     return c
+
+
+def matvec_into(mat, vec, y, vec_first):
+    """``y = mat @ vec`` (or ``vec @ mat`` with ``vec_first``) for a C-contiguous 2-D
+    ``mat`` and contiguous 1-D ``vec`` and ``y`` of one float dtype, sizes checked by
+    the caller; returns ``y``.
+
+    The matrix-vector product without :func:`gemm_into`'s plan: one jitted call
+    (``matvec`` / ``vecmat`` in ``kernels/_tile.py``), no pack buffer.  A matrix big
+    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) goes to :func:`gemm_into`
+    as a product with one row or column.
+    """
+    if mat.size // GEMV_SERIAL_ELEMENTS >= 2 and get_num_threads() > 1:
+        if vec_first:
+            gemm_into(vec[np.newaxis, :], mat, y[np.newaxis, :])
+        else:
+            gemm_into(mat, vec[:, np.newaxis], y[:, np.newaxis])
+        return y
+    module = _gemv_modules.get(mat.dtype)
+    if module is None:
+        module = _gemv_modules[mat.dtype] = kernel_for(mat.dtype, 1)[0].module
+    if vec_first:
+        module.vecmat(vec, mat, y)
+    else:
+        module.matvec(mat, vec, y)
+    return y
+
+
+#: dtype -> the kernel module whose ``matvec`` / ``vecmat`` :func:`matvec_into` calls.
+_gemv_modules = {}
 
 
 def serial_flops(dtype):

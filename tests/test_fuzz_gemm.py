@@ -89,7 +89,8 @@ class PathRecorder:
     route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
     own block of C), ``matmul_small`` (also for ``api.fast_small_matmul``, the same
-    product without the general checks), and the batched routes of
+    product without the general checks), ``gemv`` also for ``api.matvec_into`` (a
+    matrix-vector product without the plan), and the batched routes of
     ``kernels/batched.py`` (``batched.route``).
     """
 
@@ -97,7 +98,9 @@ class PathRecorder:
                # api imported matmul_small by name: its own binding is what it calls.
                (api, "matmul_small"),
                # matmul's shortest path: the same product, None when it does not apply.
-               (api, "fast_small_matmul"))
+               (api, "fast_small_matmul"),
+               # The matrix-vector product without the general path's plan (``gemv``).
+               (api, "matvec_into"))
 
     def __init__(self):
         self.log = []          # list.append is atomic: pool threads record too
@@ -115,6 +118,8 @@ class PathRecorder:
             # the fast path that takes its place when it applies.
             if fn.__name__ == "route":
                 self.log.append(result)
+            elif fn.__name__ == "matvec_into":
+                self.log.append("gemv")
             elif fn.__name__ != "fast_small_matmul" or result is not None:
                 self.log.append("matmul_small")
             return result

@@ -477,3 +477,111 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
         b = b_vals.copy()
         assert tilegemm.matmul(a_vals, b, out=b) is b
         assert_close(b, expected, error_bound(a_vals, b_vals, k, dtype), f"{shape} out=b")
+
+
+# --------------------------------------------------------------------------- matrix-vector
+
+# (1030, 520): big enough to be shared among threads (GEMV_SERIAL_ELEMENTS).
+MATVEC_SHAPES = [(1, 1), (3, 5), (4, 16), (7, 33), (37, 129), (130, 67), (600, 1), (1030, 520)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", MATVEC_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matvec_and_vecmat_take_the_short_path(monkeypatch, dtype, shape):
+    """``A @ x`` and ``x @ A`` with a C-contiguous matrix and contiguous vectors go
+    straight to ``matvec_into`` (no batch broadcasting), right, inputs untouched."""
+    import tilegemm.api as api
+    calls = []
+    real = api.matvec_into
+    monkeypatch.setattr(api, "matvec_into", lambda *args: calls.append(args[3]) or real(*args))
+    rng = np.random.default_rng(5)
+    m, k = shape
+    A = rng.standard_normal((m, k)).astype(dtype)
+    x, z = rng.standard_normal(k).astype(dtype), rng.standard_normal(m).astype(dtype)
+    A0, x0, z0 = A.copy(), x.copy(), z.copy()
+    got = tilegemm.matmul(A, x)
+    assert got.shape == (m,) and got.dtype == dtype
+    assert_close(got, A.astype(np.float64) @ x, error_bound(A, x[:, None], k, dtype)[:, 0], "A @ x")
+    got = tilegemm.matmul(z, A)
+    assert got.shape == (k,) and got.dtype == dtype
+    assert_close(got, z.astype(np.float64) @ A, error_bound(z[None], A, m, dtype)[0], "x @ A")
+    assert calls == [False, True]
+    out = np.full(m, np.nan, dtype)
+    assert tilegemm.matmul(A, x, out=out) is out
+    assert_close(out, A.astype(np.float64) @ x, error_bound(A, x[:, None], k, dtype)[:, 0], "out=")
+    assert np.array_equal(A, A0) and np.array_equal(x, x0) and np.array_equal(z, z0)
+
+
+def test_matvec_other_layouts_and_overlap_take_the_general_path(monkeypatch):
+    import tilegemm.api as api
+    monkeypatch.setattr(api, "matvec_into", lambda *args: pytest.fail("short path taken"))
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((40, 40)).astype(np.float32)
+    x = rng.standard_normal(80).astype(np.float32)
+    bound = error_bound(A, x[:40, None], 40, np.float32)[:, 0]
+    assert_close(tilegemm.matmul(A, x[::2]), A.astype(np.float64) @ x[::2],
+                 error_bound(A, x[::2, None], 40, np.float32)[:, 0], "strided x")
+    assert_close(tilegemm.matmul(A.T, x[:40]), A.T.astype(np.float64) @ x[:40],
+                 error_bound(A.T, x[:40, None], 40, np.float32)[:, 0], "transposed A")
+    y = x[:40].copy()
+    expected = A.astype(np.float64) @ y
+    assert tilegemm.matmul(A, y, out=y) is y          # out= is the vector itself
+    assert_close(y, expected, bound, "out=x")
+    with pytest.raises(ValueError, match="not aligned"):
+        tilegemm.matmul(A, x)
+    with pytest.raises(TypeError):
+        tilegemm.matmul(A, x[:40].astype(np.float16))
+
+
+def test_matvec_propagates_nan_and_inf():
+    A = np.ones((5, 20), np.float32)
+    x = np.ones(20, np.float32)
+    A[1, 3], A[2, 19], x[7] = np.nan, np.inf, 1.0
+    got, expected = tilegemm.matmul(A, x), A @ x
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    assert np.array_equal(got[~np.isnan(got)], expected[~np.isnan(expected)])
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (37, 129), (130, 67)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_matvec_against_guard_pages(dtype, shape):
+    """No read past the matrix or the vector, no write past ``out``, when each ends
+    (or starts) at a guard page."""
+    m, k = shape
+    rng = np.random.default_rng(7)
+    a_vals, x_vals = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal(k).astype(dtype)
+    z_vals = rng.standard_normal(m).astype(dtype)
+    for where in ("after", "before"):
+        A = guarded_empty((m, k), dtype, where=where)
+        x, z = guarded_empty((k,), dtype, where=where), guarded_empty((m,), dtype, where=where)
+        A[...], x[...], z[...] = a_vals, x_vals, z_vals
+        out_m, out_k = guarded_empty((m,), dtype, where=where), guarded_empty((k,), dtype, where=where)
+        assert tilegemm.matmul(A, x, out=out_m) is out_m
+        assert_close(out_m, a_vals.astype(np.float64) @ x_vals,
+                     error_bound(a_vals, x_vals[:, None], k, dtype)[:, 0], f"A @ x {where}")
+        assert tilegemm.matmul(z, A, out=out_k) is out_k
+        assert_close(out_k, z_vals.astype(np.float64) @ a_vals,
+                     error_bound(z_vals[None], a_vals, m, dtype)[0], f"x @ A {where}")
+
+
+def test_matvec_from_several_python_threads():
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((300, 200)).astype(np.float32)
+    xs = [rng.standard_normal(200).astype(np.float32) for _ in range(8)]
+    expected = [A.astype(np.float64) @ x for x in xs]
+    errors = []
+
+    def work(i):
+        for _ in range(50):
+            got = tilegemm.matmul(A, xs[i])
+            if not np.allclose(got, expected[i], rtol=1e-4, atol=1e-3):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

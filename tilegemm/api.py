@@ -13,7 +13,7 @@ from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overl
                                       plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
 from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
-                                     matmul_small, small_product)
+                                     matmul_small, matvec_into, small_product)
 
 
 def _result_dtype(a, b):
@@ -55,8 +55,8 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
-    if type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == b.ndim == 2:
-        c = fast_small_matmul(a, b, out)
+    if type(a) is np.ndarray and type(b) is np.ndarray:
+        c = _short_path(a, b, out)
         if c is not None:
             return c
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
@@ -115,6 +115,15 @@ def _tensor_matmul(a, b, out):
     return out if out is not None else to_tensor(r)
 
 
+def _short_path(a, b, out):
+    """``a @ b`` (ndarrays) on one of matmul's short paths, or None where none applies."""
+    if a.ndim == b.ndim == 2:
+        return fast_small_matmul(a, b, out)
+    if a.ndim + b.ndim == 3:
+        return fast_matvec(a, b, out)
+    return None
+
+
 def fast_small_matmul(a, b, out):
     """``a @ b`` for small C-contiguous 2-D operands whose shape has been seen: the
     shortest path there is, a call costing more than their arithmetic.  ``out``: None,
@@ -135,6 +144,27 @@ def fast_small_matmul(a, b, out):
         return None
     call(a, b, out, UNPACKED_KC)
     return out
+
+
+def fast_matvec(a, b, out):
+    """``A @ x`` or ``x @ A`` for a C-contiguous 2-D float ``A`` and a contiguous 1-D
+    ``x`` of the same dtype (and an ``out`` of that layout sharing no memory with
+    them): the matrix-vector product without the general path's broadcasting, whose
+    checks cost a small product as much as its arithmetic.  None for anything else,
+    which then takes the general path (and gets its errors)."""
+    vec_first = a.ndim == 1
+    mat, vec = (b, a) if vec_first else (a, b)
+    if not (a.dtype == b.dtype and a.dtype in FLOAT_DTYPES and mat.size
+            and mat.flags.c_contiguous and vec.flags.c_contiguous
+            and vec.shape[0] == mat.shape[0 if vec_first else 1]):
+        return None
+    rows = mat.shape[1 if vec_first else 0]
+    if out is None:
+        out = np.empty(rows, a.dtype)
+    elif not (type(out) is np.ndarray and out.dtype == a.dtype and out.shape == (rows,)
+              and out.flags.c_contiguous and out.flags.writeable and not overlaps(out, a, b)):
+        return None
+    return matvec_into(mat, vec, out, vec_first)
 
 
 def _batched(a, b, c, batch):
