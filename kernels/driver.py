@@ -229,26 +229,31 @@ def matvec_into(mat, vec, y, vec_first):
 
     The matrix-vector product without :func:`gemm_into`'s plan: one jitted call
     (``matvec`` / ``vecmat`` in ``kernels/_tile.py``), no pack buffer.  A matrix big
-    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) goes to :func:`gemm_into`
-    as a product with one row or column.
+    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) is cut into equal parts of
+    y whose share blocks one jitted call writes (``matvec_blocks``), run as native
+    shares.
     """
-    if mat.size // GEMV_SERIAL_ELEMENTS >= 2 and get_num_threads() > 1:
-        if vec_first:
-            gemm_into(vec[np.newaxis, :], mat, y[np.newaxis, :])
-        else:
-            gemm_into(mat, vec[:, np.newaxis], y[:, np.newaxis])
-        return y
-    module = _gemv_modules.get(mat.dtype)
-    if module is None:
-        module = _gemv_modules[mat.dtype] = kernel_for(mat.dtype, 1)[0].module
-    if vec_first:
+    entry = _gemv_modules.get(mat.dtype)
+    if entry is None:
+        kern = kernel_for(mat.dtype, 1)[0]
+        entry = _gemv_modules[mat.dtype] = (kern.module, kern.shares)
+    module, shares = entry
+    threads = mat.size // GEMV_SERIAL_ELEMENTS
+    if threads >= 2:
+        threads = min(threads, get_num_threads())
+    if threads >= 2:
+        block = np.empty((threads, shares.SERIAL_SLOTS), np.int64)
+        shares.matvec_blocks(block, mat, vec, y, vec_first)
+        base, row = block.ctypes.data, block.strides[0]
+        run_native_shares(shares.share_address("serial"), [base + t * row for t in range(threads)])
+    elif vec_first:
         module.vecmat(vec, mat, y)
     else:
         module.matvec(mat, vec, y)
     return y
 
 
-#: dtype -> the kernel module whose ``matvec`` / ``vecmat`` :func:`matvec_into` calls.
+#: dtype -> (kernel module, shares module) whose matrix-vector code :func:`matvec_into` calls.
 _gemv_modules = {}
 
 
