@@ -76,33 +76,39 @@ def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
 
 
 @numba.njit(**JIT_NO_NRT)
-def matvec_blocks(out, mat, vec, y, vec_first):
+def matvec_blocks(out, mat, vec, y, vec_first, partial):
     """Row ``t`` of ``out``: the :func:`serial_block` (GEMV path) of thread ``t``'s part
     of ``y = mat @ vec`` (``vec @ mat`` with ``vec_first``), for a C-contiguous ``mat``
-    and contiguous vectors: equal parts of y in whole steps of the kernel (4 dot
-    products, or a vector of columns), each part of y doubling as its scratch.
-    One call for every share: a share built by :func:`serial_block` from Python
-    costs more than a small share's arithmetic."""
+    and contiguous vectors; each share's output doubles as its scratch.
+
+    ``mat @ vec``: equal parts of y in steps of 4 dot products, each share a block
+    of whole rows.  ``vec @ mat``: equal parts of k (the rows of ``mat`` again, so
+    each share reads one contiguous block; a part of y's columns would read a part
+    of every row), share 0 summing into y and share ``t`` into ``partial[(t-1)*n:]``,
+    which the caller adds to y.  One call for every share: a share built by
+    :func:`serial_block` from Python costs more than a small share's arithmetic.
+    """
     threads = out.shape[0]
-    k, n = (mat.shape[0], mat.shape[1]) if vec_first else (mat.shape[1], mat.shape[0])
-    unit = _DRIVERS.LANES if vec_first else 4
-    step = ((n + threads - 1) // threads + unit - 1) // unit * unit
+    rows, cols = mat.shape
+    step = ((rows + threads - 1) // threads + 3) // 4 * 4
     flat = mat.reshape(-1)
     one, zero = DTYPE(1), DTYPE(0)
     for t in range(threads):
-        r0 = min(t * step, n)
-        size = min(step, n - r0)
+        r0 = min(t * step, rows)
+        size = min(step, rows - r0)
         v = out[t]
         v[0] = GEMV
-        if vec_first:    # columns r0:r0+size of mat, as B of a 1 x n product
-            put_product(v, 1, (1, size, k), (one, zero), (vec, (0, k, 1)), (flat, (r0, n, 1)),
-                        (y, (r0, size, 1)), (y, 0))
-        else:            # rows r0:r0+size of mat, as A of an n x 1 product
-            put_product(v, 1, (size, 1, k), (one, zero), (flat, (r0 * k, k, 1)), (vec, (0, 1, 1)),
-                        (y, (r0, 1, 1)), (y, 0))
+        if vec_first:    # rows r0:r0+size of mat, as B of a 1 x cols product over them
+            dest = y if t == 0 else partial[(t - 1) * cols:t * cols]
+            put_product(v, 1, (1, cols, size), (one, zero), (vec, (r0, size, 1)),
+                        (flat, (r0 * cols, cols, 1)), (dest, (0, cols, 1)), (dest, 0))
+            put_range(v, 27, dest, 0, cols)
+        else:            # rows r0:r0+size of mat, as A of a size x 1 product
+            put_product(v, 1, (size, 1, cols), (one, zero), (flat, (r0 * cols, cols, 1)),
+                        (vec, (0, 1, 1)), (y, (r0, 1, 1)), (y, 0))
+            put_range(v, 27, y, r0, size)
         v[24], v[25], v[26] = 0, 0, 0
-        put_range(v, 27, y, r0, size)
-        put_range(v, 29, y, r0, size)
+        v[29], v[30] = v[27], v[28]
 
 
 def _serial_share(block):

@@ -229,9 +229,9 @@ def matvec_into(mat, vec, y, vec_first):
 
     The matrix-vector product without :func:`gemm_into`'s plan: one jitted call
     (``matvec`` / ``vecmat`` in ``kernels/_tile.py``), no pack buffer.  A matrix big
-    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) is cut into equal parts of
-    y whose share blocks one jitted call writes (``matvec_blocks``), run as native
-    shares.
+    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) is cut into blocks of rows
+    whose share blocks one jitted call writes (``matvec_blocks``), run as native
+    shares; ``vec @ mat``'s partial sums are added to y here.
     """
     entry = _gemv_modules.get(mat.dtype)
     if entry is None:
@@ -242,10 +242,15 @@ def matvec_into(mat, vec, y, vec_first):
     if threads >= 2:
         threads = min(threads, get_num_threads())
     if threads >= 2:
+        n = y.size
+        partial = buffers("matvec", ((threads - 1) * n if vec_first else 1,), y.dtype)[0]
         block = np.empty((threads, shares.SERIAL_SLOTS), np.int64)
-        shares.matvec_blocks(block, mat, vec, y, vec_first)
+        shares.matvec_blocks(block, mat, vec, y, vec_first, partial)
         base, row = block.ctypes.data, block.strides[0]
         run_native_shares(shares.share_address("serial"), [base + t * row for t in range(threads)])
+        if vec_first:
+            for t in range(threads - 1):
+                y += partial[t * n:(t + 1) * n]
     elif vec_first:
         module.vecmat(vec, mat, y)
     else:
