@@ -82,7 +82,7 @@ def matvec_blocks(out, mat, vec, y, vec_first, partial):
     and contiguous vectors; each share's output doubles as its scratch.
 
     ``mat @ vec``: equal parts of y in steps of 4 dot products, each share a block
-    of whole rows.  ``vec @ mat``: equal parts of k (the rows of ``mat`` again, so
+    of whole rows.  ``vec @ mat``: equal parts of k, any size (the rows of ``mat``, so
     each share reads one contiguous block; a part of y's columns would read a part
     of every row), share 0 summing into y and share ``t`` into ``partial[(t-1)*n:]``,
     which the caller adds to y.  One call for every share: a share built by
@@ -90,7 +90,8 @@ def matvec_blocks(out, mat, vec, y, vec_first, partial):
     """
     threads = out.shape[0]
     rows, cols = mat.shape
-    step = ((rows + threads - 1) // threads + 3) // 4 * 4
+    unit = 1 if vec_first else 4          # any cut of k; whole steps of 4 dot products
+    step = ((rows + threads - 1) // threads + unit - 1) // unit * unit
     flat = mat.reshape(-1)
     one, zero = DTYPE(1), DTYPE(0)
     for t in range(threads):

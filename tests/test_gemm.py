@@ -481,8 +481,9 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
 
 # --------------------------------------------------------------------------- matrix-vector
 
-# (1030, 520): big enough to be shared among threads (GEMV_SERIAL_ELEMENTS).
-MATVEC_SHAPES = [(1, 1), (3, 5), (4, 16), (7, 33), (37, 129), (130, 67), (600, 1), (1030, 520)]
+# (1030, 520), (3, 180000): big enough to be shared among threads (GEMV_SERIAL_ELEMENTS).
+MATVEC_SHAPES = [(1, 1), (3, 5), (4, 16), (7, 33), (37, 129), (130, 67), (600, 1), (1030, 520),
+                 (3, 180000)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
