@@ -243,7 +243,8 @@ def matvec_into(mat, vec, y, vec_first):
         threads = min(threads, get_num_threads())
     if threads >= 2:
         n = y.size
-        partial = buffers("matvec", ((threads - 1) * n if vec_first else 1,), y.dtype)[0]
+        # x @ A: threads past the first sum into this thread's buffer (A @ x: unread).
+        partial = buffers("matvec", ((threads - 1) * n,), y.dtype)[0] if vec_first else y
         block = np.empty((threads, shares.SERIAL_SLOTS), np.int64)
         shares.matvec_blocks(block, mat, vec, y, vec_first, partial)
         base, row = block.ctypes.data, block.strides[0]
