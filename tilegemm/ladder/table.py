@@ -66,9 +66,11 @@ def width_notes(results, dtype=np.float32):
     ceiling is then that fraction of the peak), else none."""
     from tilegemm.ladder.register_tile import vector_bits
     rung4 = next((r for r in results if r.rung.number == 4), None)
+    if rung4 is None:
+        return []
     peak_bits = blocking(dtype).lanes * np.dtype(dtype).itemsize * 8
     bits = vector_bits()
-    if rung4 is None or bits >= peak_bits:
+    if bits >= peak_bits:
         return []
     ceiling = rung4.peak_gflops * bits / peak_bits
     return [f"rung 4 is plain Numba, and LLVM vectorised it {bits} bits wide on this CPU (its "
