@@ -1,9 +1,10 @@
-"""Template for the Winograd F(2x2, 3x3) drivers, bound to one micro-kernel.
+"""Template for the Winograd F(m x m, 3x3) drivers, bound to one micro-kernel and tile size.
 
-Written once per GEMM kernel (MR, NR, ISA) by
+Written once per GEMM kernel (MR, NR, ISA) and output tile size m (``TILE``) by
 :func:`tilegemm.conv.engine.family_module`, which states what every template shares
 (the configuration block, task loops over a shared counter).  Importable as is
-(float32 6x64).
+(float32 6x64, F(2x2, 3x3)).  The NHWC task (:func:`winograd_task`) serves
+TILE = 2 only.
 """
 import numba
 import numpy as np
@@ -19,6 +20,7 @@ DTYPE = np.float32
 MR = 6
 NR = 64
 ISA = "avx512"
+TILE = 2
 SOURCE_HASH = ""
 # --- end configuration ---
 
@@ -26,8 +28,11 @@ _KERNEL = get_kernel(DTYPE, MR, NR, ISA)
 macro_kernel = _KERNEL.module.macro_kernel
 ZERO = _KERNEL.module.ZERO
 LANES = _KERNEL.lanes
-winograd_input = make_winograd_input(DTYPE, LANES)
-winograd_output = make_winograd_output(DTYPE, LANES)
+#: Input tile side and transformed positions per tile.
+ALPHA = TILE + 2
+POSITIONS = ALPHA * ALPHA
+winograd_input = make_winograd_input(DTYPE, LANES, TILE)
+winograd_output = make_winograd_output(DTYPE, LANES, TILE)
 
 
 # --- Winograd F(2x2, 3x3) ------------------------------------------------------------
@@ -80,9 +85,9 @@ def winograd_tasks(counter, plan, g, x, upack, epilogue, out, bufs):
 
 
 
-# --- Winograd F(2x2, 3x3), NCHW: tiles as GEMM columns, vectors along the image width -----
+# --- Winograd F(m x m, 3x3), NCHW: tiles as GEMM columns, vectors along the image width ---
 #
-# For each of the 16 positions xi:  M[xi][K, tiles] = U[xi]^T[K, C] @ V[xi][C, tiles].
+# For each of the POSITIONS = (m+2)^2 positions xi:  M[xi][K, tiles] = U[xi]^T[K, C] @ V[xi][C, tiles].
 # The transformed filters U^T are packed A (prepared once); the input transform writes
 # V straight into packed B, LANES adjacent tiles of one tile row per vector, and the
 # output transform reads LANES tiles of one output channel per vector.  A block of NB
@@ -96,10 +101,10 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
 
     ``runs[r] = (group_start, lo, hi, x_src, y0, col0, out_dst, out_rows, out_col0)``:
     lanes ``lo:hi`` of the group at block column ``group_start`` are tiles of one tile
-    row, lane ``l`` being the tile whose input window starts at column ``col0 + 2*l``
+    row, lane ``l`` being the tile whose input window starts at column ``col0 + TILE*l``
     of input row ``y0`` (``x_src`` = offset of that pixel in channel 0) and whose
-    output starts at column ``out_col0 + 2*l``, offset ``out_dst + 2*l`` of channel 0
-    (``out_rows`` output rows: 1 at the bottom edge).
+    output starts at column ``out_col0 + TILE*l``, offset ``out_dst + TILE*l`` of
+    channel 0 (``out_rows`` output rows: fewer than TILE at the bottom edge).
     """
     H, W, Ho, Wo, py, px, TH, TW = geom
     tiles = TH * TW
@@ -113,17 +118,17 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
             ty = (t % tiles) // TW
             tx = t % TW
             run = imin(end - l, TW - tx)
-            y0 = 2 * ty - py
-            col0 = 2 * (tx - l) - px
+            y0 = TILE * ty - py
+            col0 = TILE * (tx - l) - px
             runs[count, 0] = g
             runs[count, 1] = l
             runs[count, 2] = l + run
             runs[count, 3] = n * xs[0] + y0 * xs[2] + col0
             runs[count, 4] = y0
             runs[count, 5] = col0
-            runs[count, 6] = n * os[0] + 2 * ty * os[2] + 2 * (tx - l)
-            runs[count, 7] = imin(2, Ho - 2 * ty)
-            runs[count, 8] = 2 * (tx - l)
+            runs[count, 6] = n * os[0] + TILE * ty * os[2] + TILE * (tx - l)
+            runs[count, 7] = imin(TILE, Ho - TILE * ty)
+            runs[count, 8] = TILE * (tx - l)
             count += 1
             l += run
     return count
@@ -131,7 +136,7 @@ def winograd_runs(T0, nt, geom, xs, os, runs):
 
 @inner_jit
 def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, slab):
-    """``V`` of channels ``p0:p0+kc`` for the block's runs, into 16 packed-B slabs of ``slab``."""
+    """``V`` of channels ``p0:p0+kc`` for the block's runs, into POSITIONS packed-B slabs of ``slab``."""
     for p in range(kc):
         src = x_off + (p0 + p) * sc
         for r in range(nruns):
@@ -149,7 +154,7 @@ def winograd_input_block(x, x_off, sc, s_row, H, W, runs, nruns, p0, kc, buf, sl
 @inner_jit
 def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epilogue):
     """``Y = A^T m A`` + bias + activation for the block's runs, output channels ``k0:k1``
-    (``channels``): channel ``k`` in row ``k - k0`` of each of the 16 slabs of ``m``
+    (``channels``): channel ``k`` in row ``k - k0`` of each of the POSITIONS slabs of ``m``
     (``layout`` ``(slab, ldm)``: slabs and rows that far apart), its bias at
     ``bias[b_off + k]`` (``epilogue`` ``(bias, b_off, epi)``), its output plane at
     ``out[o_off + k*sk]`` with rows ``s_row`` apart (``o_view`` ``(o_off, sk, s_row)``)."""
@@ -171,17 +176,17 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
     out, ``ntasks // groups`` per group; the loop holds the task's body (see
     ``im2col_nchw_tasks``).  A task of group ``g`` is a block of ``NB`` tiles (the
     first ``whole`` tasks) or one of the ``parts`` parts of the output channels of a
-    later block: input transform, 16 GEMMs, output transform.
+    later block: input transform, POSITIONS GEMMs, output transform.
 
     ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here);
     the group reads input channels ``g*C:``, writes output channels ``g*K:`` (their
-    bias too) and takes its transformed filters from ``upack[g*u_group:]``: the 16
+    bias too) and takes its transformed filters from ``upack[g*u_group:]``: the POSITIONS
     matrices U^T (K x C) as packed A, every row panel full (``Kp`` = K rounded up to
     MR, zero rows), block (xi, pc) at ``(xi*C + pc)*Kp``.  The ``parts`` parts of a
     block share out its row panels; each transforms the block's whole input (where
     blocks alone are too few to keep every thread busy, that repeat costs less than
-    an idle thread).  ``bufs`` is the thread's ``(bpack, mbuf, runs)``: ``bpack`` (16
-    slabs of KC x NB, ``b_slab`` apart) and ``mbuf`` (16 slabs of Kp x NB, ``m_slab``
+    an idle thread).  ``bufs`` is the thread's ``(bpack, mbuf, runs)``: ``bpack`` (POSITIONS
+    slabs of KC x NB, ``b_slab`` apart) and ``mbuf`` (POSITIONS slabs of Kp x NB, ``m_slab``
     apart) stay in L2, ``runs`` holds NB rows of 9.  ``epi``: EPI_BIAS_ROW (bias per
     output channel) and the activation flags.
     """
@@ -217,13 +222,13 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
             winograd_input_block(x, x_off, xs[1], xs[2], H, W, runs, nruns, pc, kc, bpack, b_slab)
             if ncols > nt:
                 # Columns past the last tile: zeros, so the GEMM never meets stale bits.
-                for xi in range(16):
+                for xi in range(POSITIONS):
                     for q in range(nt, ncols):
                         base = xi * b_slab + (q // NR) * NR * kc + q % NR
                         for p in range(kc):
                             bpack[base + p * NR] = 0
             beta = DTYPE(0) if pc == 0 else DTYPE(1)
-            for xi in range(16):
+            for xi in range(POSITIONS):
                 macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
                              bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta),
                              (bias, ZERO), (ZERO, ZERO))

@@ -103,6 +103,8 @@ GEMM_FAMILIES = ("im2col", "rows", "taps", "planes", "winograd")
 #: Families written per (dtype, ISA): ``shared`` (copies several families call) and
 #: ``direct`` (direct and depthwise convolution, no micro-kernel).
 ISA_FAMILIES = ("shared", "direct")
+#: Families whose template takes an output tile size (``TILE``), and its default.
+TILED_FAMILIES = {"winograd": 2}
 #: The other templates (and conv modules) each family's template compiles in.
 _INLINES = {"shared": (), "direct": ("_tile_shared.py",), "im2col": ("_tile_shared.py",),
             "rows": ("_tile_shared.py",), "winograd": (),
@@ -134,7 +136,7 @@ _module_lock = threading.RLock()     # a template loads the templates it calls w
 _modules = {}
 
 
-def template_module(family, dtype, mr=0, nr=0, isa=None):
+def template_module(family, dtype, mr=0, nr=0, isa=None, tile=None):
     """The module written from ``conv/_tile_{family}.py`` for one configuration.
 
     Parameters
@@ -143,19 +145,21 @@ def template_module(family, dtype, mr=0, nr=0, isa=None):
         One of :data:`GEMM_FAMILIES` (``mr``, ``nr`` and ``isa`` name the GEMM
         kernel) or :data:`ISA_FAMILIES` (``isa`` alone; ``mr`` and ``nr`` ignored).
     dtype : numpy dtype
+    tile : int, optional
+        Winograd's output tile size m (its template's ``TILE``); other families none.
     """
     dtype = np.dtype(dtype)
-    key = (family, dtype, mr, nr, isa)
+    key = (family, dtype, mr, nr, isa, tile)
     module = _modules.get(key)
     if module is None:
         with _module_lock:
             module = _modules.get(key)
             if module is None:
-                module = _modules[key] = _load(family, dtype, mr, nr, isa)
+                module = _modules[key] = _load(family, dtype, mr, nr, isa, tile)
     return module
 
 
-def _load(family, dtype, mr, nr, isa):
+def _load(family, dtype, mr, nr, isa, tile=None):
     lanes = lanes_of(isa, dtype)
     if family in ISA_FAMILIES:
         kernel, config = None, [f"LANES = {lanes}"]
@@ -164,6 +168,9 @@ def _load(family, dtype, mr, nr, isa):
         kernel = get_kernel(dtype, mr, nr, isa)
         config = [f"MR = {mr}", f"NR = {nr}"]
         name = f"conv_{family}_{kernel.name}"
+    if tile is not None:
+        config.append(f"TILE = {tile}")
+        name += f"_m{tile}"
     source_hash = _source_hash(family, kernel)
     config = [f"DTYPE = np.{dtype.name}"] + config + [f"ISA = {isa!r}",
                                                       f"SOURCE_HASH = {source_hash!r}"]
@@ -173,17 +180,18 @@ def _load(family, dtype, mr, nr, isa):
                                  loader.configured(_template(family), config, header))
 
 
-def family_module(family, dtype):
+def family_module(family, dtype, tile=None):
     """The compiled drivers of ``family`` for ``dtype``'s GEMM kernel (its ISA for
-    :data:`ISA_FAMILIES`), loaded on first use."""
+    :data:`ISA_FAMILIES`; ``tile``, Winograd's output tile size), loaded on first use."""
     kernel, _ = gemm_kernel(dtype)
-    module = _by_kernel.get((family, kernel.name))   # every conv2d call asks: kept cheap
+    tile = tile or TILED_FAMILIES.get(family)
+    module = _by_kernel.get((family, kernel.name, tile))   # every conv2d call asks: kept cheap
     if module is None:
         if family in ISA_FAMILIES:
             module = template_module(family, dtype, isa=kernel.isa)
         else:
-            module = template_module(family, dtype, kernel.mr, kernel.nr, kernel.isa)
-        _by_kernel[(family, kernel.name)] = module
+            module = template_module(family, dtype, kernel.mr, kernel.nr, kernel.isa, tile)
+        _by_kernel[(family, kernel.name, tile)] = module
     return module
 
 

@@ -78,18 +78,20 @@ def stream_floor(C, Kp, MR, itemsize, l3_bytes):
     return MR
 
 
-def _pack_transformed_a(w, KC, MR):
-    """Transform one group's filters and pack each of the 16 U^T (K x C) matrices as A.
+def _pack_transformed_a(w, KC, MR, tile):
+    """Transform one group's filters and pack each of the (tile+2)^2 U^T (K x C)
+    matrices of F(tile x tile, 3x3) as A.
 
     Block (xi, pc) starts at ``(xi*C + pc)*Kp`` with ``Kp`` = K rounded up to MR; the
     padding rows are zero, so the drivers can run every row panel as a full tile.
     """
-    return pack_filter_transforms(w, KC, MR)          # U^T[xi][k, c] = U[xi][c, k]
+    return pack_filter_transforms(w, KC, MR, tile)    # U^T[xi][k, c] = U[xi][c, k]
 
 
-def nchw_block(C, KC, Kp, NR, l2_bytes, itemsize):
-    """Tiles per block: a multiple of NR with the 16 B slabs and 16 result slabs in ~60% of L2."""
-    per_tile = 16 * (min(KC, C) + Kp) * itemsize
+def nchw_block(C, KC, Kp, NR, l2_bytes, itemsize, positions=16):
+    """Tiles per block: a multiple of NR with the ``positions`` B slabs and result slabs
+    (16 for F(2x2, 3x3)) in ~60% of L2."""
+    per_tile = positions * (min(KC, C) + Kp) * itemsize
     return max(NR, int(0.6 * l2_bytes) // per_tile // NR * NR)
 
 
@@ -138,7 +140,7 @@ def nchw_parts(tiles_total, NB, panels, MR, NR, threads, min_parts=1, max_parts=
     return best
 
 
-def nchw_blocking(tiles_total, C, KC, Kp, tile, threads, itemsize, l2_bytes):
+def nchw_blocking(tiles_total, C, KC, Kp, tile, threads, itemsize, l2_bytes, positions=16):
     """NCHW: ``(NB, whole, parts)``, the tiles per block and :func:`nchw_parts`' split.
 
     Parameters
@@ -152,6 +154,8 @@ def nchw_blocking(tiles_total, C, KC, Kp, tile, threads, itemsize, l2_bytes):
     threads : (int, int)
         Threads of the launch, and those one group's tasks must keep busy.
     itemsize, l2_bytes : int
+    positions : int
+        Transformed positions per Winograd tile, (m+2)^2 for F(m x m, 3x3).
 
     Returns
     -------
@@ -159,12 +163,12 @@ def nchw_blocking(tiles_total, C, KC, Kp, tile, threads, itemsize, l2_bytes):
     """
     MR, NR = tile
     threads, group_threads = threads
-    NB = nchw_block(C, KC, Kp, NR, l2_bytes, itemsize)
+    NB = nchw_block(C, KC, Kp, NR, l2_bytes, itemsize, positions)
     # Enough blocks for every thread, but no block smaller than one NR panel.
     NB = max(NR, min(NB, round_up(cdiv(tiles_total, group_threads), NR)))
     # Threads that each spill a block's 16 result slabs well past L2 compete for L3:
     # then at most half the rows a task (docs/conv-paths.md).
-    spill = threads > 1 and 16 * Kp * NB * itemsize > 1.5 * l2_bytes
+    spill = threads > 1 and positions * Kp * NB * itemsize > 1.5 * l2_bytes
     return (NB,) + nchw_parts(tiles_total, NB, Kp // MR, MR, NR, group_threads,
                               2 if spill else 1)
 
@@ -179,40 +183,50 @@ def _slab(size, itemsize):
     return round_up(size, line) + line
 
 
-def run(x, w, bias, out, p, act, blocking=None):
-    """Winograd convolution into ``out`` (C-contiguous in ``p.layout``); 3x3, stride 1, dilation 1.
+def run(x, w, bias, out, p, act, blocking=None, tile=2):
+    """Winograd F(tile x tile, 3x3) convolution into ``out`` (C-contiguous in
+    ``p.layout``); 3x3, stride 1, dilation 1.
 
-    ``blocking`` is the planned one by default (NCHW :func:`nchw_blocking`, NHWC
-    :func:`nhwc_tiles`); given, it is run instead: any blocking gives the same result.
+    ``tile`` is one of :data:`TILES` in NCHW, 2 in NHWC.  ``blocking`` is the planned
+    one by default (NCHW :func:`nchw_blocking`, NHWC :func:`nhwc_tiles`); given, it
+    is run instead: any blocking gives the same result.
     """
     if p.layout == "NCHW":
-        return _run_nchw(x, w, bias, out, p, act, blocking)
+        return _run_nchw(x, w, bias, out, p, act, blocking, tile)
+    if tile != 2:
+        raise ValueError(f"Winograd F({tile}x{tile}, 3x3) runs NCHW layers only")
     return _run_nhwc(x, w, bias, out, p, act, blocking)
 
 
-def _run_nchw(x, w, bias, out, p, act, blocking):
+#: Output tile sizes m of the NCHW drivers, F(m x m, 3x3).
+TILES = (2, 4, 6)
+
+
+def _run_nchw(x, w, bias, out, p, act, blocking, tile):
     from tilegemm.tuning.machine import detect
 
     kernel, blk = engine.gemm_kernel(out.dtype)
-    mod = engine.family_module("winograd", out.dtype)
+    mod = engine.family_module("winograd", out.dtype, tile)
+    positions = (tile + 2) ** 2
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
 
     def build(w):
         # Every group's matrices in one buffer, ``u_group`` apart: one launch for all groups.
-        packs = [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR) for g in range(p.groups)]
+        packs = [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR, tile)
+                 for g in range(p.groups)]
         return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
 
-    upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR), build)
-    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
+    upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR, tile), build)
+    TH, TW = cdiv(p.Ho, tile), cdiv(p.Wo, tile)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
     group_threads = cdiv(threads, p.groups)
     if blocking is None:
         blocking = nchw_blocking(tiles_total, p.Cg, KC, Kp, (MR, NR), (threads, group_threads),
-                                 out.itemsize, detect().l2_bytes)
+                                 out.itemsize, detect().l2_bytes, positions)
     NB, whole, parts = blocking
     blocks = cdiv(tiles_total, NB)
     panels = Kp // MR
@@ -221,7 +235,7 @@ def _run_nchw(x, w, bias, out, p, act, blocking):
     b_slab = _slab(KC * NB, out.itemsize)
     m_slab = _slab((Kp if whole else cdiv(panels, parts) * MR) * NB, out.itemsize)
     bpacks, mbufs = engine.thread_buffers(("winograd_nchw", kernel.name), max(threads, 1),
-                                          (16 * b_slab, 16 * m_slab), out.dtype)
+                                          (positions * b_slab, positions * m_slab), out.dtype)
     runs = [np.empty((NB, 9), np.int64) for _ in range(max(threads, 1))]
     epi = act | (EPI_BIAS_ROW if bias is not None else 0)
     xf, of = x.reshape(-1), out.reshape(-1)

@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6, JIT, imin, inner_jit, round_up
+from tilegemm.packing.cook_toom import matrices
 
 #: Input transform: V = BT @ d @ BT.T
 BT = np.array([[1, 0, -1, 0],
@@ -48,6 +49,18 @@ G = np.array([[1, 0, 0],
 #: Output transform: Y = AT @ m @ AT.T
 AT = np.array([[1, 1, 1, 0],
                [0, 1, -1, -1]], dtype=np.float64)
+
+
+def transform_matrices(tile):
+    """``(AT, G, BT)`` of F(tile x tile, 3x3) as the library applies them (float64).
+
+    F(2x2) is the hand-written set above; larger tiles are built by
+    :func:`tilegemm.packing.cook_toom.matrices` from their published points.  The
+    NCHW vector transforms and the weight packing both read them here.
+    """
+    if tile == 2:
+        return AT, G, BT
+    return matrices(tile)
 
 
 def weight_transform(weight):
@@ -82,8 +95,26 @@ def filter_transforms(weight):
     return out.reshape(w.shape[0], w.shape[1], 16)
 
 
-def pack_filter_transforms(weight, KC, R):
-    """The 16 (C x K) matrices ``U[xi]`` of :func:`weight_transform`, packed.
+def tile_filter_transforms(weight, tile):
+    """Each filter's ``G g G^T`` of F(tile x tile, 3x3) flattened: shape (K, C, alpha^2),
+    ``[k, c, alpha*a + b]`` with ``alpha = tile + 2``.
+
+    F(2x2) is :func:`filter_transforms`; larger tiles use the matrices of
+    :mod:`tilegemm.packing.cook_toom`, applied in float64 and rounded once to the
+    weight's dtype (their G has entries such as 1/6 and 1/90 that float32 products
+    would round at every step).
+    """
+    if tile == 2:
+        return filter_transforms(weight)
+    w = np.asarray(weight)
+    _, g_mat, _ = transform_matrices(tile)
+    u = np.einsum("ai,kcij,bj->kcab", g_mat, w.astype(np.float64), g_mat, optimize=True)
+    return u.reshape(w.shape[0], w.shape[1], -1).astype(w.dtype)
+
+
+def pack_filter_transforms(weight, KC, R, tile=2):
+    """The alpha^2 (C x K) matrices ``U[xi]`` of F(tile x tile, 3x3), packed (alpha =
+    tile + 2; 16 for the default F(2x2), those of :func:`weight_transform`).
 
     R-wide micro-panels along K, k-major, per KC block of C: block (xi, pc) at
     ``(xi*C + pc)*Kp`` (``Kp`` = K rounded up to R, the padding zero), panel ``j``
@@ -96,14 +127,15 @@ def pack_filter_transforms(weight, KC, R):
     """
     K, C = weight.shape[:2]
     Kp = round_up(K, R)
-    u = np.zeros((16, C, Kp), weight.dtype)
-    u[:, :, :K] = filter_transforms(weight).transpose(2, 1, 0)
-    buf = np.zeros(16 * C * Kp + 1, weight.dtype)
-    blocks = buf[:-1].reshape(16, C * Kp)
+    positions = (tile + 2) ** 2
+    u = np.zeros((positions, C, Kp), weight.dtype)
+    u[:, :, :K] = tile_filter_transforms(weight, tile).transpose(2, 1, 0)
+    buf = np.zeros(positions * C * Kp + 1, weight.dtype)
+    blocks = buf[:-1].reshape(positions, C * Kp)
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
-        panels = u[:, pc:pc + kc].reshape(16, kc, Kp // R, R).transpose(0, 2, 1, 3)
-        blocks[:, pc * Kp:(pc + kc) * Kp].reshape(16, Kp // R, kc, R)[...] = panels
+        panels = u[:, pc:pc + kc].reshape(positions, kc, Kp // R, R).transpose(0, 2, 1, 3)
+        blocks[:, pc * Kp:(pc + kc) * Kp].reshape(positions, Kp // R, kc, R)[...] = panels
     return buf, Kp
 
 

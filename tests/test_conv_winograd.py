@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3): transforms against the explicit matrices, and the blocking
+"""Winograd F(m x m, 3x3): transforms against the explicit matrices, and the blocking
 (conv/winograd.py) planned and forced."""
 import numpy as np
 import pytest
@@ -8,8 +8,11 @@ from jitted import trampoline
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
-from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, unpack_winograd,
-                                       weight_transform)
+from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, transform_matrices,
+                                       unpack_winograd, weight_transform)
+
+#: The output tile sizes of the NCHW drivers.
+TILES = (2, 4, 6)
 
 
 # --- Winograd transforms against the explicit matrices --------------------------------
@@ -51,22 +54,26 @@ def test_output_transform_matches_AT():
                                    atol=1e-12)
 
 
-def _vector_transform_case(dtype, H, W, pad, N=2):
+def _vector_transform_case(dtype, H, W, pad, tile=2):
     """Geometry, strides and the run table of the vector transforms for an NCHW image."""
     from tilegemm.conv import engine
-    mod = engine.family_module("winograd", dtype)
+    mod = engine.family_module("winograd", dtype, tile)
     Ho, Wo = H + 2 * pad - 2, W + 2 * pad - 2
-    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    TH, TW = -(-Ho // tile), -(-Wo // tile)
     geom = (H, W, Ho, Wo, pad, pad, TH, TW)
     return mod, geom, TH, TW
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("H, W, pad", [(9, 9, 1), (6, 40, 1), (5, 3, 0), (4, 70, 1), (1, 1, 1)])
-def test_vector_input_transform_matches_BT(dtype, H, W, pad):
+@pytest.mark.parametrize("H, W, pad", [(9, 9, 1), (6, 40, 1), (5, 3, 0), (4, 70, 1), (1, 1, 1),
+                                       (13, 150, 1)])
+def test_vector_input_transform_matches_BT(dtype, H, W, pad, tile):
     """The NCHW input transform (B^T d B, lanes of tiles) writes packed B exactly."""
     from tilegemm.conv import engine
-    mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad)
+    mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad, tile)
+    _, _, bt = transform_matrices(tile)
+    alpha = tile + 2
     NR = engine.gemm_kernel(dtype)[0].nr
     N, C = 2, 3
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
@@ -79,29 +86,34 @@ def test_vector_input_transform_matches_BT(dtype, H, W, pad):
     nruns = trampoline(mod.winograd_runs)(T0, nt, geom, xs, (0, 0, 0, 0), runs)
     p0, kc = 1, 2                                      # channels 1 and 2
     slab = kc * NB
-    buf = np.full(16 * slab, np.nan, dtype)
+    buf = np.full(alpha * alpha * slab, np.nan, dtype)
     trampoline(mod.winograd_input_block)(x.reshape(-1), 0, xs[1], xs[2], H, W, runs, nruns, p0, kc, buf, slab)
-    xp = np.zeros((N, C, H + 4 + 2 * pad, W + 4 + 2 * pad))
+    xp = np.zeros((N, C, H + 2 * alpha + 2 * pad, W + 2 * alpha + 2 * pad))
     xp[:, :, pad:pad + H, pad:pad + W] = x
     for j in range(nt):
         n, r = divmod(T0 + j, TH * TW)
         ty, tx = divmod(r, TW)
         for p in range(kc):
-            d = xp[n, p0 + p, 2 * ty:2 * ty + 4, 2 * tx:2 * tx + 4]
-            got = buf[np.arange(16) * slab + (j // NR) * NR * kc + p * NR + j % NR]
-            np.testing.assert_allclose(got.reshape(4, 4), BT @ d @ BT.T, rtol=1e-5, atol=1e-5,
+            d = xp[n, p0 + p, tile * ty:tile * ty + alpha, tile * tx:tile * tx + alpha]
+            got = buf[np.arange(alpha * alpha) * slab + (j // NR) * NR * kc + p * NR + j % NR]
+            want = bt @ d @ bt.T
+            np.testing.assert_allclose(got.reshape(alpha, alpha), want, rtol=1e-5,
+                                       atol=1e-5 * np.abs(want).max(),
                                        err_msg=f"tile {T0 + j}, channel {p0 + p}")
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("Ho, Wo", [(7, 7), (2, 33), (5, 2), (1, 1)])
+@pytest.mark.parametrize("Ho, Wo", [(7, 7), (2, 33), (5, 2), (1, 1), (9, 100)])
 @pytest.mark.parametrize("activation", [0, 4, 8])
-def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
+def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation, tile):
     """The NCHW output transform (A^T m A + bias + activation) writes only the image."""
     from tilegemm.conv import engine
     from tilegemm.ground.contracts import EPI_BIAS_ROW
-    mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1)
-    TH, TW = -(-Ho // 2), -(-Wo // 2)
+    mod, _, _, _ = _vector_transform_case(dtype, Ho, Wo, 1, tile)
+    at, _, _ = transform_matrices(tile)
+    alpha = tile + 2
+    TH, TW = -(-Ho // tile), -(-Wo // tile)
     geom = (Ho, Wo, Ho, Wo, 1, 1, TH, TW)
     lanes = engine.gemm_kernel(dtype)[0].lanes
     N, K = 2, 3
@@ -110,24 +122,24 @@ def test_vector_output_transform_matches_AT(dtype, Ho, Wo, activation):
     os_ = (K * Ho * Wo, Ho * Wo, Wo, 1)
     runs = np.empty((NB, 9), np.int64)
     nruns = trampoline(mod.winograd_runs)(0, tiles, geom, (0, 0, 0, 0), os_, runs)
-    m = RNG.standard_normal((16, K, NB)).astype(dtype) * 4
+    m = RNG.standard_normal((alpha * alpha, K, NB)).astype(dtype) * 4
     bias = RNG.standard_normal(K).astype(dtype)
     out = np.full((N, K, Ho, Wo), np.nan, dtype)
     trampoline(mod.winograd_output_block)(m.reshape(-1), (K * NB, NB), runs, nruns, (0, K), out.reshape(-1),
                               (0, os_[1], os_[2]), Wo, (bias, 0, activation | EPI_BIAS_ROW))
-    want = np.zeros((N, K, 2 * TH, 2 * TW))
+    want = np.zeros((N, K, tile * TH, tile * TW))
     for t in range(tiles):
         n, r = divmod(t, TH * TW)
         ty, tx = divmod(r, TW)
         for k in range(K):
-            want[n, k, 2 * ty:2 * ty + 2, 2 * tx:2 * tx + 2] = \
-                AT @ m[:, k, t].reshape(4, 4).astype(np.float64) @ AT.T + bias[k]
+            want[n, k, tile * ty:tile * ty + tile, tile * tx:tile * tx + tile] = \
+                at @ m[:, k, t].reshape(alpha, alpha).astype(np.float64) @ at.T + bias[k]
     want = want[:, :, :Ho, :Wo]
     if activation:
         want = np.maximum(want, 0)
     if activation == 8:
         want = np.minimum(want, 6)
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * tile ** 3)
 
 
 def test_winograd_identity():
