@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from tilegemm.conv import engine, paths
+from tilegemm.conv import engine, paths, winograd
 from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
@@ -23,10 +23,11 @@ _ACT_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
 
 @functools.lru_cache(maxsize=256)
 def _auto(p, dtype, threads, forced):
-    """The algorithm "auto" runs for ``p``: the cost model costs tens of microseconds, a
-    whole depthwise layer two milliseconds.  ``forced`` (the environment override)
-    is part of the key so that setting it takes effect."""
-    return choose(p, np.dtype(dtype), threads).algorithm
+    """``(algorithm, winograd_tile)`` of the plan for ``p``: the cost model costs tens of
+    microseconds, a whole depthwise layer two milliseconds.  ``forced`` (the
+    environment override) is part of the key so that setting it takes effect."""
+    plan = choose(p, np.dtype(dtype), threads)
+    return plan.algorithm, plan.winograd_tile
 
 
 def _trivial(x, bias, out, p, act):
@@ -101,7 +102,7 @@ class ConvWeights:
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-           activation=None, algorithm="auto", layout="NCHW", _path=None, _out=None):
+           activation=None, algorithm="auto", layout="NCHW", winograd_tile=None, **internal):
     """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
 
     Parameters
@@ -127,8 +128,13 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         3x3 kernel, stride 1 and dilation 1.
     layout : "NCHW" or "NHWC"
         Layout of ``input`` and of the result; NHWC is computed natively.
-    _path, _out
-        Internal, for tests: force a path of :data:`tilegemm.conv.paths.PATHS`
+    winograd_tile : None, 2, 4 or 6
+        With ``algorithm="winograd"``: the output tile size m of F(m x m, 3x3)
+        (4 and 6 in NCHW only).  None lets the cost model choose, as
+        :attr:`ConvPlan.winograd_tile` shows.  Larger tiles do fewer multiplications
+        and round more (docs/conv-paths.md states the bounds).
+    _path, _out : keyword only
+        Internal, for tests (the only keywords ``**internal`` takes): force a path of :data:`tilegemm.conv.paths.PATHS`
         (``ValueError`` if it does not serve the layer; ``algorithm`` is then
         ignored), and write the result into
         a given C-contiguous array of the result's shape and dtype (placed against
@@ -149,13 +155,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         negative padding, an empty output, a bias of the wrong length, an unknown
         algorithm/activation/layout, or an algorithm that does not apply.
     """
+    _path, _out = _internal_args(internal)
     if any_tensor(input, weight, bias):
         views = (numpy_view(v, n, "conv2d") for v, n in
                  ((input, "input"), (weight, "weight"), (bias, "bias")))
         return to_tensor(conv2d(*views, stride, padding, dilation, groups, activation=activation,
-                                algorithm=algorithm, layout=layout, _path=_path, _out=_out))
+                                algorithm=algorithm, layout=layout, winograd_tile=winograd_tile,
+                                _path=_path, _out=_out))
     x, w, b, p = _operands(input, weight, bias, (stride, padding, dilation, groups, layout),
                            algorithm, activation)
+    _check_tile(winograd_tile, p, algorithm if _path is None else _path.partition(".")[0])
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
     out = np.empty(p.output_shape(), dtype) if _out is None else _internal_out(_out, p, dtype)
     act = _ACT_FLAGS[activation]
@@ -169,12 +178,44 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         return out
     if p.Cg == 0:
         return _trivial(x, b, out, p, act)
-    if _path is None:
-        if algorithm == "auto":
-            algorithm = _auto(p, np.dtype(dtype).str, get_num_threads(),
-                              os.environ.get("TILEGEMM_CONV_ALGORITHM"))
-        _path = paths.path_of(p, algorithm, dtype)
-    return paths.run(_path, x, w, b, out, p, act)
+    _path, tile = _route(p, dtype, algorithm, winograd_tile, _path)
+    return paths.run(_path, x, w, b, out, p, act, tile)
+
+
+def _route(p, dtype, algorithm, tile, path):
+    """``(path, winograd_tile)`` conv2d runs: the plan's where the caller left them open."""
+    if path is None or (tile is None and path.startswith("winograd")):
+        planned, planned_tile = _auto(p, np.dtype(dtype).str, get_num_threads(),
+                                      os.environ.get("TILEGEMM_CONV_ALGORITHM"))
+        algorithm = planned if algorithm == "auto" else algorithm
+        tile = planned_tile if tile is None else tile
+    if path is None:
+        path = paths.path_of(p, algorithm, dtype)
+    return path, tile
+
+
+def _internal_args(internal):
+    """``(_path, _out)`` from conv2d's ``**internal``; any other keyword is a TypeError."""
+    unknown = set(internal) - {"_path", "_out"}
+    if unknown:
+        raise TypeError(f"conv2d() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    return internal.get("_path"), internal.get("_out")
+
+
+def _check_tile(tile, p, algorithm):
+    """``winograd_tile`` is None, or a tile size of the layout's Winograd drivers given
+    with the Winograd algorithm."""
+    if tile is None:
+        return
+    sizes = winograd.TILES if p.layout == "NCHW" else (2,)
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, numbers.Integral):
+        raise TypeError(f"conv2d: winograd_tile must be an integer, got {tile!r}")
+    if tile not in sizes:
+        raise ValueError(f"conv2d: winograd_tile must be one of {sizes} for a {p.layout} "
+                         f"layer, got {tile}")
+    if algorithm != "winograd":
+        raise ValueError(f"conv2d: winograd_tile={tile} applies to algorithm='winograd', "
+                         f"not {algorithm!r}")
 
 
 def _operands(input, weight, bias, geometry, algorithm, activation, func="conv2d"):
@@ -193,7 +234,7 @@ def _operands(input, weight, bias, geometry, algorithm, activation, func="conv2d
         raise ValueError(f"{func}: bias must have shape ({p.K},) (one value per output channel), "
                          f"got {b.shape}")
     if algorithm == "winograd" and not p.winograd_ok:
-        raise ValueError(f"{func}: algorithm='winograd' (F(2x2,3x3)) needs a 3x3 kernel, stride 1 "
+        raise ValueError(f"{func}: algorithm='winograd' (F(m x m,3x3)) needs a 3x3 kernel, stride 1 "
                          f"and dilation 1; got a {p.kh}x{p.kw} kernel, stride {(p.sy, p.sx)}, "
                          f"dilation {(p.dy, p.dx)}")
     return x, w, b, p

@@ -73,14 +73,15 @@ _IM2COL_RUNS = {"pointwise": im2col.pointwise, PACKED: im2col.run, ROWS: rows.ru
                 TAPS: taps.run, PLANES: planes.run}
 
 
-def run(path, x, w, bias, out, p, act):
+def run(path, x, w, bias, out, p, act, tile=2):
     """Run ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) into ``out``.
 
     ``x`` is C-contiguous in ``p.layout``, ``w`` (K, C/groups, kh, kw) contiguous,
-    ``out`` C-contiguous, ``act`` the activation's epilogue flags."""
+    ``out`` C-contiguous, ``act`` the activation's epilogue flags, ``tile`` the
+    output tile size m of a Winograd path (F(m x m, 3x3))."""
     algorithm, _, loop = path.partition(".")
     if algorithm == "im2col":
         return _IM2COL_RUNS[loop](x, w, bias, out, p, act)
     if algorithm == "winograd":
-        return winograd.run(x, w, bias, out, p, act)
+        return winograd.run(x, w, bias, out, p, act, tile=tile)
     return direct.run(x, w, bias, out, p, act, loop)

@@ -62,9 +62,13 @@ ROWS_SPEEDUP = 1.55
 WINOGRAD_IN_RATE = 0.12
 #: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
 WINOGRAD_OUT_RATE = 0.20
-#: The same for the NCHW vector transforms (a vector of adjacent tiles at a time).
-WINOGRAD_IN_RATE_VECTOR = 0.4
-WINOGRAD_OUT_RATE_VECTOR = 0.8
+#: NCHW Winograd F(m x m, 3x3): nanoseconds per channel of one vector transform (a
+#: run of up to `lanes` adjacent tiles of one tile row), input and output, by m.
+#: Measured on the development machine (AVX-512, fp32) with blocks in L2.
+WINOGRAD_VECTOR_IN_NS = {2: 35, 4: 120, 6: 360}
+WINOGRAD_VECTOR_OUT_NS = {2: 18, 4: 60, 6: 220}
+#: Bytes per second one thread streams the transformed weights at once they outgrow L3.
+WINOGRAD_WEIGHT_STREAM = 12e9
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,11 @@ class ConvPlan:
         The validated geometry.
     threads : int
     reason : str
+    winograd_tile : int
+        The output tile size m of F(m x m, 3x3) that Winograd runs with (or would,
+        when another algorithm is chosen); 0 where Winograd does not apply.
+    winograd_estimates : dict
+        Estimated seconds of Winograd per tile size m (NCHW: 2, 4 and 6; NHWC: 2).
     """
 
     algorithm: str
@@ -95,6 +104,8 @@ class ConvPlan:
     threads: int = 1
     reason: str = ""
     route: str = ""
+    winograd_tile: int = 0
+    winograd_estimates: dict = field(default_factory=dict, compare=False)
 
 
 def _tile_fill(rows, cols, mr, nr):
@@ -150,14 +161,7 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
                                                      else PACK_RATE)
         out["im2col"] = gemm + pack + p.groups * GROUP_OVERHEAD
     if p.winograd_ok:
-        tiles = p.winograd_tiles
-        gemm = _gemm_seconds(p.winograd_flops, tiles, p.Kg, p.Cg, mr, nr, peak)
-        if p.layout == "NCHW":
-            rate_in, rate_out = WINOGRAD_IN_RATE_VECTOR, WINOGRAD_OUT_RATE_VECTOR
-        else:
-            rate_in, rate_out = WINOGRAD_IN_RATE, WINOGRAD_OUT_RATE
-        transforms = tiles * (p.C * ns / rate_in + p.K * ns / rate_out)
-        out["winograd"] = gemm + transforms + p.groups * GROUP_OVERHEAD
+        out["winograd"] = min(winograd_estimates(p, dtype, threads, target).values())
     if flat_applies(p, target.lanes):
         efficiency = DIRECT_FLAT_EFFICIENCY if p.sy == p.sx == 1 else DIRECT_FLAT_COPY_EFFICIENCY
     elif nhwc_vector_applies(p, dtype, target.lanes):
@@ -165,6 +169,49 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
     else:
         efficiency = DIRECT_VECTOR_EFFICIENCY if vector_rows else DIRECT_EFFICIENCY
     out["direct"] = p.flops / (efficiency * peak)
+    return out
+
+
+def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
+    """Estimated seconds of Winograd on the layer ``p`` per output tile size m.
+
+    NCHW, every m of :data:`tilegemm.conv.winograd.TILES`: the (m+2)^2 GEMMs (tiles as
+    columns, so few tiles leave the NR-wide tile mostly empty), the vector transforms
+    (one per channel and run of adjacent tiles of a tile row,
+    ``WINOGRAD_VECTOR_IN_NS`` / ``_OUT_NS``), and, where the transformed weights
+    outgrow L3, their stream from memory once per block of tiles (at least the
+    GEMM's time).  NHWC: F(2x2, 3x3) with the scalar transforms.
+    """
+    from tilegemm.conv import winograd
+    from tilegemm.conv.engine import host_target
+    from tilegemm.tuning.machine import detect
+    from tilegemm.tuning.peak import nominal_peak_gflops
+
+    target = host_target(dtype) if target is None else target
+    mr, nr = target.mr, target.nr
+    peak = nominal_peak_gflops(dtype, threads) * 1e9
+    ns = 1e-9 / threads
+    itemsize = np.dtype(dtype).itemsize
+    if p.layout == "NHWC":
+        tiles = p.winograd_tiles
+        gemm = _gemm_seconds(p.winograd_flops, tiles, p.Kg, p.Cg, mr, nr, peak)
+        transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
+        return {2: gemm + transforms + p.groups * GROUP_OVERHEAD}
+    out = {}
+    for m in winograd.TILES:
+        TH, TW = -(-p.Ho // m), -(-p.Wo // m)
+        tiles = p.N * TH * TW
+        positions = (m + 2) ** 2
+        gemm = _gemm_seconds(2 * positions * tiles * p.Cg * p.K, p.Kg, tiles, p.Cg, mr, nr, peak)
+        weights = positions * p.Cg * round_up(p.Kg, mr) * p.groups * itemsize
+        l3 = detect().l3_bytes or 0
+        if weights > l3 // 2:
+            NB = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, mr), nr, target.l2_bytes,
+                                     itemsize, positions)
+            gemm = max(gemm, -(-tiles // NB) * weights / (WINOGRAD_WEIGHT_STREAM * threads))
+        runs = min(tiles, -(-tiles // target.lanes) + p.N * TH)
+        transforms = runs * (p.C * WINOGRAD_VECTOR_IN_NS[m] + p.K * WINOGRAD_VECTOR_OUT_NS[m]) * ns
+        out[m] = gemm + transforms + p.groups * GROUP_OVERHEAD
     return out
 
 
@@ -210,7 +257,12 @@ def choose(p, dtype=np.float32, threads=None, target=None):
         reason = "lowest estimated time" + (
             f" ({est[ranked[0]] / est[ranked[1]]:.2f}x of {ranked[1]})" if len(ranked) > 1 else "")
     route_name = path_of(p, algorithm, dtype, target)
-    return ConvPlan(algorithm, _describe(route_name, p), est, p, threads, reason, route_name)
+    wino = winograd_estimates(p, dtype, threads, target) if p.winograd_ok else {}
+    tile = min(wino, key=wino.get) if wino else 0
+    path = _describe(route_name, p)
+    if algorithm == "winograd":
+        path += f" F({tile}x{tile}, 3x3)"
+    return ConvPlan(algorithm, path, est, p, threads, reason, route_name, tile, wino)
 
 
 def conv_plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,

@@ -163,18 +163,23 @@ def family_of(tasks):
 
 
 def record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
-    """Wrap the ``dtype`` task loop ``name`` (in its family's module): each call records
-    its argument ``index`` in the list returned (with ``field``, that field of the
-    argument, a plan's record)."""
-    mod = engine.family_module(family_of(name), dtype)
-    real, seen = getattr(mod, name), []
+    """Wrap the ``dtype`` task loop ``name`` (in its family's module, every tile size's
+    for Winograd): each call records its argument ``index`` in the list returned (with
+    ``field``, that field of the argument, a plan's record)."""
+    from tilegemm.conv import winograd
+    family = family_of(name)
+    seen = []
+    for tile in winograd.TILES if family == "winograd" else (None,):
+        mod = engine.family_module(family, dtype, tile)
+        monkeypatch.setattr(mod, name, _spy(getattr(mod, name), seen, index, field))
+    return seen
 
+
+def _spy(real, seen, index, field):
     def spy(*args):
         seen.append(args[index] if field is None else int(args[index][0][field]))
         return real(*args)
-
-    monkeypatch.setattr(mod, name, spy)
-    return seen
+    return spy
 
 
 def guarded_pages(shape, dtype):

@@ -25,7 +25,8 @@ LAYERS = {
     "im2col.planes": [((2, 4, 8, 8), (4, 2, 3, 1), dict(groups=2), "NHWC"),
                       ((2, 6, 7, 9), (6, 1, 3, 3), dict(padding=1, groups=6), "NHWC")],
     "im2col.packed": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1, stride=2), "NCHW")],
-    "winograd.nchw": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW")],
+    "winograd.nchw": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1, winograd_tile=m), "NCHW")
+                      for m in (2, 4, 6)],
     "winograd.nhwc": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=(0, 2)), "NHWC")],
     "direct.flat": [((2, 8, 16, 16), (8, 1, 3, 3), dict(padding=1, groups=8), "NCHW"),
                     ((1, 8, 15, 17), (8, 1, 3, 3), dict(padding=1, stride=2, groups=8), "NCHW")],
@@ -58,6 +59,7 @@ def test_path_stays_inside_its_arrays(path, dtype, threads):
             x = rng.standard_normal(x_shape).astype(dtype)
             w = rng.standard_normal(w_shape).astype(dtype)
             b = rng.standard_normal(w_shape[0]).astype(dtype)
+            call_kwargs, kwargs = kwargs, {k: v for k, v in kwargs.items() if k != "winograd_tile"}
             expected = reference_conv(x, w, b, activation="relu", **kwargs)
             if layout == "NHWC":
                 x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
@@ -71,7 +73,7 @@ def test_path_stays_inside_its_arrays(path, dtype, threads):
                 outputs.append(canary_out)
                 for out in outputs:
                     got = tilegemm.conv2d(xg, wg, bg, activation="relu", layout=layout,
-                                          _path=path, _out=out, **kwargs)
+                                          _path=path, _out=out, **call_kwargs)
                     assert got is out
                     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
                 check()

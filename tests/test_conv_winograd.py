@@ -1,11 +1,17 @@
 """Winograd F(m x m, 3x3): transforms against the explicit matrices, and the blocking
 (conv/winograd.py) planned and forced."""
+import re
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
+
+import tilegemm
 
 from conv_cases import RNG, numba_threads, record_arg, run_case
 from jitted import trampoline
 from reference import reference_conv
+from test_winograd_points import ERROR_BOUND
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, transform_matrices,
@@ -151,14 +157,14 @@ def test_winograd_identity():
     np.testing.assert_allclose(y, direct, atol=1e-12)
 
 
-def _winograd(x, w, b, layout, activation, blocking):
+def _winograd(x, w, b, layout, activation, blocking, tile=2):
     """``winograd.run`` with a given blocking (``conv2d`` runs the planned one)."""
     from tilegemm.conv import winograd
     from tilegemm.ground.contracts import EPI_RELU6
     p = conv_params(x.shape, w.shape, padding=1, layout=layout)
     out = np.empty(p.output_shape(), x.dtype)
     act = EPI_RELU6 if activation == "relu6" else 0
-    return winograd.run(x, w, b, out, p, act, blocking)
+    return winograd.run(x, w, b, out, p, act, blocking, tile)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -190,22 +196,24 @@ def test_winograd_nhwc_tiles_floor():
     assert winograd.nhwc_tiles(512, 512, 256, MR, 90, 2, 4, 1 << 30, 4 * big - 1) == stream
 
 
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("plan", [(3, 1), (0, 2), (2, 2), (1, 3), (0, 8)])
-def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan):
+def test_winograd_nchw_blocks_split_by_output_channels(dtype, threads, plan, tile):
     """NCHW Winograd with any blocks split into parts of the output channels (whole
-    blocks first, then parts; 8 parts of 4 row panels leave some empty): 189 tiles in
-    3 blocks, 20 channels (a partial row panel), bias and relu6, give the reference."""
+    blocks first, then parts; 8 parts of 4 row panels leave some empty): 3 blocks of
+    tiles, the last one partial, 20 channels (a partial row panel), bias and relu6,
+    give the reference, whatever the tile size."""
     nr = engine.gemm_kernel(dtype)[0].nr
     tiles = 3 * nr - 3                                  # the last block is partial
-    x = RNG.standard_normal((1, 16, 2 * 3, 2 * tiles // 3)).astype(dtype)
+    x = RNG.standard_normal((1, 16, tile * 3, tile * tiles // 3)).astype(dtype)
     w = RNG.standard_normal((20, 16, 3, 3)).astype(dtype)
     b = RNG.standard_normal(20).astype(dtype)
     want = reference_conv(x, w, b, padding=1, activation="relu6")
     with numba_threads(threads):
-        got = _winograd(x, w, b, "NCHW", "relu6", (nr,) + plan)   # NR tiles a block
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+        got = _winograd(x, w, b, "NCHW", "relu6", (nr,) + plan, tile)   # NR tiles a block
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * tile ** 2)
 
 
 def test_winograd_nchw_parts_plan():
@@ -238,3 +246,109 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
         run_case(shape, "winograd", "NCHW", dtype, bias=True, activation="relu6")
         run_case(shape, "winograd", "NCHW", dtype, bias=False)
     assert groups and set(groups) == {shape[2]["groups"]}
+
+
+# --- tile sizes: conv2d's winograd_tile and the plan's choice ----------------------------
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [
+    ((2, 5, 9, 11), (6, 3, 3), dict(padding=1)),
+    ((1, 16, 30, 31), (13, 3, 3), dict(padding=(0, 2))),
+    ((3, 24, 7, 40), (20, 3, 3), dict(padding=1, groups=4)),
+    ((1, 3, 3, 3), (2, 3, 3), dict(padding=2)),                      # fewer pixels than a tile
+])
+def test_conv2d_runs_every_winograd_tile_size(shape, threads, dtype, tile):
+    """``winograd_tile`` m in 2, 4, 6 gives the reference on odd sizes, groups, padding
+    past the image, bias and relu6, within the float32 error of F(m x m, 3x3)."""
+    (N, C, H, W), (K, kh, kw), kwargs = shape
+    groups = kwargs.get("groups", 1)
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((K, C // groups, kh, kw)).astype(dtype)
+    b = RNG.standard_normal(K).astype(dtype)
+    want = reference_conv(x, w, b, activation="relu6", **kwargs)
+    with numba_threads(threads):
+        got = tilegemm.conv2d(x, w, b, activation="relu6", algorithm="winograd",
+                              winograd_tile=tile, **kwargs)
+    bound = _tile_bound(x, w, b, tile, kwargs) * (1 if dtype == np.float32 else 1e-8)
+    assert (np.abs(got - want) <= bound).all()
+
+
+def _tile_bound(x, w, b, tile, kwargs):
+    """Twice the float32 bound docs/conv-paths.md states for F(tile x tile, 3x3), of the
+    largest sum |x||w| (+ |b|) in each output tile: the stated bound is measured on
+    post-ReLU layers of many channels, and mixed signs, few channels and padded
+    edges round up to 1.5x worse relative to it."""
+    mag = reference_conv(np.abs(x), np.abs(w), None if b is None else np.abs(b), **kwargs)
+    N, K, Ho, Wo = mag.shape
+    TH, TW = -(-Ho // tile), -(-Wo // tile)
+    padded = np.zeros((N, K, TH * tile, TW * tile))
+    padded[:, :, :Ho, :Wo] = mag
+    tile_max = padded.reshape(N, K, TH, tile, TW, tile).max(axis=(3, 5))
+    tile_max = np.repeat(np.repeat(tile_max, tile, axis=2), tile, axis=3)[:, :, :Ho, :Wo]
+    return 2 * ERROR_BOUND[tile] * tile_max
+
+
+def test_the_plan_names_its_tile_and_conv2d_runs_it():
+    """conv_plan shows the tile size with the estimate of each, picks the cheapest, and
+    conv2d with ``algorithm="winograd"`` alone runs that tile, bit for bit."""
+    x = RNG.standard_normal((1, 32, 40, 40)).astype(np.float32)
+    w = RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    plan = tilegemm.conv_plan(x.shape, w.shape, padding=1)
+    assert set(plan.winograd_estimates) == set(TILES)
+    assert plan.winograd_tile == min(plan.winograd_estimates, key=plan.winograd_estimates.get)
+    assert plan.estimates["winograd"] == plan.winograd_estimates[plan.winograd_tile]
+    chosen = tilegemm.conv2d(x, w, padding=1, algorithm="winograd")
+    forced = tilegemm.conv2d(x, w, padding=1, algorithm="winograd",
+                             winograd_tile=plan.winograd_tile)
+    np.testing.assert_array_equal(chosen, forced)
+    if plan.algorithm == "winograd":
+        assert f"F({plan.winograd_tile}x{plan.winograd_tile}" in plan.path
+    nhwc = tilegemm.conv_plan((1, 40, 40, 32), w.shape, padding=1, layout="NHWC")
+    assert set(nhwc.winograd_estimates) == {2} and nhwc.winograd_tile == 2
+    assert tilegemm.conv_plan((1, 32, 40, 40), w.shape, stride=2).winograd_tile == 0
+
+
+def test_the_plan_takes_larger_tiles_where_they_pay():
+    """F(4x4) on a wide 3x3 layer of many tiles; F(2x2) where a larger tile would leave
+    most of the GEMM's NR columns empty (ResNet-18 conv4_x at batch 1: 49 tiles of 2x2,
+    16 of 4x4)."""
+    wide = tilegemm.conv_plan((8, 64, 56, 56), (64, 64, 3, 3), padding=1, threads=1)
+    assert wide.winograd_tile > 2
+    deep = tilegemm.conv_plan((1, 256, 14, 14), (256, 256, 3, 3), padding=1, threads=1)
+    assert deep.winograd_tile == 2
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (dict(algorithm="winograd", winograd_tile=3), ValueError, "(2, 4, 6)"),
+    (dict(algorithm="winograd", winograd_tile=4.0), TypeError, "integer"),
+    (dict(algorithm="winograd", winograd_tile=True), TypeError, "integer"),
+    (dict(algorithm="im2col", winograd_tile=4), ValueError, "algorithm='winograd'"),
+    (dict(winograd_tile=2), ValueError, "algorithm='winograd'"),
+    (dict(algorithm="winograd", winograd_tile=4, layout="NHWC"), ValueError, "(2,)"),
+    (dict(_tile=4), TypeError, "unexpected keyword argument '_tile'"),
+])
+def test_winograd_tile_errors_name_the_problem(call, error, words):
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    if call.get("layout") == "NHWC":
+        x = np.zeros((1, 6, 6, 4), np.float32)
+    with pytest.raises(error, match=re.escape(words)):
+        tilegemm.conv2d(x, np.zeros((4, 4, 3, 3), np.float32), padding=1, **call)
+
+
+def test_tile_sizes_from_several_python_threads():
+    """Python threads running the three tile sizes on one weight array at once (each
+    tile size packs its own transformed weights) all get the reference."""
+    x = RNG.standard_normal((2, 16, 21, 23)).astype(np.float32)
+    w = RNG.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    want = reference_conv(x, w, None, padding=1)
+
+    def run(i):
+        tile = TILES[i % len(TILES)]
+        return tile, tilegemm.conv2d(x, w, padding=1, algorithm="winograd", winograd_tile=tile)
+
+    with ThreadPoolExecutor(6) as pool:
+        for tile, got in pool.map(run, range(18)):
+            bound = _tile_bound(x, w, None, tile, dict(padding=1))
+            assert (np.abs(got - want) <= bound).all(), tile

@@ -36,6 +36,9 @@ LAYOUTS = ("C", "F", "negative", "transposed", "offset", "misaligned", "broadcas
 #: profile prints them; see test_every_path_is_reached).
 REACHED = set()
 WORST = {}
+#: NCHW Winograd tile sizes run so far (test_every_path_is_reached wants all of them).
+WINOGRAD_TILES = (2, 4, 6)
+TILES_REACHED = set()
 _record_lock = threading.Lock()
 
 
@@ -121,34 +124,41 @@ def _arrange(draw, values, what):
     return values
 
 
+#: Winograd F(m x m, 3x3): how much more its transforms round than F(2x2)'s, with a
+#: margin (the ratios of the bounds tests/test_winograd_points.py states, 12.5 and 20).
+WINOGRAD_GROWTH = {2: 1, 4: 16, 6: 32}
+
+
 def _bound(x, w, b, p, winograd):
     """Elementwise error bound for the float64 reference of ``x`` (NCHW), ``w``, ``b``.
 
     ``sqrt(R)`` ulps of the magnitudes summed (``R`` = the reduction length):
-    rounding errors of random signs grow like a random walk.  Winograd's transforms
-    mix a whole 4x4 input tile (including pixels that only the tile's outputs past
-    the image read) with all of a filter's taps before multiplying, so its bound is
-    absolute per 2x2 output tile: the largest input of the tile times the sum of
-    the filter's magnitudes.
+    rounding errors of random signs grow like a random walk.  Winograd F(m x m, 3x3)
+    (``winograd`` = m, 0 for the other algorithms) mixes a whole (m+2)x(m+2) input
+    tile (including pixels that only the tile's outputs past the image read) with
+    all of a filter's taps before multiplying, so its bound is absolute per m x m
+    output tile: the largest input of the tile times the sum of the filter's
+    magnitudes, times ``WINOGRAD_GROWTH[m]``.
     """
     eps = np.finfo(np.float32 if x.dtype == np.float32 and w.dtype == np.float32
                    else np.float64).eps
     reduction = p.Cg * p.kh * p.kw
     if winograd:
-        TH, TW = -(-p.Ho // 2), -(-p.Wo // 2)
-        xp = np.zeros((p.N, p.C, 2 * TH + 2, 2 * TW + 2))
-        rows, cols = min(p.H, 2 * TH + 2 - p.top), min(p.W, 2 * TW + 2 - p.left)
+        m = winograd
+        TH, TW = -(-p.Ho // m), -(-p.Wo // m)
+        xp = np.zeros((p.N, p.C, m * TH + 2, m * TW + 2))
+        rows, cols = min(p.H, m * TH + 2 - p.top), min(p.W, m * TW + 2 - p.left)
         xp[:, :, p.top:p.top + rows, p.left:p.left + cols] = np.abs(x[:, :, :rows, :cols])
-        # The largest input of each tile's 4x4 window, over each group's channels.
-        windows = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))
-        tile_max = windows[:, :, ::2, ::2].max(axis=(4, 5))[:, :, :TH, :TW]
+        # The largest input of each tile's (m+2)x(m+2) window, over each group's channels.
+        windows = np.lib.stride_tricks.sliding_window_view(xp, (m + 2, m + 2), axis=(2, 3))
+        tile_max = windows[:, :, ::m, ::m].max(axis=(4, 5))[:, :, :TH, :TW]
         group_max = tile_max.reshape(p.N, p.groups, p.Cg, TH, TW).max(axis=2)
         wsum = np.abs(w.astype(np.float64)).reshape(p.K, -1).sum(axis=1)
         mag = np.repeat(group_max, p.Kg, axis=1) * wsum[None, :, None, None]
-        mag = np.repeat(np.repeat(mag, 2, axis=2), 2, axis=3)[:, :, :p.Ho, :p.Wo]
+        mag = np.repeat(np.repeat(mag, m, axis=2), m, axis=3)[:, :, :p.Ho, :p.Wo]
         if b is not None:
             mag = mag + np.abs(b.astype(np.float64)).reshape(1, -1, 1, 1)
-        return 2 * np.sqrt(reduction) * eps * mag + 1e-30
+        return 2 * WINOGRAD_GROWTH[m] * np.sqrt(reduction) * eps * mag + 1e-30
     pads = (p.top, p.bottom, p.left, p.right)
     kw = dict(stride=(p.sy, p.sx), dilation=(p.dy, p.dx), padding=pads, groups=p.groups)
     mag = reference_conv(np.abs(x), np.abs(w), None if b is None else np.abs(b), **kw)
@@ -173,12 +183,12 @@ def _check(path, got, expected, bound, context):
                     f"expected {expected[at]!r}, got {got[at]!r}, bound {bound[at]!r}")
 
 
-def _run(x, w, b, kwargs, layout, activation, path, threads):
+def _run(x, w, b, kwargs, layout, activation, path, threads, tile=None):
     saved = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
         return tilegemm.conv2d(x, w, b, activation=activation, layout=layout, _path=path,
-                               **kwargs)
+                               winograd_tile=tile, **kwargs)
     finally:
         numba.set_num_threads(saved)
 
@@ -205,19 +215,26 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
                               padding=(p.top, p.bottom, p.left, p.right), groups=p.groups,
                               activation=activation)
     bounds = {}
-    chosen = tilegemm.conv_plan(x.shape, w.shape, layout=layout, dtype=dtype, **kwargs).route
+    plan = tilegemm.conv_plan(x.shape, w.shape, layout=layout, dtype=dtype,
+                              threads=min(threads, numba.config.NUMBA_NUM_THREADS), **kwargs)
     runs = [None] + [path for path in paths.PATHS if paths.serves(path, p, np.dtype(dtype))]
     for path in runs:
         note(f"path {path}")
-        got = _run(x, w, b, kwargs, layout, activation, path, threads)
+        # The NCHW Winograd path forced with a drawn tile size; auto runs the planned one.
+        tile = (data.draw(st.sampled_from(WINOGRAD_TILES), label="winograd tile")
+                if path == "winograd.nchw" else None)
+        got = _run(x, w, b, kwargs, layout, activation, path, threads, tile)
         if layout == "NHWC":
             got = got.transpose(0, 3, 1, 2)
         assert got.shape == expected.shape and got.dtype == np.dtype(dtype)
-        name = chosen if path is None else path
-        winograd = name.startswith("winograd")
-        if winograd not in bounds:
-            bounds[winograd] = _bound(x_nchw, w, b, p, winograd)
-        _check(name, got, expected, bounds[winograd],
+        name = plan.route if path is None else path
+        m = (tile or plan.winograd_tile) if name.startswith("winograd") else 0
+        if m not in bounds:
+            bounds[m] = _bound(x_nchw, w, b, p, m)
+        if m and layout == "NCHW":
+            with _record_lock:
+                TILES_REACHED.add(m)
+        _check(name, got, expected, bounds[m],
                f"{x.shape} * {w.shape} {kwargs} {layout} {np.dtype(dtype)} {activation} "
                f"{threads} thread(s)")
     np.testing.assert_array_equal(x, x_before)       # inputs never modified
@@ -229,6 +246,7 @@ def test_every_path_is_reached():
     if not REACHED >= set(paths.PATHS):
         test_conv2d_matches_the_reference_on_every_path()     # run alone (-k): fuzz first
     missing = set(paths.PATHS) - REACHED
+    missing |= {f"winograd.nchw F({m}x{m})" for m in set(WINOGRAD_TILES) - TILES_REACHED}
     print("\nlargest error / bound per algorithm:",
           {k: round(v, 4) for k, v in sorted(WORST.items())})
     assert not missing, f"paths no generated layer reached: {sorted(missing)}"

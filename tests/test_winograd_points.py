@@ -107,8 +107,9 @@ def test_float32_error_within_the_stated_bound(m, C):
 
 
 @pytest.mark.parametrize("C", [64, 256])
-def test_library_f2_within_the_stated_bound(C):
-    """The compiled F(2x2, 3x3) path keeps the bound stated for its tile size."""
+@pytest.mark.parametrize("m", sorted(cook_toom.POINTS))
+def test_library_within_the_stated_bound(m, C):
+    """The compiled F(m x m, 3x3) NCHW path keeps the bound stated for its tile size."""
     x, w, ref, scale = _layer(C, seed=C)
-    y = tilegemm.conv2d(x[None], w, algorithm="winograd")[0]
-    assert (np.abs(y - ref) / scale).max() <= ERROR_BOUND[2]
+    y = tilegemm.conv2d(x[None], w, algorithm="winograd", winograd_tile=m)[0]
+    assert (np.abs(y - ref) / scale).max() <= ERROR_BOUND[m]
