@@ -67,13 +67,21 @@ class ConvParams:
     @property
     def winograd_tiles(self):
         """2x2 output tiles of F(2x2, 3x3) over the batch."""
-        return self.N * cdiv(self.Ho, 2) * cdiv(self.Wo, 2)
+        return self.tiles_of(2)
 
     @property
     def winograd_flops(self):
         """Flops of Winograd's 16 GEMMs (16 products per 2x2 output tile instead of 36;
         transforms not counted)."""
-        return 2 * 16 * self.winograd_tiles * self.Cg * self.K
+        return self.winograd_flops_of(2)
+
+    def tiles_of(self, m):
+        """m x m output tiles of F(m x m, 3x3) over the batch."""
+        return self.N * cdiv(self.Ho, m) * cdiv(self.Wo, m)
+
+    def winograd_flops_of(self, m):
+        """Flops of the (m+2)^2 GEMMs of F(m x m, 3x3) (transforms not counted)."""
+        return 2 * (m + 2) ** 2 * self.tiles_of(m) * self.Cg * self.K
 
     @property
     def depthwise(self):

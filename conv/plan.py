@@ -199,10 +199,8 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
         return {2: gemm + transforms + p.groups * GROUP_OVERHEAD}
     out = {}
     for m in winograd.TILES:
-        TH, TW = -(-p.Ho // m), -(-p.Wo // m)
-        tiles = p.N * TH * TW
-        positions = (m + 2) ** 2
-        gemm = _gemm_seconds(2 * positions * tiles * p.Cg * p.K, p.Kg, tiles, p.Cg, mr, nr, peak)
+        TH, tiles, positions = -(-p.Ho // m), p.tiles_of(m), (m + 2) ** 2
+        gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, mr, nr, peak)
         weights = positions * p.Cg * round_up(p.Kg, mr) * p.groups * itemsize
         l3 = detect().l3_bytes or 0
         if weights > l3 // 2:

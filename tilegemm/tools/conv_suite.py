@@ -3,7 +3,8 @@
 Figures are *effective* GFLOPS: the direct convolution's flop count
 (2·N·K·Ho·Wo·(C/groups)·kh·kw) over the time, whatever the algorithm, so the
 columns compare speed.  % of peak uses the algorithm's own flop count (Winograd
-F(2×2,3×3) multiplies 2.25× less), so it says how well the hardware is used.
+F(2×2,3×3) multiplies 2.25× less, F(4×4,3×3) 4×), so it says how well the hardware
+is used.
 """
 import math
 import threading
@@ -106,16 +107,21 @@ class ConvCase:
     def algorithm_flops(self, algorithm):
         """Multiply-add flops the algorithm itself performs (for % of peak).
 
-        Winograd F(2x2,3x3) does 16 products per 2x2 output tile instead of 36;
-        transforms are not counted.  Other algorithms do the direct count.
+        Winograd F(m x m,3x3), m the tile the plan runs, does (m+2)^2 products per
+        m x m output tile instead of 9 m^2 (F(2x2): 16 instead of 36); transforms are
+        not counted.  Other algorithms do the direct count.
         """
         if algorithm != "winograd":
             return self.flops
+        from tilegemm import conv_plan
         from tilegemm.conv.params import conv_params
         ly = self.layer
-        p = conv_params((self.batch, ly.c, ly.h, ly.w), (ly.k, ly.c // ly.groups, ly.kh, ly.kw),
-                        ly.stride, ly.padding, 1, ly.groups)
-        return float(p.winograd_flops)
+        shapes = ((self.batch, ly.c, ly.h, ly.w), (ly.k, ly.c // ly.groups, ly.kh, ly.kw))
+        p = conv_params(*shapes, ly.stride, ly.padding, 1, ly.groups)
+        tile = 2 if self.layout == "NHWC" else conv_plan(     # NHWC runs F(2x2) only
+            *shapes, ly.stride, ly.padding, 1, ly.groups, dtype=self.dtype,
+            threads=self.threads).winograd_tile
+        return float(p.winograd_flops_of(tile))
 
     def title(self):
         layout = f" {self.layout}" if self.layout != "NCHW" else ""
