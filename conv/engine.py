@@ -39,9 +39,10 @@ from tilegemm.tuning.machine import detect
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def gemm_kernel(dtype):
-    """(kernel, blocking) the GEMM engine uses for ``dtype``."""
-    return kernel_for(np.dtype(dtype))
+def gemm_kernel(dtype, columns=None):
+    """(kernel, blocking) the GEMM engine uses for ``dtype`` (for a product of fewer
+    ``columns`` than its widest tile's NR, a narrower tile)."""
+    return kernel_for(np.dtype(dtype), columns)
 
 
 #: The machine facts that decide which path serves a layer: the vector width in
@@ -180,10 +181,11 @@ def _load(family, dtype, mr, nr, isa, tile=None):
                                  loader.configured(_template(family), config, header))
 
 
-def family_module(family, dtype, tile=None):
+def family_module(family, dtype, tile=None, columns=None):
     """The compiled drivers of ``family`` for ``dtype``'s GEMM kernel (its ISA for
-    :data:`ISA_FAMILIES`; ``tile``, Winograd's output tile size), loaded on first use."""
-    kernel, _ = gemm_kernel(dtype)
+    :data:`ISA_FAMILIES`; ``tile``, Winograd's output tile size; ``columns``, a GEMM
+    width that takes a narrower kernel, see :func:`gemm_kernel`), loaded on first use."""
+    kernel, _ = gemm_kernel(dtype, columns)
     tile = tile or TILED_FAMILIES.get(family)
     module = _by_kernel.get((family, kernel.name, tile))   # every conv2d call asks: kept cheap
     if module is None:

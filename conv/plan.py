@@ -67,8 +67,10 @@ WINOGRAD_OUT_RATE = 0.20
 #: Measured on the development machine (AVX-512, fp32) with blocks in L2.
 WINOGRAD_VECTOR_IN_NS = {2: 35, 4: 120, 6: 360}
 WINOGRAD_VECTOR_OUT_NS = {2: 18, 4: 60, 6: 220}
-#: Bytes per second one thread streams the transformed weights at once they outgrow L3.
-WINOGRAD_WEIGHT_STREAM = 12e9
+#: Bytes per second one thread streams the transformed weights at, once per block of
+#: tiles, from L3 (they outgrow L2) and from memory (over half of L3).
+WINOGRAD_WEIGHT_L3_RATE = 12e9
+WINOGRAD_WEIGHT_MEMORY_RATE = 8e9
 
 
 @dataclass(frozen=True)
@@ -176,11 +178,12 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
     """Estimated seconds of Winograd on the layer ``p`` per output tile size m.
 
     NCHW, every m of :data:`tilegemm.conv.winograd.TILES`: the (m+2)^2 GEMMs (tiles as
-    columns, so few tiles leave the NR-wide tile mostly empty), the vector transforms
-    (one per channel and run of adjacent tiles of a tile row,
-    ``WINOGRAD_VECTOR_IN_NS`` / ``_OUT_NS``), and, where the transformed weights
-    outgrow L3, their stream from memory once per block of tiles (at least the
-    GEMM's time).  NHWC: F(2x2, 3x3) with the scalar transforms.
+    columns: fewer tiles than NR run on a narrower kernel, whose tile they may still
+    leave part empty), the vector transforms (one per channel and run of adjacent
+    tiles of a tile row, ``WINOGRAD_VECTOR_IN_NS`` / ``_OUT_NS``), and, where the
+    transformed weights outgrow L2, the GEMMs at least as long as streaming them once
+    per block of tiles (``WINOGRAD_WEIGHT_*_RATE``).  NHWC: F(2x2, 3x3) with the
+    scalar transforms.
     """
     from tilegemm.conv import winograd
     from tilegemm.conv.engine import host_target
@@ -198,19 +201,34 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
         transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
         return {2: gemm + transforms + p.groups * GROUP_OVERHEAD}
     out = {}
+    l3 = detect().l3_bytes or 0
     for m in winograd.TILES:
         TH, tiles, positions = -(-p.Ho // m), p.tiles_of(m), (m + 2) ** 2
-        gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, mr, nr, peak)
-        weights = positions * p.Cg * round_up(p.Kg, mr) * p.groups * itemsize
-        l3 = detect().l3_bytes or 0
-        if weights > l3 // 2:
-            NB = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, mr), nr, target.l2_bytes,
-                                     itemsize, positions)
-            gemm = max(gemm, -(-tiles // NB) * weights / (WINOGRAD_WEIGHT_STREAM * threads))
+        tile_mr, tile_nr = _narrow_tile(tiles, target)
+        gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, tile_mr, tile_nr, peak)
+        weights = positions * p.Cg * round_up(p.Kg, tile_mr) * p.groups * itemsize
+        if weights > target.l2_bytes:
+            NB = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, tile_mr), tile_nr,
+                                     target.l2_bytes, itemsize, positions)
+            rate = WINOGRAD_WEIGHT_MEMORY_RATE if weights > l3 // 2 else WINOGRAD_WEIGHT_L3_RATE
+            gemm = max(gemm, -(-tiles // NB) * weights / (rate * threads))
         runs = min(tiles, -(-tiles // target.lanes) + p.N * TH)
         transforms = runs * (p.C * WINOGRAD_VECTOR_IN_NS[m] + p.K * WINOGRAD_VECTOR_OUT_NS[m]) * ns
         out[m] = gemm + transforms + p.groups * GROUP_OVERHEAD
     return out
+
+
+def _narrow_tile(columns, target):
+    """(MR, NR) of the kernel a GEMM of ``columns`` columns runs on (as
+    :func:`tilegemm.kernels.driver.kernel_for` picks: the narrowest tile covering
+    them, the widest for a wide product)."""
+    from tilegemm.tuning.blocking import register_tiles
+    from tilegemm.tuning.machine import detect
+    if columns >= target.nr:
+        return target.mr, target.nr
+    tiles = [t for t in register_tiles(detect().vector_registers, target.lanes)
+             if t[1] >= columns]
+    return min(tiles, key=lambda t: t[1]) if tiles else (target.mr, target.nr)
 
 
 #: What each path does, for :attr:`ConvPlan.path` (pointwise, NCHW rows and the taps

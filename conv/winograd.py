@@ -205,8 +205,10 @@ TILES = (2, 4, 6)
 def _run_nchw(x, w, bias, out, p, act, blocking, tile):
     from tilegemm.tuning.machine import detect
 
-    kernel, blk = engine.gemm_kernel(out.dtype)
-    mod = engine.family_module("winograd", out.dtype, tile)
+    # Fewer tiles than the widest kernel's NR columns: a narrower kernel's tile.
+    tiles_total = p.N * cdiv(p.Ho, tile) * cdiv(p.Wo, tile)
+    kernel, blk = engine.gemm_kernel(out.dtype, tiles_total)
+    mod = engine.family_module("winograd", out.dtype, tile, tiles_total)
     positions = (tile + 2) ** 2
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
@@ -220,7 +222,6 @@ def _run_nchw(x, w, bias, out, p, act, blocking, tile):
 
     upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR, tile), build)
     TH, TW = cdiv(p.Ho, tile), cdiv(p.Wo, tile)
-    tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
     group_threads = cdiv(threads, p.groups)

@@ -163,14 +163,20 @@ def family_of(tasks):
 
 
 def record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
-    """Wrap the ``dtype`` task loop ``name`` (in its family's module, every tile size's
-    for Winograd): each call records its argument ``index`` in the list returned (with
-    ``field``, that field of the argument, a plan's record)."""
+    """Wrap the ``dtype`` task loop ``name`` (in its family's module; for Winograd, in
+    every tile size's and narrow kernel's): each call records its argument ``index`` in
+    the list returned (with ``field``, that field of the argument, a plan's record)."""
     from tilegemm.conv import winograd
+    from tilegemm.kernels.registry import registered_kernels
     family = family_of(name)
     seen = []
-    for tile in winograd.TILES if family == "winograd" else (None,):
-        mod = engine.family_module(family, dtype, tile)
+    if family == "winograd":
+        widths = {nr for dt, _, nr, _ in registered_kernels() if dt == np.dtype(dtype)}
+        modules = {engine.family_module(family, dtype, tile, columns)
+                   for tile in winograd.TILES for columns in widths | {None}}
+    else:
+        modules = {engine.family_module(family, dtype)}
+    for mod in modules:
         monkeypatch.setattr(mod, name, _spy(getattr(mod, name), seen, index, field))
     return seen
 

@@ -311,12 +311,12 @@ def test_the_plan_names_its_tile_and_conv2d_runs_it():
 
 
 def test_the_plan_takes_larger_tiles_where_they_pay():
-    """F(4x4) on a wide 3x3 layer of many tiles; F(2x2) where a larger tile would leave
-    most of the GEMM's NR columns empty (ResNet-18 conv4_x at batch 1: 49 tiles of 2x2,
-    16 of 4x4)."""
+    """F(4x4) on a wide 3x3 layer of many tiles; F(2x2) where a larger tile leaves most
+    of even the narrowest kernel's columns empty and streams 2.25x the transformed
+    weights for them (ResNet-18 conv5_x at batch 1: 16 tiles of 2x2, 4 of 4x4)."""
     wide = tilegemm.conv_plan((8, 64, 56, 56), (64, 64, 3, 3), padding=1, threads=1)
     assert wide.winograd_tile > 2
-    deep = tilegemm.conv_plan((1, 256, 14, 14), (256, 256, 3, 3), padding=1, threads=1)
+    deep = tilegemm.conv_plan((1, 512, 7, 7), (512, 512, 3, 3), padding=1, threads=1)
     assert deep.winograd_tile == 2
 
 
