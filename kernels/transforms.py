@@ -89,17 +89,21 @@ def pick_lanes(builder, sources, picks):
     """A vector whose lane ``l`` is lane ``picks[l][1]`` of vector ``sources[picks[l][0]]``.
 
     Built from two-source shuffles over consecutive pairs of sources, merged by
-    constant selects: m/2 shuffles and m/2 - 1 blends for m sources.
+    constant selects: m/2 shuffles and m/2 - 1 blends for m sources.  Sources no
+    lane picks may be None.
     """
     lanes = len(picks)
     result = None
     for first in range(0, len(sources), 2):
-        pair = (first, min(first + 1, len(sources) - 1))
-        mine = [pair[0] <= s <= pair[1] for s, _ in picks]
-        if not any(mine):
+        pair = [s for s in (first, first + 1) if s < len(sources)
+                and any(src == s for src, _ in picks)]
+        if not pair:
             continue
-        mask = [(s - first) * lanes + lane if m else 0 for (s, lane), m in zip(picks, mine)]
-        part = shuffle(builder, sources[pair[0]], sources[pair[1]], mask)
+        left, right = sources[pair[0]], sources[pair[-1]]
+        mine = [src in pair for src, _ in picks]
+        mask = [(lanes if src != pair[0] else 0) + lane if m else 0
+                for (src, lane), m in zip(picks, mine)]
+        part = shuffle(builder, left, right, mask)
         if result is None:
             result = part
         else:
@@ -170,7 +174,8 @@ def make_winograd_input(dtype, lanes, tile=2):
                                                    for a in range(alpha)])
                  for key in loads}
             for g, r in enumerate(group):
-                d = [pick_lanes(builder, [u[(shift, q)][g] for q in range(tile)],
+                d = [pick_lanes(builder, [u[(shift, q)][g] if (shift, q) in u else None
+                                          for q in range(tile)],
                                 [((tile * l + j) // lanes, (tile * l + j) % lanes)
                                  for l in range(lanes)])
                      for shift, j in columns]
