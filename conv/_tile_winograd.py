@@ -12,7 +12,7 @@ import numpy as np
 from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, imin, inner_jit, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
-from tilegemm.kernels.transforms import make_winograd_input, make_winograd_output
+from tilegemm.kernels.winograd import make_winograd_input, make_winograd_output
 from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
 
 # --- configuration ---
