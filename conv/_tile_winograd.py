@@ -3,17 +3,15 @@
 Written once per GEMM kernel (MR, NR, ISA) and output tile size m (``TILE``) by
 :func:`tilegemm.conv.engine.family_module`, which states what every template shares
 (the configuration block, task loops over a shared counter).  Importable as is
-(float32 6x64, F(2x2, 3x3)).  The NHWC task (:func:`winograd_task`) serves
-TILE = 2 only.
+(float32 6x64, F(2x2, 3x3)).
 """
-import numba
 import numpy as np
 
-from tilegemm.ground.contracts import EPI_BIAS_ROW, JIT, imin, inner_jit, jit
+from tilegemm.ground.contracts import EPI_BIAS_ROW, imin, inner_jit, jit
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.sync import next_task
-from tilegemm.kernels.winograd import make_winograd_input, make_winograd_output
-from tilegemm.packing.winograd import pack_a_winograd, unpack_winograd
+from tilegemm.kernels.winograd import (make_winograd_input, make_winograd_input_nhwc,
+                                       make_winograd_output, make_winograd_output_nhwc)
 
 # --- configuration ---
 DTYPE = np.float32
@@ -33,56 +31,10 @@ ALPHA = TILE + 2
 POSITIONS = ALPHA * ALPHA
 winograd_input = make_winograd_input(DTYPE, LANES, TILE)
 winograd_output = make_winograd_output(DTYPE, LANES, TILE)
-
-
-# --- Winograd F(2x2, 3x3) ------------------------------------------------------------
-
-@numba.njit(inline='always', **JIT)
-def winograd_task(task, plan, g, x, upack, epilogue, out, bufs):
-    """One task = a block of ``MT`` tiles of group ``g``: input transform, 16 GEMMs,
-    output transform.
-
-    ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here),
-    ``epilogue`` ``(bias, has_bias, act)`` of the group, ``bufs`` the thread's
-    ``(apack, mbuf, v)``.  ``upack`` holds the group's 16 transformed filters as
-    packed B: slab ``xi`` at ``xi*C*Kp``, KC block ``pc`` at ``+pc*Kp``.  ``apack``
-    (16 slabs of MT x KC, ``a_slab`` apart) and ``mbuf`` (16 slabs of MT x Kp,
-    ``m_slab`` apart) belong to the calling thread.
-    """
-    r = plan[0]
-    bias = epilogue[0]
-    apack, mbuf, v = bufs
-    C, Kp, K, MT, KC, NC, a_slab, m_slab = r.C, r.Kp, r.K, r.MT, r.KC, r.NC, r.a_slab, r.m_slab
-    geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
-    xs = (r.xs_n, r.xs_c, r.xs_h, r.xs_w)
-    os = (r.os_n, r.os_k, r.os_h, r.os_w)
-    x_off, o_off = g * C * r.xs_c, g * K * r.os_k
-    t0 = task * MT
-    mt = imin(MT, r.tiles_total - t0)
-    for pc in range(0, C, KC):
-        kc = imin(KC, C - pc)
-        pack_a_winograd(x, x_off, xs, geom, t0, mt, pc, kc, MR, apack, a_slab, v)
-        beta = DTYPE(0) if pc == 0 else DTYPE(1)
-        for xi in range(16):
-            for jc in range(0, K, NC):
-                nc = imin(NC, K - jc)
-                macro_kernel((mt, nc, kc), apack, xi * a_slab, upack,
-                             xi * C * Kp + pc * Kp + jc * kc, mbuf, xi * m_slab + jc, Kp,
-                             (DTYPE(1), beta), (bias, ZERO), (ZERO, ZERO))
-    unpack_winograd(mbuf, (m_slab, Kp), (t0, mt), K, out, o_off, os, geom, epilogue)
-
-
-@jit
-def winograd_tasks(counter, plan, g, x, upack, epilogue, out, bufs):
-    """Tasks of :func:`winograd_task` taken from ``counter`` (:func:`next_task`) until
-    the plan's ``ntasks`` are out."""
-    ntasks = plan[0].ntasks
-    while True:
-        task = next_task(counter)
-        if task >= ntasks:
-            break
-        winograd_task(task, plan, g, x, upack, epilogue, out, bufs)
-
+winograd_input_nhwc = make_winograd_input_nhwc(DTYPE, LANES, TILE)
+winograd_output_nhwc = make_winograd_output_nhwc(DTYPE, LANES, TILE)
+ukernel_strided = _KERNEL.module.ukernel_strided
+ukernel_strided_edge = _KERNEL.module.ukernel_strided_edge
 
 
 # --- Winograd F(m x m, 3x3), NCHW: tiles as GEMM columns, vectors along the image width ---
@@ -234,3 +186,122 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
                              (bias, ZERO), (ZERO, ZERO))
         winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, imin(r1, K)), out,
                               (o_off, os[1], os[2]), Wo, (bias, b_off, epi))
+
+
+
+# --- Winograd F(m x m, 3x3), NHWC: tiles as GEMM rows, vectors over the channels -----------
+#
+# For each position xi:  M[xi][tiles, K] = V[xi][tiles, C] @ U[xi][C, K].  The input
+# transform writes each tile's V[xi] as a row of channels (LANES at a time, no
+# shuffles: a pixel's channels are contiguous), the strided micro-kernel reads those
+# rows in place as A against U packed NR wide as B, and the output transform reads a
+# row of output channels per position and writes the tile's pixels, bias and
+# activation fused.
+
+@inner_jit
+def nhwc_input_block(x, x_src, geom, xs, tiles, channels, vbuf, layout):
+    """``V`` of channels ``p0:p0+kc`` (``channels``) of tiles ``T0:T0+mt`` (``tiles``):
+    tile ``T0+i``'s row of slab ``xi`` at ``vbuf[xi*v_slab + i*ldv]`` (``layout``).
+
+    ``x_src`` is the offset of the group's channel 0, ``xs`` ``(sn, s_row, s_col)``."""
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    sn, s_row, s_col = xs
+    T0, mt = tiles
+    p0, kc = channels
+    v_slab, ldv = layout
+    per_image = TH * TW
+    for i in range(mt):
+        t = T0 + i
+        n = t // per_image
+        y0 = TILE * ((t % per_image) // TW) - py
+        x0 = TILE * (t % TW) - px
+        src = x_src + n * sn + y0 * s_row + x0 * s_col + p0
+        for c in range(0, kc, LANES):
+            winograd_input_nhwc(x, src + c, (s_row, s_col, H, W), (y0, x0, imin(LANES, kc - c)),
+                                vbuf, i * ldv + c, v_slab)
+
+
+@inner_jit
+def nhwc_products(shape, vbuf, layout, upack, u_off, mbuf, m_layout, beta):
+    """``M[xi] = V[xi] U[xi] (+ M[xi] when beta is 1)`` for every position ``xi``.
+
+    ``shape`` is ``(mt, Kp, kc)``; ``U[xi]``'s k block is packed B at ``upack[u_off +
+    xi*u_step]`` (``u_off`` ``(offset, u_step)``), NR-wide panels ``NR*kc`` apart;
+    ``m_layout`` ``(m_slab, ldm)``.  The last row panel runs the edge kernel (it reads
+    whole panels of A: ``vbuf`` holds rows up to a multiple of MR)."""
+    mt, Kp, kc = shape
+    v_slab, ldv = layout
+    u_base, u_step = u_off
+    m_slab, ldm = m_layout
+    for xi in range(POSITIONS):
+        for jr in range(0, Kp, NR):
+            b_off = u_base + xi * u_step + jr * kc
+            for ir in range(0, mt, MR):
+                a_off = xi * v_slab + ir * ldv
+                c_off = xi * m_slab + ir * ldm + jr
+                if ir + MR <= mt:
+                    ukernel_strided(kc, vbuf, a_off, ldv, 1, upack, b_off, NR, mbuf, c_off, ldm,
+                                    DTYPE(1), beta, mbuf, 0, 0)
+                else:
+                    ukernel_strided_edge(kc, vbuf, a_off, ldv, 1, upack, b_off, NR, mbuf, c_off,
+                                         ldm, DTYPE(1), beta, mbuf, 0, 0, mt - ir, NR)
+
+
+@inner_jit
+def nhwc_output_block(mbuf, m_layout, tiles, K, out, o_src, geom, os, epilogue):
+    """``Y = A^T m A`` + bias + activation of tiles ``T0:T0+mt`` into the NHWC output:
+    ``os`` ``(sn, s_row, s_col)``, ``o_src`` the offset of the group's channel 0,
+    ``epilogue`` ``(bias, b_off, epi)``.  Pixels past the image are not written."""
+    m_slab, ldm = m_layout
+    T0, mt = tiles
+    H, W, Ho, Wo, py, px, TH, TW = geom
+    sn, s_row, s_col = os
+    bias, b_off, epi = epilogue
+    per_image = TH * TW
+    for i in range(mt):
+        t = T0 + i
+        n = t // per_image
+        oy = TILE * ((t % per_image) // TW)
+        ox = TILE * (t % TW)
+        dst = o_src + n * sn + oy * s_row + ox * s_col
+        window = (imin(TILE, Ho - oy), imin(TILE, Wo - ox))
+        for k in range(0, K, LANES):
+            winograd_output_nhwc(mbuf, i * ldm + k, m_slab, out, dst + k, (s_row, s_col),
+                                 (window[0], window[1], imin(LANES, K - k)), bias, b_off + k, epi)
+
+
+@jit
+def winograd_nhwc_tasks(counter, plan, x, upack, bias, epi, out, bufs):
+    """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
+    out, ``ntasks // groups`` per group: a task is a block of ``MT`` tiles of group
+    ``g``, transformed, multiplied per position and transformed back.
+
+    ``plan`` is :func:`tilegemm.conv.winograd.plan_record`'s record (its names here).
+    Group ``g`` reads input channels ``g*C:``, writes output channels ``g*K:`` (their
+    bias too, ``epi`` holding EPI_BIAS_ROW) and takes its transformed filters from
+    ``upack[g*u_group:]``: the POSITIONS matrices U (C x K) packed as B, NR wide,
+    block (xi, pc) at ``(xi*C + pc)*Kp``.  ``bufs`` is the thread's ``(vbuf, mbuf)``:
+    POSITIONS slabs of V rows (``v_slab`` apart, rows ``ldv``) and of M rows
+    (``m_slab`` apart, rows ``Kp``).
+    """
+    r = plan[0]
+    vbuf, mbuf = bufs
+    C, K, Kp, KC, MT = r.C, r.K, r.Kp, r.KC, r.MT
+    geom = (r.H, r.W, r.Ho, r.Wo, r.py, r.px, r.TH, r.TW)
+    per_group = r.ntasks // r.groups
+    while True:
+        task = next_task(counter)
+        if task >= r.ntasks:
+            break
+        g = task // per_group
+        T0 = (task - g * per_group) * MT
+        mt = imin(MT, r.tiles_total - T0)
+        for pc in range(0, C, KC):
+            kc = imin(KC, C - pc)
+            nhwc_input_block(x, g * C * r.xs_c, geom, (r.xs_n, r.xs_h, r.xs_w), (T0, mt),
+                             (pc, kc), vbuf, (r.v_slab, r.ldv))
+            nhwc_products((mt, Kp, kc), vbuf, (r.v_slab, r.ldv), upack,
+                          (g * r.u_group + pc * Kp, C * Kp), mbuf, (r.m_slab, Kp),
+                          DTYPE(0) if pc == 0 else DTYPE(1))
+        nhwc_output_block(mbuf, (r.m_slab, Kp), (T0, mt), K, out, g * K * r.os_k, geom,
+                          (r.os_n, r.os_h, r.os_w), (bias, g * K if epi & EPI_BIAS_ROW else 0, epi))

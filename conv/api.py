@@ -129,8 +129,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     layout : "NCHW" or "NHWC"
         Layout of ``input`` and of the result; NHWC is computed natively.
     winograd_tile : None, 2, 4 or 6
-        With ``algorithm="winograd"``: the output tile size m of F(m x m, 3x3)
-        (4 and 6 in NCHW only).  None lets the cost model choose, as
+        With ``algorithm="winograd"``: the output tile size m of F(m x m, 3x3).
+        None lets the cost model choose, as
         :attr:`ConvPlan.winograd_tile` shows.  Larger tiles do fewer multiplications
         and round more (docs/conv-paths.md states the bounds).
     _path, _out : keyword only
@@ -207,12 +207,10 @@ def _check_tile(tile, p, algorithm):
     with the Winograd algorithm."""
     if tile is None:
         return
-    sizes = winograd.TILES if p.layout == "NCHW" else (2,)
     if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, numbers.Integral):
         raise TypeError(f"conv2d: winograd_tile must be an integer, got {tile!r}")
-    if tile not in sizes:
-        raise ValueError(f"conv2d: winograd_tile must be one of {sizes} for a {p.layout} "
-                         f"layer, got {tile}")
+    if tile not in winograd.TILES:
+        raise ValueError(f"conv2d: winograd_tile must be one of {winograd.TILES}, got {tile}")
     if algorithm != "winograd":
         raise ValueError(f"conv2d: winograd_tile={tile} applies to algorithm='winograd', "
                          f"not {algorithm!r}")

@@ -27,18 +27,29 @@ import functools
 import numba
 import numpy as np
 
-from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, JIT, cdiv, imin, inner_jit, jit,
-                                       round_up)
+from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, cdiv,
+                                       imin, inner_jit, jit, round_up)
 from tilegemm.conv import engine
 from tilegemm.conv.params import unique_rows
 from tilegemm.kernels.sync import next_task
 from tilegemm.packing.im2col import valid_range
-from tilegemm.packing.winograd import activate
 
 #: Output channels accumulated together in NCHW (each input row is read once per block).
 KB = 8
 #: Outputs per task taken from the shared counter, at least (whole tasks).
 TICK_OUTPUTS = 1 << 14
+
+
+@numba.njit(inline="always", **JIT)
+def activate(y, act):
+    """``y`` through the activation of epilogue flags ``act`` (relu, relu6, or none).
+
+    Compare-and-assign keeps NaN (NaN < 0 is false), as torch's relu does."""
+    if act & (EPI_RELU | EPI_RELU6) and y < 0:
+        y = 0
+    if act & EPI_RELU6 and y > 6:
+        y = 6
+    return y
 
 
 @inner_jit

@@ -58,15 +58,12 @@ TAPS_SPEEDUP = 1.4
 #: The same for the NHWC rows kernel (``tilegemm.conv.rows.run``), against NHWC
 #: Winograd.
 ROWS_SPEEDUP = 1.55
-#: Input-tile channel values per nanosecond per thread through B^T d B (16 outputs each).
-WINOGRAD_IN_RATE = 0.12
-#: Output-tile channel values per nanosecond per thread through A^T m A (16 inputs each).
-WINOGRAD_OUT_RATE = 0.20
-#: NCHW Winograd F(m x m, 3x3): nanoseconds per channel of one vector transform (a
-#: run of up to `lanes` adjacent tiles of one tile row), input and output, by m.
-#: Measured on the development machine (AVX-512, fp32) with blocks in L2.
-WINOGRAD_VECTOR_IN_NS = {2: 35, 4: 120, 6: 360}
-WINOGRAD_VECTOR_OUT_NS = {2: 18, 4: 60, 6: 220}
+#: Winograd F(m x m, 3x3): nanoseconds per vector transform, input and output, by m.
+#: NCHW: one channel of a run of up to `lanes` adjacent tiles of one tile row; NHWC:
+#: `lanes` channels of one tile.  Measured on the development machine (AVX-512, fp32)
+#: with blocks in L2.
+WINOGRAD_VECTOR_IN_NS = {"NCHW": {2: 35, 4: 120, 6: 360}, "NHWC": {2: 85, 4: 180, 6: 290}}
+WINOGRAD_VECTOR_OUT_NS = {"NCHW": {2: 18, 4: 60, 6: 220}, "NHWC": {2: 18, 4: 80, 6: 230}}
 #: Bytes per second one thread streams the transformed weights at, once per block of
 #: tiles, from L3 (they outgrow L2) and from memory (over half of L3).
 WINOGRAD_WEIGHT_L3_RATE = 12e9
@@ -96,7 +93,7 @@ class ConvPlan:
         The output tile size m of F(m x m, 3x3) that Winograd runs with (or would,
         when another algorithm is chosen); 0 where Winograd does not apply.
     winograd_estimates : dict
-        Estimated seconds of Winograd per tile size m (NCHW: 2, 4 and 6; NHWC: 2).
+        Estimated seconds of Winograd per tile size m (2, 4 and 6).
     """
 
     algorithm: str
@@ -177,13 +174,14 @@ def estimates(p, dtype=np.float32, threads=1, target=None):
 def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
     """Estimated seconds of Winograd on the layer ``p`` per output tile size m.
 
-    NCHW, every m of :data:`tilegemm.conv.winograd.TILES`: the (m+2)^2 GEMMs (tiles as
-    columns: fewer tiles than NR run on a narrower kernel, whose tile they may still
-    leave part empty), the vector transforms (one per channel and run of adjacent
-    tiles of a tile row, ``WINOGRAD_VECTOR_IN_NS`` / ``_OUT_NS``), and, where the
-    transformed weights outgrow L2, the GEMMs at least as long as streaming them once
-    per block of tiles (``WINOGRAD_WEIGHT_*_RATE``).  NHWC: F(2x2, 3x3) with the
-    scalar transforms.
+    For every m of :data:`tilegemm.conv.winograd.TILES`: the (m+2)^2 GEMMs (NCHW: the
+    tiles are their columns; NHWC: their rows, the output channels their columns; a
+    side narrower than the widest kernel's NR runs on a narrower kernel, whose tile it
+    may still leave part empty), the vector transforms (``WINOGRAD_VECTOR_IN_NS`` /
+    ``_OUT_NS``: NCHW one per channel and run of adjacent tiles of a tile row, NHWC
+    one per tile and vector of channels) and, where the transformed weights outgrow
+    L2, the GEMMs at least as long as streaming them once per block of tiles
+    (``WINOGRAD_WEIGHT_*_RATE``).
     """
     from tilegemm.conv import winograd
     from tilegemm.conv.engine import host_target
@@ -191,29 +189,33 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
     from tilegemm.tuning.peak import nominal_peak_gflops
 
     target = host_target(dtype) if target is None else target
-    mr, nr = target.mr, target.nr
     peak = nominal_peak_gflops(dtype, threads) * 1e9
-    ns = 1e-9 / threads
     itemsize = np.dtype(dtype).itemsize
-    if p.layout == "NHWC":
-        tiles = p.winograd_tiles
-        gemm = _gemm_seconds(p.winograd_flops, tiles, p.Kg, p.Cg, mr, nr, peak)
-        transforms = tiles * (p.C * ns / WINOGRAD_IN_RATE + p.K * ns / WINOGRAD_OUT_RATE)
-        return {2: gemm + transforms + p.groups * GROUP_OVERHEAD}
-    out = {}
     l3 = detect().l3_bytes or 0
+    lanes = target.lanes
+    out = {}
     for m in winograd.TILES:
         TH, tiles, positions = -(-p.Ho // m), p.tiles_of(m), (m + 2) ** 2
-        tile_mr, tile_nr = _narrow_tile(tiles, target)
-        gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, tile_mr, tile_nr, peak)
+        if p.layout == "NCHW":
+            tile_mr, tile_nr = _narrow_tile(tiles, target)
+            gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, tile_mr, tile_nr,
+                                 peak)
+            runs = min(tiles, -(-tiles // lanes) + p.N * TH)
+            vectors_in, vectors_out = runs * p.C, runs * p.K
+        else:
+            tile_mr, tile_nr = _narrow_tile(p.Kg, target)
+            gemm = _gemm_seconds(p.winograd_flops_of(m), tiles, p.Kg, p.Cg, tile_mr, tile_nr,
+                                 peak)
+            vectors_in = tiles * -(-p.Cg // lanes) * p.groups
+            vectors_out = tiles * -(-p.Kg // lanes) * p.groups
         weights = positions * p.Cg * round_up(p.Kg, tile_mr) * p.groups * itemsize
         if weights > target.l2_bytes:
-            NB = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, tile_mr), tile_nr,
-                                     target.l2_bytes, itemsize, positions)
+            block = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, tile_mr), tile_nr,
+                                        target.l2_bytes, itemsize, positions)
             rate = WINOGRAD_WEIGHT_MEMORY_RATE if weights > l3 // 2 else WINOGRAD_WEIGHT_L3_RATE
-            gemm = max(gemm, -(-tiles // NB) * weights / (rate * threads))
-        runs = min(tiles, -(-tiles // target.lanes) + p.N * TH)
-        transforms = runs * (p.C * WINOGRAD_VECTOR_IN_NS[m] + p.K * WINOGRAD_VECTOR_OUT_NS[m]) * ns
+            gemm = max(gemm, -(-tiles // block) * weights / (rate * threads))
+        transforms = (vectors_in * WINOGRAD_VECTOR_IN_NS[p.layout][m]
+                      + vectors_out * WINOGRAD_VECTOR_OUT_NS[p.layout][m]) * 1e-9 / threads
         out[m] = gemm + transforms + p.groups * GROUP_OVERHEAD
     return out
 

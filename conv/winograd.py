@@ -1,17 +1,19 @@
-"""Winograd F(2x2, 3x3) convolution on the engine's micro-kernels.
+"""Winograd F(m x m, 3x3) convolution (m = 2, 4, 6) on the engine's micro-kernels.
 
 This module prepares the weights (``U = G g G^T``, packed once per weight array and
-cached) and runs the compiled drivers, which work on blocks of tiles small enough
-for the transformed input and the 16 GEMM results to stay in L2 (NHWC: larger where
-the transformed weights outgrow L3, see :func:`tile_block`): transform a block,
-run the 16 GEMMs, transform back with the bias and activation fused.
+tile size, cached) and runs the compiled drivers, which work on blocks of tiles small
+enough for the transformed input and the (m+2)^2 GEMM results to stay in L2 (NHWC:
+larger where the transformed weights outgrow L3, see :func:`tile_block`): transform
+a block, run the (m+2)^2 GEMMs, transform back with the bias and activation fused.
+The transforms are vector code generated from the matrices
+(:mod:`tilegemm.kernels.winograd`).
 
-* NCHW (:func:`_run_nchw`): tiles are the GEMM's columns, ``M^T = U^T V``.  The
-  transforms are vector code (``make_winograd_input`` / ``make_winograd_output`` in
-  :mod:`tilegemm.kernels.transforms`) running along the contiguous image width, one
-  full vector of adjacent tiles at a time.
-* NHWC (:func:`_run_nhwc`): tiles are the GEMM's rows, ``M = V U``, with the scalar
-  transforms of :mod:`tilegemm.packing.winograd`.
+* NCHW (:func:`_run_nchw`): tiles are the GEMM's columns, ``M^T = U^T V``; the
+  transforms run along the contiguous image width, a vector of adjacent tiles at a
+  time (stride-m lane picks).
+* NHWC (:func:`_run_nhwc`): tiles are the GEMM's rows, ``M = V U``; the transforms
+  run over a vector of a tile's channels (no shuffles), the strided micro-kernel
+  reads V's rows in place.
 """
 import functools
 
@@ -22,24 +24,6 @@ from tilegemm.ground.contracts import EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.packing.winograd import pack_filter_transforms
 
 
-def _pack_transformed(w, KC, NR):
-    """Transform one group's filters and pack each of the 16 (C x K) matrices as B."""
-    return pack_filter_transforms(w, KC, NR)
-
-
-def prepare(w, groups, dtype):
-    """The packed transformed weights of every group (cached on the weight array)."""
-    kernel, blk = engine.gemm_kernel(dtype)
-    Cg = w.shape[1]
-    KC = min(blk.kc, Cg)
-    Kg = w.shape[0] // groups
-
-    def build(w):
-        return [_pack_transformed(w[g * Kg:(g + 1) * Kg], KC, kernel.nr) for g in range(groups)]
-
-    return engine.prepared("winograd", w, (groups, KC, kernel.nr), build), KC
-
-
 #: NHWC: blocks of tiles per thread, at least (uneven blocks balance out).
 NHWC_BLOCKS_PER_THREAD = 4
 #: NHWC: tiles per block, at least, when the transformed weights take more than a
@@ -48,32 +32,34 @@ NHWC_BLOCKS_PER_THREAD = 4
 NHWC_STREAM_TILES = 64
 
 
-def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes=None):
-    """Tiles per block: the 16 slabs of packed input and of results fill about half of L2
-    -- or, where the 16 transformed filters (``C x Kp`` each) take more than a quarter
-    of ``l3_bytes``, at least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
-    per_tile = 16 * (min(KC, C) + Kp) * itemsize
+def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes=None, positions=16):
+    """Tiles per block: the ``positions`` slabs of packed input and of results fill about
+    half of L2 -- or, where the transformed filters (``C x Kp`` each) take more than a
+    quarter of ``l3_bytes``, at least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
+    per_tile = positions * (min(KC, C) + Kp) * itemsize
     return max(MR, (l2_bytes // 2 // per_tile) // MR * MR,
-               stream_floor(C, Kp, MR, itemsize, l3_bytes))
+               stream_floor(C, Kp, MR, itemsize, l3_bytes, positions))
 
 
-def nhwc_tiles(C, Kp, KC, MR, tiles_total, threads, itemsize, l2_bytes, l3_bytes=None):
+def nhwc_tiles(C, Kp, KC, MR, tiles_total, threads, itemsize, l2_bytes, l3_bytes=None,
+               positions=16):
     """NHWC: tiles per block of a layer of ``tiles_total`` tiles on ``threads`` threads.
 
     :func:`tile_block`'s size, cut so that every thread gets at least
     ``NHWC_BLOCKS_PER_THREAD`` blocks (uneven blocks balance out), but never below
     :func:`stream_floor` (a streamed weight transform).  Sizes in elements, caches
-    in bytes; ``Kp`` is K rounded up to MR.
+    in bytes; ``Kp`` is K rounded up to MR; ``positions`` (m+2)^2 for F(m x m, 3x3).
     """
-    floor = stream_floor(C, Kp, MR, itemsize, l3_bytes)
+    floor = stream_floor(C, Kp, MR, itemsize, l3_bytes, positions)
     balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
-    return min(tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes), max(balanced, floor))
+    return min(tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes, positions),
+               max(balanced, floor))
 
 
-def stream_floor(C, Kp, MR, itemsize, l3_bytes):
+def stream_floor(C, Kp, MR, itemsize, l3_bytes, positions=16):
     """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
     the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
-    if l3_bytes and 16 * C * Kp * itemsize > l3_bytes // 4:
+    if l3_bytes and positions * C * Kp * itemsize > l3_bytes // 4:
         return round_up(NHWC_STREAM_TILES, MR)
     return MR
 
@@ -187,18 +173,16 @@ def run(x, w, bias, out, p, act, blocking=None, tile=2):
     """Winograd F(tile x tile, 3x3) convolution into ``out`` (C-contiguous in
     ``p.layout``); 3x3, stride 1, dilation 1.
 
-    ``tile`` is one of :data:`TILES` in NCHW, 2 in NHWC.  ``blocking`` is the planned
+    ``tile`` is one of :data:`TILES`.  ``blocking`` is the planned
     one by default (NCHW :func:`nchw_blocking`, NHWC :func:`nhwc_tiles`); given, it
     is run instead: any blocking gives the same result.
     """
     if p.layout == "NCHW":
         return _run_nchw(x, w, bias, out, p, act, blocking, tile)
-    if tile != 2:
-        raise ValueError(f"Winograd F({tile}x{tile}, 3x3) runs NCHW layers only")
-    return _run_nhwc(x, w, bias, out, p, act, blocking)
+    return _run_nhwc(x, w, bias, out, p, act, blocking, tile)
 
 
-#: Output tile sizes m of the NCHW drivers, F(m x m, 3x3).
+#: Output tile sizes m of the drivers, F(m x m, 3x3).
 TILES = (2, 4, 6)
 
 
@@ -255,38 +239,46 @@ def _run_nchw(x, w, bias, out, p, act, blocking, tile):
 plan_record = functools.lru_cache(maxsize=256)(engine.record)
 
 
-def _run_nhwc(x, w, bias, out, p, act, blocking):
+def _run_nhwc(x, w, bias, out, p, act, blocking, tile):
+    """NHWC F(tile x tile, 3x3): blocks of ``MT`` tiles (:func:`nhwc_tiles`; ``blocking``
+    overrides it), all groups in one task loop."""
     from tilegemm.tuning.machine import detect
 
-    kernel, blk = engine.gemm_kernel(out.dtype)
-    mod = engine.family_module("winograd", out.dtype)
+    # Fewer output channels than the widest kernel's NR: a narrower kernel's tile.
+    kernel, blk = engine.gemm_kernel(out.dtype, p.Kg)
+    mod = engine.family_module("winograd", out.dtype, tile, p.Kg)
     MR, NR = kernel.mr, kernel.nr
-    packed, KC = prepare(w, p.groups, out.dtype)
-    Kp = packed[0][1]
-    NC = min(blk.nc, Kp)
-    TH, TW = cdiv(p.Ho, 2), cdiv(p.Wo, 2)
+    positions = (tile + 2) ** 2
+    KC = engine.balanced_kc(p.Cg, blk.kc)
+    Kg = p.Kg
+
+    def build(w):
+        packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, NR, tile)
+                 for g in range(p.groups)]
+        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
+
+    upack, Kp, u_group = engine.prepared("winograd_nhwc", w, (p.groups, KC, NR, tile), build)
+    TH, TW = cdiv(p.Ho, tile), cdiv(p.Wo, tile)
     tiles_total = p.N * TH * TW
-    threads = engine.threads_for(p.flops // p.groups, 1 << 30)  # one launch per group
+    threads = engine.threads_for(p.flops, 1 << 30)
     MT = blocking
     if MT is None:
         machine = detect()
-        MT = nhwc_tiles(p.Cg, Kp, KC, MR, tiles_total, threads, out.itemsize,
-                        machine.l2_bytes, machine.l3_bytes)
-    ntasks = cdiv(tiles_total, MT)
+        MT = nhwc_tiles(p.Cg, Kp, KC, MR, tiles_total, cdiv(threads, p.groups), out.itemsize,
+                        machine.l2_bytes, machine.l3_bytes, positions)
+    ntasks = cdiv(tiles_total, MT) * p.groups
     threads = min(threads, ntasks)
-    a_slab, m_slab = _slab(MT * KC, out.itemsize), _slab(MT * Kp, out.itemsize)
-    apacks, mbufs, vs = engine.thread_buffers(
-        ("winograd", kernel.name), max(threads, 1),
-        (16 * a_slab, 16 * m_slab, 16 + 4 * (2 * MR + 2)), out.dtype)
-    has_bias = bias is not None
+    ldv = round_up(KC, kernel.lanes)
+    v_slab = _slab(round_up(MT, MR) * ldv, out.itemsize)
+    m_slab = _slab(MT * Kp, out.itemsize)
+    vbufs, mbufs = engine.thread_buffers(("winograd_nhwc", kernel.name), max(threads, 1),
+                                         (positions * v_slab, positions * m_slab), out.dtype)
+    epi = act | (EPI_BIAS_ROW if bias is not None else 0)
     xf, of = x.reshape(-1), out.reshape(-1)
-    plan = plan_record(p=p, ntasks=ntasks, C=p.Cg, Kp=Kp, K=p.Kg, MT=MT, tiles_total=tiles_total,
-                       KC=KC, NC=NC, a_slab=a_slab, m_slab=m_slab, TH=TH, TW=TW)
-    for g in range(p.groups):
-        upack, _ = packed[g]
-        b = (np.ascontiguousarray(bias[g * p.Kg:(g + 1) * p.Kg]) if has_bias
-             else np.zeros(1, out.dtype))
-        engine.launch(lambda t, counter: mod.winograd_tasks(
-            counter, plan, g, xf, upack, (b, has_bias, act), of, (apacks[t], mbufs[t], vs[t])),
-            threads)
+    b = np.ascontiguousarray(bias) if bias is not None else np.zeros(1, out.dtype)
+    plan = plan_record(p=p, ntasks=ntasks, groups=p.groups, C=p.Cg, K=Kg, Kp=Kp, KC=KC, MT=MT,
+                       ldv=ldv, v_slab=v_slab, m_slab=m_slab, u_group=u_group,
+                       tiles_total=tiles_total, TH=TH, TW=TW)
+    engine.launch(lambda t, counter: mod.winograd_nhwc_tasks(
+        counter, plan, xf, upack, b, epi, of, (vbufs[t], mbufs[t])), threads)
     return out

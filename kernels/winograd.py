@@ -272,3 +272,153 @@ def make_winograd_output(dtype, lanes, tile=2):
 
     winograd_output.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_output_{lanes}"
     return winograd_output
+
+
+# --- NHWC: vectors over channels ------------------------------------------------------
+#
+# In NHWC a pixel's channels are contiguous, so `lanes` channels of one tile form one
+# vector and both transforms are the matrices' adds and FMAs lane by lane: no shuffles.
+# The input transform writes each tile's V[xi] as a row of channels (the GEMM's A,
+# read in place by the strided micro-kernel), the output transform reads a row of
+# output channels per position and writes the tile's pixels.
+
+
+def _pixel_mask(builder, inside, lanes_mask):
+    """``lanes_mask`` where the i1 ``inside`` holds, no lane otherwise."""
+    return builder.and_(lanes_mask, splat(builder, inside, lanes_mask.type))
+
+
+def make_winograd_input_nhwc(dtype, lanes, tile):
+    """Build the intrinsic computing ``V = B^T d B`` of F(tile x tile, 3x3) for ``lanes``
+    channels of one NHWC tile.
+
+    Signature (jitted code only)::
+
+        winograd_input_nhwc(x, src, (s_row, s_col, H, W), (y0, x0, count), buf, dst, slab)
+
+    ``src`` is the offset in ``x`` of pixel (``y0``, ``x0``) of the tile's first
+    channel; pixel (y0+a, x0+b) lies ``a*s_row + b*s_col`` further, and reads as zero
+    (never loaded) outside rows ``[0, H)`` and columns ``[0, W)``.  Channels
+    ``0 <= c < count`` (at most ``lanes``) are transformed; ``V[xi]`` of channel ``c``
+    goes to ``buf[dst + xi*slab + c]`` (xi = alpha*row + column, alpha = tile + 2).
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = NUMBA_FLOAT[dtype]
+    _, _, BT = transform_matrices(tile)
+    alpha = tile + 2
+
+    def emit(context, builder, sig, args):
+        x, src, plane, window, buf, dst, slab = args
+        s_row, s_col, H, W = cgutils.unpack_tuple(builder, plane, 4)
+        y0, x0, count = cgutils.unpack_tuple(builder, window, 3)
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        x_ptr = data_ptr(context, builder, sig.args[0], x, ir.Constant(intp, 0))
+        buf_ptr = data_ptr(context, builder, sig.args[4], buf, dst)
+        zero_i = ir.Constant(intp, 0)
+        channels = lane_range(builder, zero_i, zero_i, count, lanes)
+
+        def inside(start, i, size):
+            at = builder.add(start, ir.Constant(intp, i))
+            return builder.and_(builder.icmp_signed(">=", at, zero_i),
+                                builder.icmp_signed("<", at, size))
+
+        rows_in = [inside(y0, a, H) for a in range(alpha)]
+        cols_in = [inside(x0, b, W) for b in range(alpha)]
+
+        def load(a, b):
+            offset = builder.add(src, builder.add(builder.mul(ir.Constant(intp, a), s_row),
+                                                  builder.mul(ir.Constant(intp, b), s_col)))
+            mask = _pixel_mask(builder, builder.and_(rows_in[a], cols_in[b]), channels)
+            return masked_load(builder, x_ptr, offset, mask, vec)
+
+        # One group of rows r of V at a time: B^T down each column of pixels loaded for
+        # it, then B along the row, then the stores (see make_winograd_input).
+        for group in row_groups(BT):
+            rows = BT[list(group)]
+            used = used_columns(rows, range(len(group)))
+            u = [apply_matrix(builder, rows, [load(a, b) if a in used else None
+                                              for a in range(alpha)])
+                 for b in range(alpha)]
+            for g, r in enumerate(group):
+                for b, value in enumerate(apply_matrix(builder, BT, [u[j][g] for j in range(alpha)])):
+                    offset = builder.mul(ir.Constant(intp, alpha * r + b), slab)
+                    masked_store(builder, value, buf_ptr, offset, channels)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def winograd_input_nhwc(typingctx, x, src, plane, window, buf, dst, slab):
+        i = types.intp
+        sig = types.void(x, i, types.UniTuple(i, 4), types.UniTuple(i, 3), buf, i, i)
+        return sig, emit
+
+    winograd_input_nhwc.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_input_nhwc_{lanes}"
+    return winograd_input_nhwc
+
+
+def make_winograd_output_nhwc(dtype, lanes, tile):
+    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation of F(tile x tile,
+    3x3) for ``lanes`` output channels of one NHWC tile.
+
+    Signature (jitted code only)::
+
+        winograd_output_nhwc(m, src, slab, out, dst, (s_row, s_col), (rows, cols, count),
+                             bias, b_off, epi)
+
+    ``m[src + xi*slab + k]`` is position ``xi`` of channel ``k``'s alpha x alpha
+    product.  Output pixel (r, j) of the tile, ``r < rows`` and ``j < cols``, channel
+    ``k < count`` (at most ``lanes``) goes to ``out[dst + r*s_row + j*s_col + k]``;
+    nothing else is written.  ``epi``: ``EPI_BIAS_ROW`` adds ``bias[b_off + k]`` (read
+    only then), then ``EPI_RELU`` / ``EPI_RELU6`` as in the GEMM epilogue.
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = NUMBA_FLOAT[dtype]
+    AT, _, _ = transform_matrices(tile)
+    alpha = tile + 2
+
+    def emit(context, builder, sig, args):
+        m, src, slab, out, dst, plane, window, bias, b_off, epi = args
+        s_row, s_col = cgutils.unpack_tuple(builder, plane, 2)
+        rows_left, cols_left, count = cgutils.unpack_tuple(builder, window, 3)
+        intp = context.get_value_type(types.intp)
+        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
+        m_ptr = data_ptr(context, builder, sig.args[0], m, src)
+        out_ptr = data_ptr(context, builder, sig.args[3], out, dst)
+        zero_i = ir.Constant(intp, 0)
+        channels = lane_range(builder, zero_i, zero_i, count, lanes)
+        flags = epi_flags(builder, epi)
+        bias_ptr = data_ptr(context, builder, sig.args[7], bias, b_off)
+        # The bias is loaded only where the flag asks for it (an absent bias is one value).
+        bias_v = masked_load(builder, bias_ptr, zero_i,
+                             _pixel_mask(builder, flags["row"], channels), vec)
+
+        def load(xi):
+            return masked_load(builder, m_ptr, builder.mul(ir.Constant(intp, xi), slab),
+                               channels, vec)
+
+        for group in row_groups(AT):
+            rows = AT[list(group)]
+            used = used_columns(rows, range(len(group)))
+            cols = [apply_matrix(builder, rows, [load(alpha * a + b) if a in used else None
+                                                 for a in range(alpha)])
+                    for b in range(alpha)]
+            for g, r in enumerate(group):
+                row_ok = builder.icmp_signed(">", rows_left, ir.Constant(intp, r))
+                values = apply_matrix(builder, AT, [cols[b][g] for b in range(alpha)])
+                for j, value in enumerate(values):
+                    ok = builder.and_(row_ok, builder.icmp_signed(">", cols_left,
+                                                                   ir.Constant(intp, j)))
+                    offset = builder.add(builder.mul(ir.Constant(intp, r), s_row),
+                                         builder.mul(ir.Constant(intp, j), s_col))
+                    masked_store(builder, finish_scalar_bias(builder, value, flags, bias_v),
+                                 out_ptr, offset, _pixel_mask(builder, ok, channels))
+        return context.get_dummy_value()
+
+    @intrinsic
+    def winograd_output_nhwc(typingctx, m, src, slab, out, dst, plane, window, bias, b_off, epi):
+        i = types.intp
+        sig = types.void(m, i, i, out, i, types.UniTuple(i, 2), types.UniTuple(i, 3), bias, i, i)
+        return sig, emit
+
+    winograd_output_nhwc.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_output_nhwc_{lanes}"
+    return winograd_output_nhwc

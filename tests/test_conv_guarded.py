@@ -27,7 +27,8 @@ LAYERS = {
     "im2col.packed": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1, stride=2), "NCHW")],
     "winograd.nchw": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1, winograd_tile=m), "NCHW")
                       for m in (2, 4, 6)],
-    "winograd.nhwc": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=(0, 2)), "NHWC")],
+    "winograd.nhwc": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=(0, 2), winograd_tile=m), "NHWC")
+                      for m in (2, 4, 6)],
     "direct.flat": [((2, 8, 16, 16), (8, 1, 3, 3), dict(padding=1, groups=8), "NCHW"),
                     ((1, 8, 15, 17), (8, 1, 3, 3), dict(padding=1, stride=2, groups=8), "NCHW")],
     "direct.nchw_vector": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW")],

@@ -14,8 +14,7 @@ from reference import reference_conv
 from test_winograd_points import ERROR_BOUND
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
-from tilegemm.packing.winograd import (AT, BT, G, input_tile_transform, transform_matrices,
-                                       unpack_winograd, weight_transform)
+from tilegemm.packing.winograd import AT, BT, G, transform_matrices, weight_transform
 
 #: The output tile sizes of the NCHW drivers.
 TILES = (2, 4, 6)
@@ -31,33 +30,72 @@ def test_weight_transform_matches_G():
             np.testing.assert_allclose(u[:, c, k].reshape(4, 4), G @ w[k, c] @ G.T, atol=1e-12)
 
 
-def test_input_transform_matches_BT():
-    d = RNG.standard_normal((6, 7))
-    v = np.empty(16)
-    flat = d.reshape(-1)
-    for y0, x0 in [(0, 0), (1, 2), (2, 3), (-1, -2), (4, 5), (-3, 4)]:
-        padded = np.zeros((4, 4))
-        for a in range(4):
-            for b in range(4):
-                if 0 <= y0 + a < 6 and 0 <= x0 + b < 7:
-                    padded[a, b] = d[y0 + a, x0 + b]
-        src = y0 * 7 + x0
-        trampoline(input_tile_transform)(flat, src, 7, 1, y0, x0, 6, 7, v)
-        np.testing.assert_allclose(v.reshape(4, 4), BT @ padded @ BT.T, atol=1e-12,
-                                   err_msg=f"tile at ({y0}, {x0})")
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("C", [3, 16, 37])
+def test_nhwc_input_transform_matches_BT(dtype, C, tile):
+    """The NHWC input transform (B^T d B, lanes of channels) writes each tile's row of V
+    exactly, pixels off the image (padding, the last tiles' overhang) read as zero."""
+    H, W, pad = 7, 9, 1
+    alpha = tile + 2
+    _, _, bt = transform_matrices(tile)
+    mod, geom, TH, TW = _vector_transform_case(dtype, H, W, pad, tile)
+    N = 2
+    x = RNG.standard_normal((N, H, W, C)).astype(dtype)
+    tiles = N * TH * TW
+    p0, kc = (1, C - 2) if C > 3 else (0, C)
+    ldv = kc + 5
+    slab = tiles * ldv + 3
+    buf = np.full(alpha * alpha * slab, np.nan, dtype)
+    trampoline(mod.nhwc_input_block)(x.reshape(-1), 0, geom, (H * W * C, W * C, C), (0, tiles),
+                                     (p0, kc), buf, (slab, ldv))
+    xp = np.zeros((N, H + 2 * alpha, W + 2 * alpha, C))
+    xp[:, pad:pad + H, pad:pad + W] = x
+    for t in range(tiles):
+        n, r = divmod(t, TH * TW)
+        ty, tx = divmod(r, TW)
+        d = xp[n, tile * ty:tile * ty + alpha, tile * tx:tile * tx + alpha, p0:p0 + kc]
+        want = np.einsum("ia,abc,jb->ijc", bt, d, bt).reshape(alpha * alpha, kc)
+        got = buf[(np.arange(alpha * alpha) * slab + t * ldv)[:, None] + np.arange(kc)]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
+                                   err_msg=f"tile {t}")
+        # Nothing past the row's kc channels is written.
+        assert np.isnan(buf[np.arange(alpha * alpha) * slab + t * ldv + kc]).all()
 
 
-def test_output_transform_matches_AT():
-    K = 3
-    m = RNG.standard_normal((16, 1, K))                      # one tile, K channels
-    bias = RNG.standard_normal(K)
-    out = np.full((1, K, 2, 2), np.nan)
-    geom = (4, 4, 2, 2, 0, 0, 1, 1)
-    trampoline(unpack_winograd)(m.reshape(-1), (K, K), (0, 1), K, out.reshape(-1), 0, (4 * K, 4, 2, 1), geom,
-                    (bias, True, 0))
-    for k in range(K):
-        np.testing.assert_allclose(out[0, k], AT @ m[:, 0, k].reshape(4, 4) @ AT.T + bias[k],
-                                   atol=1e-12)
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", [0, 4, 8])
+def test_nhwc_output_transform_matches_AT(dtype, activation, tile):
+    """The NHWC output transform (A^T m A + bias + activation, lanes of output channels)
+    writes each tile's pixels and channels of the image and nothing else."""
+    from tilegemm.ground.contracts import EPI_BIAS_ROW
+    Ho, Wo, K = 7, 9, 21
+    alpha = tile + 2
+    at, _, _ = transform_matrices(tile)
+    mod, geom, TH, TW = _vector_transform_case(dtype, Ho + 2, Wo + 2, 0, tile)
+    N = 2
+    tiles = N * TH * TW
+    ldm = K + 3
+    m = (RNG.standard_normal((alpha * alpha, tiles, ldm)) * 4).astype(dtype)
+    bias = RNG.standard_normal(K + 4).astype(dtype)
+    out = np.full((N, Ho, Wo, K + 2), np.nan, dtype)        # 2 channels past K, untouched
+    trampoline(mod.nhwc_output_block)(m.reshape(-1), (tiles * ldm, ldm), (0, tiles), K,
+                                      out.reshape(-1), 0, geom, (Ho * Wo * (K + 2), Wo * (K + 2), K + 2),
+                                      (bias, 4, activation | EPI_BIAS_ROW))
+    want = np.zeros((N, TH * tile, TW * tile, K))
+    for t in range(tiles):
+        n, r = divmod(t, TH * TW)
+        ty, tx = divmod(r, TW)
+        y = np.einsum("ia,abk,jb->ijk", at, m[:, t, :K].reshape(alpha, alpha, K).astype(np.float64), at)
+        want[n, tile * ty:tile * ty + tile, tile * tx:tile * tx + tile] = y + bias[4:4 + K]
+    want = want[:, :Ho, :Wo]
+    if activation:
+        want = np.maximum(want, 0)
+    if activation == 8:
+        want = np.minimum(want, 6)
+    np.testing.assert_allclose(out[..., :K], want, rtol=1e-5, atol=1e-5 * tile ** 3)
+    assert np.isnan(out[..., K:]).all()
 
 
 def _vector_transform_case(dtype, H, W, pad, tile=2):
@@ -250,6 +288,7 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
 
 # --- tile sizes: conv2d's winograd_tile and the plan's choice ----------------------------
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -258,19 +297,24 @@ def test_grouped_winograd_nchw_runs_every_group_in_one_task_loop(shape, threads,
     ((1, 16, 30, 31), (13, 3, 3), dict(padding=(0, 2))),
     ((3, 24, 7, 40), (20, 3, 3), dict(padding=1, groups=4)),
     ((1, 3, 3, 3), (2, 3, 3), dict(padding=2)),                      # fewer pixels than a tile
+    ((2, 40, 6, 7), (70, 3, 3), dict(padding=1)),                    # channels past a vector
 ])
-def test_conv2d_runs_every_winograd_tile_size(shape, threads, dtype, tile):
-    """``winograd_tile`` m in 2, 4, 6 gives the reference on odd sizes, groups, padding
-    past the image, bias and relu6, within the float32 error of F(m x m, 3x3)."""
+def test_conv2d_runs_every_winograd_tile_size(shape, threads, dtype, tile, layout):
+    """``winograd_tile`` m in 2, 4, 6 gives the reference in both layouts on odd sizes,
+    groups, padding past the image, bias and relu6, within the float32 error of
+    F(m x m, 3x3)."""
     (N, C, H, W), (K, kh, kw), kwargs = shape
     groups = kwargs.get("groups", 1)
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
     w = RNG.standard_normal((K, C // groups, kh, kw)).astype(dtype)
     b = RNG.standard_normal(K).astype(dtype)
     want = reference_conv(x, w, b, activation="relu6", **kwargs)
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     with numba_threads(threads):
-        got = tilegemm.conv2d(x, w, b, activation="relu6", algorithm="winograd",
-                              winograd_tile=tile, **kwargs)
+        got = tilegemm.conv2d(xin, w, b, activation="relu6", algorithm="winograd",
+                              winograd_tile=tile, layout=layout, **kwargs)
+    if layout == "NHWC":
+        got = got.transpose(0, 3, 1, 2)
     bound = _tile_bound(x, w, b, tile, kwargs) * (1 if dtype == np.float32 else 1e-8)
     assert (np.abs(got - want) <= bound).all()
 
@@ -306,7 +350,8 @@ def test_the_plan_names_its_tile_and_conv2d_runs_it():
     if plan.algorithm == "winograd":
         assert f"F({plan.winograd_tile}x{plan.winograd_tile}" in plan.path
     nhwc = tilegemm.conv_plan((1, 40, 40, 32), w.shape, padding=1, layout="NHWC")
-    assert set(nhwc.winograd_estimates) == {2} and nhwc.winograd_tile == 2
+    assert set(nhwc.winograd_estimates) == set(TILES)
+    assert nhwc.winograd_tile == min(nhwc.winograd_estimates, key=nhwc.winograd_estimates.get)
     assert tilegemm.conv_plan((1, 32, 40, 40), w.shape, stride=2).winograd_tile == 0
 
 
@@ -326,7 +371,6 @@ def test_the_plan_takes_larger_tiles_where_they_pay():
     (dict(algorithm="winograd", winograd_tile=True), TypeError, "integer"),
     (dict(algorithm="im2col", winograd_tile=4), ValueError, "algorithm='winograd'"),
     (dict(winograd_tile=2), ValueError, "algorithm='winograd'"),
-    (dict(algorithm="winograd", winograd_tile=4, layout="NHWC"), ValueError, "(2,)"),
     (dict(_tile=4), TypeError, "unexpected keyword argument '_tile'"),
 ])
 def test_winograd_tile_errors_name_the_problem(call, error, words):

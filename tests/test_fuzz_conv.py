@@ -36,7 +36,7 @@ LAYOUTS = ("C", "F", "negative", "transposed", "offset", "misaligned", "broadcas
 #: profile prints them; see test_every_path_is_reached).
 REACHED = set()
 WORST = {}
-#: NCHW Winograd tile sizes run so far (test_every_path_is_reached wants all of them).
+#: (layout, Winograd tile size) run so far (test_every_path_is_reached wants all of them).
 WINOGRAD_TILES = (2, 4, 6)
 TILES_REACHED = set()
 _record_lock = threading.Lock()
@@ -217,12 +217,14 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
     bounds = {}
     plan = tilegemm.conv_plan(x.shape, w.shape, layout=layout, dtype=dtype,
                               threads=min(threads, numba.config.NUMBA_NUM_THREADS), **kwargs)
-    runs = [None] + [path for path in paths.PATHS if paths.serves(path, p, np.dtype(dtype))]
-    for path in runs:
-        note(f"path {path}")
-        # The NCHW Winograd path forced with a drawn tile size; auto runs the planned one.
-        tile = (data.draw(st.sampled_from(WINOGRAD_TILES), label="winograd tile")
-                if path == "winograd.nchw" else None)
+    runs = [(None, None)]
+    for path in paths.PATHS:
+        if paths.serves(path, p, np.dtype(dtype)):
+            # A Winograd path runs every tile size; auto runs the planned one.
+            runs += [(path, tile) for tile in
+                     (WINOGRAD_TILES if path.startswith("winograd") else (None,))]
+    for path, tile in runs:
+        note(f"path {path}, tile {tile}")
         got = _run(x, w, b, kwargs, layout, activation, path, threads, tile)
         if layout == "NHWC":
             got = got.transpose(0, 3, 1, 2)
@@ -231,9 +233,9 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
         m = (tile or plan.winograd_tile) if name.startswith("winograd") else 0
         if m not in bounds:
             bounds[m] = _bound(x_nchw, w, b, p, m)
-        if m and layout == "NCHW":
+        if m:
             with _record_lock:
-                TILES_REACHED.add(m)
+                TILES_REACHED.add((layout, m))
         _check(name, got, expected, bounds[m],
                f"{x.shape} * {w.shape} {kwargs} {layout} {np.dtype(dtype)} {activation} "
                f"{threads} thread(s)")
@@ -246,7 +248,8 @@ def test_every_path_is_reached():
     if not REACHED >= set(paths.PATHS):
         test_conv2d_matches_the_reference_on_every_path()     # run alone (-k): fuzz first
     missing = set(paths.PATHS) - REACHED
-    missing |= {f"winograd.nchw F({m}x{m})" for m in set(WINOGRAD_TILES) - TILES_REACHED}
+    missing |= {f"winograd.{layout.lower()} F({m}x{m})" for layout in ("NCHW", "NHWC")
+                for m in WINOGRAD_TILES if (layout, m) not in TILES_REACHED}
     print("\nlargest error / bound per algorithm:",
           {k: round(v, 4) for k, v in sorted(WORST.items())})
     assert not missing, f"paths no generated layer reached: {sorted(missing)}"
