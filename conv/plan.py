@@ -61,9 +61,10 @@ ROWS_SPEEDUP = 1.55
 #: Winograd F(m x m, 3x3): nanoseconds per vector transform, input and output, by m.
 #: NCHW: one channel of a run of up to `lanes` adjacent tiles of one tile row; NHWC:
 #: `lanes` channels of one tile.  Measured on the development machine (AVX-512, fp32)
-#: with blocks in L2.
-WINOGRAD_VECTOR_IN_NS = {"NCHW": {2: 35, 4: 120, 6: 360}, "NHWC": {2: 85, 4: 180, 6: 290}}
-WINOGRAD_VECTOR_OUT_NS = {"NCHW": {2: 18, 4: 60, 6: 220}, "NHWC": {2: 18, 4: 80, 6: 230}}
+#: with blocks in L2, but NHWC F(6x6): fitted to whole layers (timed alone, 290 and 230
+#: ns, it ranked above F(4x4) on layers where it ran 0.88x its speed).
+WINOGRAD_VECTOR_IN_NS = {"NCHW": {2: 35, 4: 120, 6: 360}, "NHWC": {2: 85, 4: 180, 6: 450}}
+WINOGRAD_VECTOR_OUT_NS = {"NCHW": {2: 18, 4: 60, 6: 220}, "NHWC": {2: 18, 4: 80, 6: 350}}
 #: Bytes per second one thread streams the transformed weights at, once per block of
 #: tiles, from L3 (they outgrow L2) and from memory (over half of L3).
 WINOGRAD_WEIGHT_L3_RATE = 12e9

@@ -26,40 +26,41 @@ from tilegemm.packing.winograd import pack_filter_transforms
 
 #: NHWC: blocks of tiles per thread, at least (uneven blocks balance out).
 NHWC_BLOCKS_PER_THREAD = 4
-#: NHWC: tiles per block, at least, when the transformed weights take more than a
-#: quarter of L3.  Every block streams all 16 of them, from memory once they no longer
-#: stay in L3, so a block of a few tiles is bound by that stream (docs/conv-paths.md).
-NHWC_STREAM_TILES = 64
+#: NHWC: tiles per block, at least, when the transformed weights outgrow L2.  Every
+#: block streams all of them from L3 (or memory), so a block of a few tiles is bound
+#: by that stream; the slabs of a larger block sit in L3 at less cost
+#: (docs/conv-paths.md).
+NHWC_STREAM_TILES = 96
 
 
-def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes=None, positions=16):
+def tile_block(C, Kp, KC, MR, l2_bytes, itemsize, positions=16):
     """Tiles per block: the ``positions`` slabs of packed input and of results fill about
-    half of L2 -- or, where the transformed filters (``C x Kp`` each) take more than a
-    quarter of ``l3_bytes``, at least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
+    half of L2 -- or, where the transformed filters (``C x Kp`` each) outgrow L2, at
+    least ``NHWC_STREAM_TILES`` (the slabs then in L3)."""
     per_tile = positions * (min(KC, C) + Kp) * itemsize
     return max(MR, (l2_bytes // 2 // per_tile) // MR * MR,
-               stream_floor(C, Kp, MR, itemsize, l3_bytes, positions))
+               stream_floor(C, Kp, MR, itemsize, l2_bytes, positions))
 
 
-def nhwc_tiles(C, Kp, KC, MR, tiles_total, threads, itemsize, l2_bytes, l3_bytes=None,
-               positions=16):
+def nhwc_tiles(C, Kp, KC, MR, tiles_total, threads, itemsize, l2_bytes, positions=16):
     """NHWC: tiles per block of a layer of ``tiles_total`` tiles on ``threads`` threads.
 
     :func:`tile_block`'s size, cut so that every thread gets at least
     ``NHWC_BLOCKS_PER_THREAD`` blocks (uneven blocks balance out), but never below
-    :func:`stream_floor` (a streamed weight transform).  Sizes in elements, caches
-    in bytes; ``Kp`` is K rounded up to MR; ``positions`` (m+2)^2 for F(m x m, 3x3).
+    :func:`stream_floor` (a streamed weight transform) unless that would leave a
+    thread without a block.  Sizes in elements, caches in bytes; ``Kp`` is K rounded
+    up to MR; ``positions`` (m+2)^2 for F(m x m, 3x3).
     """
-    floor = stream_floor(C, Kp, MR, itemsize, l3_bytes, positions)
+    floor = min(stream_floor(C, Kp, MR, itemsize, l2_bytes, positions),
+                round_up(cdiv(tiles_total, threads), MR))
     balanced = round_up(cdiv(tiles_total, NHWC_BLOCKS_PER_THREAD * threads), MR)
-    return min(tile_block(C, Kp, KC, MR, l2_bytes, itemsize, l3_bytes, positions),
-               max(balanced, floor))
+    return min(tile_block(C, Kp, KC, MR, l2_bytes, itemsize, positions), max(balanced, floor))
 
 
-def stream_floor(C, Kp, MR, itemsize, l3_bytes, positions=16):
+def stream_floor(C, Kp, MR, itemsize, l2_bytes, positions=16):
     """Fewest tiles per block that :func:`tile_block` allows: ``NHWC_STREAM_TILES`` if
-    the transformed filters take more than a quarter of ``l3_bytes``, else one row panel."""
-    if l3_bytes and positions * C * Kp * itemsize > l3_bytes // 4:
+    the transformed filters outgrow ``l2_bytes``, else one row panel."""
+    if positions * C * Kp * itemsize > l2_bytes:
         return round_up(NHWC_STREAM_TILES, MR)
     return MR
 
@@ -265,7 +266,7 @@ def _run_nhwc(x, w, bias, out, p, act, blocking, tile):
     if MT is None:
         machine = detect()
         MT = nhwc_tiles(p.Cg, Kp, KC, MR, tiles_total, cdiv(threads, p.groups), out.itemsize,
-                        machine.l2_bytes, machine.l3_bytes, positions)
+                        machine.l2_bytes, positions)
     ntasks = cdiv(tiles_total, MT) * p.groups
     threads = min(threads, ntasks)
     ldv = round_up(KC, kernel.lanes)

@@ -222,16 +222,19 @@ def test_winograd_nhwc_blocks_past_the_l2_budget(threads, block):
 
 def test_winograd_nhwc_tiles_floor():
     """NHWC blocks: a few per thread, never below one row panel, nor below
-    ``NHWC_STREAM_TILES`` once the transformed weights take over a quarter of L3."""
+    ``NHWC_STREAM_TILES`` once the transformed weights outgrow L2 -- unless that
+    would leave a thread without a block."""
     from tilegemm.conv import winograd
     MR, l2 = 6, 2 << 20
     assert winograd.nhwc_tiles(24, 24, 24, MR, 90, 2, 4, l2) == 12
     assert winograd.nhwc_tiles(24, 24, 24, MR, 6, 2, 4, l2) == MR
     big = 16 * 512 * 512 * 4           # bytes of the transformed weights, 512 x 512
     stream = -(-winograd.NHWC_STREAM_TILES // MR) * MR
-    assert winograd.stream_floor(512, 512, MR, 4, 4 * big - 1) == stream
-    assert winograd.stream_floor(512, 512, MR, 4, 4 * big) == MR
-    assert winograd.nhwc_tiles(512, 512, 256, MR, 90, 2, 4, 1 << 30, 4 * big - 1) == stream
+    assert winograd.stream_floor(512, 512, MR, 4, big - 1) == stream
+    assert winograd.stream_floor(512, 512, MR, 4, big) == MR
+    assert winograd.nhwc_tiles(512, 512, 256, MR, 600, 2, 4, big - 1) == stream
+    # 128 tiles on 2 threads: a block each rather than one of 96 and an idle thread.
+    assert winograd.nhwc_tiles(512, 512, 256, MR, 128, 2, 4, big - 1) == 66
 
 
 @pytest.mark.parametrize("tile", TILES)
