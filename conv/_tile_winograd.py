@@ -8,7 +8,8 @@ Written once per GEMM kernel (MR, NR, ISA) and output tile size m (``TILE``) by
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_ROW, imin, inner_jit, jit
-from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.microkernel import Flavour
+from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
 from tilegemm.kernels.winograd import (make_winograd_input, make_winograd_input_nhwc,
                                        make_winograd_output, make_winograd_output_nhwc)
@@ -35,6 +36,11 @@ winograd_input_nhwc = make_winograd_input_nhwc(DTYPE, LANES, TILE)
 winograd_output_nhwc = make_winograd_output_nhwc(DTYPE, LANES, TILE)
 ukernel_strided = _KERNEL.module.ukernel_strided
 ukernel_strided_edge = _KERNEL.module.ukernel_strided_edge
+#: NCHW: the last, partial column panel of a block runs one vector of tiles at a time
+#: on this kernel, reading the packed panels in place: the full NR-wide tile spent
+#: on a few tiles (4 of ResNet-18 conv2_x's 196 F(4x4) tiles at batch 1) did NR/LANES
+#: times the work.
+ukernel_vector = microkernel(DTYPE, ISA, MR, LANES, Flavour.STRIDED)
 
 
 # --- Winograd F(m x m, 3x3), NCHW: tiles as GEMM columns, vectors along the image width ---
@@ -122,6 +128,20 @@ def winograd_output_block(m, layout, runs, nruns, channels, out, o_view, Wo, epi
                             (s_row, Wo), (runs[r, 8], runs[r, 7], runs[r, 1], runs[r, 2]), b, epi)
 
 
+@inner_jit
+def tail_panel(shape, a, a_off, b, b_off, c, c_layout, beta):
+    """``C[:, j0:j1] (= or +=) A B[:, j0:j1]`` one vector of columns at a time
+    (:data:`ukernel_vector`): ``shape`` ``(rows, (j0, j1), kc)``, A packed MR-row panels
+    at ``a_off``, B packed NR-wide panels at ``b_off`` (``j0`` a multiple of NR, ``j1``
+    of LANES), C rows ``ldc`` apart at ``c_off`` (``c_layout``)."""
+    rows, (j0, j1), kc = shape
+    c_off, ldc = c_layout
+    for ir in range(0, rows, MR):
+        for jc in range(j0, j1, LANES):
+            ukernel_vector(kc, a, a_off + ir * kc, 1, MR, b, b_off + (jc // NR) * NR * kc + jc % NR,
+                           NR, c, c_off + ir * ldc + jc, ldc, DTYPE(1), beta, c, 0, 0)
+
+
 @jit
 def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
     """Tasks taken from ``counter`` (:func:`next_task`) until the plan's ``ntasks`` are
@@ -167,7 +187,8 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
         r1 = (part + 1) * panels // split * MR
         T0 = block * NB
         nt = imin(NB, tiles_total - T0)
-        ncols = (nt + NR - 1) // NR * NR
+        full = nt // NR * NR                               # columns of whole NR panels
+        ncols = full + (nt - full + LANES - 1) // LANES * LANES
         nruns = winograd_runs(T0, nt, geom, xs, os, runs)
         for pc in range(0, C, KC):
             kc = imin(KC, C - pc)
@@ -181,9 +202,12 @@ def winograd_nchw_tasks(counter, plan, x, upack, bias, epi, out, bufs):
                             bpack[base + p * NR] = 0
             beta = DTYPE(0) if pc == 0 else DTYPE(1)
             for xi in range(POSITIONS):
-                macro_kernel((r1 - r0, ncols, kc), upack, u_off + (xi * C + pc) * Kp + r0 * kc,
-                             bpack, xi * b_slab, mbuf, xi * m_slab, NB, (DTYPE(1), beta),
-                             (bias, ZERO), (ZERO, ZERO))
+                a_off = u_off + (xi * C + pc) * Kp + r0 * kc
+                if full > 0:
+                    macro_kernel((r1 - r0, full, kc), upack, a_off, bpack, xi * b_slab, mbuf,
+                                 xi * m_slab, NB, (DTYPE(1), beta), (bias, ZERO), (ZERO, ZERO))
+                tail_panel((r1 - r0, (full, ncols), kc), upack, a_off, bpack, xi * b_slab,
+                           mbuf, (xi * m_slab, NB), beta)
         winograd_output_block(mbuf, (m_slab, NB), runs, nruns, (r0, imin(r1, K)), out,
                               (o_off, os[1], os[2]), Wo, (bias, b_off, epi))
 

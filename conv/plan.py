@@ -61,9 +61,10 @@ ROWS_SPEEDUP = 1.55
 #: Winograd F(m x m, 3x3): nanoseconds per vector transform, input and output, by m.
 #: NCHW: one channel of a run of up to `lanes` adjacent tiles of one tile row; NHWC:
 #: `lanes` channels of one tile.  Measured on the development machine (AVX-512, fp32)
-#: with blocks in L2, but NHWC F(6x6): fitted to whole layers (timed alone, 290 and 230
-#: ns, it ranked above F(4x4) on layers where it ran 0.88x its speed).
-WINOGRAD_VECTOR_IN_NS = {"NCHW": {2: 35, 4: 120, 6: 360}, "NHWC": {2: 85, 4: 180, 6: 450}}
+#: with blocks in L2, but F(6x6): NHWC fitted to whole layers (timed alone, 290 and 230
+#: ns, it ranked above F(4x4) on layers where it ran 0.88x its speed), NCHW input
+#: raised from 360 ns (VGG-16 conv1_2 ranked it first at 0.85x F(4x4)'s speed).
+WINOGRAD_VECTOR_IN_NS = {"NCHW": {2: 35, 4: 120, 6: 420}, "NHWC": {2: 85, 4: 180, 6: 450}}
 WINOGRAD_VECTOR_OUT_NS = {"NCHW": {2: 18, 4: 60, 6: 220}, "NHWC": {2: 18, 4: 80, 6: 350}}
 #: Bytes per second one thread streams the transformed weights at, once per block of
 #: tiles, from L3 (they outgrow L2) and from memory (over half of L3).
@@ -199,8 +200,10 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
         TH, tiles, positions = -(-p.Ho // m), p.tiles_of(m), (m + 2) ** 2
         if p.layout == "NCHW":
             tile_mr, tile_nr = _narrow_tile(tiles, target)
-            gemm = _gemm_seconds(p.winograd_flops_of(m), p.Kg, tiles, p.Cg, tile_mr, tile_nr,
-                                 peak)
+            # The last, partial panel of tiles runs a vector of columns at a time.
+            computed = tiles // tile_nr * tile_nr + round_up(tiles % tile_nr, lanes)
+            gemm = (_gemm_seconds(p.winograd_flops_of(m), p.Kg, tile_nr, p.Cg, tile_mr,
+                                  tile_nr, peak) * computed / tiles)
             runs = min(tiles, -(-tiles // lanes) + p.N * TH)
             vectors_in, vectors_out = runs * p.C, runs * p.K
         else:

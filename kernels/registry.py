@@ -145,8 +145,9 @@ def microkernel_specs(isas=None, dtypes=(np.float32, np.float64), all_tiles=Fals
     Per ISA and dtype: the GEMM flavours on the blocking's tile (on every register
     tile with ``all_tiles``, as the driver picks narrower ones for narrow products),
     and the convolution's on the same tile: the rows flavours, taps, taps one vector
-    wide, and taps of 4 and 2 rows over panels packed ``MR`` rows high
-    (``conv/_tile_rows.py``, ``conv/_tile_taps.py``).
+    wide, taps of 4 and 2 rows over panels packed ``MR`` rows high
+    (``conv/_tile_rows.py``, ``conv/_tile_taps.py``), and strided one vector wide
+    (``conv/_tile_winograd.py``).
 
     Returns
     -------
@@ -164,6 +165,9 @@ def microkernel_specs(isas=None, dtypes=(np.float32, np.float64), all_tiles=Fals
             out += [MicrokernelSpec(dtype, isa, mr, nr, f) for f in Flavour
                     if f not in GEMM_FLAVOURS]
             out.append(MicrokernelSpec(dtype, isa, mr, lanes, Flavour.TAPS))
+            # One vector wide over packed panels: Winograd NCHW's last column panel.
+            out += [MicrokernelSpec(dtype, isa, t_mr, lanes, Flavour.STRIDED)
+                    for t_mr, t_nr in tiles if t_nr > lanes]
             out += [MicrokernelSpec(dtype, isa, rows, nr, Flavour.TAPS, a_step=mr)
                     for rows in (4, 2) if mr > rows]
     return list(dict.fromkeys(out))
