@@ -57,8 +57,10 @@ class ConvLayer:
 
 #: The benchmark layers, for the report and for ``bench/`` alike: ResNet-18's
 #: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3), a
-#: MobileNet depthwise layer, where direct convolution applies, and ResNeXt-50's grouped
-#: 3x3 (32 groups of 8 channels).
+#: MobileNet depthwise layer, where direct convolution applies, ResNeXt-50's grouped
+#: 3x3 (32 groups of 8 channels), then ResNet-18's 7x7 stride-2 stem, MobileNetV2's
+#: depthwise 3x3 (144 channels at 56x56; 96 at 112x112, stride 2) and a small 1x1
+#: (32 -> 16 channels at 112x112).
 LAYERS = (
     ConvLayer("resnet18_conv2_x", 64, 56, 56, 64, 3, 3, 1, 1),
     ConvLayer("resnet18_conv3_x", 128, 28, 28, 128, 3, 3, 1, 1),
@@ -69,6 +71,10 @@ LAYERS = (
     ConvLayer("resnet18_3x3_s2", 128, 28, 28, 256, 3, 3, 2, 1),
     ConvLayer("mobilenet_dw", 256, 28, 28, 256, 3, 3, 1, 1, groups=256),
     ConvLayer("resnext50_grouped", 256, 28, 28, 256, 3, 3, 1, 1, groups=32),
+    ConvLayer("resnet18_stem", 3, 224, 224, 64, 7, 7, 2, 3),
+    ConvLayer("mobilenetv2_dw", 144, 56, 56, 144, 3, 3, 1, 1, groups=144),
+    ConvLayer("mobilenetv2_dw_s2", 96, 112, 112, 96, 3, 3, 2, 1, groups=96),
+    ConvLayer("mobilenet_1x1_small", 32, 112, 112, 16, 1, 1, 1, 0),
 )
 
 #: ``--quick`` keeps one layer per path: Winograd-able 3x3, 1x1, stride-2 3x3.
