@@ -3,7 +3,7 @@
 This module prepares the weights (``U = G g G^T``, packed once per weight array and
 tile size, cached) and runs the compiled drivers, which work on blocks of tiles small
 enough for the transformed input and the (m+2)^2 GEMM results to stay in L2 (NHWC:
-larger where the transformed weights outgrow L3, see :func:`tile_block`): transform
+larger where the transformed weights outgrow L2, see :func:`tile_block`): transform
 a block, run the (m+2)^2 GEMMs, transform back with the bias and activation fused.
 The transforms are vector code generated from the matrices
 (:mod:`tilegemm.kernels.winograd`).
