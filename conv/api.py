@@ -134,9 +134,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         :attr:`ConvPlan.winograd_tile` shows.  Larger tiles do fewer multiplications
         and round more (docs/conv-paths.md states the bounds).
     _path, _out : keyword only
-        Internal, for tests (the only keywords ``**internal`` takes): force a path of :data:`tilegemm.conv.paths.PATHS`
-        (``ValueError`` if it does not serve the layer; ``algorithm`` is then
-        ignored), and write the result into
+        Internal, for tests (the only keywords ``**internal`` takes): force a path
+        of :data:`tilegemm.conv.paths.PATHS` (``ValueError`` if it does not serve the
+        layer; ``algorithm`` is then ignored), and write the result into
         a given C-contiguous array of the result's shape and dtype (placed against
         a guard page by the memory-safety tests).
 
@@ -203,8 +203,8 @@ def _internal_args(internal):
 
 
 def _check_tile(tile, p, algorithm):
-    """``winograd_tile`` is None, or a tile size of the layout's Winograd drivers given
-    with the Winograd algorithm."""
+    """``winograd_tile`` is None, or one of the Winograd drivers' tile sizes given with
+    the Winograd algorithm."""
     if tile is None:
         return
     if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, numbers.Integral):

@@ -212,10 +212,13 @@ def winograd_estimates(p, dtype=np.float32, threads=1, target=None):
                                  peak)
             vectors_in = tiles * -(-p.Cg // lanes) * p.groups
             vectors_out = tiles * -(-p.Kg // lanes) * p.groups
-        weights = positions * p.Cg * round_up(p.Kg, tile_mr) * p.groups * itemsize
+        weights = positions * p.Cg * p.Kg * p.groups * itemsize
         if weights > target.l2_bytes:
-            block = winograd.nchw_block(p.Cg, p.Cg, round_up(p.Kg, tile_mr), tile_nr,
-                                        target.l2_bytes, itemsize, positions)
+            Kp = round_up(p.Kg, tile_mr if p.layout == "NCHW" else tile_nr)
+            block = (winograd.nchw_block(p.Cg, p.Cg, Kp, tile_nr, target.l2_bytes, itemsize,
+                                         positions) if p.layout == "NCHW" else
+                     winograd.tile_block(p.Cg, Kp, p.Cg, tile_mr, target.l2_bytes, itemsize,
+                                         positions))
             rate = WINOGRAD_WEIGHT_MEMORY_RATE if weights > l3 // 2 else WINOGRAD_WEIGHT_L3_RATE
             gemm = max(gemm, -(-tiles // block) * weights / (rate * threads))
         transforms = (vectors_in * WINOGRAD_VECTOR_IN_NS[p.layout][m]
