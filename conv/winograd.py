@@ -65,14 +65,25 @@ def stream_floor(C, Kp, MR, itemsize, l2_bytes, positions=16):
     return MR
 
 
-def _pack_transformed_a(w, KC, MR, tile):
-    """Transform one group's filters and pack each of the (tile+2)^2 U^T (K x C)
-    matrices of F(tile x tile, 3x3) as A.
+def _packed_groups(name, w, p, KC, R, tile):
+    """``(buffer, Kp, u_group)``: every group's (tile+2)^2 transformed filters of
+    F(tile x tile, 3x3), packed R wide by :func:`pack_filter_transforms`, in one buffer
+    ``u_group`` elements apart (one launch for all groups), cached on ``w`` under
+    ``name`` and the packing's numbers.
 
-    Block (xi, pc) starts at ``(xi*C + pc)*Kp`` with ``Kp`` = K rounded up to MR; the
-    padding rows are zero, so the drivers can run every row panel as a full tile.
+    Packed R wide along K, the U[xi] (C x K) are NHWC's B (R = NR) and their transposes
+    NCHW's A (R = MR: U^T[xi][k, c] = U[xi][c, k]).  Block (xi, pc) of a group starts
+    at ``(xi*C + pc)*Kp`` with ``Kp`` = K rounded up to R; the padding is zero, so the
+    drivers can run every panel as a full tile.
     """
-    return pack_filter_transforms(w, KC, MR, tile)    # U^T[xi][k, c] = U[xi][c, k]
+    Kg = p.Kg
+
+    def build(w):
+        packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, R, tile)
+                 for g in range(p.groups)]
+        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
+
+    return engine.prepared(name, w, (p.groups, KC, R, tile), build)
 
 
 def nchw_block(C, KC, Kp, NR, l2_bytes, itemsize, positions=16):
@@ -198,14 +209,7 @@ def _run_nchw(x, w, bias, out, p, act, blocking, tile):
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
-
-    def build(w):
-        # Every group's matrices in one buffer, ``u_group`` apart: one launch for all groups.
-        packs = [_pack_transformed_a(w[g * Kg:(g + 1) * Kg], KC, MR, tile)
-                 for g in range(p.groups)]
-        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
-
-    upack, Kp, u_group = engine.prepared("winograd_nchw", w, (p.groups, KC, MR, tile), build)
+    upack, Kp, u_group = _packed_groups("winograd_nchw", w, p, KC, MR, tile)
     TH, TW = cdiv(p.Ho, tile), cdiv(p.Wo, tile)
     threads = engine.threads_for(p.flops, 1 << 30)
     # Threads a group's tasks must keep busy on their own (groups also share out).
@@ -252,13 +256,7 @@ def _run_nhwc(x, w, bias, out, p, act, blocking, tile):
     positions = (tile + 2) ** 2
     KC = engine.balanced_kc(p.Cg, blk.kc)
     Kg = p.Kg
-
-    def build(w):
-        packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, NR, tile)
-                 for g in range(p.groups)]
-        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
-
-    upack, Kp, u_group = engine.prepared("winograd_nhwc", w, (p.groups, KC, NR, tile), build)
+    upack, Kp, u_group = _packed_groups("winograd_nhwc", w, p, KC, NR, tile)
     TH, TW = cdiv(p.Ho, tile), cdiv(p.Wo, tile)
     tiles_total = p.N * TH * TW
     threads = engine.threads_for(p.flops, 1 << 30)
