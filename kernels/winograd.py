@@ -117,6 +117,14 @@ def pick_lanes(builder, sources, picks):
     return result
 
 
+def inside(builder, start, offset, size):
+    """i1: ``0 <= start + offset < size`` (``start``, ``size`` intp values): whether a
+    pixel row or column of a tile lies in the image."""
+    at = builder.add(start, ir.Constant(start.type, offset))
+    return builder.and_(builder.icmp_signed(">=", at, ir.Constant(start.type, 0)),
+                        builder.icmp_signed("<", at, size))
+
+
 def make_winograd_input(dtype, lanes, tile=2):
     """Build the intrinsic computing ``V = B^T d B`` of F(tile x tile, 3x3) for ``lanes``
     adjacent tiles of one channel.
@@ -157,10 +165,8 @@ def make_winograd_input(dtype, lanes, tile=2):
                                      lanes) for key, o in offsets.items()}
         row_masks = []
         for a in range(alpha):
-            ya = builder.add(y0, ir.Constant(intp, a))
-            inside = builder.and_(builder.icmp_signed(">=", ya, zero_i),
-                                  builder.icmp_signed("<", ya, H))
-            row_masks.append(splat(builder, inside, ir.VectorType(ir.IntType(1), lanes)))
+            row_masks.append(splat(builder, inside(builder, y0, a, H),
+                                   ir.VectorType(ir.IntType(1), lanes)))
 
         def load(a, key):
             start = builder.add(src, builder.mul(ir.Constant(intp, a), s_row))
@@ -318,13 +324,8 @@ def make_winograd_input_nhwc(dtype, lanes, tile):
         zero_i = ir.Constant(intp, 0)
         channels = lane_range(builder, zero_i, zero_i, count, lanes)
 
-        def inside(start, i, size):
-            at = builder.add(start, ir.Constant(intp, i))
-            return builder.and_(builder.icmp_signed(">=", at, zero_i),
-                                builder.icmp_signed("<", at, size))
-
-        rows_in = [inside(y0, a, H) for a in range(alpha)]
-        cols_in = [inside(x0, b, W) for b in range(alpha)]
+        rows_in = [inside(builder, y0, a, H) for a in range(alpha)]
+        cols_in = [inside(builder, x0, b, W) for b in range(alpha)]
 
         def load(a, b):
             offset = builder.add(src, builder.add(builder.mul(ir.Constant(intp, a), s_row),
