@@ -139,7 +139,7 @@ def tail_panel(shape, a, a_off, b, b_off, c, c_layout, beta):
     for ir in range(0, rows, MR):
         for jc in range(j0, j1, LANES):
             ukernel_vector(kc, a, a_off + ir * kc, 1, MR, b, b_off + (jc // NR) * NR * kc + jc % NR,
-                           NR, c, c_off + ir * ldc + jc, ldc, DTYPE(1), beta, c, 0, 0)
+                           NR, c, c_off + ir * ldc + jc, ldc, DTYPE(1), beta, c, 0, 0, 0)
 
 
 @jit
@@ -265,7 +265,7 @@ def nhwc_products(shape, vbuf, layout, upack, u_off, mbuf, m_layout, beta):
                 c_off = xi * m_slab + ir * ldm + jr
                 if ir + MR <= mt:
                     ukernel_strided(kc, vbuf, a_off, ldv, 1, upack, b_off, NR, mbuf, c_off, ldm,
-                                    DTYPE(1), beta, mbuf, 0, 0)
+                                    DTYPE(1), beta, mbuf, 0, 0, 0)
                 else:
                     ukernel_strided_edge(kc, vbuf, a_off, ldv, 1, upack, b_off, NR, mbuf, c_off,
                                          ldm, DTYPE(1), beta, mbuf, 0, 0, mt - ir, NR)

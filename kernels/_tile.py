@@ -45,6 +45,10 @@ ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
 gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
 gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
+# Elements per cache line, and lines per row of a B micro-panel: the strided kernel's
+# prefetches of the next column of tiles go one line per tile (see small_tiles).
+LINE = 64 // np.dtype(DTYPE).itemsize
+PANEL_LINES = max(1, NR // LINE)
 # The packers' inner copies, in vector IR (tilegemm.packing.pack has the same layouts
 # in plain Numba, as the reference).
 pack_a_panel = make_pack_panel(DTYPE, MR, LANES)
@@ -212,6 +216,8 @@ def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
     Arguments as for :func:`gemm_small` (``shape``'s k is this KC block's).  Full
     tiles run the strided kernel straight on A and B; an edge tile takes its
     partial operand from the edge panel :func:`gemm_small` packed into apack/bpack.
+    The i-th tile of a column prefetches line ``i % PANEL_LINES`` of each B row
+    of the next column, so that column's first tile finds its B panel in cache.
     """
     m, n, k = shape
     alpha, beta = scal
@@ -231,7 +237,8 @@ def small_tiles(first, last, shape, scal, a, b, c, epilogue, packs):
         bias_off = bias_offset(epi, ir, jr)
         if mr == MR and nr == NR:
             ukernel_strided(k, a, a_tile, a_rs, a_cs, b, b_off + jr, b_rs, c, c_tile, ldc,
-                            alpha, beta, bias, bias_off, epi)
+                            alpha, beta, bias, bias_off, epi,
+                            NR + (t % tiles_m) % PANEL_LINES * LINE)
         elif mr == MR:
             ukernel_strided_edge(k, a, a_tile, a_rs, a_cs, bpack, 0, NR, c, c_tile, ldc,
                                  alpha, beta, bias, bias_off, epi, mr, nr)

@@ -15,8 +15,8 @@ import numpy as np
 from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
-from tilegemm.kernels.driver import (UNPACKED_KC, fits_unpacked, gemm_into, item_kernel,
-                                     serial_flops)
+from tilegemm.kernels.driver import (fits_unpacked, gemm_into, item_kernel, serial_flops,
+                                     unpacked_kc)
 from tilegemm.kernels.pool import run_native_shares
 
 #: Chunks of items per thread: threads take chunks from a counter, so a thread the
@@ -133,7 +133,7 @@ def batched_into(a, b, c, threads=None):
                  count // ITEMS_PER_SHARE)
     threads = max(1, min(wanted, shares, count))
     if path == "batched_unpacked":
-        KC = max(1, min(UNPACKED_KC, k))
+        KC = unpacked_kc(kern, m, n, k)
         blocks, sizes = None, (kern.mr * KC, kern.nr * KC)
     else:
         KC = max(1, min(blk.kc, k))

@@ -145,6 +145,12 @@ UNPACKED_KC = 512
 #: and B per use of each value m or n times, costs the more (see fits_unpacked).
 UNPACKED_FEW_ROWS = 48
 
+#: Up to this many rows of C the unpacked path streams B: each B panel is read from
+#: memory once, by a column of a few tiles, so B's KC block need not fit in L2 (packing
+#: it would cost a pass over B per m / MR uses of each value), and KC is cut so that the
+#: panel stays in L1 while its column runs (see unpacked_kc; docs/kernels.md, Paths).
+STREAM_ROWS = 64
+
 #: Cache bytes the unpacked path may count on (see fits_unpacked); None means the L2 size.
 SMALL_BYTES = None
 
@@ -413,11 +419,27 @@ def _serial_plan(kern, blk, m, n, k, b_strides):
     if path == "gemv":
         return path, (0, 0, 0), (max(m, n), 1)
     if path == "unpacked":
-        KC = max(1, min(UNPACKED_KC, k))
+        KC = unpacked_kc(kern, m, n, k)
         return path, (KC, 0, 0), (kern.mr * KC, kern.nr * KC)
     KC = max(1, min(blk.kc, k))
     MC, NC = min(blk.mc, round_up(m, kern.mr)), min(blk.nc, round_up(n, kern.nr))
     return path, (KC, MC, NC), (MC * KC, NC * KC)
+
+
+def unpacked_kc(kern, m, n, k):
+    """KC of the unpacked path for an m x k by k x n product.
+
+    ``UNPACKED_KC``, unless B streams from memory: up to ``STREAM_ROWS`` rows of C
+    whose B block of that depth would not fit in half of L2.  Then the block whose B
+    panel (KC x NR) takes a third of L1, beside A's rows and the next panel's
+    prefetched lines, so that every tile of a column reads it from L1 (float32 6x64
+    on a 48 KiB L1: KC 64).
+    """
+    size = kern.dtype.itemsize
+    kc = max(1, min(UNPACKED_KC, k))
+    if m <= STREAM_ROWS and kc * n * size > _small_bytes() // 2:
+        kc = min(kc, max(16, detect().l1d_bytes // (3 * kern.nr * size)))
+    return kc
 
 
 def fits_unpacked(kern, m, n, k, ldb):
@@ -428,7 +450,8 @@ def fits_unpacked(kern, m, n, k, ldb):
     column.  With a single column nothing is re-read.  Otherwise both k blocks must
     sit in L2, where B streaming from memory through rows a page or more apart
     would cost more than packing.  A long k alone does not matter, and there
-    packing costs most (a pass over A and B for every m or n uses of a value).
+    packing costs most (a pass over A and B for every m or n uses of a value).  Up
+    to ``STREAM_ROWS`` rows B is read once in any case: only A's block must fit.
     And the micro-panel's rows, ``ldb`` elements apart, must spread over L1's sets
     (see :func:`~tilegemm.tuning.machine.l1_alias_period`), or every tile down the
     column reloads them from L2 -- unless C has only a few row panels
@@ -438,9 +461,9 @@ def fits_unpacked(kern, m, n, k, ldb):
         return True
     budget = _small_bytes() // 2
     size = kern.dtype.itemsize
-    kc = min(k, UNPACKED_KC)
+    kc = unpacked_kc(kern, m, n, k)
     spread = kc <= detect().l1d_bytes // 4096 * l1_alias_period(ldb * size)
-    return (kc * n * size <= budget and m * kc * size <= budget
+    return ((kc * n * size <= budget or m <= STREAM_ROWS) and m * kc * size <= budget
             and (spread or m <= UNPACKED_FEW_ROWS))
 
 

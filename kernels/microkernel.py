@@ -54,7 +54,12 @@ class Flavour(enum.Enum):
     * ``PACKED``: packed panels of A and B, the full MR x NR tile of C.
     * ``STRIDED``: A and B read where they lie, ``A[i, p]`` at ``a_off + i*a_rs +
       p*a_cs`` and row ``p`` of B's NR contiguous columns at ``b_off + p*ldb``:
-      products small enough to skip packing.
+      products small enough to skip packing.  Its last argument ``b_next`` asks,
+      at each k step, for the cache line ``b_next`` elements past the start of
+      B's row ``p`` (a line of the next column of tiles, which the caller spreads
+      over a column's tiles): B's rows lie a page or more apart, beyond the reach
+      of the hardware prefetchers, and are read from memory once, by the first
+      tile of their column.  ``b_next = 0`` asks for nothing new.
     * ``*_EDGE``: two trailing arguments ``rows, cols``: only ``C[:rows, :cols]`` is
       read and written (rows skipped, columns masked) and the bias is read only
       there; the kernel still reads full panels of A and B.
@@ -118,7 +123,7 @@ def _arguments(spec):
 #: micro-kernel's signature, from which its typing function is built.
 ARGUMENTS = {
     Flavour.PACKED: _arguments(f"kc a[] a_off b[] b_off {_C_ARGS}"),
-    Flavour.STRIDED: _arguments(f"kc a[] a_off a_rs a_cs b[] b_off ldb {_C_ARGS}"),
+    Flavour.STRIDED: _arguments(f"kc a[] a_off a_rs a_cs b[] b_off ldb {_C_ARGS} b_next"),
     Flavour.EDGE: _arguments(f"kc a[] a_off b[] b_off {_C_ARGS} rows cols"),
     Flavour.STRIDED_EDGE: _arguments(f"kc a[] a_off a_rs a_cs b[] b_off ldb {_C_ARGS} rows cols"),
     Flavour.ROWS: _arguments(f"kc a[] a_off {_ROWS_ARGS} {_C_ARGS}"),
@@ -223,6 +228,8 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         if flavour is Flavour.TAPS:
             extra = (arg["ntaps"], arg["a_tap"], ptr("taps"), ptr("masks", "mask_off"),
                      ptr("sched"))
+        elif flavour is Flavour.STRIDED:
+            extra = (arg["b_next"],)
         elif "offs" in arg:
             extra = (arg["ntaps"], ptr("offs", "o_off"), arg["o_step"], ptr("zeros"), arg["b_tap"])
         valid = (arg["rows"], arg["cols"]) if flavour.edge else ()
@@ -291,7 +298,8 @@ TileArgs = collections.namedtuple(
 
 def _tile_type(dtype, flavour):
     """The LLVM type of a flavour's tile function: the :class:`TileArgs`, then the
-    edge flavours' ``(rows, cols)``, then the taps or rows flavour's own arguments."""
+    edge flavours' ``(rows, cols)``, then the taps, rows or strided flavour's own
+    arguments."""
     context = cpu_target.target_context
     intp = context.get_value_type(types.intp)
     fl = context.get_value_type(NUMBA_FLOAT[dtype])
@@ -303,6 +311,8 @@ def _tile_type(dtype, flavour):
         params += [intp, intp, ip, ir.IntType(8 * np.dtype(dtype).itemsize).as_pointer(), ip]
     elif "offs" in dict(ARGUMENTS[flavour]):
         params += [intp, ip, intp, fp, intp]
+    elif flavour is Flavour.STRIDED:
+        params += [intp]
     return ir.FunctionType(ir.VoidType(), params)
 
 
@@ -321,20 +331,22 @@ def _define_tile(builder, fn, shape, flavour, strides):
     _emit_tile(cpu_target.target_context, builder, shape, TileArgs(*p[:n]),
                valid=tuple(p[n:n + n_valid]) or None,
                taps=tail if flavour is Flavour.TAPS else None,
-               rows=tail if flavour is not Flavour.TAPS else None)
+               rows=tail if flavour not in (Flavour.TAPS, Flavour.STRIDED) else None,
+               b_next=tail[0] if flavour is Flavour.STRIDED else None)
     builder.ret_void()
 
 
-def _emit_tile(context, builder, shape, args, valid=None, taps=None, rows=None):
+def _emit_tile(context, builder, shape, args, valid=None, taps=None, rows=None, b_next=None):
     """The body shared by every kernel flavour: prefetch C, the k loop, the C update.
 
     ``args``: the tile function's :class:`TileArgs` (the strides a flavour fixes
     already constants).  ``valid = (rows, cols)`` limits every access to C and the bias to that corner.
     ``taps = (ntaps, a_tap, tap_ptr, mask_ptr, sched_ptr)`` repeats the k loop once per
     tap, masked or not; ``rows = (ntaps, offs_ptr, o_step, zeros_ptr, b_tap)`` once per tap
-    with A's rows at their own offsets (see :class:`Flavour`).
+    with A's rows at their own offsets (see :class:`Flavour`).  ``b_next``: the
+    strided flavour's prefetch offset.
     """
-    tile = _Tile(context, builder, shape, args.kc, args.a_rs, args.a_cs, args.ldb)
+    tile = _Tile(context, builder, shape, args.kc, args.a_rs, args.a_cs, args.ldb, b_next)
     tile.prefetch_c(args.c_ptr, args.ldc)
     if rows is not None:
         tile.row_taps(args.a_ptr, args.b_ptr, *rows)
@@ -349,9 +361,10 @@ def _emit_tile(context, builder, shape, args, valid=None, taps=None, rows=None):
 class _Tile:
     """The accumulators of one MR x NR tile and the steps that emit its body."""
 
-    def __init__(self, context, builder, shape, kc, a_rs, a_cs, ldb):
+    def __init__(self, context, builder, shape, kc, a_rs, a_cs, ldb, b_next=None):
         dtype, self.mr, nr, self.lanes = shape
         self.builder, self.kc, self.a_rs, self.a_cs, self.ldb = builder, kc, a_rs, a_cs, ldb
+        self.b_next = b_next
         self.nv = nr // self.lanes
         self.fl = context.get_value_type(NUMBA_FLOAT[dtype])
         self.esize = np.dtype(dtype).itemsize
@@ -406,6 +419,8 @@ class _Tile:
         b_row = builder.mul(k, self.ldb)
         a_col = builder.mul(k, self.a_cs)
         bv = self.load_b(b_ptr, b_row, b_mask)
+        if self.b_next is not None:
+            prefetch_line(builder, builder.gep(b_ptr, [builder.add(b_row, self.b_next)]))
         for i in range(self.mr):
             a_splat = splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), self.vec)
             for v in range(self.nv):

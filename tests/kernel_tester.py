@@ -151,7 +151,10 @@ class MicrokernelTester:
             a[1 + p * a_cs:1 + p * a_cs + self.mr] = A[:, p]
             b[4 + p * ldb:4 + p * ldb + self.nr] = B[p]
         A[...], B[...] = A.astype(self.dt), B.astype(self.dt)
-        return dict(kc=k, a=a, a_off=1, a_rs=1, a_cs=a_cs, b=b, b_off=4, ldb=ldb)
+        # b_next two rows on: the last rows' prefetches land past the array's end,
+        # which a prefetch may do (it never faults).
+        return dict(kc=k, a=a, a_off=1, a_rs=1, a_cs=a_cs, b=b, b_off=4, ldb=ldb,
+                    b_next=2 * ldb)
 
     def rows(self, A, B, plain, strided):
         """Each tap's rows of A at their own offsets (about a third in the padding: -1)."""

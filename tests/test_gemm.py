@@ -388,10 +388,19 @@ def test_unpacked_path_needs_b_rows_spread_over_l1_sets():
 
 
 def test_unpacked_path_counts_b_per_k_block():
-    """A long k does not keep the unpacked path away: only a KC block of B must fit."""
+    """A long k does not keep the unpacked path away: only a KC block of B must fit,
+    and with few rows of C not even that (B is read once either way)."""
+    from tilegemm.tuning.machine import detect
     kern, _ = driver.kernel_for(np.dtype(np.float32), 32)
     assert driver.fits_unpacked(kern, 32, 32, 32768, 32)
-    assert not driver.fits_unpacked(kern, 32, 4096, 32768, 4096)   # its KC block does not fit
+    rows = driver.STREAM_ROWS + kern.mr
+    assert not driver.fits_unpacked(kern, rows, 4096, 32768, 4096)   # its KC block does not fit
+    assert driver.fits_unpacked(kern, driver.UNPACKED_FEW_ROWS, 4096, 32768, 4096)
+    # Streaming B, the k block is cut so that a B panel keeps to a third of L1.
+    kc = driver.unpacked_kc(kern, driver.STREAM_ROWS, 4096, 32768)
+    assert kc * kern.nr * kern.dtype.itemsize <= max(detect().l1d_bytes // 3, 16 * kern.nr * 4)
+    assert driver.unpacked_kc(kern, rows, 64, 32768) == driver.UNPACKED_KC
+    assert driver.unpacked_kc(kern, driver.STREAM_ROWS, 4096, 10) == 10
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
