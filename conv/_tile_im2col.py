@@ -1,4 +1,5 @@
-"""Template for the implicit im2col drivers (B packed from patches), bound to one micro-kernel.
+"""Template for the implicit im2col drivers (B packed from patches) and the 1x1 NCHW
+driver (the image read in place as B), bound to one micro-kernel.
 
 Written once per GEMM kernel (MR, NR, ISA) by
 :func:`tilegemm.conv.engine.family_module`, which states what every template shares
@@ -24,6 +25,7 @@ SOURCE_HASH = ""
 
 _KERNEL = get_kernel(DTYPE, MR, NR, ISA)
 macro_kernel = _KERNEL.module.macro_kernel
+gemm_small = _KERNEL.module.gemm_small
 pack_b = _KERNEL.module.pack_b
 LANES = _KERNEL.lanes
 _SHARED = engine.template_module("shared", DTYPE, isa=ISA)
@@ -157,3 +159,31 @@ def im2col_nchw_tasks(counter, plan, g, x, apack, bias, epi, out, bufs, general)
             dst = co + (m_full + i) * ldc + jc
             for j in range(nc):
                 out[dst + j] = edge[i * ld_edge + j]
+
+
+# --- 1x1 NCHW with the image read in place: out[n][K, H*W] = W[K, C] @ x[n][C, H*W] ------
+
+@jit
+def im2col_pointwise_tasks(counter, plan, g, x, w, bias, epi, out, packs):
+    """Tasks taken from ``counter`` until the plan's ``ntasks`` are out; a task = (image
+    n, block of NC output pixels) of group ``g``, one unpacked GEMM (the GEMM module's
+    ``gemm_small``): the weights ``w`` (K x Cg, C-contiguous) are A, the image's
+    channel planes B read in place, KC rows at a time, the tiles' next B lines
+    prefetched.  ``packs`` are the thread's edge panels (MR*KC and NR*KC).  Bias per
+    row and activation ride on the last k block.
+    """
+    r = plan[0]
+    xs, os = strides_of(r)
+    M, Cg, KC, NC, n_jc = r.M, r.Cg, r.KC, r.NC, r.n_jc
+    pixels = r.Ho * r.Wo
+    while True:
+        task = next_task(counter)
+        if task >= r.ntasks:
+            break
+        n = task // n_jc
+        jc = (task % n_jc) * NC
+        nc = imin(NC, pixels - jc)
+        x_off = n * xs[0] + g * Cg * xs[1] + jc
+        o_off = n * os[0] + g * M * os[1] + jc
+        gemm_small((M, nc, Cg), (DTYPE(1), DTYPE(0)), (w, (g * M * Cg, Cg, 1)),
+                   (x, (x_off, xs[1], 1)), (out, (o_off, os[1], 1)), (bias, epi), KC, packs)

@@ -9,7 +9,9 @@ block.  The drivers are ``conv/_tile_im2col.py``.
 
 A 1x1 stride-1 unpadded convolution needs no patches at all (:func:`pointwise`):
 the image itself, viewed as (C, H*W) in NCHW or (N*H*W, C) in NHWC, is the GEMM
-operand.
+operand, read in place.  In NCHW that suits layers of few output channels, whose
+products stream the image once (:func:`reads_in_place`); the others pack it as B
+(:func:`run`, the packed path with the GEMM's own B packer).
 """
 import collections
 import functools
@@ -17,12 +19,16 @@ import functools
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.kernels.driver import gemm_into
+from tilegemm.kernels.driver import STREAM_ROWS, gemm_into, unpacked_kc
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 
 #: Pixels per block of the packed path, at least, where blocks are cut finer for the
 #: threads (see ``engine.TASKS_PER_THREAD``): its tasks also pack B.
 IM2COL_PART_COLUMNS = 256
+
+#: Pixels per task of the 1x1 NCHW path reading the image in place, at least, where
+#: blocks are cut finer for the threads: each task reads all of the weights.
+POINTWISE_PART_COLUMNS = 256
 
 
 def _pack_weights_a(w2, KC, MR):
@@ -60,16 +66,27 @@ def _bias_slices(bias, p, dtype, length=None):
     return out, True
 
 
-def pointwise(x, w, bias, out, p, act):
-    """1x1 stride-1 convolution: the image is the GEMM operand.
+def reads_in_place(p):
+    """Whether the 1x1 NCHW layer ``p`` runs on :func:`pointwise` (the image read in
+    place) rather than :func:`run` (the image packed as B).
 
-    NCHW goes through the implicit-im2col driver, whose packer is the GEMM's B packer
-    here (the image viewed as (C, H*W)) and whose prepared weights and full-tile row
-    panels beat a general GEMM call per image; NHWC is one GEMM per group over the
-    whole batch.
+    Up to the GEMM's ``STREAM_ROWS`` output channels per group the product streams
+    the image once whatever the path, so packing it only costs a pass (ResNet-50's
+    256->64 at 56x56, MobileNet's 32->16 at 112x112: docs/conv-paths.md); with more,
+    each packed panel serves enough tiles to pay for itself.
+    """
+    return p.layout == "NCHW" and p.pointwise and p.Kg <= STREAM_ROWS
+
+
+def pointwise(x, w, bias, out, p, act):
+    """1x1 stride-1 convolution: the image is the GEMM operand, read in place.
+
+    NCHW: per image and group the weights (Kg x Cg) are A and the image's channel
+    planes B, on the GEMM's unpacked kernels (:func:`_pointwise_nchw`); NHWC is one
+    GEMM per group over the whole batch.
     """
     if p.layout == "NCHW":
-        return run(x, w, bias, out, p, act)
+        return _pointwise_nchw(x, w, bias, out, p, act)
     biases, has_bias = _bias_slices(bias, p, out.dtype)
     epi = act | (EPI_BIAS_COL if has_bias else 0)
 
@@ -88,6 +105,48 @@ def pointwise(x, w, bias, out, p, act):
                   bias=biases[g], epi=epi)
     return out
 
+
+
+def _pointwise_nchw(x, w, bias, out, p, act):
+    """1x1 NCHW: tasks of (image, pixel block) on the GEMM's unpacked path, the weights
+    as A in place, the image's planes as B in place."""
+    kernel, _ = engine.gemm_kernel(out.dtype)
+    mod = engine.family_module("im2col", out.dtype)
+    threads = engine.threads_for(p.flops // p.groups, 1 << 30)
+    plan = pointwise_plan(p, kernel, threads, engine.TASKS_PER_THREAD, POINTWISE_PART_COLUMNS)
+    biases, has_bias = _bias_slices(bias, p, out.dtype)
+    epi = act | (EPI_BIAS_ROW if has_bias else 0)
+    xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
+    apacks, bpacks = engine.thread_buffers(("pointwise_nchw", kernel.name), plan.threads,
+                                           plan.sizes, out.dtype)
+    for g in range(p.groups):
+        engine.launch(lambda t, counter: mod.im2col_pointwise_tasks(
+            counter, plan.numbers, g, xf, wf, biases[g], epi, of, (apacks[t], bpacks[t])),
+            plan.threads)
+    return out
+
+
+PointwisePlan = collections.namedtuple("PointwisePlan", "threads sizes numbers")
+
+
+@functools.lru_cache(maxsize=256)
+def pointwise_plan(p, kernel, threads, tasks_per_thread, part_columns):
+    """Tasks and k blocks of :func:`_pointwise_nchw`, once per layer shape and kernel.
+
+    KC is the unpacked GEMM's for the whole image (:func:`unpacked_kc`), balanced;
+    one task per image on one thread, finer pixel blocks (whole NR panels, none
+    under ``part_columns``) for several.
+    """
+    pixels = p.Ho * p.Wo
+    KC = engine.balanced_kc(p.Cg, unpacked_kc(kernel, p.Kg, pixels, p.Cg))
+    n_jc = 1
+    if threads > 1:
+        n_jc = max(1, min(cdiv(tasks_per_thread * threads, p.N), pixels // part_columns))
+    NC = round_up(cdiv(pixels, n_jc), kernel.nr)
+    n_jc = cdiv(pixels, NC)
+    ntasks = p.N * n_jc
+    numbers = engine.record(ntasks=ntasks, KC=KC, NC=NC, n_jc=n_jc, M=p.Kg, Cg=p.Cg, p=p)
+    return PointwisePlan(max(1, min(threads, ntasks)), (kernel.mr * KC, kernel.nr * KC), numbers)
 
 
 def run(x, w, bias, out, p, act):

@@ -45,7 +45,7 @@ def path_of(p, algorithm, dtype=np.float32, target=None):
     """The path ``algorithm`` takes for :class:`ConvParams` ``p`` on ``target``
     (:data:`tilegemm.conv.engine.Target`, the host's by default)."""
     if algorithm == "im2col":
-        if p.pointwise:
+        if p.pointwise and (p.layout == "NHWC" or im2col.reads_in_place(p)):
             return "im2col.pointwise"
         return "im2col." + im2col_route(p, dtype, target)
     if algorithm == "winograd":

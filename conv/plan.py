@@ -253,8 +253,10 @@ DESCRIPTIONS = {
 def _describe(route, p):
     """A one-line description of ``route`` for the layer ``p``."""
     if route == "im2col.pointwise":
-        return ("im2col (1x1 stride 1: the image rows packed as B, no patches)"
+        return ("im2col (1x1 stride 1: GEMM reading the image's planes in place as B)"
                 if p.layout == "NCHW" else "im2col (1x1 stride 1: plain GEMM on the image)")
+    if route == "im2col.packed" and p.pointwise:
+        return "im2col (1x1 stride 1: the image rows packed as B, no patches)"
     if route == "im2col.rows" and p.layout == "NCHW":
         return ("im2col (all taps per tile, each pixel's channels read in place, the "
                 "tiles of C transposed into the output planes)")

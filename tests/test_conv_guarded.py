@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not GUARD_PAGES, reason="no mmap/mprotect guard 
 #: by that path on every ISA: edges that are not multiples of any tile, odd sizes.
 LAYERS = {
     "im2col.pointwise": [((2, 8, 5, 7), (6, 8, 1, 1), {}, "NCHW"),
+                         ((1, 9, 11, 13), (7, 9, 1, 1), {}, "NCHW"),   # full tiles too
                          ((2, 8, 5, 7), (6, 4, 1, 1), dict(groups=2), "NHWC")],
     "im2col.rows": [((2, 5, 7, 9), (7, 5, 3, 3), dict(padding=1), "NHWC"),
                     ((2, 6, 7, 5), (9, 6, 2, 3), dict(padding=(1, 2), stride=2), "NCHW")],

@@ -13,6 +13,7 @@ from jitted import trampoline
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
+from tilegemm.kernels import driver
 from tilegemm.packing.im2col import im2col, pack_b_im2col
 
 
@@ -109,6 +110,28 @@ def test_im2col_packing_path_cuts_pixel_blocks_for_threads(shape, monkeypatch):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu",
                  path="im2col.packed")
     assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
+def test_pointwise_path_cuts_pixel_blocks_for_threads(monkeypatch):
+    """All threads: the 1x1 NCHW path's images are cut into several pixel blocks."""
+    blocks = record_arg(monkeypatch, "im2col_pointwise_tasks", 1, field="n_jc")
+    with numba_threads(numba.config.NUMBA_NUM_THREADS):
+        run_case(((3, 32, 24, 24), (20, 1, 1), {}), "im2col", "NCHW", np.float32, bias=True,
+                 activation="relu", path="im2col.pointwise")
+    assert blocks and all(n > 1 for n in blocks) == (numba.config.NUMBA_NUM_THREADS > 1)
+
+
+def test_pointwise_nchw_reads_the_image_in_place_with_few_output_channels():
+    """Up to the GEMM's STREAM_ROWS output channels a group, a 1x1 NCHW layer reads the
+    image in place; with more it packs it (the packed path, as a plain GEMM would)."""
+    rows = driver.STREAM_ROWS
+    few = tilegemm.conv_plan((1, 256, 56, 56), (rows, 256, 1, 1))
+    grouped = tilegemm.conv_plan((1, 256, 56, 56), (4 * rows, 64, 1, 1), groups=4)
+    many = tilegemm.conv_plan((1, 64, 56, 56), (rows + 1, 64, 1, 1))
+    nhwc = tilegemm.conv_plan((1, 56, 56, 64), (4 * rows, 64, 1, 1), layout="NHWC")
+    assert few.route == grouped.route == nhwc.route == "im2col.pointwise"
+    assert "in place" in few.path
+    assert many.route == "im2col.packed" and "packed as B" in many.path
 
 
 # NCHW layers the taps path serves, through the packing path instead (the one for
