@@ -10,9 +10,10 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, imax, imin, jit
-from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc, make_depthwise_rows,
-                                     make_direct_row)
+from tilegemm.kernels.direct import (make_depthwise_flat, make_depthwise_nhwc,
+                                     make_depthwise_nhwc3, make_depthwise_rows, make_direct_row)
 from tilegemm.kernels.sync import next_task, prefetch
+from tilegemm.tuning.machine import ISA_SHAPE
 
 # --- configuration ---
 DTYPE = np.float32
@@ -55,6 +56,16 @@ WIDE, RUN, ONE = 0, 1, 2
 depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
                                                     (DW_NHWC_VECTORS, DW_NHWC_PIXELS),
                                                     (DW_NHWC_VECTORS, 1)))
+#: Depthwise NHWC with three kernel columns (dilation 1, stride 1 or 2: MobileNet's
+#: 3x3 layers): DW3_VECTORS vectors of channels x DW3_PIXELS[stride] output pixels a
+#: call, each input column loaded once per kernel row for every pixel it feeds.  The
+#: sums, the row's weights and a column fill the register file: 2 vectors with 32
+#: registers (16 + 6 + 2), 1 with 16.  Pixel groups outer, channel blocks inner, so
+#: each call's columns are the next stretch of three contiguous input rows.
+DW3_VECTORS = 2 if ISA_SHAPE[ISA][1] >= 32 else 1
+DW3_PIXELS = (0, 8, 8)
+depthwise_nhwc3 = make_depthwise_nhwc3(DTYPE, LANES, ((DW3_VECTORS, DW3_PIXELS[1], 1),
+                                                      (DW3_VECTORS, DW3_PIXELS[2], 2)))
 
 
 
@@ -143,6 +154,9 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     (``EPI_BIAS_COL``) and activation flags.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
+    three = kw == 3 and dx == 1 and sx <= 2
+    P3 = DW3_PIXELS[imin(sx, 2)]
+    CB3 = DW3_VECTORS * LANES
     wide = C >= DW_NHWC_WIDE * LANES
     CB = (DW_NHWC_WIDE if wide else DW_NHWC_VECTORS) * LANES
     P = 1 if wide else DW_NHWC_PIXELS
@@ -181,6 +195,16 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
                 depthwise_nhwc(edge, x, (src + c, ZERO, dy * W * C, dx * C),
                                (i1 - i0 if nj else 0, nj), wt, (w_row + j0 * C + c, C, kw), out,
                                ((dst_row + ow) * C + c, ZERO), bias, c, epi)
+        if three and hi - lo >= P3:
+            # Groups of P3 pixels, the last overlapping the one before.
+            for ow in range(lo, hi, P3):
+                ow = imin(ow, hi - P3)
+                src = (row + ow * sx - px) * C
+                for c in range(0, C, CB3):
+                    c = imin(c, C - CB3)
+                    depthwise_nhwc3(sx - 1, x, (src + c, dy * W * C, C), i1 - i0, wt, w_row + c,
+                                    out, (dst_row + ow) * C + c, bias, c, epi)
+            continue
         for ow in range(lo, hi, step):
             ow = imin(ow, hi - step)
             src = (row + ow * sx - px) * C

@@ -423,3 +423,98 @@ def _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, vectors, pixels)
                                0, v)
             builder.store(result, vector_ptr(builder, out_ptr, builder.add(
                 row, ir.Constant(intp, v * lanes)), vec), align=esize)
+
+
+def make_depthwise_nhwc3(dtype, lanes, shapes):
+    """Build the intrinsic computing ``pixels`` consecutive output pixels x ``vectors``
+    vectors of channels of a depthwise NHWC layer with three kernel columns (dilation
+    1), in one of ``shapes`` ((vectors, pixels, stride) triples) chosen at run time.
+
+    Signature (jitted code only)::
+
+        depthwise_nhwc3(shape, x, (src, row_step, C), ni, w, w_off, out, dst, bias, b_off, epi)
+
+    With ``(vectors, pixels, stride) = shapes[shape]``, for ``p < pixels`` and ``c <
+    vectors*lanes``::
+
+        out[dst + p*C + c] = act(bias[b_off + c] + sum_{i < ni, j < 3}
+            w[w_off + (3*i + j)*C + c] * x[src + i*row_step + (p*stride + j)*C + c])
+
+    (bias when ``EPI_BIAS_COL`` is in ``epi``, then ``EPI_RELU`` / ``EPI_RELU6``).
+    Neighbouring output pixels share input columns: per kernel row each of the
+    ``(pixels - 1)*stride + 3`` columns is loaded once and feeds every pixel whose
+    window holds it, with the row's three weight vectors kept in registers -- where a
+    load per tap and pixel would leave the kernel bound by its loads.  The caller
+    passes only the kernel rows inside the image (``ni`` of them, ``w_off`` at the
+    first) and pixels whose columns all lie in the image row.
+    """
+    dtype = np.dtype(dtype).type
+
+    def emit(context, builder, sig, args):
+        shape = args[0]
+        done = builder.append_basic_block("depthwise_nhwc3.done")
+        switch = builder.switch(shape, done)
+        for index, (vectors, pixels, stride) in enumerate(shapes):
+            block = builder.append_basic_block(f"depthwise_nhwc3.{vectors}x{pixels}s{stride}")
+            switch.add_case(ir.Constant(shape.type, index), block)
+            builder.position_at_end(block)
+            _emit_nhwc3_shape(context, builder, sig, args, dtype, lanes, (vectors, pixels, stride))
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    i = types.intp
+
+    @intrinsic
+    def depthwise_nhwc3(typingctx, shape, x, x_view, ni, w, w_off, out, dst, bias, b_off, epi):
+        return types.void(i, x, types.UniTuple(i, 3), i, w, i, out, i, bias, i, i), emit
+
+    depthwise_nhwc3.__name__ = (f"{np.dtype(dtype).char}_depthwise_nhwc3_{lanes}_"
+                                + "_".join(f"{v}x{p}s{s}" for v, p, s in shapes))
+    return depthwise_nhwc3
+
+
+def _emit_nhwc3_shape(context, builder, sig, args, dtype, lanes, shape):
+    """One ``(vectors, pixels, stride)`` case of :func:`make_depthwise_nhwc3`."""
+    vectors, pixels, stride = shape
+    esize = np.dtype(dtype).itemsize
+    _, x, x_view, ni, w, w_off, out, dst, bias, b_off, epi = args
+    src, row_step, C = cgutils.unpack_tuple(builder, x_view, 3)
+    intp = context.get_value_type(types.intp)
+    vec = ir.VectorType(context.get_value_type(NUMBA_FLOAT[dtype]), lanes)
+    x_ptr = data_ptr(context, builder, sig.args[1], x, src)
+    w_ptr = data_ptr(context, builder, sig.args[4], w, w_off)
+    out_ptr = data_ptr(context, builder, sig.args[6], out, dst)
+    bias_ptr = data_ptr(context, builder, sig.args[8], bias, b_off)
+
+    def const(value):
+        return ir.Constant(intp, value)
+
+    def load(ptr, at, v):
+        return builder.load(vector_ptr(builder, ptr, builder.add(at, const(v * lanes)), vec),
+                            align=esize)
+
+    sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, [0.0] * lanes))
+             for _ in range(vectors)] for _ in range(pixels)]
+    with cgutils.for_range(builder, ni) as row_loop:
+        i = row_loop.index
+        w_row = builder.mul(builder.mul(i, const(3)), C)
+        x_row = builder.mul(i, row_step)
+        weights = [[load(w_ptr, builder.add(w_row, builder.mul(const(j), C)), v)
+                    for v in range(vectors)] for j in range(3)]
+        for q in range((pixels - 1) * stride + 3):
+            column = [load(x_ptr, builder.add(x_row, builder.mul(const(q), C)), v)
+                      for v in range(vectors)]
+            for p in range(pixels):
+                j = q - p * stride
+                if 0 <= j < 3:
+                    for v in range(vectors):
+                        builder.store(fma(builder, weights[j][v], column[v],
+                                          builder.load(sums[p][v])), sums[p][v])
+    flags, bias_row, bias_col = load_bias(builder, epi, bias_ptr, 1, vectors, vec, intp, esize)
+    for p in range(pixels):
+        at = builder.mul(const(p), C)
+        for v in range(vectors):
+            result = epilogue(builder, builder.load(sums[p][v]), flags, bias_row, bias_col, 0, v)
+            builder.store(result, vector_ptr(builder, out_ptr, builder.add(at, const(v * lanes)),
+                                             vec), align=esize)

@@ -196,6 +196,11 @@ NHWC_DEPTHWISE = {
     "no_interior": ((1, 2 * _L, 2, 3), (1, 3, 3), dict(padding=2)),   # every column an edge
     "one_pixel": ((2, 8 * _L, 1, 1), (1, 3, 3), dict(padding=1)),
     "valid": ((1, 4 * _L, 8, 9), (1, 3, 1), dict(padding=0, stride=(1, 2))),
+    # Three kernel columns with 8 or more inside: groups of pixels sharing input columns
+    # (depthwise_nhwc3), the last group and channel block overlapping.
+    "three_columns": ((2, 2 * _L + 3, 6, 21), (1, 3, 3), dict(padding=1)),
+    "three_columns_stride2": ((1, 3 * _L, 9, 23), (1, 3, 3), dict(padding=1, stride=2)),
+    "three_columns_tall": ((1, 5 * _L, 11, 12), (1, 5, 3), dict(padding=(2, 1), dilation=(2, 1))),
 }
 
 
