@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tilegemm.tools import report, timing
-from tilegemm.tools.conv_suite import ALGORITHMS, auto_result, im2col_numpy, screen
+from tilegemm.tools.conv_suite import (ALGORITHMS, AUTO_WITHIN, auto_result, im2col_numpy,
+                                      mark_auto, screen, split_algorithm, winograd_label)
 
 
 @pytest.fixture
@@ -151,6 +152,30 @@ def test_auto_row_is_the_chosen_algorithms_measurement():
     assert auto["chose"] == "winograd" and auto["timed_as"] == "tilegemm:winograd"
     assert "chose" not in results["tilegemm:winograd"]  # a copy: the winograd row is unchanged
     assert auto_result(results, "direct") is None
+
+
+def test_winograd_tiles_are_parties_of_their_own():
+    assert winograd_label(4) == "winograd F(4x4)"
+    assert split_algorithm(winograd_label(6)) == ("winograd", 6)
+    assert split_algorithm("winograd") == ("winograd", None)
+    assert split_algorithm("im2col") == ("im2col", None)
+
+
+def test_auto_is_held_against_the_fastest_algorithm_timed():
+    rec = conv_record("fast", 90.0)
+    rec["results"]["tilegemm:winograd F(4x4)"] = party(120.0)
+    auto = mark_auto(rec["results"], dict(rec["results"]["tilegemm:winograd"], chose="winograd"))
+    assert auto["best"] == "winograd F(4x4)" and auto["vs_best"] == pytest.approx(0.75)
+    rec["results"]["tilegemm:auto"] = auto
+    good = conv_record("good", 90.0)
+    good["results"]["tilegemm:auto"] = mark_auto(
+        good["results"], dict(good["results"]["tilegemm:winograd"], chose="winograd"))
+    lines = report.auto_summary([rec, good, conv_record("old", 90.0)])  # old: no vs_best
+    assert lines[0].startswith(f"`auto` within {100 * (1 - AUTO_WITHIN):.0f}% of the fastest")
+    assert "on 1 of 2 layers; not on:" in lines[0]
+    assert lines[1:] == ["fast (float32, 1 thread): auto → winograd at 0.75x of "
+                         "winograd F(4x4)"]
+    assert report.auto_summary([conv_record("old", 90.0)]) == []
 
 
 def test_skipped_algorithms_are_footnotes_not_rows():

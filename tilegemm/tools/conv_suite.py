@@ -17,8 +17,27 @@ import numpy as np
 
 from tilegemm.tools import timing
 
-#: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.
+#: Algorithms benchmarked, in table order.  "auto" is tilegemm's own choice.  Where
+#: Winograd applies, each of its output tile sizes is timed as its own party
+#: (:func:`winograd_label`), so that ``auto`` can be held against every one.
 ALGORITHMS = ("im2col", "winograd", "direct", "auto")
+
+#: Below this fraction of the fastest algorithm timed, ``auto``'s choice is reported.
+AUTO_WITHIN = 0.9
+
+
+def winograd_label(tile):
+    """The party name of Winograd F(m x m, 3x3): ``"winograd F(4x4)"``."""
+    return f"winograd F({tile}x{tile})"
+
+
+def split_algorithm(algorithm):
+    """``(algorithm, tile)``: ``("winograd", 4)`` for ``"winograd F(4x4)"``, else
+    ``(algorithm, None)`` (plain ``"winograd"`` runs the tile the plan picks)."""
+    head = "winograd F("
+    if algorithm.startswith(head):
+        return "winograd", int(algorithm[len(head):].split("x")[0])
+    return algorithm, None
 
 #: An algorithm estimated (``conv_plan``'s ``estimates``) or first measured more than
 #: this many times slower than the layer's best is not timed further: the report
@@ -113,20 +132,25 @@ class ConvCase:
     def algorithm_flops(self, algorithm):
         """Multiply-add flops the algorithm itself performs (for % of peak).
 
-        Winograd F(m x m,3x3), m the tile the plan runs, does (m+2)^2 products per
-        m x m output tile instead of 9 m^2 (F(2x2): 16 instead of 36); transforms are
-        not counted.  Other algorithms do the direct count.
+        Winograd F(m x m,3x3) (``"winograd F(4x4)"``; plain ``"winograd"``: the tile
+        the plan runs) does (m+2)^2 products per m x m output tile instead of 9 m^2
+        (F(2x2): 16 instead of 36); transforms are not counted.  Other algorithms do
+        the direct count.
         """
-        if algorithm != "winograd":
+        name, tile = split_algorithm(algorithm)
+        if name != "winograd":
             return self.flops
         from tilegemm import conv_plan
         from tilegemm.conv.params import conv_params
         ly = self.layer
         shapes = ((self.batch, ly.c, ly.h, ly.w), (ly.k, ly.c // ly.groups, ly.kh, ly.kw))
         p = conv_params(*shapes, ly.stride, ly.padding, 1, ly.groups)
-        tile = 2 if self.layout == "NHWC" else conv_plan(     # NHWC runs F(2x2) only
-            *shapes, ly.stride, ly.padding, 1, ly.groups, dtype=self.dtype,
-            threads=self.threads).winograd_tile
+        if tile is None:
+            x_shape = (shapes[0] if self.layout == "NCHW"
+                       else (self.batch, ly.h, ly.w, ly.c))
+            tile = conv_plan(x_shape, shapes[1], ly.stride, ly.padding, 1, ly.groups,
+                             layout=self.layout, dtype=self.dtype,
+                             threads=self.threads).winograd_tile
         return float(p.winograd_flops_of(tile))
 
     def title(self):
@@ -169,10 +193,13 @@ def operands(case, seed=0):
 
 
 def tilegemm_party(x, w, layer, algorithm, layout="NCHW"):
-    """A zero-argument call of ``tilegemm.conv2d`` with ``algorithm`` on ``layout`` data."""
+    """A zero-argument call of ``tilegemm.conv2d`` with ``algorithm`` (or a Winograd
+    tile's label, :func:`winograd_label`) on ``layout`` data."""
     import tilegemm
+    name, tile = split_algorithm(algorithm)
+    extra = {} if tile is None else {"winograd_tile": tile}
     return lambda: tilegemm.conv2d(x, w, None, layer.stride, layer.padding, 1, layer.groups,
-                                   algorithm=algorithm, layout=layout)
+                                   algorithm=name, layout=layout, **extra)
 
 
 def torch_party(x, w, layer, layout="NCHW"):
@@ -349,11 +376,14 @@ def _competitive_parties(case, x, w, peers, algorithms, min_time):
     (parties, first, outputs, not_applicable, skipped, chosen)
     """
     plan = case_plan(case, x, w)
-    chosen = plan.algorithm if "auto" in algorithms else None
+    estimates, named = _party_estimates(plan, algorithms)
+    chosen = None
+    if "auto" in algorithms:
+        chosen = (winograd_label(plan.winograd_tile) if plan.algorithm == "winograd"
+                  else plan.algorithm)
     keep = (chosen,) if chosen else ()
-    skipped = screen({a: t for a, t in plan.estimates.items() if a in algorithms},
-                     "estimated", keep)
-    timed = [a for a in algorithms if a != "auto" and a not in skipped]
+    skipped = screen(estimates, "estimated", keep)
+    timed = [a for a in named if a not in skipped]
     timed += [chosen] if chosen and chosen not in timed else []
     parties, first, outputs, not_applicable = gather_parties(case, x, w, peers, timed)
     warm = {a: _per_call(parties[f"tilegemm:{a}"], min_time) for a in timed
@@ -368,6 +398,33 @@ def _competitive_parties(case, x, w, peers, algorithms, min_time):
     return parties, first, outputs, not_applicable, skipped, chosen
 
 
+def _party_estimates(plan, algorithms):
+    """``(estimates, names)``: the plan's estimated seconds per party, and the parties of
+    ``algorithms`` (but auto) in table order, Winograd as one party per tile size
+    where it applies."""
+    estimates, names = {}, []
+    for algo in algorithms:
+        if algo == "winograd" and plan.winograd_estimates:
+            for tile, seconds in sorted(plan.winograd_estimates.items()):
+                estimates[winograd_label(tile)] = seconds
+                names.append(winograd_label(tile))
+        elif algo != "auto":
+            names.append(algo)
+            if algo in plan.estimates:
+                estimates[algo] = plan.estimates[algo]
+    return estimates, names
+
+
+def mark_auto(results, auto):
+    """Add to the ``auto`` row ``vs_best`` (its GFLOPS over the fastest algorithm timed)
+    and ``best`` (that algorithm)."""
+    ours = {name.split(":", 1)[1]: row["gflops"] for name, row in results.items()
+            if name.startswith("tilegemm:") and name != "tilegemm:auto"}
+    best = max(ours, key=ours.get)
+    auto.update(vs_best=auto["gflops"] / ours[best], best=best)
+    return auto
+
+
 def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("numpy", "torch"),
                   budget=10.0):
     """Time one layer: each applicable, competitive algorithm and the peers, interleaved.
@@ -379,7 +436,9 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("nu
         and ``"tilegemm:<algorithm>"``) with GFLOPS (effective), ``pct_peak`` (on
         the algorithm's own flops), ``ratio`` (ours / torch) and ``ratio_numpy``
         (ours / numpy); ``tilegemm:auto`` is the row of the algorithm it picks
-        (:func:`auto_result`: ``chose``, ``timed_as``). ``not_applicable`` maps an
+        (:func:`auto_result`: ``chose``, ``timed_as``; :func:`mark_auto`: ``vs_best``,
+        ``best``).  Winograd is timed per tile size (``"tilegemm:winograd F(4x4)"``,
+        :func:`winograd_label`) where it applies. ``not_applicable`` maps an
         algorithm that raised ValueError to the error message, ``skipped`` an
         algorithm more than :data:`COMPETITIVE_FACTOR` times slower than the best to
         its footnote (:func:`screen`); ``check`` holds each algorithm's max relative
@@ -409,7 +468,7 @@ def run_conv_case(case, reps=5, min_time=0.05, algorithms=ALGORITHMS, peers=("nu
             row["ratio_numpy"] = row["gflops"] / results["numpy"]["gflops"]
     auto = auto_result(results, chosen) if chosen else None
     if auto:
-        results["tilegemm:auto"] = auto
+        results["tilegemm:auto"] = mark_auto(results, auto)
     return {
         "op": "conv", "layer": ly.name, "shape": ly.describe(), "batch": case.batch,
         "dtype": case.dtype, "threads": case.threads, "layout": case.layout, "flops": case.flops,

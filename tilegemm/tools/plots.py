@@ -27,6 +27,9 @@ STYLE = {
     "tilegemm": ("tab:blue", "o"), "numpy": ("tab:orange", "s"), "torch": ("tab:green", "^"),
     "tilegemm:im2col": ("tab:blue", None), "tilegemm:winograd": ("tab:purple", None),
     "tilegemm:direct": ("tab:cyan", None), "tilegemm:auto": ("navy", None),
+    # Winograd per output tile size (conv_suite.winograd_label).
+    "tilegemm:winograd F(2x2)": ("plum", None), "tilegemm:winograd F(4x4)": ("tab:purple", None),
+    "tilegemm:winograd F(6x6)": ("indigo", None),
 }
 
 
@@ -139,7 +142,9 @@ def plot_conv(records, dtype, threads, title):
     for r in records:
         parties += [p for p in r["results"] if p not in parties]
     order = ["tilegemm:" + a for a in ALGORITHMS] + ["numpy", "torch"]  # peers next to auto
-    parties.sort(key=lambda p: order.index(p) if p in order else len(order))
+    # Winograd's tile sizes ("tilegemm:winograd F(4x4)") sit where winograd does.
+    parties.sort(key=lambda p: (order.index(p.split(" F(")[0]) if p.split(" F(")[0] in order
+                                else len(order), p))
     series = {p: [r["results"].get(p, {}).get("gflops") for r in records] for p in parties}
     _bars(ax, cats, series, records[0]["peak_gflops"])
     ax.set_ylabel("effective GFLOPS (direct-conv flops / time)")

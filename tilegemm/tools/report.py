@@ -345,6 +345,25 @@ def conv_notes(records):
             for r in records for algo, note in r.get("skipped", {}).items()]
 
 
+def auto_summary(records):
+    """How ``auto`` fared against the fastest algorithm timed, per layer: a summary line
+    and one line per layer where it ran below ``AUTO_WITHIN`` of it (records without
+    ``vs_best``, from before it was measured, are left out); [] without such records."""
+    from tilegemm.tools.conv_suite import AUTO_WITHIN
+    rows = [(r, r["results"]["tilegemm:auto"]) for r in records
+            if "vs_best" in r["results"].get("tilegemm:auto", {})]
+    if not rows:
+        return []
+    short = [(r, a) for r, a in rows if a["vs_best"] < AUTO_WITHIN]
+    lines = [f"`auto` within {100 * (1 - AUTO_WITHIN):.0f}% of the fastest algorithm timed "
+             f"on {len(rows) - len(short)} of {len(rows)} layers"
+             + ("" if not short else "; not on:")]
+    lines += [f"{r['layer']} ({r['dtype']}{_layout_text(r)}, "
+              f"{timing.threads_text(r['threads'])}): auto → {a['chose']} at "
+              f"{a['vs_best']:.2f}x of {a['best']}" for r, a in short]
+    return lines
+
+
 #: What the ``auto → X`` rows are, said under the convolution tables.
 AUTO_NOTE = ("`auto → X`: `algorithm=\"auto\"` picks X (`tilegemm.conv_plan`) and runs "
              "X's path, so its row repeats X's measurement rather than timing it again.")
@@ -557,6 +576,10 @@ def markdown_report(report):
         if conv["records"]:
             out += [AUTO_NOTE + (" Not timed, as too slow for the layer:" if notes else ""), ""]
             out += [f"* {n}" for n in notes] + ([""] if notes else [])
+            summary = auto_summary(conv["records"])
+            if summary:
+                out += [summary[0], ""] + [f"* {n}" for n in summary[1:]]
+                out += [""] if summary[1:] else []
         if conv.get("memory"):
             out += [memory_text(conv["memory"]) + ".", ""]
     out += ["## Plots", ""]

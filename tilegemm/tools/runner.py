@@ -161,6 +161,9 @@ def print_tables(rep, stream=sys.stdout):
     notes = report.conv_notes(rep["conv"]["records"])
     if notes:
         print("\nNot timed, as too slow for the layer:\n" + "\n".join(notes), file=stream)
+    summary = report.auto_summary(rep["conv"]["records"])
+    if summary:
+        print("\n" + "\n".join(summary), file=stream)
     if rep["first_call"]:
         headers, rows = report.first_call_table(rep["first_call"])
         print("\nFirst call of tilegemm.matmul in a fresh process\n"
