@@ -57,15 +57,16 @@ depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
                                                     (DW_NHWC_VECTORS, DW_NHWC_PIXELS),
                                                     (DW_NHWC_VECTORS, 1)))
 #: Depthwise NHWC with three kernel columns (dilation 1, stride 1 or 2: MobileNet's
-#: 3x3 layers): DW3_VECTORS vectors of channels x DW3_PIXELS[stride] output pixels a
-#: call, each input column loaded once per kernel row for every pixel it feeds.  The
-#: sums, the row's weights and a column fill the register file: 2 vectors with 32
+#: 3x3 layers): DW3_VECTORS vectors of channels x DW3_PIXELS output pixels a call,
+#: each input column loaded once per kernel row for every pixel it feeds.  The sums,
+#: the row's weights and a column fill the register file: 2 vectors with 32
 #: registers (16 + 6 + 2), 1 with 16.  Pixel groups outer, channel blocks inner, so
-#: each call's columns are the next stretch of three contiguous input rows.
+#: each call's columns are the next stretch of three contiguous input rows.  Its
+#: shapes: index ``stride - 1``.
 DW3_VECTORS = 2 if ISA_SHAPE[ISA][1] >= 32 else 1
-DW3_PIXELS = (0, 8, 8)
-depthwise_nhwc3 = make_depthwise_nhwc3(DTYPE, LANES, ((DW3_VECTORS, DW3_PIXELS[1], 1),
-                                                      (DW3_VECTORS, DW3_PIXELS[2], 2)))
+DW3_PIXELS = 8
+depthwise_nhwc3 = make_depthwise_nhwc3(DTYPE, LANES, ((DW3_VECTORS, DW3_PIXELS, 1),
+                                                      (DW3_VECTORS, DW3_PIXELS, 2)))
 
 
 
@@ -150,13 +151,13 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     last block of channels overlaps the one before, so every store is whole.  Output
     columns whose every tap lies in the image row run in groups of the kernel's
     pixels (the last group overlapping the one before); the others one at a time,
-    each over its taps inside the image.  ``epi`` carries the bias
-    (``EPI_BIAS_COL``) and activation flags.
+    each over its taps inside the image; with three kernel columns (dilation 1,
+    stride 1 or 2) and room for a group, the groups go to :data:`depthwise_nhwc3`.
+    ``epi`` carries the bias (``EPI_BIAS_COL``) and activation flags.
     """
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     three = kw == 3 and dx == 1 and sx <= 2
-    P3 = DW3_PIXELS[imin(sx, 2)]
-    CB3 = DW3_VECTORS * LANES
+    P3, CB3 = DW3_PIXELS, DW3_VECTORS * LANES
     wide = C >= DW_NHWC_WIDE * LANES
     CB = (DW_NHWC_WIDE if wide else DW_NHWC_VECTORS) * LANES
     P = 1 if wide else DW_NHWC_PIXELS

@@ -328,6 +328,20 @@ def _emit_depthwise_flat(context, builder, sig, args, dtype, lanes, vectors, ins
     return context.get_dummy_value()
 
 
+def _switch_shapes(builder, index, shapes, name, emit_shape):
+    """One block per entry of ``shapes``, chosen at run time by ``index`` (an IR
+    integer; out of range: none), each written by ``emit_shape(shape)``."""
+    done = builder.append_basic_block(f"{name}.done")
+    switch = builder.switch(index, done)
+    for at, shape in enumerate(shapes):
+        block = builder.append_basic_block(f"{name}." + "x".join(map(str, shape)))
+        switch.add_case(ir.Constant(index.type, at), block)
+        builder.position_at_end(block)
+        emit_shape(shape)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
 def make_depthwise_nhwc(dtype, lanes, shapes):
     """Build the intrinsic computing a block of output pixels x channels of a depthwise
     NHWC layer, the lanes over the channels, in one of ``shapes`` ((vectors, pixels)
@@ -354,16 +368,8 @@ def make_depthwise_nhwc(dtype, lanes, shapes):
     dtype = np.dtype(dtype).type
 
     def emit(context, builder, sig, args):
-        shape = args[0]
-        done = builder.append_basic_block("depthwise_nhwc.done")
-        switch = builder.switch(shape, done)
-        for index, (vectors, pixels) in enumerate(shapes):
-            block = builder.append_basic_block(f"depthwise_nhwc.{vectors}x{pixels}")
-            switch.add_case(ir.Constant(shape.type, index), block)
-            builder.position_at_end(block)
-            _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, vectors, pixels)
-            builder.branch(done)
-        builder.position_at_end(done)
+        _switch_shapes(builder, args[0], shapes, "depthwise_nhwc", lambda shape: (
+            _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, *shape)))
         return context.get_dummy_value()
 
     i = types.intp
@@ -451,16 +457,8 @@ def make_depthwise_nhwc3(dtype, lanes, shapes):
     dtype = np.dtype(dtype).type
 
     def emit(context, builder, sig, args):
-        shape = args[0]
-        done = builder.append_basic_block("depthwise_nhwc3.done")
-        switch = builder.switch(shape, done)
-        for index, (vectors, pixels, stride) in enumerate(shapes):
-            block = builder.append_basic_block(f"depthwise_nhwc3.{vectors}x{pixels}s{stride}")
-            switch.add_case(ir.Constant(shape.type, index), block)
-            builder.position_at_end(block)
-            _emit_nhwc3_shape(context, builder, sig, args, dtype, lanes, (vectors, pixels, stride))
-            builder.branch(done)
-        builder.position_at_end(done)
+        _switch_shapes(builder, args[0], shapes, "depthwise_nhwc3", lambda shape: (
+            _emit_nhwc3_shape(context, builder, sig, args, dtype, lanes, shape)))
         return context.get_dummy_value()
 
     i = types.intp
