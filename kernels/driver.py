@@ -381,8 +381,9 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
         One thread: ``"gemv"`` (m or n is 1), ``"unpacked"`` (B's rows contiguous
         and :func:`fits_unpacked`) or ``"packed"``.  Several: ``"split_k"`` (C has
         too few tiles to go round and k is long), ``"shared_b"`` (B the larger side
-        and one packed B block: packed once, threads take MC-row blocks of C from
-        a counter) or ``"blocks"`` (one block of C per thread along its longer side).
+        and one packed B block, but not one column of tiles over B's contiguous
+        rows: packed once, threads take MC-row blocks of C from a counter) or
+        ``"blocks"`` (one block of C per thread along its longer side).
     """
     b_rs, b_cs = (n, 1) if b_strides is None else b_strides
     if threads <= 1:
@@ -393,8 +394,12 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
     if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
         return "split_k"
     by_rows = m / kern.mr >= n / kern.nr
-    # Matrix-vector products keep their own path.
-    if min(m, n) > 1 and by_rows and k * round_up(n, kern.nr) <= blk.kc * blk.nc:
+    # Matrix-vector products keep their own path; so does one column of tiles over
+    # B's contiguous rows: each share reads its rows of A in place, once (unpacked),
+    # where shared_b would pack them all.
+    one_column = n <= kern.nr and b_cs == 1
+    if (min(m, n) > 1 and by_rows and not one_column
+            and k * round_up(n, kern.nr) <= blk.kc * blk.nc):
         return "shared_b"
     return "blocks"
 

@@ -294,7 +294,7 @@ def test_concurrent_calls_from_python_threads():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(32, 32, 20000), (7, 40, 9000), (1, 3000, 3000), (3000, 1, 3000),
                                    (300, 700, 200), (700, 300, 200), (60, 2000, 100),
-                                   (400, 1000, 1100)])
+                                   (400, 1000, 1100), (3000, 40, 300)])
 @pytest.mark.parametrize("epi_name", ["none", "bias_row_relu", "bias_col_relu6"])
 def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch):
     """Two threads: B packed once and shared, split over rows, columns or k (small C,
@@ -332,9 +332,10 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
     assert ("split_k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
     kern, blk = driver.kernel_for(np.dtype(dtype), n)
-    shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr
+    shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr and n > kern.nr
               and k * -(-n // kern.nr) * kern.nr <= blk.kc * blk.nc)
-    assert ("shared_b" in splits) == shared, "B is shared exactly when it is the larger side and fits"
+    assert ("shared_b" in splits) == shared, \
+        "B is shared exactly when it is the larger side, fits, and C has several columns of tiles"
     extra = np.abs(c0) + (0 if bias is None else np.abs(bias).max())
     assert_close(c, ref, 4 * error_bound(a, b, k, dtype, extra=extra), f"{shape} {epi_name} threads=2")
 
