@@ -64,6 +64,8 @@ depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
 #: each call's columns are the next stretch of three contiguous input rows.  Its
 #: shapes: index ``stride - 1``.
 DW3_VECTORS = 2 if ISA_SHAPE[ISA][1] >= 32 else 1
+#: Output rows per depthwise NHWC task, at most (see depthwise_nhwc_tasks).
+DW_NHWC_BAND = 8
 DW3_PIXELS = 8
 depthwise_nhwc3 = make_depthwise_nhwc3(DTYPE, LANES, ((DW3_VECTORS, DW3_PIXELS, 1),
                                                       (DW3_VECTORS, DW3_PIXELS, 2)))
@@ -144,8 +146,30 @@ def depthwise_flat_tasks(counter, plan, grid, x, planes, w, bias, epi, out, xq):
 
 
 @jit
-def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
-    """Depthwise NHWC rows (task ``n*Ho + oh``), the lanes over the channels.
+def depthwise_nhwc_tasks(counter, tasks, x, wt, bias, epi, out, geom, C):
+    """Depthwise NHWC bands of output rows, the lanes over the channels, row by row
+    (:func:`depthwise_nhwc_row`); ``tasks`` is ``(ntasks, band)``, task ``n*bands +
+    b`` rows ``b*band`` on of image ``n``.
+
+    A thread's rows are consecutive, so two of the three input rows each reads are
+    still in its L2 from the row above (rows dealt out one by one to two threads
+    left each a third: docs/conv-paths.md).
+    """
+    ntasks, band = tasks
+    Ho = geom[2]
+    bands = (Ho + band - 1) // band
+    while True:
+        task = next_task(counter)
+        if task >= ntasks:
+            break
+        n, oh0 = task // bands, (task % bands) * band
+        for oh in range(oh0, imin(Ho, oh0 + band)):
+            depthwise_nhwc_row(x, wt, bias, epi, out, geom, C, n, oh)
+
+
+@numba.njit(inline='always', **JIT)
+def depthwise_nhwc_row(x, wt, bias, epi, out, geom, C, n, oh):
+    """Output row ``oh`` of image ``n`` of a depthwise NHWC layer.
 
     ``wt`` holds the weights (kh, kw, C), ``C`` at least DW_NHWC_VECTORS*LANES; the
     last block of channels overlaps the one before, so every store is whole.  Output
@@ -168,52 +192,47 @@ def depthwise_nhwc_tasks(counter, ntasks, x, wt, bias, epi, out, geom, C):
     hi = imax(lo, imin(Wo, reach // sx + 1)) if reach >= 0 else lo
     step = P if hi - lo >= P else 1
     inner = WIDE if wide else (RUN if step == P else ONE)
-    while True:
-        task = next_task(counter)
-        if task >= ntasks:
-            break
-        n, oh = task // Ho, task % Ho
-        y0 = oh * sy - py
-        i0 = imax(0, (dy - 1 - y0) // dy)                 # first kernel row inside the image
-        i1 = imin(kh, (H - 1 - y0) // dy + 1) if y0 < H else 0
-        if i1 <= i0:
-            i0 = i1 = 0                                   # only padding: the bias alone
-            y0 = 0
-        row = (n * H + y0 + i0 * dy) * W                  # first input row read, in pixels
-        dst_row = (n * Ho + oh) * Wo
-        w_row = i0 * kw * C
-        # Pixels outer, channel blocks inner: each pixel's channels are read in order.
-        for ow in range(Wo):
-            if lo <= ow < hi:
-                continue
-            x0 = ow * sx - px
-            j0 = imax(0, (dx - 1 - x0) // dx)
-            j1 = imin(kw, (W - 1 - x0) // dx + 1) if x0 < W else 0
-            nj = imax(0, j1 - j0)
-            src = (row + x0 + j0 * dx) * C if nj else 0
-            for c in range(0, C, CB):
-                c = imin(c, C - CB)
-                depthwise_nhwc(edge, x, (src + c, ZERO, dy * W * C, dx * C),
-                               (i1 - i0 if nj else 0, nj), wt, (w_row + j0 * C + c, C, kw), out,
-                               ((dst_row + ow) * C + c, ZERO), bias, c, epi)
-        if three and hi - lo >= P3:
-            # Groups of P3 pixels, the last overlapping the one before.
-            for ow in range(lo, hi, P3):
-                ow = imin(ow, hi - P3)
-                src = (row + ow * sx - px) * C
-                for c in range(0, C, CB3):
-                    c = imin(c, C - CB3)
-                    depthwise_nhwc3(sx - 1, x, (src + c, dy * W * C, C), i1 - i0, wt, w_row + c,
-                                    out, (dst_row + ow) * C + c, bias, c, epi)
+    y0 = oh * sy - py
+    i0 = imax(0, (dy - 1 - y0) // dy)                 # first kernel row inside the image
+    i1 = imin(kh, (H - 1 - y0) // dy + 1) if y0 < H else 0
+    if i1 <= i0:
+        i0 = i1 = 0                                   # only padding: the bias alone
+        y0 = 0
+    row = (n * H + y0 + i0 * dy) * W                  # first input row read, in pixels
+    dst_row = (n * Ho + oh) * Wo
+    w_row = i0 * kw * C
+    # Pixels outer, channel blocks inner: each pixel's channels are read in order.
+    for ow in range(Wo):
+        if lo <= ow < hi:
             continue
-        for ow in range(lo, hi, step):
-            ow = imin(ow, hi - step)
+        x0 = ow * sx - px
+        j0 = imax(0, (dx - 1 - x0) // dx)
+        j1 = imin(kw, (W - 1 - x0) // dx + 1) if x0 < W else 0
+        nj = imax(0, j1 - j0)
+        src = (row + x0 + j0 * dx) * C if nj else 0
+        for c in range(0, C, CB):
+            c = imin(c, C - CB)
+            depthwise_nhwc(edge, x, (src + c, ZERO, dy * W * C, dx * C),
+                           (i1 - i0 if nj else 0, nj), wt, (w_row + j0 * C + c, C, kw), out,
+                           ((dst_row + ow) * C + c, ZERO), bias, c, epi)
+    if three and hi - lo >= P3:
+        # Groups of P3 pixels, the last overlapping the one before.
+        for ow in range(lo, hi, P3):
+            ow = imin(ow, hi - P3)
             src = (row + ow * sx - px) * C
-            for c in range(0, C, CB):
-                c = imin(c, C - CB)
-                depthwise_nhwc(inner, x, (src + c, sx * C, dy * W * C, dx * C), (i1 - i0, kw),
-                               wt, (w_row + c, C, kw), out, ((dst_row + ow) * C + c, C), bias, c,
-                               epi)
+            for c in range(0, C, CB3):
+                c = imin(c, C - CB3)
+                depthwise_nhwc3(sx - 1, x, (src + c, dy * W * C, C), i1 - i0, wt, w_row + c,
+                                out, (dst_row + ow) * C + c, bias, c, epi)
+        return
+    for ow in range(lo, hi, step):
+        ow = imin(ow, hi - step)
+        src = (row + ow * sx - px) * C
+        for c in range(0, C, CB):
+            c = imin(c, C - CB)
+            depthwise_nhwc(inner, x, (src + c, sx * C, dy * W * C, dx * C), (i1 - i0, kw),
+                           wt, (w_row + c, C, kw), out, ((dst_row + ow) * C + c, C), bias, c,
+                           epi)
 
 
 @numba.njit(inline='always', **JIT)

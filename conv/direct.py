@@ -371,11 +371,14 @@ def run(x, w, bias, out, p, act, path=None):
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
     elif path == NHWC_VECTOR:
-        # Depthwise NHWC: vectors of channels, a row of output pixels a task.
-        threads = engine.threads_for(p.flops, ntasks)
+        # Depthwise NHWC: vectors of channels, a band of output rows a task: up to
+        # DW_NHWC_BAND rows, fewer where that leaves fewer than 4 tasks a thread.
+        threads = engine.threads_for(p.flops, p.N * p.Ho)
+        band = max(1, min(mod.DW_NHWC_BAND, p.N * p.Ho // (4 * threads)))
+        ntasks = p.N * cdiv(p.Ho, band)
         wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
         epi = act | (EPI_BIAS_COL if has_bias else 0)
-        args = (ntasks, xf, wt, b, epi, of, geom, p.C)
+        args = ((ntasks, band), xf, wt, b, epi, of, geom, p.C)
         engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
         return out
     else:
