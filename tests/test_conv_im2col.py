@@ -12,6 +12,7 @@ from conv_cases import CASES, RNG, guarded_pages, numba_threads, record_arg, run
 from jitted import trampoline
 from reference import reference_conv
 from tilegemm.conv import engine
+from tilegemm.conv import im2col as im2col_path
 from tilegemm.conv.params import conv_params
 from tilegemm.kernels import driver
 from tilegemm.packing.im2col import im2col, pack_b_im2col
@@ -122,8 +123,8 @@ def test_pointwise_path_cuts_pixel_blocks_for_threads(monkeypatch):
 
 
 def test_pointwise_nchw_reads_the_image_in_place_with_few_output_channels():
-    """Up to the GEMM's STREAM_ROWS output channels a group, a 1x1 NCHW layer reads the
-    image in place; with more it packs it (the packed path, as a plain GEMM would)."""
+    """Up to the GEMM's STREAM_ROWS output channels a group, or on small planes, a 1x1
+    NCHW layer reads the image in place; else it packs it (the packed path)."""
     rows = driver.STREAM_ROWS
     few = tilegemm.conv_plan((1, 256, 56, 56), (rows, 256, 1, 1))
     grouped = tilegemm.conv_plan((1, 256, 56, 56), (4 * rows, 64, 1, 1), groups=4)
@@ -132,6 +133,9 @@ def test_pointwise_nchw_reads_the_image_in_place_with_few_output_channels():
     assert few.route == grouped.route == nhwc.route == "im2col.pointwise"
     assert "in place" in few.path
     assert many.route == "im2col.packed" and "packed as B" in many.path
+    side = int(im2col_path.IN_PLACE_PIXELS ** 0.5)
+    small = tilegemm.conv_plan((1, 64, side, side), (rows + 1, 64, 1, 1))
+    assert small.route == "im2col.pointwise"
 
 
 # NCHW layers the taps path serves, through the packing path instead (the one for
