@@ -112,16 +112,41 @@ def matvec_blocks(out, mat, vec, y, vec_first, partial):
         v[29], v[30] = v[27], v[28]
 
 
-def _serial_share(block):
-    """One product on the path its block names, as a native share (see
-    :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
+@numba.njit(inline='always', **JIT_NO_NRT)
+def serial_at(block):
+    """``(path, shape, scal, (a, b, c), epilogue, blocks, packs)`` as
+    :func:`serial_block` wrote them."""
     v = numba.carray(block, SERIAL_SLOTS)
     shape, scal, a, b, c, epilogue = product_at(v, 1)
     packs = (array_at(v, 27, DTYPE), array_at(v, 29, DTYPE))
-    if v[0] == PACKED:
-        gemm_serial(shape, scal, a, b, c, epilogue, (v[24], v[25], v[26]), packs)
-    elif v[0] == UNPACKED:
-        gemm_small(shape, scal, a, b, c, epilogue, v[24], packs)
+    return v[0], shape, scal, (a, b, c), epilogue, (v[24], v[25], v[26]), packs
+
+
+# One reader per path, so that a process compiles only the drivers its products take
+# (the three together cost about 3 s of a first call); ``serial`` reads any path.
+def _serial_packed_share(block):
+    _, shape, scal, (a, b, c), epilogue, blocks, packs = serial_at(block)
+    gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs)
+
+
+def _serial_unpacked_share(block):
+    _, shape, scal, (a, b, c), epilogue, blocks, packs = serial_at(block)
+    gemm_small(shape, scal, a, b, c, epilogue, blocks[0], packs)
+
+
+def _serial_gemv_share(block):
+    _, shape, scal, (a, b, c), epilogue, _, packs = serial_at(block)
+    gemv_product(shape, scal, a, b, c, epilogue, packs[0])
+
+
+def _serial_share(block):
+    """One product on the path its block names, as a native share (see
+    :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
+    path, shape, scal, (a, b, c), epilogue, blocks, packs = serial_at(block)
+    if path == PACKED:
+        gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs)
+    elif path == UNPACKED:
+        gemm_small(shape, scal, a, b, c, epilogue, blocks[0], packs)
     else:
         gemv_product(shape, scal, a, b, c, epilogue, packs[0])
 
@@ -213,6 +238,8 @@ def _batch_packed_share(block):
 
 
 _SHARE_READERS = {"gemm_tasks": _gemm_tasks_share, "serial": _serial_share,
+                  "serial_packed": _serial_packed_share, "serial_unpacked": _serial_unpacked_share,
+                  "serial_gemv": _serial_gemv_share,
                   "batch": _batch_share, "batch_packed": _batch_packed_share}
 _shares = {}
 
@@ -220,7 +247,8 @@ _shares = {}
 def share_address(kind):
     """The address of the native share ``kind`` (``"gemm_tasks"``: :func:`gemm_tasks`
     from a :func:`shared_b_blocks` block; ``"serial"``: one product from a
-    :func:`serial_block` block; ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
+    :func:`serial_block` block, ``"serial_gemv"`` and so on: one on that path only;
+    ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
     on the unpacked or packed path from a :func:`batch_blocks` block), compiled (or
     loaded from the cache) on first use."""
     entry = _shares.get(kind)

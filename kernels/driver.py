@@ -254,7 +254,7 @@ def matvec_into(mat, vec, y, vec_first):
         block = np.empty((threads, shares.SERIAL_SLOTS), np.int64)
         shares.matvec_blocks(block, mat, vec, y, vec_first, partial)
         base, row = block.ctypes.data, block.strides[0]
-        run_native_shares(shares.share_address("serial"), [base + t * row for t in range(threads)])
+        run_native_shares(shares.share_address("serial_gemv"), [base + t * row for t in range(threads)])
         if vec_first:
             for t in range(threads - 1):
                 y += partial[t * n:(t + 1) * n]
@@ -511,14 +511,18 @@ def _run_serial_shares(kern, blk, shares):
     caller holds for them."""
     mod = kern.shares
     block = np.empty((len(shares), mod.SERIAL_SLOTS), np.int64)
+    paths = set()
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
         path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
         packs = buffers((kern.name, "share", t), sizes, kern.dtype)
         # The block names the path by the shares module's code for it (GEMV, ...).
         mod.serial_block(block[t], getattr(mod, path.upper()), (m, n, k), *sub, (bias, epi),
                          blocks, packs)
+        paths.add(path)
+    # Shares on one path run that path's reader, which compiles only its driver.
+    kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
     base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(mod.share_address("serial"), [base + t * row for t in range(len(shares))])
+    run_native_shares(mod.share_address(kind), [base + t * row for t in range(len(shares))])
 
 
 def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):

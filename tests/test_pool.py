@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import assert_close, error_bound
 from tilegemm.kernels import driver, pool
+from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.sync import next_task
 
 
@@ -224,3 +226,37 @@ def test_warm_compiles_what_the_first_threaded_call_loads(tmp_path):
 
     run("from tilegemm.kernels import pool; pool.warm()")
     assert ast.literal_eval(run(_THREADED_CALL)) == {"serve": 0, "signal": 0, "run_share": 0}
+
+
+@pytest.mark.parametrize("shape", [(3000, 40, 300), (40, 3000, 300), (200, 6000, 600),
+                                   ("2*MR+1", 8, 50), (900, 900, 900)])
+def test_shares_on_one_path_run_only_that_paths_reader(shape, rng, monkeypatch):
+    """Products cut into blocks of C: shares that all take one serial path run its own
+    native share (a first call compiles that driver alone); mixed paths the general one
+    (2*MR+1 rows: a share of 2*MR rows and one of a single row, a GEMV)."""
+    monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)
+    m, n, k = shape
+    kern = driver.kernel_for(np.float32, n)[0]
+    m = 2 * kern.mr + 1 if m == "2*MR+1" else m
+    shares = kern.shares
+    kinds, paths = [], []
+    real_address, real_route = shares.share_address, driver.route
+    monkeypatch.setattr(shares, "share_address", lambda kind: (kinds.append(kind),
+                                                               real_address(kind))[1])
+
+    def recorded_route(kern, blk, m, n, k, threads=1, b_strides=None):
+        path = real_route(kern, blk, m, n, k, threads, b_strides)
+        paths.append((threads, path))
+        return path
+
+    monkeypatch.setattr(driver, "route", recorded_route)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+    gemm_into(a, b, c, threads=2)
+    assert_close(c, a.astype(np.float64) @ b, error_bound(a, b, k, np.float32), str(shape))
+    if paths[0][1] != "blocks":
+        assert not [kind for kind in kinds if kind.startswith("serial")]
+        return
+    serial = {path for threads, path in paths[1:] if threads == 1}
+    assert serial and kinds == (["serial_" + serial.pop()] if len(serial) == 1 else ["serial"])
