@@ -9,7 +9,6 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.conv.taps import PADDED, PHASED
 from tilegemm.ground.contracts import JIT, imin, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
@@ -172,24 +171,26 @@ def _copy_rows(cbuf, ldb, out, dst, ldo, rows, cols):
 
 
 @numba.njit(inline='always', **JIT)
-def _stage_image(r, copy, x, x_at, xq):
+def _stage_image(r, copy, x, x_at, xq, padded):
     """Where B is read for one image of a taps task (``r`` the plan record's row): ``(src, off)``.
 
-    PHASED: unpadded stride-phase planes (the taps reach across their edges through
-    masks) copied into ``xq`` after ``slack`` zeros.  PADDED: zero-padded phase planes
-    in ``xq``.  FLAT: ``x`` itself.  ``copy`` False: ``xq`` already holds this image.
+    FLAT (``xq`` None): ``x`` itself.  PHASED (``padded`` None): unpadded stride-phase
+    planes (the taps reach across their edges through masks) copied into ``xq``
+    after ``slack`` zeros.  PADDED: zero-padded phase planes in ``xq``.  ``copy``
+    False: ``xq`` already holds this image.  The layout is told by None arguments so
+    that Numba compiles only its branch (the copy alone costs 0.5 s of a first call).
     """
-    if r.layout == PHASED:
+    if xq is None:
+        return x, x_at
+    if padded is None:
         if copy:
             phase_split(x, (x_at, r.xs_c, r.xs_h), (r.Cg, r.H, r.W), (r.sy, r.sx, ZERO, ZERO),
                         (r.Hq, r.Wq, r.chan), xq[r.slack:], FALSE)
         return xq, r.slack
-    if r.layout == PADDED:
-        if copy:
-            phase_split(x, (x_at, r.xs_c, r.xs_h), (r.Cg, r.H, r.W), (r.sy, r.sx, r.py, r.px),
-                        (r.Hq, r.Wq, r.chan), xq, FALSE)
-        return xq, ZERO
-    return x, x_at
+    if copy:
+        phase_split(x, (x_at, r.xs_c, r.xs_h), (r.Cg, r.H, r.W), (r.sy, r.sx, r.py, r.px),
+                    (r.Hq, r.Wq, r.chan), xq, FALSE)
+    return xq, ZERO
 
 
 @inner_jit
@@ -246,7 +247,7 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
     """
     r = plan[0]
     bias, bias_group, epi = epilogue
-    _, cbuf, bpack = bufs
+    cbuf, bpack = bufs
     Cg, M, Mp, ntaps, KC = r.Cg, r.M, r.Mp, r.ntaps, r.KC
     N = (r.ntasks // r.groups - r.tail_tasks) // r.parts
     n0 = task // r.tail_parts * r.tail_imgs
@@ -275,13 +276,14 @@ def taps_tails(task, g, plan, reads, x, apack, epilogue, out, bufs):
 
 
 @jit
-def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
+def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs, xq, padded):
     """Tasks taken from ``counter`` until ``ntasks`` are out, ``ntasks // groups`` per group.
 
     ``plan`` is :func:`tilegemm.conv.taps.taps_plan`'s record (its names below),
     ``grid`` ``(taps, masks, sched)`` (see :func:`taps_block`), ``epilogue`` ``(bias,
-    bias_group, epi)``, ``bufs`` the thread's ``(xq, cbuf, bpack)``: ``cbuf`` an ``Mp x
-    NCB`` block of C.  Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M``
+    bias_group, epi)``, ``bufs`` the thread's ``(cbuf, bpack)``: ``cbuf`` an ``Mp x
+    NCB`` block of C; ``xq`` its image copy (None: FLAT), ``padded`` None but in the
+    PADDED layout.  Group ``g`` reads channels ``g*Cg:`` of ``x``, writes its ``M``
     output channels from ``g*M``; its packed weights start at ``apack[g*a_group]``.
 
     A group's first ``tail_tasks`` run :func:`taps_tails` over the grid columns from
@@ -297,7 +299,7 @@ def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
     """
     r = plan[0]
     bias, bias_group, epi = epilogue
-    xq, cbuf, _ = bufs
+    cbuf, _ = bufs
     Cg, M, Mp, ntaps, KC, MC, NCB = r.Cg, r.M, r.Mp, r.ntaps, r.KC, r.MC, r.NCB
     per_group, parts, chan, sk = r.ntasks // r.groups, r.parts, r.chan, r.os_k
     N = (per_group - r.tail_tasks) // parts
@@ -317,13 +319,14 @@ def taps_tasks(counter, plan, grid, reads, x, apack, epilogue, out, bufs):
             continue
         n, part = (task - r.tail_tasks) // parts, (task - r.tail_tasks) % parts
         a_off, b_off = g * r.a_group, g * bias_group
-        src, src_off = _stage_image(r, g * N + n != last, x, g * Cg * r.xs_c + n * r.xs_n, xq)
+        src, src_off = _stage_image(r, g * N + n != last, x, g * Cg * r.xs_c + n * r.xs_n, xq,
+                                     padded)
         last = g * N + n                # the copy in xq is of this image's group
         co = g * M * sk + n * r.os_n
         for blk in range(part * per_part, imin(blocks, (part + 1) * per_part)):
             j0 = blk * NCB
             cols = imin(NCB, r.q_end - j0)
-            if r.layout == PADDED:
+            if padded is not None:
                 panels = (cols + NR - 1) // NR * NR
                 taps_block((xq, ZERO, chan), grid, ntaps, (Cg, KC, MC), (apack, a_off, Mp),
                            (ZERO, Mp, ZERO, ZERO), (j0, panels), (cbuf, ZERO, NCB), (cbuf, NCB),

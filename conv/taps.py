@@ -318,12 +318,16 @@ def run(x, w, bias, out, p, act):
         xqs[:, :plan.slack] = 0        # keep the slack finite (dropped columns read it)
         xqs[:, plan.slack + p.Cg * plan.chan:plan.sizes[0]] = 0
     grid = (plan.taps, plan.masks, plan.sched)
-    # None without tails: the task loop is then compiled without them.
+    # None for what the layer does not use (tails, the image copy, padding): the task
+    # loop is then compiled without it.
     reads = plan.reads if plan.tail_tasks else None
+    copies = plan.layout != FLAT
+    padded = True if plan.layout == PADDED else None
     x, out1 = x.reshape(-1), out.reshape(-1)
     engine.launch(lambda t, counter: mod.taps_tasks(counter, plan.numbers, grid, reads, x, apack,
                                                     (b, bias_group, epi), out1,
-                                                    (xqs[t], cbufs[t], bpacks[t])),
+                                                    (cbufs[t], bpacks[t]),
+                                                    xqs[t] if copies else None, padded),
                   plan.threads)
     return out
 

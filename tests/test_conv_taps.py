@@ -127,6 +127,23 @@ def test_taps_path_shares_one_image_between_threads(name, c_bytes, monkeypatch):
         run_case(shape, "im2col", "NCHW", np.float32, bias=True, activation="relu6")
 
 
+@pytest.mark.parametrize("name, expected", [("many_channels", "FLAT"), ("strided_copy", "PHASED"),
+                                            ("padded_copy", "PADDED")])
+def test_taps_loop_is_told_its_layout_by_none_arguments(name, expected, monkeypatch):
+    """The task loop gets no image copy for the in-place layout and a padding flag only
+    for the padded one (Numba compiles only the branches a layout takes)."""
+    from tilegemm.conv import taps as taps_mod
+    shape = {**TAPS_CASES, **GROUPED_TAPS}[name]
+    layout = taps_mod.layout_of(conv_params(*shapes_of(shape), **shape[2]))
+    assert layout == getattr(taps_mod, expected)
+    copies = record_arg(monkeypatch, "taps_tasks", 9)
+    padded = record_arg(monkeypatch, "taps_tasks", 10)
+    run_case(shape, "im2col", "NCHW", np.float32, bias=True, path="im2col.taps")
+    assert copies and padded
+    assert all((xq is None) == (layout == taps_mod.FLAT) for xq in copies)
+    assert all((flag is None) == (layout != taps_mod.PADDED) for flag in padded)
+
+
 @pytest.mark.parametrize("c_bytes", [1 << 12, 1 << 19])
 def test_taps_path_cuts_a_batch_into_parts(c_bytes, monkeypatch):
     """Several images read in place, all threads: images are cut into parts for balance."""
