@@ -54,6 +54,15 @@ def jit(fn):
     return _dispatcher(LinkedDispatcher, fn)
 
 
+def c_entry(dispatcher, signature):
+    """Address of the C function that runs ``dispatcher`` compiled for ``signature``
+    (``numba.cfunc``'s, without linking the code of the callees it calls by symbol:
+    made by :func:`jit`, the function declares them instead, see :func:`inner_jit`)."""
+    dispatcher.compile(signature.args)
+    cres = dispatcher.overloads[tuple(signature.args)]
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+
+
 def _dispatcher(cls, fn, **options):
     options = dict(JIT, nopython=True, **options)
     cache = options.pop("cache")

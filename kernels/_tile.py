@@ -162,7 +162,7 @@ def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
                    bpack[jc * k + pc * ncp:])
 
 
-@jit
+@inner_jit
 def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, packs):
     """One thread's part of a product shared through one packed copy of B.
 

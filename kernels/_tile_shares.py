@@ -11,6 +11,7 @@ does from ``_tile.py``.
 import numba
 import numpy as np
 
+from tilegemm.ground.contracts import c_entry, jit
 from tilegemm.kernels.native import (SHARE, array_at, batch_at, bits_of, data_address, float_bits,
                                      operand_at, put_array, put_operand, put_range)
 from tilegemm.kernels.registry import get_kernel
@@ -251,7 +252,7 @@ def share_address(kind):
     ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
     on the unpacked or packed path from a :func:`batch_blocks` block), compiled (or
     loaded from the cache) on first use."""
-    entry = _shares.get(kind)
-    if entry is None:
-        entry = _shares[kind] = numba.cfunc(SHARE, nopython=True, cache=True)(_SHARE_READERS[kind])
-    return entry.address
+    address = _shares.get(kind)
+    if address is None:
+        address = _shares[kind] = c_entry(jit(_SHARE_READERS[kind]), SHARE)
+    return address

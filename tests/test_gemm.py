@@ -404,35 +404,6 @@ def test_unpacked_path_counts_b_per_k_block():
     assert driver.unpacked_kc(kern, driver.STREAM_ROWS, 4096, 10) == 10
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
-    """``gemm_tasks`` alone: as the packer, as a thread finding B ready (its own buffer
-    holds NaN, so reading it would show), and as one coming before B is ready."""
-    kern, blk = driver.kernel_for(np.dtype(dtype), 100)
-    mod = kern.module
-    m, n, k = 70, 100, 45
-    KC, MC, NC = 16, 2 * kern.mr, 2 * kern.nr       # several k, row and column blocks
-    a = rng.standard_normal((m, k)).astype(dtype)
-    b = rng.standard_normal((k, n)).astype(dtype)
-    bias = rng.standard_normal(m).astype(dtype)
-    from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU
-    epi = EPI_BIAS_ROW | EPI_RELU
-    expected = np.maximum(2.0 * ref_gemm(a, b) + bias[:, None], 0)
-    size = k * -(-n // kern.nr) * kern.nr
-    shared = np.full(size, np.nan, dtype)
-    for packer, ready in ((True, 0), (False, 1), (False, 0)):
-        c = np.full((m, n), np.nan, dtype)
-        own = np.full(size, np.nan, dtype)
-        apack = np.empty(MC * KC, dtype)
-        flags = np.array([ready], np.int64)
-        mod.gemm_tasks(np.zeros(1, np.int64), flags, packer, (m, n, k), (dtype(2), dtype(0)),
-                       (a.reshape(-1), (0, k, 1)), (b.reshape(-1), (0, n, 1)),
-                       (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, shared, own))
-        assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
-        assert flags[0] == (1 if packer else ready)
-        assert np.isnan(own).all() == (packer or ready == 1)
-
-
 @pytest.mark.parametrize("a_shape, b_shape", [
     ((2, 3, 0), (0, 4)), ((2, 3, 5), (5, 0)), ((0, 3, 5), (5, 4)), ((2, 0, 5), (5, 4)),
     ((2, 3, 0), (2, 0, 4)), ((3, 0), (2, 0, 4)), ((0,), (0,)), ((0,), (2, 0, 3)),

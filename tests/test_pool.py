@@ -13,6 +13,7 @@ import pytest
 
 import tilegemm
 from conftest import assert_close, error_bound
+from jitted import trampoline
 from tilegemm.kernels import driver, pool
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.sync import next_task
@@ -260,3 +261,33 @@ def test_shares_on_one_path_run_only_that_paths_reader(shape, rng, monkeypatch):
         return
     serial = {path for threads, path in paths[1:] if threads == 1}
     assert serial and kinds == (["serial_" + serial.pop()] if len(serial) == 1 else ["serial"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
+    """``gemm_tasks`` alone: as the packer, as a thread finding B ready (its own buffer
+    holds NaN, so reading it would show), and as one coming before B is ready."""
+    kern, blk = driver.kernel_for(np.dtype(dtype), 100)
+    mod = kern.module
+    m, n, k = 70, 100, 45
+    KC, MC, NC = 16, 2 * kern.mr, 2 * kern.nr       # several k, row and column blocks
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    bias = rng.standard_normal(m).astype(dtype)
+    from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU
+    epi = EPI_BIAS_ROW | EPI_RELU
+    expected = np.maximum(2.0 * (a.astype(np.float64) @ b) + bias[:, None], 0)
+    size = k * -(-n // kern.nr) * kern.nr
+    shared = np.full(size, np.nan, dtype)
+    gemm_tasks = trampoline(mod.gemm_tasks)         # jitted callers only
+    for packer, ready in ((True, 0), (False, 1), (False, 0)):
+        c = np.full((m, n), np.nan, dtype)
+        own = np.full(size, np.nan, dtype)
+        apack = np.empty(MC * KC, dtype)
+        flags = np.array([ready], np.int64)
+        gemm_tasks(np.zeros(1, np.int64), flags, packer, (m, n, k), (dtype(2), dtype(0)),
+                   (a.reshape(-1), (0, k, 1)), (b.reshape(-1), (0, n, 1)),
+                   (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, shared, own))
+        assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
+        assert flags[0] == (1 if packer else ready)
+        assert np.isnan(own).all() == (packer or ready == 1)
