@@ -14,7 +14,9 @@ registered under the symbol the caller knows as well (a callee compiled in
 another process has the same code under another name), and a callee that cannot
 be found makes the entry a miss, compiled afresh.  Any other caller (a plain
 ``numba.njit``, a ``numba.cfunc``) links the callee's code and the code of every
-callee that names, as Numba would: its own cache entry stays whole.
+callee that names, as Numba would: its own cache entry stays whole.  A C entry
+point that should not carry its callees' code is a :func:`jit` function's C
+wrapper instead (``contracts.c_entry``).
 """
 import collections
 import sys

@@ -13,10 +13,10 @@ An argument block is a row of an int64 array: integers as they are, floats by
 their float64 bits (:func:`bits_of`, :func:`float_bits`), arrays as ``(address,
 size)`` (:func:`put_array`, :func:`array_at`).  The block and every array it names
 must stay alive until the share is done (the caller holds them until the pool
-reports it).  Each kind of share has a jitted writer of its blocks and a
-``numba.cfunc`` reading one, side by side in each kernel's shares module
-(``kernels/_tile_shares.py``, the same layout in both); the cfunc calls the same
-jitted driver a Python call runs.
+reports it).  Each kind of share has a jitted writer of its blocks and a reader
+of one, a C function (``ground.contracts.c_entry``), side by side in each kernel's
+shares module (``kernels/_tile_shares.py``, the same layout in both); the reader
+calls the same jitted driver a Python call runs.
 """
 import llvmlite.ir as ir
 import numba
