@@ -34,6 +34,17 @@ winograd_input = make_winograd_input(DTYPE, LANES, TILE)
 winograd_output = make_winograd_output(DTYPE, LANES, TILE)
 winograd_input_nhwc = make_winograd_input_nhwc(DTYPE, LANES, TILE)
 winograd_output_nhwc = make_winograd_output_nhwc(DTYPE, LANES, TILE)
+
+
+def request_transforms(layout):
+    """Ask the tile helper for ``layout``'s transforms (those not cached), so that it
+    compiles them while the task loop compiles here: the driver's call before its loop."""
+    pair = ((winograd_input, winograd_output) if layout == "NCHW"
+            else (winograd_input_nhwc, winograd_output_nhwc))
+    for transform in pair:
+        transform.request()
+
+
 ukernel_strided = _KERNEL.module.ukernel_strided
 ukernel_strided_edge = _KERNEL.module.ukernel_strided_edge
 #: NCHW: the last, partial column panel of a block runs one vector of tiles at a time

@@ -205,6 +205,7 @@ def _run_nchw(x, w, bias, out, p, act, blocking, tile):
     tiles_total = p.N * cdiv(p.Ho, tile) * cdiv(p.Wo, tile)
     kernel, blk = engine.gemm_kernel(out.dtype, tiles_total)
     mod = engine.family_module("winograd", out.dtype, tile, tiles_total)
+    mod.request_transforms("NCHW")
     positions = (tile + 2) ** 2
     MR, NR = kernel.mr, kernel.nr
     KC = engine.balanced_kc(p.Cg, blk.kc)
@@ -252,6 +253,7 @@ def _run_nhwc(x, w, bias, out, p, act, blocking, tile):
     # Fewer output channels than the widest kernel's NR: a narrower kernel's tile.
     kernel, blk = engine.gemm_kernel(out.dtype, p.Kg)
     mod = engine.family_module("winograd", out.dtype, tile, p.Kg)
+    mod.request_transforms("NHWC")
     MR, NR = kernel.mr, kernel.nr
     positions = (tile + 2) ** 2
     KC = engine.balanced_kc(p.Cg, blk.kc)

@@ -207,11 +207,12 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
     dtype = np.dtype(dtype).type
     flavour = Flavour(flavour)
     spec = (np.dtype(dtype).name, mr, nr, lanes, flavour.value, a_step)
-    symbol, fnty, body, strides, name = tile_function(*spec)
+    tile = tile_function(*spec)
+    strides, name = tile.strides, tile.name
     names = [n for n, _ in ARGUMENTS[flavour]]
     # Registered now if cached (a caller loaded from Numba's cache needs it), else
     # compiled by the helper process while the first caller is (see tilelib).
-    tilelib.prefetch(symbol, spec)
+    tilelib.prefetch(tile.symbol, ("tile",) + spec)
 
     def emit(context, builder, sig, args):
         arg = dict(zip(names, args))
@@ -236,12 +237,7 @@ def make_microkernel(dtype, mr, nr, lanes, flavour=Flavour.PACKED, a_step=None):
         args = TileArgs(arg["kc"], ptr("a", "a_off"), a_rs, a_cs, ptr("b", "b_off"), ldb,
                         ptr("c", "c_off"), arg["ldc"], arg["alpha"], arg["beta"],
                         ptr("bias", "bias_off"), arg["epi"])
-        values = list(args) + list(valid) + list(extra)
-        if [v.type for v in values] != list(fnty.args):
-            raise TypeError(f"{symbol}: arguments of types {[str(v.type) for v in values]}, "
-                            f"expected {[str(t) for t in fnty.args]}")
-        tilelib.define(symbol, fnty, body)
-        builder.call(tilelib.declare(builder.module, symbol, fnty), values)
+        tilelib.call(builder, tile, list(args) + list(valid) + list(extra))
         return context.get_dummy_value()
 
     ukernel = intrinsic(_typing(flavour, dtype, emit))

@@ -1,9 +1,10 @@
-"""The helper process that writes and compiles micro-kernel tiles for a cold process.
+"""The helper process that writes and compiles micro-kernel tiles (and the Winograd
+transforms) for a cold process.
 
 Started by :func:`tilegemm.kernels.tilelib.prefetch` (``python -m
 tilegemm.kernels.tilebuild``) the first time a process asks for a tile that is
-not cached.  Each request on stdin names a tile and its spec (the arguments of
-:func:`tilegemm.kernels.microkernel.tile_function`); the helper writes the tile's
+not cached.  Each request on stdin names a tile and its spec (its writer in
+:data:`WRITERS`, then the writer's arguments); the helper writes the tile's
 IR with the same code the caller would have used, compiles it, and sends the
 object code back on stdout.  The latest request goes first: the template imported
 last is the one the caller's next loop runs.  At its first lull it compiles the
@@ -17,8 +18,12 @@ spec, (triple, cpu, features))``; replies ``(symbol, "started", None)``, then
 import sys
 import threading
 
-from tilegemm.kernels import pool, tilelib
+from tilegemm.kernels import pool, tilelib, winograd
 from tilegemm.kernels.microkernel import tile_function
+
+#: Writers of the functions the helper builds, by the first item of a request's spec
+#: (the rest are the writer's arguments): micro-kernel tiles and Winograd transforms.
+WRITERS = {"tile": tile_function, **winograd.WRITERS}
 
 
 #: A helper with nothing to do for this long exits (the caller starts another when needed).
@@ -77,10 +82,10 @@ def _build(job, replies):
     symbol, spec, target = job
     tilelib.send(replies, (symbol, "started", None))
     try:
-        tile = tile_function(*spec)
-        if tile.symbol != symbol:
-            raise ValueError(f"spec {spec} names {tile.symbol}, not {symbol}")
-        text = str(tilelib.module_of(symbol, tile.fnty, tile.body))
+        function = WRITERS[spec[0]](*spec[1:])
+        if function.symbol != symbol:
+            raise ValueError(f"spec {spec} names {function.symbol}, not {symbol}")
+        text = str(tilelib.module_of(symbol, function.fnty, function.body))
         obj = tilelib.compile_ir(text, target)
     except Exception as error:  # the caller compiles the tile itself and raises there
         tilelib.send(replies, (symbol, "failed", repr(error)))

@@ -158,8 +158,9 @@ class _Build:
 def prefetch(symbol, spec):
     """Register ``symbol`` from the cache, or ask the helper process to compile it.
 
-    ``spec`` is what the helper needs to write the tile (for a micro-kernel, the
-    arguments of :func:`tilegemm.kernels.microkernel.tile_function`).
+    ``spec`` is what the helper needs to write the function: the name of its writer
+    in ``tilebuild.WRITERS`` (``"tile"`` for a micro-kernel), then the writer's
+    arguments.
     """
     if load_cached(symbol):
         return
@@ -337,6 +338,16 @@ def _register(symbol, obj):
         raise RuntimeError(f"{symbol} is not in its object code")
     llvm.add_symbol(symbol, address)
     _ready[symbol] = obj
+
+
+def call(builder, function, values):
+    """Call ``function`` (a record with ``symbol``, ``fnty`` and ``body``, as
+    :func:`define` takes them) with ``values``, defining it first if need be."""
+    if [v.type for v in values] != list(function.fnty.args):
+        raise TypeError(f"{function.symbol}: arguments of types {[str(v.type) for v in values]}, "
+                        f"expected {[str(t) for t in function.fnty.args]}")
+    define(function.symbol, function.fnty, function.body)
+    return builder.call(declare(builder.module, function.symbol, function.fnty), values)
 
 
 def declare(module, symbol, fnty):

@@ -5,11 +5,16 @@ FMAs over vectors (twin rows sharing their work), :func:`pick_lanes` the stride-
 lane picks, and the intrinsics below the input transform ``B^T d B`` and the output
 transform ``A^T m A`` (+ bias + activation) of the convolution drivers.
 """
+import collections
+
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
 from numba.core import cgutils
+from numba.core.registry import cpu_target
 from numba.extending import intrinsic
+
+from tilegemm.kernels import tilelib
 
 from tilegemm.kernels.ir import (NUMBA_FLOAT, data_ptr, epi_flags, finish_scalar_bias, fma,
                                  lane_range, masked_load, masked_store, shuffle, splat,
@@ -125,48 +130,64 @@ def inside(builder, start, offset, size):
                         builder.icmp_signed("<", at, size))
 
 
-def make_winograd_input(dtype, lanes, tile=2):
-    """Build the intrinsic computing ``V = B^T d B`` of F(tile x tile, 3x3) for ``lanes``
-    adjacent tiles of one channel.
+#: A transform compiled as a function of its own (by the tile helper while the caller's
+#: loops compile, see ``kernels/tilelib.py``): its symbol, LLVM type and body writer.
+Outlined = collections.namedtuple("Outlined", "symbol fnty body")
 
-    Signature (jitted code only)::
 
-        winograd_input(x, src, (s_row, H, W), (y0, col0, lo, hi), buf, dst, slab)
+def _llvm_types(dtype, lanes):
+    """(intp, element, vector) LLVM types of a transform over ``lanes`` of ``dtype``."""
+    context = cpu_target.target_context
+    elem = context.get_value_type(NUMBA_FLOAT[dtype])
+    return context.get_value_type(types.intp), elem, ir.VectorType(elem, lanes)
 
-    The plane ``(s_row, H, W)`` and the window ``(y0, col0, lo, hi)`` are tuples of
-    intp (unpacked in the IR, at no cost).  With ``alpha = tile + 2``, tile lane ``l``
-    covers input rows ``y0 .. y0+alpha-1`` and columns ``col0+tile*l .. col0+tile*l+alpha-1``
-    of one channel plane with contiguous rows ``s_row`` elements apart; ``src`` is the
-    offset in ``x`` of (``y0``, ``col0``), which may lie outside the plane: pixels
-    outside rows ``[0, H)`` or columns ``[0, W)`` read as zero and are never loaded.
-    ``V[xi]`` for lanes ``lo <= l < hi`` is stored at ``buf[dst + xi*slab + l]``
-    (xi = alpha*row + column of the transformed tile); other lanes of ``buf`` are untouched.
+
+def _calling(spec, arguments):
+    """``(emit, request)`` of an intrinsic that calls the transform ``spec`` names (its
+    writer in :data:`WRITERS`, then the writer's arguments), compiled once as a
+    function of its own: ``emit`` writes the call, ``arguments(context, builder, sig,
+    args)`` giving its values; ``request()`` asks the tile helper to compile it.
+
+    Registered now if cached (a caller loaded from Numba's cache names it).  Not sent
+    to the helper until requested: a template holds the transforms of both layouts,
+    and a layer compiling the ones of the other would keep the helper from its own.
     """
-    dtype = np.dtype(dtype).type
-    nb_float = NUMBA_FLOAT[dtype]
+    function = WRITERS[spec[0]](*spec[1:])
+    tilelib.load_cached(function.symbol)
+
+    def emit(context, builder, sig, args):
+        tilelib.call(builder, function, arguments(context, builder, sig, args))
+        return context.get_dummy_value()
+
+    return emit, lambda: tilelib.prefetch(function.symbol, spec)
+
+
+def input_function(dtype_name, lanes, tile):
+    """The input transform of :func:`make_winograd_input` as a function of its own.
+
+    Arguments: ``x`` (pointer to the image's element 0), ``src``, ``s_row``, ``H``,
+    ``W``, ``y0``, ``col0``, ``lo``, ``hi``, ``buf`` (pointer to ``buf[dst]``), ``slab``.
+    Plain values in, so that the tile helper writes the same function from the spec.
+    """
+    dtype = np.dtype(dtype_name).type
+    intp, elem, vec = _llvm_types(dtype, lanes)
     _, _, BT = transform_matrices(tile)
     alpha = tile + 2
     # Column j of every tile: j < tile from loads at col0 + q*lanes, the last two from
     # loads shifted by one tile (col0 + tile + q*lanes): a stride-tile pick of `tile` vectors.
     columns = [(j // tile * tile, j % tile) for j in range(alpha)]
     loads = sorted({(shift, (tile * l + j) // lanes) for shift, j in columns for l in range(lanes)})
+    fnty = ir.FunctionType(ir.VoidType(), [elem.as_pointer()] + [intp] * 8
+                           + [elem.as_pointer(), intp])
 
-    def emit(context, builder, sig, args):
-        x, src, plane, window, buf, dst, slab = args
-        s_row, H, W = cgutils.unpack_tuple(builder, plane, 3)
-        y0, col0, lo, hi = cgutils.unpack_tuple(builder, window, 4)
-        intp = context.get_value_type(types.intp)
-        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-        x_ptr = data_ptr(context, builder, sig.args[0], x, ir.Constant(intp, 0))
-        buf_ptr = data_ptr(context, builder, sig.args[4], buf, dst)
+    def body(builder, fn):
+        x_ptr, src, s_row, H, W, y0, col0, lo, hi, buf_ptr, slab = fn.args
         zero_i = ir.Constant(intp, 0)
         offsets = {key: key[0] + key[1] * lanes for key in loads}
         col_masks = {key: lane_range(builder, builder.add(col0, ir.Constant(intp, o)), zero_i, W,
                                      lanes) for key, o in offsets.items()}
-        row_masks = []
-        for a in range(alpha):
-            row_masks.append(splat(builder, inside(builder, y0, a, H),
-                                   ir.VectorType(ir.IntType(1), lanes)))
+        row_masks = [splat(builder, inside(builder, y0, a, H), ir.VectorType(ir.IntType(1), lanes))
+                     for a in range(alpha)]
 
         def load(a, key):
             start = builder.add(src, builder.mul(ir.Constant(intp, a), s_row))
@@ -193,7 +214,38 @@ def make_winograd_input(dtype, lanes, tile=2):
                 for b, value in enumerate(apply_matrix(builder, BT, d)):
                     offset = builder.mul(ir.Constant(intp, alpha * r + b), slab)
                     masked_store(builder, value, buf_ptr, offset, store_mask)
-        return context.get_dummy_value()
+        builder.ret_void()
+
+    return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_input_l{lanes}", fnty, body)
+
+
+def make_winograd_input(dtype, lanes, tile=2):
+    """Build the intrinsic computing ``V = B^T d B`` of F(tile x tile, 3x3) for ``lanes``
+    adjacent tiles of one channel.
+
+    Signature (jitted code only)::
+
+        winograd_input(x, src, (s_row, H, W), (y0, col0, lo, hi), buf, dst, slab)
+
+    The plane ``(s_row, H, W)`` and the window ``(y0, col0, lo, hi)`` are tuples of
+    intp (unpacked in the IR, at no cost).  With ``alpha = tile + 2``, tile lane ``l``
+    covers input rows ``y0 .. y0+alpha-1`` and columns ``col0+tile*l .. col0+tile*l+alpha-1``
+    of one channel plane with contiguous rows ``s_row`` elements apart; ``src`` is the
+    offset in ``x`` of (``y0``, ``col0``), which may lie outside the plane: pixels
+    outside rows ``[0, H)`` or columns ``[0, W)`` read as zero and are never loaded.
+    ``V[xi]`` for lanes ``lo <= l < hi`` is stored at ``buf[dst + xi*slab + l]``
+    (xi = alpha*row + column of the transformed tile); other lanes of ``buf`` are untouched.
+    The transform is a function of its own (:func:`input_function`), compiled once;
+    the intrinsic's ``request()`` asks the tile helper for it (:func:`_calling`).
+    """
+    def arguments(context, builder, sig, args):
+        x, src, plane, window, buf, dst, slab = args
+        zero = context.get_constant(types.intp, 0)
+        return ([data_ptr(context, builder, sig.args[0], x, zero), src]
+                + cgutils.unpack_tuple(builder, plane, 3) + cgutils.unpack_tuple(builder, window, 4)
+                + [data_ptr(context, builder, sig.args[4], buf, dst), slab])
+
+    emit, request = _calling(("winograd_input", np.dtype(dtype).name, lanes, tile), arguments)
 
     @intrinsic
     def winograd_input(typingctx, x, src, plane, window, buf, dst, slab):
@@ -201,44 +253,32 @@ def make_winograd_input(dtype, lanes, tile=2):
         sig = types.void(x, i, types.UniTuple(i, 3), types.UniTuple(i, 4), buf, i, i)
         return sig, emit
 
+    winograd_input.request = request
     winograd_input.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_input_{lanes}"
     return winograd_input
 
 
-def make_winograd_output(dtype, lanes, tile=2):
-    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation of F(tile x tile,
-    3x3) for ``lanes`` tiles.
+def output_function(dtype_name, lanes, tile):
+    """The output transform of :func:`make_winograd_output` as a function of its own.
 
-    Signature (jitted code only)::
-
-        winograd_output(m, src, slab, out, dst, (s_row, Wo), (col0, rows, lo, hi), bias, epi)
-
-    The output plane ``(s_row, Wo)`` and the run ``(col0, rows, lo, hi)`` are tuples
-    of intp.  ``m[src + xi*slab + l]`` is position ``xi`` of tile lane ``l``'s alpha x
-    alpha product (lanes contiguous, alpha = tile + 2).  Tile lane ``l`` writes output
-    columns ``col0+tile*l .. col0+tile*l+tile-1`` of the first ``rows`` output rows, the
-    first at ``out[dst]`` and each ``s_row`` elements further; only lanes ``lo <= l <
-    hi`` and columns ``< Wo`` are written.  ``epi``: ``EPI_BIAS_ROW`` adds the scalar
-    ``bias``, then ``EPI_RELU`` / ``EPI_RELU6`` as in the GEMM epilogue (NaN stays NaN).
+    Arguments: ``m`` (pointer to ``m[src]``), ``slab``, ``out`` (pointer to
+    ``out[dst]``), ``s_row``, ``Wo``, ``col0``, ``rows``, ``lo``, ``hi``, ``bias``, ``epi``.
     """
-    dtype = np.dtype(dtype).type
-    nb_float = NUMBA_FLOAT[dtype]
+    dtype = np.dtype(dtype_name).type
+    intp, elem, vec = _llvm_types(dtype, lanes)
     AT, _, _ = transform_matrices(tile)
     alpha = tile + 2
+    esize = np.dtype(dtype).itemsize
     # Output row position p (tile*lanes of them, `tile` vectors): tile lane p // tile,
     # column p % tile of that tile.
     interleave = [[(p % tile, p // tile) for p in range(q * lanes, (q + 1) * lanes)]
                   for q in range(tile)]
+    fnty = ir.FunctionType(ir.VoidType(), [elem.as_pointer(), intp, elem.as_pointer()]
+                           + [intp] * 6 + [elem, intp])
 
-    def emit(context, builder, sig, args):
-        m, src, slab, out, dst, plane, run, bias, epi = args
-        s_row, Wo = cgutils.unpack_tuple(builder, plane, 2)
-        col0, rows_left, lo, hi = cgutils.unpack_tuple(builder, run, 4)
-        intp = context.get_value_type(types.intp)
-        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-        esize = np.dtype(dtype).itemsize
-        m_ptr = data_ptr(context, builder, sig.args[0], m, src)
-        out_ptr = data_ptr(context, builder, sig.args[3], out, dst)
+    def body(builder, fn):
+        m_ptr, slab, out_ptr, s_row, Wo, col0, rows_left, lo, hi, bias, epi = fn.args
+
         def load(xi):
             return builder.load(vector_ptr(builder, m_ptr, builder.mul(ir.Constant(intp, xi), slab),
                                            vec), align=esize)
@@ -268,7 +308,40 @@ def make_winograd_output(dtype, lanes, tile=2):
                                                        Wo, lanes))
                         masked_store(builder, pick_lanes(builder, y, picks), out_ptr,
                                      builder.add(row_off, start), mask)
-        return context.get_dummy_value()
+        builder.ret_void()
+
+    return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_output_l{lanes}", fnty, body)
+
+
+def make_winograd_output(dtype, lanes, tile=2):
+    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation of F(tile x tile,
+    3x3) for ``lanes`` tiles.
+
+    Signature (jitted code only)::
+
+        winograd_output(m, src, slab, out, dst, (s_row, Wo), (col0, rows, lo, hi), bias, epi)
+
+    The output plane ``(s_row, Wo)`` and the run ``(col0, rows, lo, hi)`` are tuples
+    of intp.  ``m[src + xi*slab + l]`` is position ``xi`` of tile lane ``l``'s alpha x
+    alpha product (lanes contiguous, alpha = tile + 2).  Tile lane ``l`` writes output
+    columns ``col0+tile*l .. col0+tile*l+tile-1`` of the first ``rows`` output rows, the
+    first at ``out[dst]`` and each ``s_row`` elements further; only lanes ``lo <= l <
+    hi`` and columns ``< Wo`` are written.  ``epi``: ``EPI_BIAS_ROW`` adds the scalar
+    ``bias``, then ``EPI_RELU`` / ``EPI_RELU6`` as in the GEMM epilogue (NaN stays NaN).
+    The transform is a function of its own (:func:`output_function`), compiled once;
+    the intrinsic's ``request()`` asks the tile helper for it (:func:`_calling`).
+    """
+    dtype = np.dtype(dtype).type
+    nb_float = NUMBA_FLOAT[dtype]
+
+    def arguments(context, builder, sig, args):
+        m, src, slab, out, dst, plane, run, bias, epi = args
+        return ([data_ptr(context, builder, sig.args[0], m, src), slab,
+                 data_ptr(context, builder, sig.args[3], out, dst)]
+                + cgutils.unpack_tuple(builder, plane, 2) + cgutils.unpack_tuple(builder, run, 4)
+                + [bias, epi])
+
+    emit, request = _calling(("winograd_output", np.dtype(dtype).name, lanes, tile), arguments)
 
     @intrinsic
     def winograd_output(typingctx, m, src, slab, out, dst, plane, run, bias, epi):
@@ -276,6 +349,7 @@ def make_winograd_output(dtype, lanes, tile=2):
         sig = types.void(m, i, i, out, i, types.UniTuple(i, 2), types.UniTuple(i, 4), nb_float, i)
         return sig, emit
 
+    winograd_output.request = request
     winograd_output.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_output_{lanes}"
     return winograd_output
 
@@ -294,6 +368,49 @@ def _pixel_mask(builder, inside, lanes_mask):
     return builder.and_(lanes_mask, splat(builder, inside, lanes_mask.type))
 
 
+def input_nhwc_function(dtype_name, lanes, tile):
+    """The input transform of :func:`make_winograd_input_nhwc` as a function of its own.
+
+    Arguments: ``x`` (pointer to the image's element 0), ``src``, ``s_row``, ``s_col``,
+    ``H``, ``W``, ``y0``, ``x0``, ``count``, ``buf`` (pointer to ``buf[dst]``), ``slab``.
+    """
+    dtype = np.dtype(dtype_name).type
+    intp, elem, vec = _llvm_types(dtype, lanes)
+    _, _, BT = transform_matrices(tile)
+    alpha = tile + 2
+    fnty = ir.FunctionType(ir.VoidType(), [elem.as_pointer()] + [intp] * 8
+                           + [elem.as_pointer(), intp])
+
+    def body(builder, fn):
+        x_ptr, src, s_row, s_col, H, W, y0, x0, count, buf_ptr, slab = fn.args
+        zero_i = ir.Constant(intp, 0)
+        channels = lane_range(builder, zero_i, zero_i, count, lanes)
+        rows_in = [inside(builder, y0, a, H) for a in range(alpha)]
+        cols_in = [inside(builder, x0, b, W) for b in range(alpha)]
+
+        def load(a, b):
+            offset = builder.add(src, builder.add(builder.mul(ir.Constant(intp, a), s_row),
+                                                  builder.mul(ir.Constant(intp, b), s_col)))
+            mask = _pixel_mask(builder, builder.and_(rows_in[a], cols_in[b]), channels)
+            return masked_load(builder, x_ptr, offset, mask, vec)
+
+        # One group of rows r of V at a time: B^T down each column of pixels loaded for
+        # it, then B along the row, then the stores (see input_function).
+        for group in row_groups(BT):
+            rows = BT[list(group)]
+            used = used_columns(rows, range(len(group)))
+            u = [apply_matrix(builder, rows, [load(a, b) if a in used else None
+                                              for a in range(alpha)])
+                 for b in range(alpha)]
+            for g, r in enumerate(group):
+                for b, value in enumerate(apply_matrix(builder, BT, [u[j][g] for j in range(alpha)])):
+                    offset = builder.mul(ir.Constant(intp, alpha * r + b), slab)
+                    masked_store(builder, value, buf_ptr, offset, channels)
+        builder.ret_void()
+
+    return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_input_nhwc_l{lanes}", fnty, body)
+
+
 def make_winograd_input_nhwc(dtype, lanes, tile):
     """Build the intrinsic computing ``V = B^T d B`` of F(tile x tile, 3x3) for ``lanes``
     channels of one NHWC tile.
@@ -307,45 +424,17 @@ def make_winograd_input_nhwc(dtype, lanes, tile):
     (never loaded) outside rows ``[0, H)`` and columns ``[0, W)``.  Channels
     ``0 <= c < count`` (at most ``lanes``) are transformed; ``V[xi]`` of channel ``c``
     goes to ``buf[dst + xi*slab + c]`` (xi = alpha*row + column, alpha = tile + 2).
+    The transform is a function of its own (:func:`input_nhwc_function`), asked
+    of the tile helper by the intrinsic's ``request()``.
     """
-    dtype = np.dtype(dtype).type
-    nb_float = NUMBA_FLOAT[dtype]
-    _, _, BT = transform_matrices(tile)
-    alpha = tile + 2
-
-    def emit(context, builder, sig, args):
+    def arguments(context, builder, sig, args):
         x, src, plane, window, buf, dst, slab = args
-        s_row, s_col, H, W = cgutils.unpack_tuple(builder, plane, 4)
-        y0, x0, count = cgutils.unpack_tuple(builder, window, 3)
-        intp = context.get_value_type(types.intp)
-        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-        x_ptr = data_ptr(context, builder, sig.args[0], x, ir.Constant(intp, 0))
-        buf_ptr = data_ptr(context, builder, sig.args[4], buf, dst)
-        zero_i = ir.Constant(intp, 0)
-        channels = lane_range(builder, zero_i, zero_i, count, lanes)
+        zero = context.get_constant(types.intp, 0)
+        return ([data_ptr(context, builder, sig.args[0], x, zero), src]
+                + cgutils.unpack_tuple(builder, plane, 4) + cgutils.unpack_tuple(builder, window, 3)
+                + [data_ptr(context, builder, sig.args[4], buf, dst), slab])
 
-        rows_in = [inside(builder, y0, a, H) for a in range(alpha)]
-        cols_in = [inside(builder, x0, b, W) for b in range(alpha)]
-
-        def load(a, b):
-            offset = builder.add(src, builder.add(builder.mul(ir.Constant(intp, a), s_row),
-                                                  builder.mul(ir.Constant(intp, b), s_col)))
-            mask = _pixel_mask(builder, builder.and_(rows_in[a], cols_in[b]), channels)
-            return masked_load(builder, x_ptr, offset, mask, vec)
-
-        # One group of rows r of V at a time: B^T down each column of pixels loaded for
-        # it, then B along the row, then the stores (see make_winograd_input).
-        for group in row_groups(BT):
-            rows = BT[list(group)]
-            used = used_columns(rows, range(len(group)))
-            u = [apply_matrix(builder, rows, [load(a, b) if a in used else None
-                                              for a in range(alpha)])
-                 for b in range(alpha)]
-            for g, r in enumerate(group):
-                for b, value in enumerate(apply_matrix(builder, BT, [u[j][g] for j in range(alpha)])):
-                    offset = builder.mul(ir.Constant(intp, alpha * r + b), slab)
-                    masked_store(builder, value, buf_ptr, offset, channels)
-        return context.get_dummy_value()
+    emit, request = _calling(("winograd_input_nhwc", np.dtype(dtype).name, lanes, tile), arguments)
 
     @intrinsic
     def winograd_input_nhwc(typingctx, x, src, plane, window, buf, dst, slab):
@@ -353,42 +442,30 @@ def make_winograd_input_nhwc(dtype, lanes, tile):
         sig = types.void(x, i, types.UniTuple(i, 4), types.UniTuple(i, 3), buf, i, i)
         return sig, emit
 
+    winograd_input_nhwc.request = request
     winograd_input_nhwc.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_input_nhwc_{lanes}"
     return winograd_input_nhwc
 
 
-def make_winograd_output_nhwc(dtype, lanes, tile):
-    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation of F(tile x tile,
-    3x3) for ``lanes`` output channels of one NHWC tile.
+def output_nhwc_function(dtype_name, lanes, tile):
+    """The output transform of :func:`make_winograd_output_nhwc` as a function of its own.
 
-    Signature (jitted code only)::
-
-        winograd_output_nhwc(m, src, slab, out, dst, (s_row, s_col), (rows, cols, count),
-                             bias, b_off, epi)
-
-    ``m[src + xi*slab + k]`` is position ``xi`` of channel ``k``'s alpha x alpha
-    product.  Output pixel (r, j) of the tile, ``r < rows`` and ``j < cols``, channel
-    ``k < count`` (at most ``lanes``) goes to ``out[dst + r*s_row + j*s_col + k]``;
-    nothing else is written.  ``epi``: ``EPI_BIAS_ROW`` adds ``bias[b_off + k]`` (read
-    only then), then ``EPI_RELU`` / ``EPI_RELU6`` as in the GEMM epilogue.
+    Arguments: ``m`` (pointer to ``m[src]``), ``slab``, ``out`` (pointer to
+    ``out[dst]``), ``s_row``, ``s_col``, ``rows``, ``cols``, ``count``, ``bias``
+    (pointer to ``bias[b_off]``), ``epi``.
     """
-    dtype = np.dtype(dtype).type
-    nb_float = NUMBA_FLOAT[dtype]
+    dtype = np.dtype(dtype_name).type
+    intp, elem, vec = _llvm_types(dtype, lanes)
     AT, _, _ = transform_matrices(tile)
     alpha = tile + 2
+    fnty = ir.FunctionType(ir.VoidType(), [elem.as_pointer(), intp, elem.as_pointer()]
+                           + [intp] * 5 + [elem.as_pointer(), intp])
 
-    def emit(context, builder, sig, args):
-        m, src, slab, out, dst, plane, window, bias, b_off, epi = args
-        s_row, s_col = cgutils.unpack_tuple(builder, plane, 2)
-        rows_left, cols_left, count = cgutils.unpack_tuple(builder, window, 3)
-        intp = context.get_value_type(types.intp)
-        vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-        m_ptr = data_ptr(context, builder, sig.args[0], m, src)
-        out_ptr = data_ptr(context, builder, sig.args[3], out, dst)
+    def body(builder, fn):
+        m_ptr, slab, out_ptr, s_row, s_col, rows_left, cols_left, count, bias_ptr, epi = fn.args
         zero_i = ir.Constant(intp, 0)
         channels = lane_range(builder, zero_i, zero_i, count, lanes)
         flags = epi_flags(builder, epi)
-        bias_ptr = data_ptr(context, builder, sig.args[7], bias, b_off)
         # The bias is loaded only where the flag asks for it (an absent bias is one value).
         bias_v = masked_load(builder, bias_ptr, zero_i,
                              _pixel_mask(builder, flags["row"], channels), vec)
@@ -413,7 +490,36 @@ def make_winograd_output_nhwc(dtype, lanes, tile):
                                          builder.mul(ir.Constant(intp, j), s_col))
                     masked_store(builder, finish_scalar_bias(builder, value, flags, bias_v),
                                  out_ptr, offset, _pixel_mask(builder, ok, channels))
-        return context.get_dummy_value()
+        builder.ret_void()
+
+    return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_output_nhwc_l{lanes}", fnty, body)
+
+
+def make_winograd_output_nhwc(dtype, lanes, tile):
+    """Build the intrinsic computing ``Y = A^T m A`` + bias + activation of F(tile x tile,
+    3x3) for ``lanes`` output channels of one NHWC tile.
+
+    Signature (jitted code only)::
+
+        winograd_output_nhwc(m, src, slab, out, dst, (s_row, s_col), (rows, cols, count),
+                             bias, b_off, epi)
+
+    ``m[src + xi*slab + k]`` is position ``xi`` of channel ``k``'s alpha x alpha
+    product.  Output pixel (r, j) of the tile, ``r < rows`` and ``j < cols``, channel
+    ``k < count`` (at most ``lanes``) goes to ``out[dst + r*s_row + j*s_col + k]``;
+    nothing else is written.  ``epi``: ``EPI_BIAS_ROW`` adds ``bias[b_off + k]`` (read
+    only then), then ``EPI_RELU`` / ``EPI_RELU6`` as in the GEMM epilogue.  The
+    transform is a function of its own (:func:`output_nhwc_function`), asked of the
+    tile helper by the intrinsic's ``request()``.
+    """
+    def arguments(context, builder, sig, args):
+        m, src, slab, out, dst, plane, window, bias, b_off, epi = args
+        return ([data_ptr(context, builder, sig.args[0], m, src), slab,
+                 data_ptr(context, builder, sig.args[3], out, dst)]
+                + cgutils.unpack_tuple(builder, plane, 2) + cgutils.unpack_tuple(builder, window, 3)
+                + [data_ptr(context, builder, sig.args[7], bias, b_off), epi])
+
+    emit, request = _calling(("winograd_output_nhwc", np.dtype(dtype).name, lanes, tile), arguments)
 
     @intrinsic
     def winograd_output_nhwc(typingctx, m, src, slab, out, dst, plane, window, bias, b_off, epi):
@@ -421,5 +527,12 @@ def make_winograd_output_nhwc(dtype, lanes, tile):
         sig = types.void(m, i, i, out, i, types.UniTuple(i, 2), types.UniTuple(i, 3), bias, i, i)
         return sig, emit
 
+    winograd_output_nhwc.request = request
     winograd_output_nhwc.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_output_nhwc_{lanes}"
     return winograd_output_nhwc
+
+
+#: Writers of the transforms as functions of their own, by the name a spec gives them
+#: (the tile helper, ``kernels/tilebuild.py``, writes them from the same specs).
+WRITERS = {"winograd_input": input_function, "winograd_output": output_function,
+           "winograd_input_nhwc": input_nhwc_function, "winograd_output_nhwc": output_nhwc_function}

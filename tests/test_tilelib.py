@@ -27,10 +27,28 @@ print(sorted(tilelib.compiled()))
 """
 
 
-def _run(cache, helper="1", prelude=""):
+_WINOGRAD = """
+import numpy as np, tilegemm as tg
+from tilegemm.kernels import tilelib
+from reference import reference_conv
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 8, 11, 13)).astype(np.float32)
+w = rng.standard_normal((5, 8, 3, 3)).astype(np.float32)
+ref = reference_conv(x, w, padding=1)
+for tile in (2, 4):
+    got = tg.conv2d(x, w, padding=1, algorithm="winograd", winograd_tile=tile)
+    nhwc = tg.conv2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, padding=1, layout="NHWC",
+                     algorithm="winograd", winograd_tile=tile)
+    assert np.abs(got - ref).max() < 1e-3 and np.abs(nhwc.transpose(0, 3, 1, 2) - ref).max() < 1e-3
+print(sorted(tilelib.compiled()))
+"""
+
+
+def _run(cache, helper="1", prelude="", script=_SCRIPT):
     env = dict(os.environ, TILEGEMM_CACHE_DIR=str(cache), NUMBA_CACHE_DIR=str(cache / "numba"),
                TILEGEMM_TILE_HELPER=helper)
-    done = subprocess.run([sys.executable, "-c", prelude + _SCRIPT], env=env,
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", prelude + script], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
@@ -52,6 +70,20 @@ def test_tiles_compile_once_and_load_in_later_processes(tmp_path, helper):
         assert set(first) < _stored(tmp_path)
     else:
         assert _stored(tmp_path) == set(first)  # only the tiles some loop called
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_winograd_transforms_compile_once_as_functions_of_their_own(tmp_path, helper):
+    """The four transforms of each tile size are compiled once (by the helper or the
+    caller), stored, and loaded by the next process, whose layers give the same results."""
+    first = ast.literal_eval(_run(tmp_path, helper, script=_WINOGRAD))
+    transforms = {f"tilegemm_float32_winograd{t}_{kind}" for t in (2, 4)
+                  for kind in ("input", "output", "input_nhwc", "output_nhwc")}
+    stored = {name.rsplit("_l", 1)[0] for name in _stored(tmp_path)}
+    assert transforms <= stored
+    if helper == "0":
+        assert transforms <= {name.rsplit("_l", 1)[0] for name in first}
+    assert _run(tmp_path, helper, script=_WINOGRAD) == "[]"
 
 
 def test_a_helper_that_cannot_start_leaves_the_tiles_to_the_caller(tmp_path):
