@@ -252,7 +252,9 @@ def share_address(kind):
     ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
     on the unpacked or packed path from a :func:`batch_blocks` block), compiled (or
     loaded from the cache) on first use."""
-    address = _shares.get(kind)
-    if address is None:
-        address = _shares[kind] = c_entry(jit(_SHARE_READERS[kind]), SHARE)
-    return address
+    entry = _shares.get(kind)
+    if entry is None:
+        reader = jit(_SHARE_READERS[kind])
+        # The dispatcher is kept: it holds the compiled code the address points into.
+        entry = _shares[kind] = (reader, c_entry(reader, SHARE))
+    return entry[1]
