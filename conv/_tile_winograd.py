@@ -36,9 +36,16 @@ winograd_input_nhwc = make_winograd_input_nhwc(DTYPE, LANES, TILE)
 winograd_output_nhwc = make_winograd_output_nhwc(DTYPE, LANES, TILE)
 
 
+_requested = set()
+
+
 def request_transforms(layout):
     """Ask the tile helper for ``layout``'s transforms (those not cached), so that it
-    compiles them while the task loop compiles here: the driver's call before its loop."""
+    compiles them while the task loop compiles here: the driver's call before its
+    loop, which does something only the first time."""
+    if layout in _requested:
+        return
+    _requested.add(layout)
     pair = ((winograd_input, winograd_output) if layout == "NCHW"
             else (winograd_input_nhwc, winograd_output_nhwc))
     for transform in pair:
