@@ -238,24 +238,31 @@ def make_winograd_input(dtype, lanes, tile=2):
     The transform is a function of its own (:func:`input_function`), compiled once;
     the intrinsic's ``request()`` asks the tile helper for it (:func:`_calling`).
     """
+    return _input_intrinsic("winograd_input", dtype, lanes, tile, (3, 4))
+
+
+def _input_intrinsic(kind, dtype, lanes, tile, sizes):
+    """The intrinsic ``(x, src, plane, window, buf, dst, slab)`` of the input transform
+    ``kind`` (:data:`WRITERS`), its plane and window tuples of ``sizes`` intp values."""
     def arguments(context, builder, sig, args):
         x, src, plane, window, buf, dst, slab = args
         zero = context.get_constant(types.intp, 0)
         return ([data_ptr(context, builder, sig.args[0], x, zero), src]
-                + cgutils.unpack_tuple(builder, plane, 3) + cgutils.unpack_tuple(builder, window, 4)
+                + cgutils.unpack_tuple(builder, plane, sizes[0])
+                + cgutils.unpack_tuple(builder, window, sizes[1])
                 + [data_ptr(context, builder, sig.args[4], buf, dst), slab])
 
-    emit, request = _calling(("winograd_input", np.dtype(dtype).name, lanes, tile), arguments)
+    emit, request = _calling((kind, np.dtype(dtype).name, lanes, tile), arguments)
 
     @intrinsic
-    def winograd_input(typingctx, x, src, plane, window, buf, dst, slab):
+    def input_transform(typingctx, x, src, plane, window, buf, dst, slab):
         i = types.intp
-        sig = types.void(x, i, types.UniTuple(i, 3), types.UniTuple(i, 4), buf, i, i)
+        sig = types.void(x, i, types.UniTuple(i, sizes[0]), types.UniTuple(i, sizes[1]), buf, i, i)
         return sig, emit
 
-    winograd_input.request = request
-    winograd_input.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_input_{lanes}"
-    return winograd_input
+    input_transform.request = request
+    input_transform.__name__ = f"{np.dtype(dtype).char}_{kind}{tile}_{lanes}"
+    return input_transform
 
 
 def output_function(dtype_name, lanes, tile):
@@ -427,24 +434,7 @@ def make_winograd_input_nhwc(dtype, lanes, tile):
     The transform is a function of its own (:func:`input_nhwc_function`), asked
     of the tile helper by the intrinsic's ``request()``.
     """
-    def arguments(context, builder, sig, args):
-        x, src, plane, window, buf, dst, slab = args
-        zero = context.get_constant(types.intp, 0)
-        return ([data_ptr(context, builder, sig.args[0], x, zero), src]
-                + cgutils.unpack_tuple(builder, plane, 4) + cgutils.unpack_tuple(builder, window, 3)
-                + [data_ptr(context, builder, sig.args[4], buf, dst), slab])
-
-    emit, request = _calling(("winograd_input_nhwc", np.dtype(dtype).name, lanes, tile), arguments)
-
-    @intrinsic
-    def winograd_input_nhwc(typingctx, x, src, plane, window, buf, dst, slab):
-        i = types.intp
-        sig = types.void(x, i, types.UniTuple(i, 4), types.UniTuple(i, 3), buf, i, i)
-        return sig, emit
-
-    winograd_input_nhwc.request = request
-    winograd_input_nhwc.__name__ = f"{np.dtype(dtype).char}_winograd{tile}_input_nhwc_{lanes}"
-    return winograd_input_nhwc
+    return _input_intrinsic("winograd_input_nhwc", dtype, lanes, tile, (4, 3))
 
 
 def output_nhwc_function(dtype_name, lanes, tile):
