@@ -12,7 +12,8 @@ from tilegemm.tuning.blocking import blocking
 RUNGS = [r.number for r in ladder.RUNGS]
 
 # Primes and sizes that are not multiples of MR (6), NR (64 / 32) or KC, including 1.
-SHAPES = [(1, 1, 1), (7, 37, 67), (67, 131, 37), (131, 7, 1), (1, 67, 131), (37, 200, 131)]
+SHAPES = [(1, 1, 1), (7, 37, 67), (67, 131, 37), (131, 7, 1), (1, 67, 131), (37, 200, 131),
+          (37, 131, 300)]  # n past rung 4's NC (256 with 2 MiB L2)
 
 
 def _operands(m, k, n, dtype, seed=0):

@@ -32,7 +32,8 @@ Modules: :mod:`~tilegemm.ladder.rungs` (rungs 0-3, 5, 6),
 """
 from tilegemm.ladder.register_tile import (make_register_tile, pack_columns,
                                            packed_register_tile, register_tile_kc,
-                                           register_tile_shape, vector_bits)
+                                           register_tile_nc, register_tile_shape,
+                                           vector_bits)
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
                                    local_tile_kc, loop_ikj, naive_ijk, packed, threaded,
                                    tile_in_local_array)
@@ -45,8 +46,8 @@ from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNI
 __all__ = [
     "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR", "local_tile_kc",
     "tile_in_local_array", "packed",
-    "register_tile_shape", "make_register_tile", "pack_columns", "register_tile_kc", "vector_bits",
-    "packed_register_tile", "library_micro_kernel", "threaded",
+    "register_tile_shape", "make_register_tile", "pack_columns", "register_tile_kc",
+    "register_tile_nc", "vector_bits", "packed_register_tile", "library_micro_kernel", "threaded",
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",
     "format_table", "SLOWER_BECAUSE", "SPREAD_WARNING", "SCALING_WARNING", "slower_notes",
     "smaller_n_notes", "width_notes", "busy_machine_warning",

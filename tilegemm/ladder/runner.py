@@ -100,7 +100,7 @@ def compute(number, a, b, c=None, blk=None):
         if custom_blocks:
             packed_register_tile(a, b, c, KC, MC, NC)
         else:
-            packed_register_tile(a, b, c)     # its own KC (register_tile_kc)
+            packed_register_tile(a, b, c)     # its own KC and NC (register_tile_kc/_nc)
     elif number == 5:
         mod = get_kernel(a.dtype, MR, NR).module
         one = a.dtype.type(1)
