@@ -487,10 +487,24 @@ def test_matvec_and_vecmat_take_the_short_path(monkeypatch, dtype, shape):
     got = tilegemm.matmul(z, A)
     assert got.shape == (k,) and got.dtype == dtype
     assert_close(got, z.astype(np.float64) @ A, error_bound(z[None], A, m, dtype)[0], "x @ A")
-    assert calls == [False, True]
+    # 2-D: one column of B, one row of A (the same products, 2-D results).
+    got = tilegemm.matmul(A, x[:, None])
+    assert got.shape == (m, 1)
+    assert_close(got[:, 0], A.astype(np.float64) @ x, error_bound(A, x[:, None], k, dtype)[:, 0],
+                 "A @ x[:, None]")
+    got = tilegemm.matmul(z[None], A)
+    assert got.shape == (1, k)
+    assert_close(got[0], z.astype(np.float64) @ A, error_bound(z[None], A, m, dtype)[0], "x[None] @ A")
+    assert len(calls) == 4 and calls[:2] == [False, True]   # (1 x k) @ (k x 1) may take either
     out = np.full(m, np.nan, dtype)
     assert tilegemm.matmul(A, x, out=out) is out
     assert_close(out, A.astype(np.float64) @ x, error_bound(A, x[:, None], k, dtype)[:, 0], "out=")
+    out = np.full((1, k), np.nan, dtype)
+    assert tilegemm.matmul(z[None], A, out=out) is out
+    assert_close(out[0], z.astype(np.float64) @ A, error_bound(z[None], A, m, dtype)[0], "2-D out=")
+    if k > 1:
+        with pytest.raises(ValueError, match="shape"):
+            tilegemm.matmul(z[None], A, out=np.empty((k, 1), dtype))   # same size, wrong shape
     assert np.array_equal(A, A0) and np.array_equal(x, x0) and np.array_equal(z, z0)
 
 
@@ -547,6 +561,10 @@ def test_matvec_against_guard_pages(dtype, shape):
         assert tilegemm.matmul(z, A, out=out_k) is out_k
         assert_close(out_k, z_vals.astype(np.float64) @ a_vals,
                      error_bound(z_vals[None], a_vals, m, dtype)[0], f"x @ A {where}")
+        row = guarded_empty((1, k), dtype, where=where)     # 2-D: one row of A
+        assert tilegemm.matmul(z.reshape(1, m), A, out=row) is row
+        assert_close(row[0], z_vals.astype(np.float64) @ a_vals,
+                     error_bound(z_vals[None], a_vals, m, dtype)[0], f"x[None] @ A {where}")
 
 
 @pytest.mark.parametrize("shape", [(300, 200), (1030, 520)], ids=lambda s: "x".join(map(str, s)))

@@ -118,6 +118,8 @@ def _tensor_matmul(a, b, out):
 def _short_path(a, b, out):
     """``a @ b`` (ndarrays) on one of matmul's short paths, or None where none applies."""
     if a.ndim == b.ndim == 2:
+        if a.shape[0] == 1 or b.shape[1] == 1:
+            return fast_matvec_2d(a, b, out)
         return fast_small_matmul(a, b, out)
     if a.ndim + b.ndim == 3:
         return fast_matvec(a, b, out)
@@ -165,6 +167,28 @@ def fast_matvec(a, b, out):
               and out.flags.c_contiguous and out.flags.writeable and not overlaps(out, a, b)):
         return None
     return matvec_into(mat, vec, out, vec_first)
+
+
+def fast_matvec_2d(a, b, out):
+    """``a @ b`` for 2-D operands of one row (``a``) or one column (``b``) on
+    :func:`fast_matvec`, as the matrix-vector product it is (the general path plans a
+    GEMM around it, three times the cost of a 256 x 256 product's arithmetic).  None
+    where :func:`fast_matvec` has none, or for an ``out`` that is not a C-contiguous
+    ndarray of the result's shape."""
+    m, n = a.shape[0], b.shape[1]
+    if out is not None and not (type(out) is np.ndarray and out.shape == (m, n)
+                                and out.flags.c_contiguous):
+        return None
+    flat_out = None if out is None else out.reshape(-1)
+    if m == 1 and a.flags.c_contiguous:
+        y = fast_matvec(a.reshape(-1), b, flat_out)
+    elif n == 1 and b.flags.c_contiguous:
+        y = fast_matvec(a, b.reshape(-1), flat_out)
+    else:
+        return None
+    if y is None:
+        return None
+    return y.reshape(m, n) if out is None else out
 
 
 def _batched(a, b, c, batch):
