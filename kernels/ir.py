@@ -136,8 +136,7 @@ def masked_load_call(builder, ptr, esize, mask):
     fn = builder.module.declare_intrinsic(
         f"llvm.masked.load.{vec_suffix(vec)}.p0",
         fnty=ir.FunctionType(vec, [ptr.type, ir.IntType(32), mask.type, vec]))
-    return builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize), mask,
-                             ir.Constant(vec, [0.0] * vec.count)])
+    return builder.call(fn, [ptr, ir.Constant(ir.IntType(32), esize), mask, ir.Constant(vec, None)])
 
 
 def any_set(builder, mask):
@@ -182,7 +181,9 @@ def store_vector(builder, value, ptr, esize, mask=None):
 
 
 def vec_suffix(vec):
-    """LLVM's overload suffix for a float vector type, e.g. ``v16f32``."""
+    """LLVM's overload suffix for a vector type, e.g. ``v16f32``, ``v8f64``, ``v16i32``."""
+    if isinstance(vec.element, ir.IntType):
+        return f"v{vec.count}i{vec.element.width}"
     return f"v{vec.count}{'f32' if isinstance(vec.element, ir.FloatType) else 'f64'}"
 
 

@@ -1,0 +1,131 @@
+"""Template for the int8 GEMM bound to one int8 micro-kernel: packers, corrections, five loops.
+
+``tilegemm.kernels.qgemm`` writes one module per (kind, bits) from this file with
+the configuration block filled in, as ``kernels/registry.py`` does for the float
+kernels: MR, NR and GROUP are compile-time constants, and Numba caches each
+module's machine code in its own file.
+
+``C = (A - za) @ (B - zb)``, int32, exact.  The loops are the float GEMM's (jc,
+pc, ic, jr, ir); the panels hold 32-bit words of ``GROUP`` consecutive k values
+(``kernels/int8.py``), zero past k's end and past the last row or column.  Each
+operand is packed as ``value + add``: for ``madd`` and ``generic`` the adds are
+minus the zero points, and the tile's int16 products need nothing more; for
+``vnni`` they make A unsigned and B signed bytes, and :func:`corrections` gives
+the per-row and per-column terms that turn ``A' @ B'`` back into the product.
+"""
+import numpy as np
+
+from tilegemm.ground.contracts import jit
+from tilegemm.kernels.int8 import make_int8_tile
+
+# --- configuration ---
+KIND = "vnni"
+BITS = 512
+MR = 6
+NR = 64
+GROUP = 4
+# --- end configuration ---
+
+tile = make_int8_tile(KIND, BITS, MR, NR)
+
+
+@jit
+def pack_a(a, i0, mc, p0, kc, a_add, out):
+    """Rows ``i0:i0+mc`` and columns ``p0:p0+kc`` of A, plus ``a_add``, into panels of
+    MR rows: per group of GROUP k values, MR words (row-major within a panel)."""
+    kg = (kc + GROUP - 1) // GROUP
+    whole = kc // GROUP
+    for ir in range(0, mc, MR):
+        base = (ir // MR) * kg * MR * GROUP
+        rows = min(MR, mc - ir)
+        for g in range(kg):
+            at = base + g * MR * GROUP
+            if g < whole and rows == MR:   # the common case, with no test per value
+                for i in range(MR):
+                    for t in range(GROUP):
+                        out[at + i * GROUP + t] = a[i0 + ir + i, p0 + g * GROUP + t] + a_add
+            else:
+                for i in range(MR):
+                    for t in range(GROUP):
+                        p = g * GROUP + t
+                        inside = i < rows and p < kc
+                        out[at + i * GROUP + t] = a[i0 + ir + i, p0 + p] + a_add if inside else 0
+
+
+@jit
+def pack_b(b, p0, kc, j0, nc, b_add, out):
+    """Rows ``p0:p0+kc`` and columns ``j0:j0+nc`` of B, plus ``b_add``, into panels of
+    NR columns: per group of GROUP k values, NR words, column j's values in word j."""
+    kg = (kc + GROUP - 1) // GROUP
+    whole = kc // GROUP
+    for jr in range(0, nc, NR):
+        base = (jr // NR) * kg * NR * GROUP
+        width = min(NR, nc - jr)
+        for g in range(kg):
+            at = base + g * NR * GROUP
+            if g < whole and width == NR:   # the common case: one value per row and column
+                for j in range(NR):
+                    for t in range(GROUP):
+                        out[at + j * GROUP + t] = b[p0 + g * GROUP + t, j0 + jr + j] + b_add
+            else:
+                for j in range(NR):
+                    for t in range(GROUP):
+                        p = g * GROUP + t
+                        inside = j < width and p < kc
+                        out[at + j * GROUP + t] = b[p0 + p, j0 + jr + j] + b_add if inside else 0
+
+
+@jit
+def corrections(a, b, adds, alpha, beta, rc, cc):
+    """``rc[i] = beta * sum_p A'[i, p] - k * alpha * beta`` and ``cc[j] = -alpha *
+    sum_p B'[p, j]`` (``A' = A + adds[0]``, ``B' = B + adds[1]``), wrapped to int32:
+    with them ``(A - za) @ (B - zb) = A' @ B' + rc[i] + cc[j]`` for ``alpha = za +
+    adds[0]`` and ``beta = -(zb + adds[1])``.  Each sum is skipped when its factor is 0."""
+    m, k = a.shape
+    n = b.shape[1]
+    a_add, b_add = adds
+    for i in range(m):
+        s = 0
+        if beta != 0:
+            for p in range(k):
+                s += a[i, p] + a_add
+        rc[i] = beta * s - k * alpha * beta
+    cc[:n] = 0
+    if alpha != 0:
+        for p in range(k):
+            for j in range(n):
+                cc[j] += b[p, j] + b_add
+        for j in range(n):
+            cc[j] = -alpha * cc[j]
+
+
+@jit
+def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc):
+    """``C = A' @ B' + rc[i] + cc[j]`` over the five loops (see the module docstring).
+
+    ``a`` (m x k) and ``b`` (k x n): int8 or uint8, any strides.  ``c``: flat int32,
+    ``C[i, j]`` at ``c_at[0] + i * c_at[1] + j``.  ``adds``: what the packers add to
+    A and B.  ``blocks``: ``(KC, MC, NC)``, KC a multiple of GROUP.  ``packs``:
+    ``(apack, apack_values, bpack, bpack_values)``, each buffer as int32 words and as
+    its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    c_off, ldc = c_at
+    KC, MC, NC = blocks
+    apack, apack_values, bpack, bpack_values = packs
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
+            kc = min(KC, k - pc)
+            kg = (kc + GROUP - 1) // GROUP
+            pack_b(b, pc, kc, jc, nc, adds[1], bpack_values)
+            first = 1 if pc == 0 else 0
+            for ic in range(0, m, MC):
+                mc = min(MC, m - ic)
+                pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
+                for jr in range(0, nc, NR):
+                    for ir in range(0, mc, MR):
+                        tile(kg, apack, (ir // MR) * kg * MR, bpack, (jr // NR) * kg * NR,
+                             c, c_off + (ic + ir) * ldc + jc + jr, ldc, first, rc, ic + ir,
+                             cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))

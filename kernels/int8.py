@@ -1,0 +1,181 @@
+"""The int8 micro-kernel generator: one function emits every int8 MR x NR tile as LLVM IR.
+
+Products of 8-bit integers are summed exactly in int32 lanes.  Both packed panels
+hold 32-bit words, each word ``GROUP`` consecutive k values of one row of A or one
+column of B, so one lane of a vector of B holds a column's group and one word of
+A, broadcast, a row's group.  Per group of k the tile loads NR/lanes vectors of B,
+broadcasts MR words of A and issues MR*NR/lanes dot-product steps into int32
+accumulators held in registers, as the float micro-kernel does with FMAs.
+
+The dot-product step is the kind's (:data:`GROUP`):
+
+* ``vnni``: ``vpdpbusd`` (AVX512-VNNI at 512 bits, AVX-VNNI or AVX512-VNNI+VL at
+  256): four products of an *unsigned* byte of A by a *signed* byte of B per lane,
+  added to it.  A is packed as ``a + 128`` when it is int8, B as ``b - 128`` when
+  it is uint8; the shifts and the zero points come back as row and column
+  corrections added when C is first written (see ``kernels/_int8.py``).
+* ``madd``: ``vpmaddwd`` then ``vpaddd``: two products of int16 per lane, the
+  operands widened to int16 while packing with their zero points already
+  subtracted (|a - za|, |b - zb| <= 255: the pair sums cannot saturate, unlike
+  ``vpmaddubsw``'s int16 sums).  AVX2 and AVX-512 without VNNI.
+* ``generic``: the same int16 pair products in plain IR, for any target.
+
+Every step is exact; the int32 lanes wrap modulo 2**32, and the caller proves that
+the true result fits in int32 (:func:`tilegemm.quant.qmatmul`), so the wrapped sum
+of the exact terms is the exact result.
+"""
+import inspect
+
+import llvmlite.ir as ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from tilegemm.kernels.ir import data_ptr, load_vector, splat, store_vector, vector_ptr
+
+#: k values per 32-bit word of the packed panels, per kind.
+GROUP = {"vnni": 4, "madd": 2, "generic": 2}
+
+#: (kind, bits) -> (MR, NR): MR * NR/lanes int32 accumulators in at most three
+#: quarters of the vector registers (32 at 512 bits, 16 below), the rest for B's
+#: vectors and the broadcast of A.
+TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
+         ("madd", 256): (6, 16), ("generic", 128): (4, 8)}
+
+#: The tile's arguments, in order (``a``, ``b``, ``c``, ``rc``, ``cc`` int32 arrays,
+#: the rest integers); see :func:`make_int8_tile`.
+ARGUMENTS = ("kg", "a", "a_off", "b", "b_off", "c", "c_off", "ldc", "first",
+             "rc", "rc_off", "cc", "cc_off", "rows", "cols")
+ARRAYS = ("a", "b", "c", "rc", "cc")
+
+
+def make_int8_tile(kind, bits, mr, nr):
+    """The intrinsic of one int8 ``mr x nr`` tile of the ``kind`` (see the module docstring).
+
+    ``tile(kg, a, a_off, b, b_off, c, c_off, ldc, first, rc, rc_off, cc, cc_off,
+    rows, cols)`` sums ``kg`` groups of k: A's packed panel from ``a[a_off]``
+    (``mr`` words per group), B's from ``b[b_off]`` (``nr`` words per group).  It
+    writes ``C[:rows, :cols]`` (from ``c[c_off]``, rows ``ldc`` apart): with
+    ``first`` nonzero ``C = acc + rc[rc_off + i] + cc[cc_off + j]`` (C is not read),
+    else ``C += acc``.  Nothing outside ``C[:rows, :cols]``, ``rc[rc_off:][:rows]``
+    and ``cc[cc_off:][:cols]`` is read or written.
+    """
+    lanes = bits // 32
+    if nr % lanes or kind not in GROUP:
+        raise ValueError(f"no int8 tile {mr}x{nr} of kind {kind!r} at {bits} bits")
+
+    def emit(context, builder, sig, args):
+        _emit_tile(context, builder, sig, dict(zip(ARGUMENTS, args)), kind, bits, mr, nr)
+        return context.get_dummy_value()
+
+    def typing(typingctx, *args):
+        if len(args) != len(ARGUMENTS):
+            raise TypeError(f"the int8 tile takes {len(ARGUMENTS)} arguments "
+                            f"({', '.join(ARGUMENTS)}), got {len(args)}")
+        given = dict(zip(ARGUMENTS, args))
+        for name in ARRAYS:
+            if not (isinstance(given[name], types.Array) and given[name].dtype == types.int32):
+                raise TypeError(f"int8 tile: {name} must be an int32 array, got {given[name]}")
+        return types.void(*(given[n] if n in ARRAYS else types.intp for n in ARGUMENTS)), emit
+
+    # Numba binds a call's arguments by the typing function's signature: spell it out.
+    param = inspect.Parameter
+    typing.__signature__ = inspect.Signature(
+        [param(n, param.POSITIONAL_OR_KEYWORD) for n in ("typingctx",) + ARGUMENTS])
+    tile = intrinsic(typing)
+    tile.__name__ = f"int8_tile_{kind}{bits}_{mr}x{nr}"
+    return tile
+
+
+def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
+    """The k loop over groups, then the update of C (see :func:`make_int8_tile`)."""
+    lanes = bits // 32
+    nv = nr // lanes
+    i32 = ir.IntType(32)
+    vec = ir.VectorType(i32, lanes)
+    intp = context.get_value_type(types.intp)
+    types_of = dict(zip(ARGUMENTS, sig.args))
+
+    def const(value):
+        return ir.Constant(intp, value)
+
+    def ptr(name):
+        return data_ptr(context, builder, types_of[name], arg[name], arg[name + "_off"])
+
+    a_ptr, b_ptr, c_ptr, rc_ptr, cc_ptr = ptr("a"), ptr("b"), ptr("c"), ptr("rc"), ptr("cc")
+    acc = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(nv)]
+           for _ in range(mr)]
+    with cgutils.for_range(builder, arg["kg"]) as loop:
+        g = loop.index
+        b_row = builder.mul(g, const(nr))
+        bv = [builder.load(vector_ptr(builder, b_ptr, builder.add(b_row, const(v * lanes)), vec),
+                           align=4) for v in range(nv)]
+        a_col = builder.mul(g, const(mr))
+        for i in range(mr):
+            aw = splat(builder, builder.load(builder.gep(a_ptr, [builder.add(a_col, const(i))])),
+                       vec)
+            for v in range(nv):
+                builder.store(_dot_step(builder, kind, bits, builder.load(acc[i][v]), aw, bv[v]),
+                              acc[i][v])
+    _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
+
+
+def _dot_step(builder, kind, bits, acc, a, b):
+    """``acc`` plus, per lane, the sum of the products of the lane's k group of ``a``
+    and ``b`` (bytes, unsigned by signed, for ``vnni``; int16 pairs otherwise)."""
+    vec = acc.type
+    if kind == "vnni":
+        fn = builder.module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{bits}",
+                                              fnty=ir.FunctionType(vec, [vec, vec, vec]))
+        return builder.call(fn, [acc, a, b])
+    pairs = ir.VectorType(ir.IntType(16), 2 * vec.count)
+    a16, b16 = builder.bitcast(a, pairs), builder.bitcast(b, pairs)
+    if kind == "madd":
+        name = "llvm.x86.avx512.pmaddw.d.512" if bits == 512 else "llvm.x86.avx2.pmadd.wd"
+        fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vec, [pairs, pairs]))
+        return builder.add(acc, builder.call(fn, [a16, b16]))
+    wide = ir.VectorType(ir.IntType(32), 2 * vec.count)
+    prod = builder.mul(builder.sext(a16, wide), builder.sext(b16, wide))
+    i32 = ir.IntType(32)
+
+    def lanes(first):
+        mask = ir.Constant(ir.VectorType(i32, vec.count), list(range(first, 2 * vec.count, 2)))
+        return builder.shuffle_vector(prod, prod, mask)
+
+    return builder.add(acc, builder.add(lanes(0), lanes(1)))
+
+
+def _update_c(builder, arg, ptrs, acc, vec, const):
+    """``C[:rows, :cols]`` = acc + row and column corrections (``first``) or += acc."""
+    c_ptr, rc_ptr, cc_ptr = ptrs
+    lanes = vec.count
+    mr, nv = len(acc), len(acc[0])
+    intp = const(0).type
+    lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
+    cols = splat(builder, arg["cols"], lane.type)
+    masks = [builder.icmp_signed("<", builder.add(lane, splat(builder, const(v * lanes), lane.type)),
+                                 cols) for v in range(nv)]
+    first = builder.icmp_signed("!=", arg["first"], const(0))
+    with builder.if_else(first) as (then_first, then_add):
+        with then_first:
+            col_corr = [load_vector(builder, vector_ptr(builder, cc_ptr, const(v * lanes), vec), 4,
+                                    masks[v]) for v in range(nv)]
+            _store_rows(builder, arg, acc, c_ptr, masks, const, lambda i, v, c: builder.add(
+                c, builder.add(col_corr[v], splat(builder, builder.load(
+                    builder.gep(rc_ptr, [const(i)])), vec))), read_c=False)
+        with then_add:
+            _store_rows(builder, arg, acc, c_ptr, masks, const, lambda i, v, c: c, read_c=True)
+
+
+def _store_rows(builder, arg, acc, c_ptr, masks, const, extra, read_c):
+    """Each valid row of the tile: ``C = extra(i, v, acc)`` (+ C when ``read_c``)."""
+    vec = acc[0][0].type.pointee
+    for i in range(len(acc)):
+        with builder.if_then(builder.icmp_signed("<", const(i), arg["rows"])):
+            row = builder.mul(const(i), arg["ldc"])
+            for v in range(len(acc[0])):
+                ptr = vector_ptr(builder, c_ptr, builder.add(row, const(v * vec.count)), vec)
+                r = extra(i, v, builder.load(acc[i][v]))
+                if read_c:
+                    r = builder.add(r, load_vector(builder, ptr, 4, masks[v]))
+                store_vector(builder, r, ptr, 4, masks[v])

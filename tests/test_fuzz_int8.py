@@ -1,0 +1,128 @@
+"""Differential fuzzing of ``tilegemm.qmatmul`` against int64 numpy: bit-exact or wrong.
+
+Generated: int8/uint8 operands over their whole range (or their extremes only, the
+sums' worst case), zero points anywhere in range, shapes around the int8 tile's
+MR, NR and k group and around its KC, 1-D operands and broadcast batches, layouts
+(C, Fortran, negative strides, steps, zero strides), and ``out=`` in C or Fortran
+order or sharing memory with an input.  Checks: equality with ``(a - za) @ (b - zb)``
+in int64, inputs unchanged, ``out`` returned.
+
+The kernel tester below runs every int8 kernel this process can run (``kernels/int8.py``:
+VNNI, int16 pair products and the generic one, at each width) on the same edges.
+"""
+import numpy as np
+import pytest
+from fuzz_settings import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tilegemm
+from tilegemm.kernels.int8 import GROUP, TILES
+from tilegemm.kernels.qgemm import int8_blocking, int8_kind, qgemm_into, runnable_int8_kinds
+
+DTYPES = (np.int8, np.uint8)
+
+
+def _edges():
+    """Sizes where the int8 engine changes behaviour: around MR, NR, GROUP and KC."""
+    kind, bits = int8_kind()
+    mr, nr = TILES[(kind, bits)]
+    kc = int8_blocking(kind, bits)[0]
+    sizes = {0, 1, 2, 3, 5, mr - 1, mr, mr + 1, nr - 1, nr, nr + 1, GROUP[kind] + 1, kc, kc + 1}
+    return sorted(s for s in sizes if s >= 0)
+
+
+EDGES = _edges()
+
+
+def values(rng, shape, dtype, extremes):
+    info = np.iinfo(dtype)
+    if extremes:
+        return rng.choice(np.array([info.min, info.max], dtype), size=shape)
+    return rng.integers(info.min, info.max + 1, size=shape, endpoint=False).astype(dtype)
+
+
+def laid_out(x, layout):
+    """``x``'s values in the memory layout named ``layout`` (a view where it can be)."""
+    if layout == "F":
+        return np.asfortranarray(x)
+    if layout == "reversed":
+        return np.ascontiguousarray(x[..., ::-1, ::-1])[..., ::-1, ::-1]
+    if layout == "step":
+        big = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+        big[..., ::2] = x
+        return big[..., ::2]
+    return np.ascontiguousarray(x)
+
+
+def expected(a, b, za, zb):
+    return (a.astype(np.int64) - za) @ (b.astype(np.int64) - zb)
+
+
+@fuzz_settings()
+@given(data=st.data())
+def test_qmatmul_matches_int64_numpy(data):
+    da, db = data.draw(st.sampled_from(DTYPES)), data.draw(st.sampled_from(DTYPES))
+    m, n, k = (data.draw(st.sampled_from(EDGES) | st.integers(0, 80), label=name)
+               for name in "mnk")
+    ia, ib = np.iinfo(da), np.iinfo(db)
+    za = data.draw(st.sampled_from([0, ia.min, ia.max]) | st.integers(ia.min, ia.max))
+    zb = data.draw(st.sampled_from([0, ib.min, ib.max]) | st.integers(ib.min, ib.max))
+    batch_a = data.draw(st.sampled_from([(), (2,), (1,), (2, 1)]), label="batch of a")
+    batch_b = data.draw(st.sampled_from([(), (2,), (1, 2)]), label="batch of b")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    extremes = data.draw(st.booleans(), label="extremes only")
+    a = laid_out(values(rng, batch_a + (m, k), da, extremes),
+                 data.draw(st.sampled_from(["C", "F", "reversed", "step"]), label="layout of a"))
+    b = laid_out(values(rng, batch_b + (k, n), db, extremes),
+                 data.draw(st.sampled_from(["C", "F", "reversed", "step"]), label="layout of b"))
+    vector = data.draw(st.sampled_from([None, "a", "b"]), label="1-D operand")
+    if vector == "a" and not batch_a:
+        a = a[0] if m else values(rng, (k,), da, extremes)
+    if vector == "b" and not batch_b:
+        b = b[:, 0] if n else values(rng, (k,), db, extremes)
+    a0, b0 = a.copy(), b.copy()
+    want = expected(a, b, za, zb)
+    out_kind = data.draw(st.sampled_from([None, "C", "F"]), label="out")
+    out = None if out_kind is None else np.full(want.shape, -7, np.int32, order=out_kind)
+    got = tilegemm.qmatmul(a, b, out=out, a_zero_point=za, b_zero_point=zb)
+    assert out is None or got is out
+    assert got.dtype == np.int32 and got.shape == want.shape
+    assert np.array_equal(got, want)
+    assert np.array_equal(a, a0) and np.array_equal(b, b0)
+
+
+def test_qmatmul_out_sharing_memory_with_an_input():
+    rng = np.random.default_rng(3)
+    buf = np.zeros(64 * 4, np.int8)
+    a = buf[:64].reshape(8, 8)
+    a[...] = values(rng, (8, 8), np.int8, False)
+    b = values(rng, (8, 8), np.int8, False)
+    want = expected(a, b, 1, -2)
+    out = buf.view(np.int32).reshape(8, 8)       # the same bytes as a
+    assert tilegemm.qmatmul(a, b, out=out, a_zero_point=1, b_zero_point=-2) is out
+    assert np.array_equal(out, want)
+
+
+# --------------------------------------------------------------------------- kernel tester
+
+KINDS = runnable_int8_kinds()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kb: f"{kb[0]}{kb[1]}")
+@pytest.mark.parametrize("da", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("db", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_int8_kernel_is_exact(kind, da, db):
+    """Every kernel on its own edges: MR, NR, the k group and KC, one below and above,
+    full-range and extreme values, zero points at both ends of the range."""
+    mr, nr = TILES[kind]
+    kc = int8_blocking(*kind)[0]
+    rng = np.random.default_rng(11)
+    ia, ib = np.iinfo(da), np.iinfo(db)
+    for m, n, k in [(1, 1, 1), (mr, nr, GROUP[kind[0]]), (mr + 1, nr - 1, kc + 1),
+                    (2 * mr - 1, 2 * nr + 1, 2 * kc - 3), (mr - 1, 1, 0), (3, nr + 1, 7)]:
+        for za, zb, extremes in [(0, 0, False), (ia.max, ib.min, True), (ia.min, ib.max, False)]:
+            a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes)
+            c = np.full((m, n), 99, np.int32)
+            qgemm_into(a, b, c, za, zb, kind)
+            assert np.array_equal(c, expected(a, b, za, zb)), (kind, m, n, k, za, zb)
