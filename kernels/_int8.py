@@ -53,6 +53,25 @@ def pack_a(a, i0, mc, p0, kc, a_add, out):
 
 
 @jit
+def pack_a_words(a_words, i0, mc, g0, kg, flip, out):
+    """:func:`pack_a` for ``vnni`` when A's rows are whole 32-bit words (k a multiple of 4,
+    rows contiguous): ``a_words`` is A viewed as words, and a word of A is a word of the
+    panel, ``^ flip`` (0x80808080 adds 128 to every byte of an int8 A).  Groups
+    ``g0:g0+kg``; rows past ``mc`` are zero.  Three times faster than byte by byte."""
+    for ir in range(0, mc, MR):
+        base = (ir // MR) * kg * MR
+        for i in range(MR):
+            o = out[base + i:]
+            if ir + i < mc:
+                row = a_words[i0 + ir + i, g0:g0 + kg]
+                for g in range(kg):
+                    o[g * MR] = row[g] ^ flip
+            else:
+                for g in range(kg):
+                    o[g * MR] = 0
+
+
+@jit
 def pack_b(b, p0, kc, j0, nc, b_add, out):
     """Rows ``p0:p0+kc`` and columns ``j0:j0+nc`` of B, plus ``b_add``, into panels of
     NR columns: per group of GROUP k values, NR words, column j's values in word j."""
@@ -63,16 +82,35 @@ def pack_b(b, p0, kc, j0, nc, b_add, out):
         width = min(NR, nc - jr)
         for g in range(kg):
             at = base + g * NR * GROUP
-            if g < whole and width == NR:   # the common case: one value per row and column
-                for j in range(NR):
-                    for t in range(GROUP):
-                        out[at + j * GROUP + t] = b[p0 + g * GROUP + t, j0 + jr + j] + b_add
+            if g < whole and width == NR:   # the common case: the group's rows, interleaved
+                _interleave_rows(b, p0 + g * GROUP, j0 + jr, b_add, out[at:at + NR * GROUP])
             else:
                 for j in range(NR):
                     for t in range(GROUP):
                         p = g * GROUP + t
                         inside = j < width and p < kc
                         out[at + j * GROUP + t] = b[p0 + p, j0 + jr + j] + b_add if inside else 0
+
+
+@jit
+def _interleave_rows(b, p, j, add, out):
+    """``out[q * GROUP + t] = b[p + t, j + q] + add`` for the NR columns from ``j``.
+
+    The GROUP rows are read in one loop: each is a contiguous run (vector loads)
+    and the stores interleave them, which LLVM does with shuffles; one row at a time
+    (strided stores) or an element at a time ran 4-7x slower."""
+    r0, r1 = b[p, j:j + NR], b[p + 1, j:j + NR]
+    if GROUP == 4:
+        r2, r3 = b[p + 2, j:j + NR], b[p + 3, j:j + NR]
+        for q in range(NR):
+            out[4 * q] = r0[q] + add
+            out[4 * q + 1] = r1[q] + add
+            out[4 * q + 2] = r2[q] + add
+            out[4 * q + 3] = r3[q] + add
+    else:
+        for q in range(NR):
+            out[2 * q] = r0[q] + add
+            out[2 * q + 1] = r1[q] + add
 
 
 @jit
@@ -100,7 +138,7 @@ def corrections(a, b, adds, alpha, beta, rc, cc):
 
 
 @jit
-def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc):
+def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
     """``C = A' @ B' + rc[i] + cc[j]`` over the five loops (see the module docstring).
 
     ``a`` (m x k) and ``b`` (k x n): int8 or uint8, any strides.  ``c``: flat int32,
@@ -108,12 +146,16 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc):
     A and B.  ``blocks``: ``(KC, MC, NC)``, KC a multiple of GROUP.  ``packs``:
     ``(apack, apack_values, bpack, bpack_values)``, each buffer as int32 words and as
     its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
+    ``a_words``: A as 32-bit words for :func:`pack_a_words` (``vnni``), or an array
+    of no columns: A is packed a value at a time.
     """
     m, k = a.shape
     n = b.shape[1]
     c_off, ldc = c_at
     KC, MC, NC = blocks
     apack, apack_values, bpack, bpack_values = packs
+    # Only vnni passes words, and there adds[0] is 128 exactly when A is int8.
+    flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
@@ -123,7 +165,10 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc):
             first = 1 if pc == 0 else 0
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
+                if a_words.shape[1] > 0:
+                    pack_a_words(a_words, ic, mc, pc // GROUP, kg, flip, apack)
+                else:
+                    pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
                 for jr in range(0, nc, NR):
                     for ir in range(0, mc, MR):
                         tile(kg, apack, (ir // MR) * kg * MR, bpack, (jr // NR) * kg * NR,

@@ -40,9 +40,11 @@ def target_features():
     return ISA_BASE_FEATURES[detect().isa]
 
 
+@functools.lru_cache(maxsize=1)
 def runnable_int8_kinds():
     """Every ``(kind, bits)`` this process can run, best first: the detected ISA's
-    (``TILEGEMM_ISA`` if forced) and every narrower one's."""
+    (``TILEGEMM_ISA`` if forced) and every narrower one's.  Read once per process,
+    like the machine itself (asking LLVM costs a product of 256 x 256)."""
     isa = detect().isa
     have = target_features()
     out = []
@@ -55,7 +57,7 @@ def runnable_int8_kinds():
             out.append(("vnni", 256))
         out.append(("madd", 256))
     out.append(("generic", 128))
-    return out
+    return tuple(out)
 
 
 def int8_kind():
@@ -63,6 +65,7 @@ def int8_kind():
     return runnable_int8_kinds()[0]
 
 
+@functools.lru_cache(maxsize=None)
 def int8_blocking(kind, bits):
     """``(KC, MC, NC)`` for the int8 kernel: a KC x NR micro-panel of B in half of L1d,
     an MC x KC block of A in half of L2, a KC x NC panel of B in about two L2s.
@@ -128,5 +131,17 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None):
     rc, cc = buffers(("int8 corrections", kind, bits), (m, n), np.int32)
     mod.corrections(a, b, adds, alpha, beta, rc, cc)
     packs = (apack, apack.view(a_type), bpack, bpack.view(b_type))
-    mod.qgemm(a, b, c.reshape(-1), (0, n), adds, (KC, MC, NC), packs, rc, cc)
+    mod.qgemm(a, b, c.reshape(-1), (0, n), adds, (KC, MC, NC), packs, rc, cc, _words(a, kind))
     return c
+
+
+_NO_WORDS = np.zeros((1, 0), np.uint32)
+
+
+def _words(a, kind):
+    """A as 32-bit words when ``vnni`` can pack it a word at a time (rows contiguous,
+    k a multiple of 4, each row starting on a 4-byte boundary), else no words."""
+    if (kind == "vnni" and a.shape[1] % 4 == 0 and a.shape[1] > 0 and a.strides[1] == 1
+            and a.strides[0] % 4 == 0 and a.ctypes.data % 4 == 0):
+        return a.view(np.uint32)
+    return _NO_WORDS
