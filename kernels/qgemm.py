@@ -12,9 +12,11 @@ import threading
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import round_up
+from tilegemm.ground.contracts import cdiv, round_up
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels import tilelib
+from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.tuning.machine import detect
 
@@ -100,14 +102,23 @@ def get_int8_kernel(kind=None, bits=None):
         return _load(kind, bits)
 
 
-def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None):
+#: Products of at least this many int8 operations (2 m n k) are shared among threads:
+#: 2 x 320^3, about 0.15 ms at 450 GOPS (a 256^3 product ran 1.5x slower on two threads
+#: than on one: handing a share to a thread costs tens of microseconds here).
+SHARE_OPS = 1 << 26
+
+
+def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None):
     """``c[...] = (a - a_zero_point) @ (b - b_zero_point)`` exactly, in int32.
 
     ``a`` (m x k) and ``b`` (k x n) int8 or uint8 2-D arrays, any strides; ``c`` a
     writeable C-contiguous m x n int32 array.
     The caller has checked the shapes and that the result fits in int32
     (``tilegemm.quant.overflow_bound``).  ``kind``: a ``(kind, bits)`` of
-    :func:`runnable_int8_kinds`, default this host's.  Returns ``c``.
+    :func:`runnable_int8_kinds`, default this host's.  ``threads``: default
+    :func:`tilegemm.get_num_threads` from ``SHARE_OPS`` operations on, else 1; the
+    threads take equal blocks of rows (or of columns, when n is the longer side).
+    Returns ``c``.
     """
     m, k = a.shape
     n = b.shape[1]
@@ -117,22 +128,65 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None):
     mod = get_int8_kernel(kind, bits)
     if kind == "vnni":   # unsigned A, signed B for vpdpbusd
         adds = (128 if a.dtype == np.int8 else 0, -128 if b.dtype == np.uint8 else 0)
-        a_type, b_type = np.uint8, np.int8
     else:                # int16 values with the zero points taken off
         adds = (-int(a_zero_point), -int(b_zero_point))
-        a_type = b_type = np.int16
     alpha, beta = int(a_zero_point) + adds[0], -(int(b_zero_point) + adds[1])
-    KC, MC, NC = int8_blocking(kind, bits)
-    group = GROUP[kind]
-    KC = min(KC, round_up(max(k, 1), group))
-    MC, NC = min(MC, round_up(m, mod.MR)), min(NC, round_up(n, mod.NR))
-    words_a, words_b = MC * KC // group, NC * KC // group
-    apack, bpack = buffers(("int8", kind, bits), (words_a, words_b), np.int32)
     rc, cc = buffers(("int8 corrections", kind, bits), (m, n), np.int32)
     mod.corrections(a, b, adds, alpha, beta, rc, cc)
-    packs = (apack, apack.view(a_type), bpack, bpack.view(b_type))
-    mod.qgemm(a, b, c.reshape(-1), (0, n), adds, (KC, MC, NC), packs, rc, cc, _words(a, kind))
+    if threads is None:
+        threads = get_num_threads() if 2 * m * n * k >= SHARE_OPS else 1
+    flat = c.reshape(-1)
+
+    def share(i0, i1, j0, j1):
+        part = a[i0:i1]
+        blocks = _blocks(kind, bits, i1 - i0, j1 - j0, k)
+        mod.qgemm(part, b[:, j0:j1], flat, (i0 * n + j0, n), adds, blocks,
+                  _packs(kind, bits, blocks), rc[i0:i1], cc[j0:j1], _words(part, kind))
+
+    run_shares(share, _parts(m, n, mod.MR, mod.NR, threads))
     return c
+
+
+def _parts(m, n, mr, nr, threads):
+    """``(i0, i1, j0, j1)`` of each thread's block of C: equal runs of whole tiles along
+    the longer side, at most one per thread."""
+    rows = m >= n
+    size, unit = (m, mr) if rows else (n, nr)
+    count = max(1, min(threads, cdiv(size, unit)))
+    step = round_up(cdiv(size, count), unit)
+    cuts = [(s, min(s + step, size)) for s in range(0, size, step)]
+    return [(s, e, 0, n) if rows else (0, m, s, e) for s, e in cuts]
+
+
+@functools.lru_cache(maxsize=256)
+def _blocks(kind, bits, m, n, k):
+    """``(KC, MC, NC)`` of an m x k by k x n product: :func:`int8_blocking`'s, no larger
+    than the product needs."""
+    mr, nr = TILES[(kind, bits)]
+    KC, MC, NC = int8_blocking(kind, bits)
+    return (min(KC, round_up(max(k, 1), GROUP[kind])), min(MC, round_up(m, mr)),
+            min(NC, round_up(n, nr)))
+
+
+_local = threading.local()
+
+
+def _packs(kind, bits, blocks):
+    """This thread's pack buffers for ``blocks``, each as int32 words and as its packed
+    values (unsigned and signed bytes for ``vnni``, int16 otherwise); the views are
+    kept with the buffers, which grow when a product needs more."""
+    KC, MC, NC = blocks
+    group = GROUP[kind]
+    need = (MC * KC // group, NC * KC // group)
+    held = getattr(_local, "packs", None)
+    if held is None:
+        held = _local.packs = {}
+    packs = held.get((kind, bits))
+    if packs is None or packs[0].size < need[0] or packs[2].size < need[1]:
+        apack, bpack = buffers(("int8", kind, bits), need, np.int32)
+        a_type, b_type = (np.uint8, np.int8) if kind == "vnni" else (np.int16, np.int16)
+        packs = held[(kind, bits)] = (apack, apack.view(a_type), bpack, bpack.view(b_type))
+    return packs
 
 
 _NO_WORDS = np.zeros((1, 0), np.uint32)
@@ -140,8 +194,8 @@ _NO_WORDS = np.zeros((1, 0), np.uint32)
 
 def _words(a, kind):
     """A as 32-bit words when ``vnni`` can pack it a word at a time (rows contiguous,
-    k a multiple of 4, each row starting on a 4-byte boundary), else no words."""
+    k and the row stride multiples of 4), else no words."""
     if (kind == "vnni" and a.shape[1] % 4 == 0 and a.shape[1] > 0 and a.strides[1] == 1
-            and a.strides[0] % 4 == 0 and a.ctypes.data % 4 == 0):
-        return a.view(np.uint32)
+            and a.strides[0] % 4 == 0):
+        return a.view(np.uint32)     # may be unaligned: Numba then reads it as such
     return _NO_WORDS

@@ -3,7 +3,8 @@
 Generated: int8/uint8 operands over their whole range (or their extremes only, the
 sums' worst case), zero points anywhere in range, shapes around the int8 tile's
 MR, NR and k group and around its KC, 1-D operands and broadcast batches, layouts
-(C, Fortran, negative strides, steps, zero strides), and ``out=`` in C or Fortran
+(C, Fortran, negative strides, rows a byte off a word boundary, steps), and
+``out=`` in C or Fortran
 order or sharing memory with an input.  Checks: equality with ``(a - za) @ (b - zb)``
 in int64, inputs unchanged, ``out`` returned.
 
@@ -21,6 +22,7 @@ from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.qgemm import int8_blocking, int8_kind, qgemm_into, runnable_int8_kinds
 
 DTYPES = (np.int8, np.uint8)
+LAYOUTS = ("C", "C", "F", "reversed", "offset", "step")
 
 
 def _edges():
@@ -48,6 +50,10 @@ def laid_out(x, layout):
         return np.asfortranarray(x)
     if layout == "reversed":
         return np.ascontiguousarray(x[..., ::-1, ::-1])[..., ::-1, ::-1]
+    if layout == "offset":     # rows a byte past a 4-byte boundary: unaligned words
+        big = np.zeros(x.shape[:-1] + (x.shape[-1] + 4,), x.dtype)
+        big[..., 1:1 + x.shape[-1]] = x
+        return big[..., 1:1 + x.shape[-1]]
     if layout == "step":
         big = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
         big[..., ::2] = x
@@ -73,9 +79,9 @@ def test_qmatmul_matches_int64_numpy(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
     extremes = data.draw(st.booleans(), label="extremes only")
     a = laid_out(values(rng, batch_a + (m, k), da, extremes),
-                 data.draw(st.sampled_from(["C", "F", "reversed", "step"]), label="layout of a"))
+                 data.draw(st.sampled_from(LAYOUTS), label="layout of a"))
     b = laid_out(values(rng, batch_b + (k, n), db, extremes),
-                 data.draw(st.sampled_from(["C", "F", "reversed", "step"]), label="layout of b"))
+                 data.draw(st.sampled_from(LAYOUTS), label="layout of b"))
     vector = data.draw(st.sampled_from([None, "a", "b"]), label="1-D operand")
     if vector == "a" and not batch_a:
         a = a[0] if m else values(rng, (k,), da, extremes)
@@ -126,3 +132,9 @@ def test_every_int8_kernel_is_exact(kind, da, db):
             c = np.full((m, n), 99, np.int32)
             qgemm_into(a, b, c, za, zb, kind)
             assert np.array_equal(c, expected(a, b, za, zb)), (kind, m, n, k, za, zb)
+    # Shared among threads: blocks of rows (m >= n) and of columns.
+    for m, n, k in [(4 * mr + 1, 2 * nr - 3, kc + 5), (mr + 2, 3 * nr + 1, 2 * kc)]:
+        a, b = values(rng, (m, k), da, False), values(rng, (k, n), db, False)
+        c = np.full((m, n), 99, np.int32)
+        qgemm_into(a, b, c, 2, 1, kind, threads=3)
+        assert np.array_equal(c, expected(a, b, 2, 1)), (kind, m, n, k, "threads")

@@ -183,3 +183,17 @@ def test_qmatmul_from_several_python_threads():
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("shape", [(520, 130, 520), (130, 520, 520)], ids=["rows", "columns"])
+def test_qmatmul_shared_among_threads_is_exact(shape):
+    """Products past SHARE_OPS go to several threads, by rows or by columns."""
+    m, n, k = shape
+    rng = np.random.default_rng(6)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    b = rng.integers(0, 256, (k, n)).astype(np.uint8)
+    want = _int64_product(a, b, -5, 200)
+    for threads in (1, 2):
+        with tilegemm.thread_limit(threads):
+            got = tilegemm.qmatmul(a, b, a_zero_point=-5, b_zero_point=200)
+        assert np.array_equal(got, want), threads

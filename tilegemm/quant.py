@@ -14,6 +14,8 @@ from tilegemm.kernels.qgemm import qgemm_into
 
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 INT32_MAX = 2 ** 31 - 1
+#: (min, max) of each quantized dtype (np.iinfo costs a microsecond a call).
+RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
 
 def int8_array(x, name, func):
@@ -27,12 +29,13 @@ def int8_array(x, name, func):
 
 def zero_point(value, dtype, name, func):
     """A zero point as a Python int in ``dtype``'s range (TypeError / ValueError otherwise)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if type(value) is not int and (isinstance(value, (bool, np.bool_))
+                                   or not isinstance(value, (int, np.integer))):
         raise TypeError(f"{func}: {name} must be an integer, got {type(value).__name__}")
-    info = np.iinfo(dtype)
-    if not info.min <= value <= info.max:
+    low, high = RANGES[np.dtype(dtype)]
+    if not low <= value <= high:
         raise ValueError(f"{func}: {name} = {value} is outside {np.dtype(dtype)}'s range "
-                         f"[{info.min}, {info.max}]")
+                         f"[{low}, {high}]")
     return int(value)
 
 
@@ -40,8 +43,8 @@ def overflow_bound(a_dtype, a_zero_point, b_dtype, b_zero_point):
     """The largest k for which every ``(a - za) @ (b - zb)`` of these dtypes fits in
     int32: ``INT32_MAX // (max|a - za| * max|b - zb|)`` over the dtypes' ranges."""
     def widest(dtype, z):
-        info = np.iinfo(dtype)
-        return max(z - info.min, info.max - z)
+        low, high = RANGES[np.dtype(dtype)]
+        return max(z - low, high - z)
     return INT32_MAX // (widest(a_dtype, a_zero_point) * widest(b_dtype, b_zero_point))
 
 
@@ -79,6 +82,9 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
         (:func:`overflow_bound` names the largest k allowed).
     """
     func = "qmatmul"
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
+            and out is None and a.dtype in INT8_DTYPES and b.dtype in INT8_DTYPES):
+        return _plain_2d(a, b, a_zero_point, b_zero_point)
     a, b = int8_array(a, "a", func), int8_array(b, "b", func)
     za = zero_point(a_zero_point, a.dtype, "a_zero_point", func)
     zb = zero_point(b_zero_point, b.dtype, "b_zero_point", func)
@@ -95,11 +101,7 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     except ValueError:
         raise ValueError(f"{func}: batch dimensions of shapes {a.shape} and {b.shape} "
                          "do not broadcast") from None
-    bound = overflow_bound(a.dtype, za, b.dtype, zb)
-    if k > bound:
-        raise ValueError(f"{func}: k = {k} could overflow the int32 sum: for {a.dtype} with "
-                         f"zero point {za} and {b.dtype} with zero point {zb}, k must be at "
-                         f"most {bound}")
+    _check_bound(k, a.dtype, za, b.dtype, zb)
     shape = batch + (m, n)
     squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
     out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
@@ -117,6 +119,29 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     if target is not dest:
         dest[...] = target
     return out
+
+
+def _plain_2d(a, b, a_zero_point, b_zero_point):
+    """:func:`qmatmul` of two 2-D ndarrays of int8/uint8 with no ``out``: the same
+    checks, without the broadcasting that costs a small product as much as its
+    arithmetic."""
+    func = "qmatmul"
+    za = zero_point(a_zero_point, a.dtype, "a_zero_point", func)
+    zb = zero_point(b_zero_point, b.dtype, "b_zero_point", func)
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
+                         f"{k} (last dim of a) != {k2} (dim -2 of b)")
+    _check_bound(k, a.dtype, za, b.dtype, zb)
+    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb)
+
+
+def _check_bound(k, a_dtype, za, b_dtype, zb):
+    bound = overflow_bound(a_dtype, za, b_dtype, zb)
+    if k > bound:
+        raise ValueError(f"qmatmul: k = {k} could overflow the int32 sum: for {a_dtype} with "
+                         f"zero point {za} and {b_dtype} with zero point {zb}, k must be at "
+                         f"most {bound}")
 
 
 def _channel_shape(x, axis, func):
