@@ -115,12 +115,12 @@ def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
             aw = splat(builder, builder.load(builder.gep(a_ptr, [builder.add(a_col, const(i))])),
                        vec)
             for v in range(nv):
-                builder.store(_dot_step(builder, kind, bits, builder.load(acc[i][v]), aw, bv[v]),
+                builder.store(dot_step(builder, kind, bits, builder.load(acc[i][v]), aw, bv[v]),
                               acc[i][v])
     _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
 
 
-def _dot_step(builder, kind, bits, acc, a, b):
+def dot_step(builder, kind, bits, acc, a, b):
     """``acc`` plus, per lane, the sum of the products of the lane's k group of ``a``
     and ``b`` (bytes, unsigned by signed, for ``vnni``; int16 pairs otherwise)."""
     vec = acc.type

@@ -1,4 +1,5 @@
-"""Measured peak: an FMA-throughput loop built with the micro-kernels' IR toolkit.
+"""Measured peak: an FMA-throughput loop built with the micro-kernels' IR toolkit,
+and its int8 counterpart on the int8 kernels' dot-product step.
 
 ``chains`` independent vector accumulators, each updated by ``llvm.fma`` in a
 counted loop with no memory traffic, so it runs at the FMA ports' throughput.
@@ -17,6 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.int8 import GROUP, dot_step
 from tilegemm.kernels.ir import fma, splat
 from tilegemm.tuning.machine import detect
 from tilegemm.tuning.peak import lanes_for
@@ -70,6 +72,71 @@ def fma_kernel(dtype):
     return run
 
 
+def _make_dot_loop(kind, bits, chains):
+    """The int8 counterpart of the FMA loop: ``chains`` int32 vectors, each updated by
+    the int8 kind's dot-product step (``kernels/int8.py``) every iteration."""
+    @intrinsic
+    def dot_loop(typingctx, iters, x):
+        sig = types.int32(types.intp, types.int32)
+
+        def codegen(context, builder, sig, args):
+            iters, x = args
+            vec = ir.VectorType(ir.IntType(32), bits // 32)
+            xv = splat(builder, x, vec)
+            acc = [cgutils.alloca_once_value(builder, xv) for _ in range(chains)]
+            with cgutils.for_range(builder, iters):
+                for slot in acc:
+                    # The accumulator is also a factor: a product of loop invariants
+                    # (x by x) would be hoisted, leaving only the adds to time.
+                    value = builder.load(slot)
+                    builder.store(dot_step(builder, kind, bits, value, value, xv), slot)
+            total = builder.load(acc[0])
+            for slot in acc[1:]:
+                total = builder.add(total, builder.load(slot))
+            return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+
+        return sig, codegen
+
+    return dot_loop
+
+
+@functools.lru_cache(maxsize=None)
+def int8_kernel(kind, bits):
+    """The jitted int8 dot-product loop of ``(kind, bits)``: ``kernel(iters, x)``, as
+    :func:`fma_kernel` (not cached on disk: a closure over the intrinsic)."""
+    dot_loop = _make_dot_loop(kind, bits, fma_chains())
+
+    @numba.njit(**dict(JIT, cache=False))
+    def run(iters, x):
+        return dot_loop(iters, x)
+
+    return run
+
+
+def int8_ops_per_iteration(kind, bits):
+    """Integer operations (a multiply and an add per product) of one iteration of
+    :func:`int8_kernel`'s loop."""
+    return fma_chains() * (bits // 32) * GROUP[kind] * 2
+
+
+def measured_int8_peak_gops(threads=1, kind=None, seconds=0.2):
+    """The int8 dot-product throughput of this machine's int8 kernel (``vpdpbusd``,
+    ``vpmaddwd`` or the generic pair products), in GOPS, measured like
+    :func:`measured_peak_gflops` and cached for the process."""
+    from tilegemm.kernels.qgemm import int8_kind
+    kind, bits = kind or int8_kind()
+    key = ("int8", kind, bits, int(threads))
+    with _measured_lock:
+        if key in _measured:
+            return _measured[key]
+    single = measured_int8_peak_gops(1, (kind, bits), seconds) if threads > 1 else None
+    with _measured_lock:
+        if key not in _measured:
+            _measured[key] = measure_peak(int8_kernel(kind, bits), np.int32, threads, seconds,
+                                          single, ops=int8_ops_per_iteration(kind, bits))
+        return _measured[key]
+
+
 _measured = {}
 _measured_lock = threading.Lock()
 
@@ -113,7 +180,7 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
         return _measured[key]
 
 
-def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None):
+def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None, ops=None):
     """The GFLOPS of ``kernel`` (:func:`fma_kernel`'s calling convention) run on
     ``threads`` threads at once, measured now (:func:`measured_peak_gflops` caches it).
 
@@ -128,14 +195,18 @@ def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None):
     single : float, optional
         The one-thread figure: a several-thread figure below ``PEAK_SCALING`` times
         ``threads`` times it is measured again, up to ``PEAK_ATTEMPTS`` times in all.
+    ops : int, optional
+        Operations of one iteration, for a loop of another kind (the int8 loop);
+        default the FMA loop's flops.
 
     Returns
     -------
     float
         GFLOPS.
     """
-    x = np.dtype(dtype).type(1e-8)
-    flops_per_iter = fma_chains() * lanes_for(dtype) * 2
+    integer = np.dtype(dtype).kind == "i"
+    x = np.dtype(dtype).type(1 if integer else 1e-8)
+    flops_per_iter = ops or fma_chains() * lanes_for(dtype) * 2
 
     def run(iters):
         # Same threading as the engine: one Python thread per share, the GIL released.

@@ -449,18 +449,36 @@ def _plan(argv, tmp_path):
 
 
 @pytest.mark.parametrize("argv, ops", [
-    ([], ("gemm", "conv")),
+    ([], ("gemm", "conv", "int8")),
     (["--sizes", "16"], ("gemm",)),
     (["--layers", "resnet50_1x1"], ("conv",)),
     (["--batch", "2"], ("conv",)),
     (["--layout", "NHWC"], ("conv",)),
     (["--ms"], ("conv",)),
     (["--memory"], ("conv",)),
-    (["--sizes", "16", "--layers", "resnet50_1x1"], ("gemm", "conv")),
-    (["--op", "all", "--ms"], ("gemm", "conv")),
+    (["--sizes", "16", "--layers", "resnet50_1x1"], ("gemm", "conv", "int8")),
+    (["--op", "all", "--ms"], ("gemm", "conv", "int8")),
+    (["--op", "int8"], ("int8",)),
 ])
 def test_options_imply_the_op_they_belong_to(argv, ops, tmp_path):
     assert _plan(argv, tmp_path).ops == ops
+
+
+def test_int8_takes_no_gemm_or_conv_options(capsys):
+    status, _, err = run_cli(["bench", "--op", "int8", "--sizes", "64"], capsys)
+    assert status == 2 and "--sizes cannot go with --op int8" in err
+
+
+def test_int8_case_record_and_table():
+    """One small int8 case end to end: every party timed, the result checked, a table row."""
+    from tilegemm.tools import int8_suite
+    record = int8_suite.run_int8_case(int8_suite.Int8Case(64, 1), reps=1, min_time=0.001)
+    assert record["check"]["ok"] and record["op"] == "int8"
+    assert {"tilegemm", "tilegemm float32"} <= set(record["results"])
+    assert record["results"]["tilegemm float32"]["ratio"] > 0
+    title, headers, rows = int8_suite.int8_table([record])
+    assert len(rows) == 1 and len(rows[0]) == len(headers) and rows[0][0] == 64
+    assert "int8 gemm n=64" in int8_suite.row_text(record)
 
 
 def test_out_naming_a_file_is_rejected_before_measuring(tmp_path, capsys):

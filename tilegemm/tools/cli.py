@@ -1,7 +1,7 @@
 """The ``tilegemm`` command line: ``info``, ``bench`` and ``ladder``.
 
     python -m tilegemm info [--json]
-    python -m tilegemm bench [--quick] [--op gemm|conv|all] [--dtype ...] [--threads ...]
+    python -m tilegemm bench [--quick] [--op gemm|conv|int8|all] [--dtype ...] [--threads ...]
                              [--sizes ...] [--out DIR]
     python -m tilegemm bench --op conv [--layout NHWC] [--ms] [--scaling] [--memory]
     python -m tilegemm bench --compare A.json B.json
@@ -61,9 +61,10 @@ def build_parser():
         "bench", help="GFLOPS report against peak, numpy and torch",
         description="Benchmark GEMM (and convolution) against the measured peak and numpy/torch; "
                     "writes report.md, report.json and PNG plots to --out.")
-    b.add_argument("--op", choices=("gemm", "conv", "all"), default=None,
+    b.add_argument("--op", choices=("gemm", "conv", "int8", "all"), default=None,
                    help="what to benchmark (default: all; gemm when only --sizes/--shapes are given, "
-                        "conv when only convolution options are)")
+                        "conv when only convolution options are); int8: the exact int8 GEMM "
+                        "against our float32 and onnxruntime")
     b.add_argument("--dtype", default="all",
                    help="float32, float64, a comma list, or all (default)")
     b.add_argument("--threads", default=None,
@@ -174,6 +175,9 @@ def check_bench_options(args, defaults):
         raise UsageError(f"{gemm_only[0]} names GEMM products and cannot go with --op conv")
     if args.op == "gemm" and conv_only:
         raise UsageError(f"{conv_only[0]} is a convolution option and cannot go with --op gemm")
+    if args.op == "int8" and (gemm_only or conv_only):
+        raise UsageError(f"{(gemm_only + conv_only)[0]} cannot go with --op int8 (square sizes "
+                         "of its own, 256 to 2048)")
 
 
 def cmd_bench(args, argv, defaults):

@@ -262,6 +262,9 @@ def row_text(record):
                                 [("tilegemm", record["check"])]) if not c["ok"]]
         return (f"{case} {record['dtype']} {timing.threads_text(record['threads'])}: {parties}"
                 + (f" WRONG RESULT: {', '.join(wrong)}" if wrong else ""))
+    if op == "int8":
+        from tilegemm.tools.int8_suite import row_text as int8_row_text
+        return int8_row_text(record)
     if op == "conv-scaling":
         ups = ", ".join(f"{r['party'].replace('tilegemm:', '')} {r['speedup']:.2f}×"
                         for r in record["rows"])
@@ -301,7 +304,7 @@ def new_report(settings, machine):
         "commit": source["commit"], "dirty": source["dirty"], "partial": None,
         "settings": settings,
         "machine": machine,
-        "gemm": [], "first_call": [],
+        "gemm": [], "first_call": [], "int8": [],
         "conv": {"available": None, "reason": "", "records": []},
         "memory_bandwidth": None, "plots": [], "plots_skipped": "",
         "load_average": {"start": None, "end": None},
@@ -400,6 +403,11 @@ def markdown_report(report):
                 out += [""] if summary[1:] else []
         if conv.get("memory"):
             out += [memory_text(conv["memory"]) + ".", ""]
+    if report.get("int8"):
+        from tilegemm.tools.int8_suite import int8_table
+        title, headers, rows = int8_table(report["int8"])
+        out += ["## int8 GEMM", "", title + "; % of the measured int8 dot-product peak.", "",
+                format_table(headers, rows, markdown=True), ""]
     out += ["## Plots", ""]
     for path in report["plots"]:
         out += [f"![{os.path.splitext(path)[0]}]({path})", ""]

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass, asdict
 
-from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, report, timing
+from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, int8_suite, report, timing
 from tilegemm.tools.options import (UsageError, check_out_dir, parse_dtypes, parse_shapes,
                                     parse_sizes, parse_threads)
 from tilegemm.tools.progress import Progress
@@ -18,7 +18,7 @@ from tilegemm.tools.progress import Progress
 class BenchPlan:
     """What one ``bench`` run measures and where it writes."""
 
-    ops: tuple = ("gemm", "conv")
+    ops: tuple = ("gemm", "conv", "int8")
     dtypes: tuple = ("float32", "float64")
     threads: tuple = (1,)
     sizes: tuple = gemm_suite.SQUARE_SIZES
@@ -69,7 +69,7 @@ class BenchPlan:
         op = args.op or _implied_op(args)
         check_out_dir(args.out)
         return cls(
-            ops=("gemm", "conv") if op == "all" else (op,),
+            ops=("gemm", "conv", "int8") if op == "all" else (op,),
             dtypes=tuple(parse_dtypes(args.dtype)), threads=tuple(threads),
             sizes=tuple(sizes), shapes=tuple(parse_shapes(args.shapes)) if args.shapes else (),
             skinny=not explicit, quick=args.quick, reps=reps, min_time=min_time,
@@ -116,6 +116,10 @@ def _plan_steps(plan, rep):
     if "conv" in plan.ops:
         rep["conv"]["available"] = True
         steps += _conv_steps(plan, rep["conv"])
+    if "int8" in plan.ops:
+        for case in int8_suite.int8_cases(plan.threads, plan.quick):
+            steps.append(_Step(case.title(), lambda c=case: int8_suite.run_int8_case(
+                c, plan.reps, plan.min_time), rep["int8"].append))
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
@@ -156,6 +160,8 @@ def print_tables(rep, stream=sys.stdout):
     has_torch = report.has_torch_results(rep)
     tables = report.gemm_tables(rep["gemm"], has_torch)
     tables += report.all_conv_tables(rep)
+    if rep.get("int8"):
+        tables.append(int8_suite.int8_table(rep["int8"]))
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
     notes = report.conv_notes(rep["conv"]["records"])
@@ -190,6 +196,8 @@ def _failed_checks(rep):
     for r in rep["conv"]["records"]:
         bad += [f"conv {r['layer']} {name} {r['dtype']} {r['threads']}t"
                 for name, c in r["check"].items() if not c["ok"]]
+    bad += [f"int8 gemm n={r['n']} {r['threads']}t" for r in rep.get("int8", [])
+            if not r["check"]["ok"]]
     return bad
 
 
