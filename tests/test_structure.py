@@ -23,6 +23,9 @@ MAX_FUNCTION_LINES = 80
 #: flat argument list is the tile's ABI, ``ARGUMENTS`` in kernels/microkernel.py
 #: (docs/kernels.md says why it stays flat).
 MAX_PARAMETERS = 12
+#: Public functions whose parameters are an outside operator's contract (with the most
+#: they may take): ``qconv2d`` takes ONNX QLinearConv's inputs with conv2d's geometry.
+WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14}
 
 
 def _modules():
@@ -77,7 +80,8 @@ def test_no_function_takes_more_than_a_dozen_parameters(folder, rel, path):
     many = [f"{getattr(node, 'name', 'lambda')} ({count(node.args)})"
             for node in ast.walk(_tree(path))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            and count(node.args) > MAX_PARAMETERS]
+            and count(node.args) > WIDE_SIGNATURES.get((rel, getattr(node, "name", "")),
+                                                       MAX_PARAMETERS)]
     assert not many, f"{rel}: functions of over {MAX_PARAMETERS} parameters: {many}"
 
 

@@ -101,7 +101,7 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     except ValueError:
         raise ValueError(f"{func}: batch dimensions of shapes {a.shape} and {b.shape} "
                          "do not broadcast") from None
-    _check_bound(k, a.dtype, za, b.dtype, zb)
+    check_bound(k, a.dtype, za, b.dtype, zb)
     shape = batch + (m, n)
     squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
     out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
@@ -132,14 +132,16 @@ def _plain_2d(a, b, a_zero_point, b_zero_point):
     if k != k2:
         raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
                          f"{k} (last dim of a) != {k2} (dim -2 of b)")
-    _check_bound(k, a.dtype, za, b.dtype, zb)
+    check_bound(k, a.dtype, za, b.dtype, zb)
     return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb)
 
 
-def _check_bound(k, a_dtype, za, b_dtype, zb):
+def check_bound(k, a_dtype, za, b_dtype, zb, func="qmatmul"):
+    """ValueError unless every sum of k products of these operands fits in int32
+    (:func:`overflow_bound`), naming the largest k allowed."""
     bound = overflow_bound(a_dtype, za, b_dtype, zb)
     if k > bound:
-        raise ValueError(f"qmatmul: k = {k} could overflow the int32 sum: for {a_dtype} with "
+        raise ValueError(f"{func}: k = {k} could overflow the int32 sum: for {a_dtype} with "
                          f"zero point {za} and {b_dtype} with zero point {zb}, k must be at "
                          f"most {bound}")
 

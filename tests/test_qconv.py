@@ -1,0 +1,127 @@
+"""qconv2d's contracts: errors, prepared weights, memory, threads, NaN.
+
+Its results over generated layers are checked in ``test_fuzz_int8.py``.
+"""
+import threading
+
+import numpy as np
+import pytest
+from guard import GUARD_PAGES, guarded_empty
+
+import tilegemm
+
+
+def _layer(seed=0, layout="NCHW", dtype=np.uint8):
+    rng = np.random.default_rng(seed)
+    shape = (2, 8, 9, 10) if layout == "NCHW" else (2, 9, 10, 8)
+    x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, shape).astype(dtype)
+    w = rng.integers(-127, 128, (6, 8, 3, 3)).astype(np.int8)
+    return x, w, rng.uniform(1e-3, 1e-2, 6)
+
+
+def test_qconv2d_rejects_bad_input():
+    x, w, ws = _layer()
+    cases = [
+        (TypeError, "dtype float32", dict(x=x.astype(np.float32))),
+        (TypeError, "dtype int16", dict(w=w.astype(np.int16))),
+        (TypeError, "4-D int8 array", dict(w=w.astype(np.uint8))),
+        (TypeError, "w_scale is required", dict(w_scale=None)),
+        (ValueError, r"shape \(6,\)", dict(w_scale=np.ones(5))),
+        (ValueError, "positive and finite", dict(w_scale=np.zeros(6))),
+        (ValueError, "positive and finite", dict(x_scale=-1.0)),
+        (ValueError, "positive and finite", dict(out_scale=np.inf)),
+        (ValueError, "range", dict(x_zero_point=256)),
+        (ValueError, "range", dict(out_scale=0.1, out_zero_point=-1)),
+        (ValueError, r"bias must have shape \(6,\)", dict(bias=np.zeros(5))),
+        (ValueError, "no quantized code", dict(bias=np.full(6, np.nan), out_scale=0.1)),
+        (ValueError, "activation", dict(activation="gelu")),
+        (ValueError, "layout", dict(layout="NWHC")),
+        (ValueError, "groups", dict(groups=3)),
+        (ValueError, "negative", dict(padding=-1)),
+    ]
+    for error, words, change in cases:
+        kw = dict(x=x, x_scale=0.02, w=w, w_scale=ws)
+        kw.update(change)
+        args = [kw.pop(n) for n in ("x", "x_scale", "w", "w_scale")]
+        with pytest.raises(error, match=words):
+            tilegemm.qconv2d(*args, **kw)
+
+
+def test_qconv2d_refuses_a_kernel_whose_sums_could_overflow():
+    """uint8 input with zero point 0 by int8 weights: at most 65793 products a sum."""
+    x = np.zeros((1, 7311, 3, 3), np.uint8)          # 7311 x 9 = 65799 products
+    w = np.zeros((1, 7311, 3, 3), np.int8)
+    with pytest.raises(ValueError, match="at most 65793"):
+        tilegemm.qconv2d(x, 1.0, w, 1.0)
+    assert tilegemm.qconv2d(x[:, :7310], 1.0, w[:, :7310], 1.0).shape == (1, 1, 1, 1)
+
+
+def test_prepared_weights_give_the_same_result_and_are_read_only():
+    x, w, ws = _layer(1)
+    cw = tilegemm.QConvWeights(w, ws)
+    assert cw.shape == w.shape and not cw.weight.flags.writeable
+    for layout in ("NCHW", "NHWC"):
+        xl = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        a = tilegemm.qconv2d(xl, 0.02, w, ws, padding=1, layout=layout, x_zero_point=5)
+        b = tilegemm.qconv2d(xl, 0.02, cw, padding=1, layout=layout, x_zero_point=5)
+        assert np.array_equal(a, b)
+    w[0, 0, 0, 0] ^= 1                                # the prepared copy does not follow
+    assert np.array_equal(tilegemm.qconv2d(x, 0.02, cw, padding=1, x_zero_point=5),
+                          tilegemm.qconv2d(x, 0.02, cw, padding=1, x_zero_point=5))
+    with pytest.raises(TypeError, match="4-D int8"):
+        tilegemm.QConvWeights(w[0], 1.0)
+
+
+def test_the_output_zero_point_s_type_gives_the_output_dtype():
+    x, w, ws = _layer(5)
+    assert tilegemm.qconv2d(x, 0.02, w, ws, out_scale=0.1, out_zero_point=3).dtype == np.uint8
+    y = tilegemm.qconv2d(x, 0.02, w, ws, out_scale=0.1, out_zero_point=np.int8(-3))
+    assert y.dtype == np.int8 and y.min() >= -128
+    assert tilegemm.qconv2d(x, 0.02, w, ws).dtype == np.float32
+
+
+def test_qconv2d_float_output_propagates_nan_bias():
+    x, w, ws = _layer(2)
+    bias = np.zeros(6)
+    bias[2] = np.nan
+    y = tilegemm.qconv2d(x, 0.02, w, ws, bias)
+    assert np.isnan(y[:, 2]).all() and not np.isnan(np.delete(y, 2, axis=1)).any()
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_qconv2d_against_guard_pages(layout):
+    """No read past the input or the weights when each ends (or starts) at a guard page;
+    3x3 with padding (patches) and 1x1 (the input read in place)."""
+    x_vals, w_vals, ws = _layer(3, layout, np.int8)
+    for kernel, padding in ((3, 1), (1, 0)):
+        wk = np.ascontiguousarray(w_vals[:, :, :kernel, :kernel])
+        want = tilegemm.qconv2d(x_vals, 0.02, wk, ws, padding=padding, layout=layout,
+                                x_zero_point=-3, out_scale=0.05)
+        for where in ("after", "before"):
+            x = guarded_empty(x_vals.shape, np.int8, where=where)
+            w = guarded_empty(wk.shape, np.int8, where=where)
+            x[...], w[...] = x_vals, wk
+            got = tilegemm.qconv2d(x, 0.02, w, ws, padding=padding, layout=layout,
+                                   x_zero_point=-3, out_scale=0.05)
+            assert np.array_equal(got, want), (kernel, where)
+
+
+def test_qconv2d_from_several_python_threads():
+    x, w, ws = _layer(4)
+    cw = tilegemm.QConvWeights(w, ws)
+    want = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
+    errors = []
+
+    def work():
+        for _ in range(20):
+            got = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
+            if not np.array_equal(got, want):
+                errors.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

@@ -1,0 +1,165 @@
+"""The quantized convolution's public face: :func:`qconv2d` and :class:`QConvWeights`.
+
+int8 weights per output channel, an int8 or uint8 input with a zero point, int32
+sums on the exact int8 GEMM and one fused epilogue (``conv/quantized.py``).
+"""
+import numpy as np
+
+from tilegemm.conv.params import ACTIVATIONS, conv_params
+from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
+from tilegemm.conv.quantized import qconv2d_into
+from tilegemm.ground.validate import check_choice, float_array, real_scalar
+from tilegemm.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
+
+
+def _positive(value, name, func):
+    value = real_scalar(value, name, func)
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{func}: {name} must be positive and finite, got {value}")
+    return value
+
+
+def _channel_scales(w_scale, K, func):
+    """``w_scale`` as K float64 values: one per output channel, or one for all."""
+    scales = np.asarray(w_scale, np.float64) if not np.isscalar(w_scale) else None
+    if scales is None or scales.ndim == 0:
+        return np.full(K, _positive(w_scale if scales is None else float(scales), "w_scale",
+                                    func))
+    if scales.shape != (K,):
+        raise ValueError(f"{func}: w_scale must be a scalar or have shape ({K},) (one per "
+                         f"output channel), got {scales.shape}")
+    if not (np.isfinite(scales).all() and (scales > 0).all()):
+        raise ValueError(f"{func}: w_scale must be positive and finite")
+    return scales
+
+
+class QConvWeights:
+    """int8 convolution weights prepared once for many :func:`qconv2d` calls.
+
+    Holds a read-only copy of the weights and their per-channel scales, and the
+    matrices the quantized GEMM multiplies (per group ``kh*kw*Cg x Kg``), made on
+    first use.  The int8 micro-kernels' panels are still packed on every call.
+
+    Parameters
+    ----------
+    weight : array_like of int8, shape (K, C/groups, kh, kw)
+    w_scale : float or array_like of float, shape (K,)
+        Positive; one scale per output channel or one for all.
+    """
+
+    def __init__(self, weight, w_scale):
+        func = "QConvWeights"
+        w = int8_array(weight, "weight", func)
+        if w.dtype != np.int8 or w.ndim != 4:
+            raise TypeError(f"{func}: weight must be a 4-D int8 array (K, C/groups, kh, kw), got "
+                            f"{w.ndim}-D {w.dtype} (quantize weights with tilegemm.quantize)")
+        self.weight = np.array(w, order="C")
+        self.weight.flags.writeable = False
+        self.scales = _channel_scales(w_scale, w.shape[0], func)
+        self._matrices = {}
+
+    @property
+    def shape(self):
+        return self.weight.shape
+
+    def matrices(self, groups):
+        """Per group, the ``kh*kw*Cg x Kg`` int8 matrix the quantized GEMM takes, rows
+        in (r, s, c) order as the channels-last patches hold them (cached)."""
+        if groups not in self._matrices:
+            K, Cg, kh, kw = self.weight.shape
+            Kg = K // groups
+            self._matrices[groups] = [
+                np.ascontiguousarray(self.weight[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
+                                     .reshape(kh * kw * Cg, Kg)) for g in range(groups)]
+        return self._matrices[groups]
+
+    def __repr__(self):
+        return f"QConvWeights(shape={self.shape})"
+
+
+def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1, padding=0,
+            dilation=1, groups=1, activation=None, out_scale=None, out_zero_point=0,
+            layout="NCHW"):
+    """Quantized 2-D convolution: int8 weights, exact int32 sums, one fused epilogue.
+
+    Computes ``y = conv2d(x - x_zero_point, w) * x_scale * w_scale[k] + bias[k]``,
+    then ``activation``, with the sums exact in int32; returns y as float32, or with
+    ``out_scale`` the code ``clip(round(y / out_scale) + out_zero_point)`` (round half
+    to even, saturating) as ONNX's QLinearConv does.  Geometry as
+    :func:`tilegemm.conv2d` (torch semantics).
+
+    Parameters
+    ----------
+    x : array_like of int8 or uint8
+        ``(N, C, H, W)``, or ``(N, H, W, C)`` with ``layout="NHWC"``.
+    x_scale : float
+        Positive.
+    w : array_like of int8, shape (K, C/groups, kh, kw), or QConvWeights
+        Symmetric (no zero point).  :class:`QConvWeights` for weights used many times
+        (``w_scale`` is then its own).
+    w_scale : float or array_like of float, shape (K,)
+        Positive; per output channel or one for all.
+    bias : array_like of float, shape (K,), optional
+        In the output's real units (added after scaling).
+    x_zero_point : int
+        In ``x``'s dtype range; the padding holds it (it adds nothing).
+    stride, padding, dilation, groups
+        As :func:`tilegemm.conv2d`.
+    activation : None, "relu" or "relu6"
+    out_scale : float, optional
+        Requantize with this scale; None returns float32.
+    out_zero_point : int, numpy.int8 or numpy.uint8
+        In the output dtype's range.  As ONNX's ``y_zero_point``, its type gives the
+        requantized output's dtype: a numpy int8 or uint8 scalar makes that dtype,
+        a Python int keeps ``x``'s.
+    layout : "NCHW" or "NHWC"
+
+    Returns
+    -------
+    ndarray
+        ``(N, K, Ho, Wo)`` or ``(N, Ho, Wo, K)``: float32, or int8/uint8 when
+        requantized.
+
+    Raises
+    ------
+    TypeError
+        Inputs of other dtypes (float input, non-int8 weights), non-integer zero points
+        or geometry.
+    ValueError
+        Shapes, geometry or groups that do not fit, scales that are not positive and
+        finite, a scale array of the wrong length, zero points out of range, unknown
+        activation or layout, a non-finite bias when requantizing, or a kernel so
+        large (C/groups x kh x kw) that the int32 sums could overflow.
+    """
+    func = "qconv2d"
+    if not isinstance(w, QConvWeights) and w_scale is None:
+        raise TypeError(f"{func}: w_scale is required with plain weights")
+    prepared = w if isinstance(w, QConvWeights) else QConvWeights(w, w_scale)
+    x = int8_array(x, "x", func)
+    check_choice(activation, ACTIVATIONS, "activation", func)
+    p = conv_params(x.shape, prepared.shape, stride, padding, dilation, groups, layout, func)
+    zx = zero_point(x_zero_point, x.dtype, "x_zero_point", func)
+    check_bound(p.Cg * p.kh * p.kw, x.dtype, zx, np.dtype(np.int8), 0, func)
+    mult = _positive(x_scale, "x_scale", func) * prepared.scales
+    b = np.zeros(p.K) if bias is None else float_array(bias, "bias", func).astype(np.float64)
+    if b.shape != (p.K,):
+        raise ValueError(f"{func}: bias must have shape ({p.K},), got {b.shape}")
+    out, requant = _output(p, out_scale, out_zero_point, x.dtype, b, func)
+    if out.size == 0:
+        return out
+    return qconv2d_into(np.ascontiguousarray(x), zx, prepared.matrices(p.groups),
+                        (mult, b, ACTIVATION_CODES[activation], requant), p, out)
+
+
+def _output(p, out_scale, out_zero_point, x_dtype, bias, func):
+    """The output array and the epilogue's ``requant`` tuple (scale 0: float output)."""
+    if out_scale is None:
+        return np.empty(p.output_shape(), np.float32), (0.0, 0.0, 0.0, 0.0)
+    typed = isinstance(out_zero_point, np.integer) and np.dtype(type(out_zero_point)) in INT8_DTYPES
+    dtype = np.dtype(type(out_zero_point)) if typed else np.dtype(x_dtype)
+    if not np.isfinite(bias).all():
+        raise ValueError(f"{func}: bias holds NaN or infinite values, which have no quantized code")
+    zp = zero_point(out_zero_point, dtype, "out_zero_point", func)
+    low, high = RANGES[dtype]
+    scale = _positive(out_scale, "out_scale", func)
+    return np.empty(p.output_shape(), dtype), (scale, float(zp), float(low), float(high))
