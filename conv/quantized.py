@@ -53,9 +53,10 @@ def fill_bytes(typingctx, dst, dst_at, value, count):
 
 @jit
 def patches_nhwc(x, n, c0, cg, geom, zero, out):
-    """``out[oy*Wo + ox, (r*kw + s)*cg + c]``: as :func:`patches_nchw`, each tap's
-    channels a contiguous run of a row, copied from one input pixel (``x`` and ``out``
-    C-contiguous, as flat views)."""
+    """``out[oy*Wo + ox, (r*kw + s)*cg + c]``: the input value under tap (r, s) of output
+    pixel (oy, ox) in channel ``c0 + c`` of image ``n``, ``zero`` in the padding.  Each
+    tap's channels are a contiguous run of a row, copied from one input pixel (``x``
+    and ``out`` C-contiguous, read as flat views)."""
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     C = x.shape[3]
     xf, of = x.reshape(-1), out.reshape(-1)
@@ -73,12 +74,6 @@ def patches_nhwc(x, n, c0, cg, geom, zero, out):
                         fill_bytes(of, at, zero, cg)
 
 
-#: Pixels per block of :func:`finish`: an NCHW output reads the block's sums (64 x Kg
-#: int32, in L1) once per channel; channel by channel over all the pixels read them
-#: a cache line per value (ResNet-18's stem: 4.4 against 0.35 ms).
-FINISH_BLOCK = 64
-
-
 @numba.njit(inline="always", **JIT)
 def _epilogue(total, mult, bias, act, requant):
     """One output of :func:`finish`, as float64."""
@@ -94,23 +89,15 @@ def _epilogue(total, mult, bias, act, requant):
 
 
 @jit
-def finish(acc, nchw, mult, bias, act, requant, out):
-    """``out = epilogue(acc)`` for ``acc`` (pixels x channels): ``y = acc * mult[k] +
-    bias[k]``, relu or relu6 (``act`` 1 or 2), then with ``requant = (scale,
-    zero_point, low, high)`` and ``scale > 0`` the code ``clip(rint(y / scale) +
-    zero_point, low, high)``, else y itself; in float64.  ``out`` is channels x
-    pixels (``nchw``) or pixels x channels."""
+def finish(acc, mult, bias, act, requant, out):
+    """``out = epilogue(acc)`` for ``acc`` and ``out`` pixels x channels: ``y = acc *
+    mult[k] + bias[k]``, relu or relu6 (``act`` 1 or 2), then with ``requant =
+    (scale, zero_point, low, high)`` and ``scale > 0`` the code ``clip(rint(y / scale)
+    + zero_point, low, high)``, else y itself; in float64."""
     P, Kg = acc.shape
-    for p0 in range(0, P, FINISH_BLOCK):
-        p1 = min(p0 + FINISH_BLOCK, P)
-        if nchw:
-            for k in range(Kg):
-                for p in range(p0, p1):
-                    out[k, p] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
-        else:
-            for p in range(p0, p1):
-                for k in range(Kg):
-                    out[p, k] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
+    for p in range(P):
+        for k in range(Kg):
+            out[p, k] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
 
 
 def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
@@ -125,7 +112,7 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
     Both layouts compute channels-last: an NCHW input is copied to NHWC first (a
     pixel's channels are then a contiguous run of a patch row, and the GEMM has the
     pixels as its long side: 2x the rate of weights @ patches on ResNet-18 conv2_x),
-    and the epilogue writes the NCHW output rows directly.
+    and an NCHW output is written through one transposing copy per image and group.
     """
     mult, bias, act, requant = epilogue
     if p.layout == "NCHW":
@@ -134,9 +121,13 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
     geom = p.geom()
     P = p.Ho * p.Wo
     depth = p.Cg * p.kh * p.kw
-    acc, patches = buffers(("qconv2d", x.dtype.str), (P * p.Kg, P * depth), np.int32)
+    acc, patches, rows = buffers(("qconv2d", x.dtype.str), (P * p.Kg, P * depth, P * p.Kg),
+                                 np.int32)
     acc = acc[:P * p.Kg].reshape(P, p.Kg)
     patches = patches.view(x.dtype)[:P * depth].reshape(P, depth)
+    # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
+    # (channel by channel, it read the sums a cache line per value: 2x slower).
+    rows = rows.view(out.dtype)[:P * p.Kg].reshape(P, p.Kg)
     for n in range(p.N):
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
@@ -146,10 +137,10 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
                 patches_nhwc(x, n, c0, p.Cg, geom, zero, patches)
                 a = patches
             qgemm_into(a, weights[g], acc, x_zero_point, 0)
+            scales = (mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant)
             if p.layout == "NCHW":
-                finish(acc, True, mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant,
-                       out[n, k0:k0 + p.Kg].reshape(p.Kg, P))
+                finish(acc, *scales, rows)
+                out[n, k0:k0 + p.Kg].reshape(p.Kg, P)[...] = rows.T
             else:
-                finish(acc, False, mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant,
-                       out[n].reshape(P, p.K)[:, k0:k0 + p.Kg])
+                finish(acc, *scales, out[n].reshape(P, p.K)[:, k0:k0 + p.Kg])
     return out
