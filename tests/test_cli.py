@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import numba
 import pytest
 
 import tilegemm
@@ -583,3 +584,14 @@ def test_rows_print_as_they_finish_and_ctrl_c_writes_a_partial_report(tmp_path):
     assert len(report["gemm"]) == partial["steps_done"] - 2
     assert report["gemm"][0]["results"]["tilegemm"]["gflops"] > 0
     assert "Partial report" in (tmp_path / "report.md").read_text()
+
+
+def test_pinned_threads_puts_every_limit_back():
+    """threadpoolctl restores every library it found on leaving, tilegemm's included:
+    the pin must not leave tilegemm at the pinned count."""
+    from tilegemm.ground import threads
+    from tilegemm.tools import timing
+    before = (threads.process_limit(), numba.get_num_threads())
+    with timing.pinned_threads(1):
+        assert threads.get_num_threads() == 1
+    assert (threads.process_limit(), numba.get_num_threads()) == before

@@ -80,25 +80,28 @@ def pinned_threads(threads):
     if not 1 <= threads <= max_threads():
         raise ValueError(f"threads must be between 1 and {max_threads()}, got {threads}")
     saved_numba = numba.get_num_threads()
-    numba.set_num_threads(threads)
     saved_tilegemm = thread_settings.process_limit()
-    thread_settings.set_num_threads(threads)
     torch = torch_module()
     saved_torch = torch.get_num_threads() if torch else None
-    if torch:
-        torch.set_num_threads(threads)
-    with contextlib.ExitStack() as stack:
-        threadpoolctl = optional_import("threadpoolctl")
-        if threadpoolctl is not None:
-            # BLAS only: an OpenMP limit would also reach the OpenMP pool Numba runs on.
-            stack.enter_context(threadpoolctl.threadpool_limits(limits=threads, user_api="blas"))
-        try:
-            yield
-        finally:
-            numba.set_num_threads(saved_numba)
-            thread_settings.set_num_threads(saved_tilegemm)
+    try:
+        with contextlib.ExitStack() as stack:
+            threadpoolctl = optional_import("threadpoolctl")
+            if threadpoolctl is not None:
+                # BLAS only: an OpenMP limit would also reach the OpenMP pool Numba runs
+                # on.  On leaving, threadpoolctl puts back every library's limit as it
+                # found it, tilegemm's too: so it is entered before tilegemm's is set.
+                stack.enter_context(threadpoolctl.threadpool_limits(limits=threads,
+                                                                    user_api="blas"))
+            numba.set_num_threads(threads)
+            thread_settings.set_num_threads(threads)
             if torch:
-                torch.set_num_threads(saved_torch)
+                torch.set_num_threads(threads)
+            yield
+    finally:
+        numba.set_num_threads(saved_numba)
+        thread_settings.set_num_threads(saved_tilegemm)
+        if torch:
+            torch.set_num_threads(saved_torch)
 
 
 # --------------------------------------------------------------------------- timing
