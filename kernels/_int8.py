@@ -146,16 +146,21 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
     A and B.  ``blocks``: ``(KC, MC, NC)``, KC a multiple of GROUP.  ``packs``:
     ``(apack, apack_values, bpack, bpack_values)``, each buffer as int32 words and as
     its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
-    ``a_words``: A as 32-bit words for :func:`pack_a_words` (``vnni``), or an array
-    of no columns: A is packed a value at a time.
+    ``a_words``: ``(words, flat, lda)``: A as 32-bit words (2-D) for
+    :func:`pack_a_words`, the same as one flat int32 view and its row stride in
+    words, read in place by the tile when A needs no flip (``vnni``, uint8 A); or an
+    empty ``words``: A is packed a value at a time.
     """
     m, k = a.shape
     n = b.shape[1]
     c_off, ldc = c_at
     KC, MC, NC = blocks
     apack, apack_values, bpack, bpack_values = packs
-    # Only vnni passes words, and there adds[0] is 128 exactly when A is int8.
+    words, a_flat, lda = a_words
+    # Only vnni passes words, and there adds[0] is 128 exactly when A is int8: its
+    # words are flipped into a panel; a uint8 A's are read where they lie.
     flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
+    in_place = words.size > 0 and adds[0] == 0
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
@@ -165,12 +170,17 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
             first = 1 if pc == 0 else 0
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
-                if a_words.shape[1] > 0:
-                    pack_a_words(a_words, ic, mc, pc // GROUP, kg, flip, apack)
+                if in_place:     # A's words are the tile's: no packing
+                    a_src, a_at, a_rs, a_gs = a_flat, ic * lda + pc // GROUP, lda, 1
                 else:
-                    pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
+                    if words.size > 0:
+                        pack_a_words(words, ic, mc, pc // GROUP, kg, flip, apack)
+                    else:
+                        pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
+                    a_src, a_at, a_rs, a_gs = apack, 0, 1, MR
                 for jr in range(0, nc, NR):
                     for ir in range(0, mc, MR):
-                        tile(kg, apack, (ir // MR) * kg * MR, bpack, (jr // NR) * kg * NR,
+                        tile(kg, a_src, a_at + (ir * a_rs if in_place else (ir // MR) * kg * MR),
+                             a_rs, a_gs, bpack, (jr // NR) * kg * NR,
                              c, c_off + (ic + ir) * ldc + jc + jr, ldc, first, rc, ic + ir,
                              cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))

@@ -44,7 +44,7 @@ TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
 
 #: The tile's arguments, in order (``a``, ``b``, ``c``, ``rc``, ``cc`` int32 arrays,
 #: the rest integers); see :func:`make_int8_tile`.
-ARGUMENTS = ("kg", "a", "a_off", "b", "b_off", "c", "c_off", "ldc", "first",
+ARGUMENTS = ("kg", "a", "a_off", "a_rs", "a_gs", "b", "b_off", "c", "c_off", "ldc", "first",
              "rc", "rc_off", "cc", "cc_off", "rows", "cols")
 ARRAYS = ("a", "b", "c", "rc", "cc")
 
@@ -52,9 +52,11 @@ ARRAYS = ("a", "b", "c", "rc", "cc")
 def make_int8_tile(kind, bits, mr, nr):
     """The intrinsic of one int8 ``mr x nr`` tile of the ``kind`` (see the module docstring).
 
-    ``tile(kg, a, a_off, b, b_off, c, c_off, ldc, first, rc, rc_off, cc, cc_off,
-    rows, cols)`` sums ``kg`` groups of k: A's packed panel from ``a[a_off]``
-    (``mr`` words per group), B's from ``b[b_off]`` (``nr`` words per group).  It
+    ``tile(kg, a, a_off, a_rs, a_gs, b, b_off, c, c_off, ldc, first, rc, rc_off, cc,
+    cc_off, rows, cols)`` sums ``kg`` groups of k: row i's word of group g of A at
+    ``a[a_off + i*a_rs + g*a_gs]`` (a packed panel: ``a_rs = 1``, ``a_gs = mr``; A
+    read in place: its row stride and 1), rows past ``rows`` reading the last one;
+    B's packed panel from ``b[b_off]`` (``nr`` words per group).  It
     writes ``C[:rows, :cols]`` (from ``c[c_off]``, rows ``ldc`` apart): with
     ``first`` nonzero ``C = acc + rc[rc_off + i] + cc[cc_off + j]`` (C is not read),
     else ``C += acc``.  Nothing outside ``C[:rows, :cols]``, ``rc[rc_off:][:rows]``
@@ -103,6 +105,10 @@ def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
         return data_ptr(context, builder, types_of[name], arg[name], arg[name + "_off"])
 
     a_ptr, b_ptr, c_ptr, rc_ptr, cc_ptr = ptr("a"), ptr("b"), ptr("c"), ptr("rc"), ptr("cc")
+    last = builder.sub(arg["rows"], const(1))
+    a_rows = [builder.gep(a_ptr, [builder.mul(builder.select(
+        builder.icmp_signed("<", const(i), arg["rows"]), const(i), last), arg["a_rs"])])
+        for i in range(mr)]
     acc = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(nv)]
            for _ in range(mr)]
     with cgutils.for_range(builder, arg["kg"]) as loop:
@@ -110,10 +116,9 @@ def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
         b_row = builder.mul(g, const(nr))
         bv = [builder.load(vector_ptr(builder, b_ptr, builder.add(b_row, const(v * lanes)), vec),
                            align=4) for v in range(nv)]
-        a_col = builder.mul(g, const(mr))
+        a_col = builder.mul(g, arg["a_gs"])
         for i in range(mr):
-            aw = splat(builder, builder.load(builder.gep(a_ptr, [builder.add(a_col, const(i))])),
-                       vec)
+            aw = splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
             for v in range(nv):
                 builder.store(dot_step(builder, kind, bits, builder.load(acc[i][v]), aw, bv[v]),
                               acc[i][v])

@@ -196,13 +196,19 @@ def _packs(kind, bits, blocks):
     return packs
 
 
-_NO_WORDS = np.zeros((1, 0), np.uint32)
+_NO_WORDS = (np.zeros((1, 0), np.uint32), np.zeros(1, np.int32), 0)
 
 
 def _words(a, kind):
-    """A as 32-bit words when ``vnni`` can pack it a word at a time (rows contiguous,
-    k and the row stride multiples of 4), else no words."""
-    if (kind == "vnni" and a.shape[1] % 4 == 0 and a.shape[1] > 0 and a.strides[1] == 1
-            and a.strides[0] % 4 == 0):
-        return a.view(np.uint32)     # may be unaligned: Numba then reads it as such
+    """``(words, flat, lda)``: A as 32-bit words (2-D), as one flat int32 view from its
+    first word, and its row stride in words, when ``vnni`` can read it a word at a
+    time (rows contiguous, k and the row stride multiples of 4, rows in ascending
+    order); else no words."""
+    m, k = a.shape
+    if (kind == "vnni" and k % 4 == 0 and k > 0 and a.strides[1] == 1 and a.strides[0] % 4 == 0
+            and a.strides[0] > 0):
+        words = a.view(np.uint32)     # may be unaligned: Numba then reads it as such
+        lda = a.strides[0] // 4
+        flat = np.lib.stride_tricks.as_strided(words, ((m - 1) * lda + k // 4,), (4,))
+        return words, flat.view(np.int32), lda
     return _NO_WORDS

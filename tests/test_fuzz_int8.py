@@ -125,8 +125,10 @@ def test_every_int8_kernel_is_exact(kind, da, db):
     kc = int8_blocking(*kind)[0]
     rng = np.random.default_rng(11)
     ia, ib = np.iinfo(da), np.iinfo(db)
+    # k a multiple of 4 over several KC blocks: a uint8 A is read in place with VNNI.
     for m, n, k in [(1, 1, 1), (mr, nr, GROUP[kind[0]]), (mr + 1, nr - 1, kc + 1),
-                    (2 * mr - 1, 2 * nr + 1, 2 * kc - 3), (mr - 1, 1, 0), (3, nr + 1, 7)]:
+                    (2 * mr - 1, 2 * nr + 1, 2 * kc - 3), (mr - 1, 1, 0), (3, nr + 1, 7),
+                    (2 * mr + 1, nr + 3, 2 * kc + 8)]:
         for za, zb, extremes in [(0, 0, False), (ia.max, ib.min, True), (ia.min, ib.max, False)]:
             a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes)
             c = np.full((m, n), 99, np.int32)
