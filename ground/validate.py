@@ -5,6 +5,7 @@ name (``name``) and raises ``TypeError`` or ``ValueError`` with a message that
 starts ``"{func}: "``, so users see the function they called.  Imports only
 numpy and the standard library.
 """
+import collections
 import numbers
 
 import numpy as np
@@ -77,6 +78,41 @@ def plain_float_array(x, name, func):
     """
     x = np.asarray(refuse_masked(x, name, func))
     return check_float_dtype(x, name, func)
+
+
+# --------------------------------------------------------------------------- matmul shapes
+
+#: numpy.matmul's view of two operands (:func:`matmul_shapes`).
+MatmulShapes = collections.namedtuple("MatmulShapes", "a2 b2 m k n batch shape out_shape")
+
+
+def matmul_shapes(a, b, func):
+    """numpy.matmul's shape rules for ``a @ b``: 1-D operands promoted (``a2``, ``b2``),
+    the broadcast batch, the full result ``shape`` and the ``out_shape`` with the
+    promoted axes removed.
+
+    Raises
+    ------
+    ValueError
+        0-d operands, mismatched inner dimensions, batch shapes that do not broadcast.
+    """
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"{func}: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
+    a2 = a[np.newaxis, :] if a.ndim == 1 else a
+    b2 = b[:, np.newaxis] if b.ndim == 1 else b
+    (m, k), (k2, n) = a2.shape[-2:], b2.shape[-2:]
+    if k != k2:
+        raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
+                         f"{k} (last dim of a) != {k2} (dim -2 of b)")
+    try:
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"{func}: batch dimensions of shapes {a.shape} and {b.shape} "
+                         "do not broadcast") from None
+    shape = batch + (m, n)
+    squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
+    out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
+    return MatmulShapes(a2, b2, m, k, n, batch, shape, out_shape)
 
 
 # --------------------------------------------------------------------------- destinations

@@ -34,27 +34,37 @@ def fma_chains():
     return min(24, detect().vector_registers - 2)
 
 
-def _make_fma_loop(nb_float, lanes, chains):
+def _make_loop(nb_type, vec_of, step, add, chains):
+    """An intrinsic ``loop(iters, x)``: ``chains`` vector accumulators, all set to x,
+    each updated by ``step(builder, acc, x)`` every iteration; returns lane 0 of
+    their sum (``add``), so that nothing is dead.  ``vec_of(context)`` is the vector
+    type."""
     @intrinsic
-    def fma_loop(typingctx, iters, x):
-        sig = nb_float(types.intp, nb_float)
+    def loop(typingctx, iters, x):
+        sig = nb_type(types.intp, nb_type)
 
         def codegen(context, builder, sig, args):
             iters, x = args
-            vec = ir.VectorType(context.get_value_type(nb_float), lanes)
-            xv = splat(builder, x, vec)
+            xv = splat(builder, x, vec_of(context))
             acc = [cgutils.alloca_once_value(builder, xv) for _ in range(chains)]
             with cgutils.for_range(builder, iters):
                 for slot in acc:
-                    builder.store(fma(builder, builder.load(slot), xv, xv), slot)
+                    builder.store(step(builder, builder.load(slot), xv), slot)
             total = builder.load(acc[0])
             for slot in acc[1:]:
-                total = builder.fadd(total, builder.load(slot))
+                total = add(builder, total, builder.load(slot))
             return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
 
         return sig, codegen
 
-    return fma_loop
+    return loop
+
+
+def _make_fma_loop(nb_float, lanes, chains):
+    return _make_loop(nb_float, lambda context: ir.VectorType(context.get_value_type(nb_float),
+                                                              lanes),
+                      lambda builder, acc, x: fma(builder, acc, x, x),
+                      lambda builder, a, b: builder.fadd(a, b), chains)
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,31 +83,12 @@ def fma_kernel(dtype):
 
 
 def _make_dot_loop(kind, bits, chains):
-    """The int8 counterpart of the FMA loop: ``chains`` int32 vectors, each updated by
-    the int8 kind's dot-product step (``kernels/int8.py``) every iteration."""
-    @intrinsic
-    def dot_loop(typingctx, iters, x):
-        sig = types.int32(types.intp, types.int32)
-
-        def codegen(context, builder, sig, args):
-            iters, x = args
-            vec = ir.VectorType(ir.IntType(32), bits // 32)
-            xv = splat(builder, x, vec)
-            acc = [cgutils.alloca_once_value(builder, xv) for _ in range(chains)]
-            with cgutils.for_range(builder, iters):
-                for slot in acc:
-                    # The accumulator is also a factor: a product of loop invariants
-                    # (x by x) would be hoisted, leaving only the adds to time.
-                    value = builder.load(slot)
-                    builder.store(dot_step(builder, kind, bits, value, value, xv), slot)
-            total = builder.load(acc[0])
-            for slot in acc[1:]:
-                total = builder.add(total, builder.load(slot))
-            return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
-
-        return sig, codegen
-
-    return dot_loop
+    """The int8 counterpart of the FMA loop: each step is the int8 kind's dot-product
+    step (``kernels/int8.py``).  The accumulator is also a factor: a product of loop
+    invariants (x by x) would be hoisted, leaving only the adds to time."""
+    return _make_loop(types.int32, lambda context: ir.VectorType(ir.IntType(32), bits // 32),
+                      lambda builder, acc, x: dot_step(builder, kind, bits, acc, acc, x),
+                      lambda builder, a, b: builder.add(a, b), chains)
 
 
 @functools.lru_cache(maxsize=None)

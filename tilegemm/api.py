@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
-from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, overlaps,
-                                      plain_float_array, real_scalar)
+from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
+                                      overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
 from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
                                      matmul_small, matvec_into, small_product)
@@ -74,24 +74,8 @@ def matmul(a, b, /, out=None):
         return _tensor_matmul(a, b, out)
     a = plain_float_array(a, "a", "matmul")
     b = plain_float_array(b, "b", "matmul")
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"matmul: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
+    a2, b2, m, k, n, batch, shape, out_shape = matmul_shapes(a, b, "matmul")
     dtype = _result_dtype(a, b)
-    a2 = a[np.newaxis, :] if a.ndim == 1 else a
-    b2 = b[:, np.newaxis] if b.ndim == 1 else b
-    m, k = a2.shape[-2:]
-    k2, n = b2.shape[-2:]
-    if k != k2:
-        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned: "
-                         f"{k} (last dim of a) != {k2} (dim -2 of b)")
-    try:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    except ValueError:
-        raise ValueError(f"matmul: batch dimensions of shapes {a.shape} and {b.shape} "
-                         "do not broadcast") from None
-    shape = batch + (m, n)
-    squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
-    out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
     dest = None if out is None else check_out(out, out_shape, dtype, "matmul")
     a2 = a2.astype(dtype, copy=False)
     b2 = b2.astype(dtype, copy=False)

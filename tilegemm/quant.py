@@ -9,7 +9,8 @@
 """
 import numpy as np
 
-from tilegemm.ground.validate import as_array, check_out, float_array, overlaps, refuse_masked
+from tilegemm.ground.validate import (as_array, check_out, float_array, matmul_shapes, overlaps,
+                                      refuse_masked)
 from tilegemm.kernels.qgemm import qgemm_into
 
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -88,23 +89,8 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     a, b = int8_array(a, "a", func), int8_array(b, "b", func)
     za = zero_point(a_zero_point, a.dtype, "a_zero_point", func)
     zb = zero_point(b_zero_point, b.dtype, "b_zero_point", func)
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"{func}: operands must be at least 1-D, got shapes {a.shape} and {b.shape}")
-    a2 = a[np.newaxis, :] if a.ndim == 1 else a
-    b2 = b[:, np.newaxis] if b.ndim == 1 else b
-    (m, k), (k2, n) = a2.shape[-2:], b2.shape[-2:]
-    if k != k2:
-        raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
-                         f"{k} (last dim of a) != {k2} (dim -2 of b)")
-    try:
-        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    except ValueError:
-        raise ValueError(f"{func}: batch dimensions of shapes {a.shape} and {b.shape} "
-                         "do not broadcast") from None
+    a2, b2, m, k, n, batch, shape, out_shape = matmul_shapes(a, b, func)
     check_bound(k, a.dtype, za, b.dtype, zb)
-    shape = batch + (m, n)
-    squeeze = ((-2,) if a.ndim == 1 else ()) + ((-1,) if b.ndim == 1 else ())
-    out_shape = tuple(d for i, d in enumerate(shape) if i - len(shape) not in squeeze)
     dest = None if out is None else check_out(out, out_shape, np.dtype(np.int32), func)
     target = dest
     if dest is None or not dest.flags.c_contiguous or overlaps(dest, a, b):
