@@ -45,11 +45,7 @@ def pack_a(a, i0, mc, p0, kc, a_add, out):
                     for t in range(GROUP):
                         out[at + i * GROUP + t] = a[i0 + ir + i, p0 + g * GROUP + t] + a_add
             else:
-                for i in range(MR):
-                    for t in range(GROUP):
-                        p = g * GROUP + t
-                        inside = i < rows and p < kc
-                        out[at + i * GROUP + t] = a[i0 + ir + i, p0 + p] + a_add if inside else 0
+                _edge_group(a, i0 + ir, p0, MR, rows, kc, g, a_add, out, at)
 
 
 @jit
@@ -84,12 +80,20 @@ def pack_b(b, p0, kc, j0, nc, b_add, out):
             at = base + g * NR * GROUP
             if g < whole and width == NR:   # the common case: the group's rows, interleaved
                 _interleave_rows(b, p0 + g * GROUP, j0 + jr, b_add, out[at:at + NR * GROUP])
-            else:
-                for j in range(NR):
-                    for t in range(GROUP):
-                        p = g * GROUP + t
-                        inside = j < width and p < kc
-                        out[at + j * GROUP + t] = b[p0 + p, j0 + jr + j] + b_add if inside else 0
+            else:   # B's columns are the lines: its transpose, as A's rows
+                _edge_group(b.T, j0 + jr, p0, NR, width, kc, g, b_add, out, at)
+
+
+@jit
+def _edge_group(m, r0, k0, lines, valid, kc, g, add, out, at):
+    """Group ``g`` of a panel's ``lines`` words at ``out[at:]``, line ``i``'s from row
+    ``r0 + i`` of ``m`` (columns ``k0 + g*GROUP`` on), plus ``add``; zero past the
+    ``valid`` lines and past column ``kc``: the edge of a panel of A or of B."""
+    for i in range(lines):
+        for t in range(GROUP):
+            p = g * GROUP + t
+            inside = i < valid and p < kc
+            out[at + i * GROUP + t] = m[r0 + i, k0 + p] + add if inside else 0
 
 
 @jit
