@@ -35,7 +35,7 @@ from tilegemm.ladder.register_tile import (make_register_tile, pack_columns,
                                            register_tile_nc, register_tile_shape,
                                            vector_bits)
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
-                                   local_tile_kc, loop_ikj, naive_ijk, packed, threaded,
+                                   loop_ikj, naive_ijk, packed, threaded,
                                    tile_in_local_array)
 from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Result, Rung, compute, measure,
                                     run_ladder)
@@ -44,7 +44,7 @@ from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNI
                                    slower_notes, smaller_n_notes, width_notes)
 
 __all__ = [
-    "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR", "local_tile_kc",
+    "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR",
     "tile_in_local_array", "packed",
     "register_tile_shape", "make_register_tile", "pack_columns", "register_tile_kc",
     "register_tile_nc", "vector_bits", "packed_register_tile", "library_micro_kernel", "threaded",

@@ -90,13 +90,6 @@ def blocked(a, b, c, KC, MC, NC):
 LOCAL_MR, LOCAL_NR = 4, 64
 
 
-def local_tile_kc(itemsize):
-    """Rung 3's KC: one ``KC x LOCAL_NR`` micro-panel of B in half of L1d, the rest for
-    the tile's sums and the A micro-panel."""
-    from tilegemm.tuning.machine import detect
-    return max(1, detect().l1d_bytes // 2 // (LOCAL_NR * itemsize))
-
-
 @numba.njit(**JIT)
 def tile_in_local_array(kc, a_panel, b_panel, c, mr, nr):
     """``c[:mr, :nr] += (a_panel @ b_panel)[:mr, :nr]`` for one ``LOCAL_MR x LOCAL_NR`` tile.
@@ -131,9 +124,9 @@ def packed(a, b, c, KC, MC, NC, apack, bpack):
     (:func:`tile_in_local_array`): the tile's sums stay in a small local array (L1)
     for the whole ``kc`` loop, and C is read and written once per tile and KC block
     instead of once per ``p``.  The micro-panels are read strictly in order: a B
-    micro-panel stays in L1 while the A micro-panels stream past, the prefetchers
+    micro-panel stays in cache while the A micro-panels stream past, the prefetchers
     see plain streams.  The copy costs O(mk + kn) per block against O(mnk)
-    arithmetic.  Buffers: ``apack >= ceil(MC/LOCAL_MR)*LOCAL_MR*KC``, ``bpack >=
+    arithmetic.  The blocks are rung 2's (MC rounded to ``LOCAL_MR`` rows).  Buffers: ``apack >= ceil(MC/LOCAL_MR)*LOCAL_MR*KC``, ``bpack >=
     ceil(NC/LOCAL_NR)*LOCAL_NR*KC``; a, b, c C-contiguous.
     """
     m, k = a.shape
@@ -148,7 +141,7 @@ def packed(a, b, c, KC, MC, NC, apack, bpack):
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
                 pack_a(af, ic * k + pc, k, 1, mc, kc, LOCAL_MR, apack)
-                for jr in range(0, nc, LOCAL_NR):          # B micro-panel: stays in L1 ...
+                for jr in range(0, nc, LOCAL_NR):          # B micro-panel: stays in cache ...
                     for ir in range(0, mc, LOCAL_MR):      # ... while A micro-panels stream
                         tile_in_local_array(kc, apack[ir * kc:(ir + LOCAL_MR) * kc],
                                             bpack[jr * kc:(jr + LOCAL_NR) * kc],

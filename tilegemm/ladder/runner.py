@@ -10,7 +10,7 @@ from tilegemm.ground.contracts import round_up
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.ladder.register_tile import packed_register_tile
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
-                                   local_tile_kc, loop_ikj, naive_ijk, packed, threaded)
+                                   loop_ikj, naive_ijk, packed, threaded)
 from tilegemm.packing import aligned_empty
 from tilegemm.tuning.blocking import blocking
 
@@ -44,11 +44,16 @@ def _buffers(dtype_name, MR, NR, KC, MC, NC):
     return apack, bpack
 
 
-def _local_tile_blocks(blk, custom, itemsize):
-    """Rung 3's (KC, MC): its own KC unless the caller chose the blocks, MC a whole
-    number of its ``LOCAL_MR``-row micro-panels."""
-    KC = blk.kc if custom else local_tile_kc(itemsize)
-    return KC, max(LOCAL_MR, blk.mc // LOCAL_MR * LOCAL_MR)
+def _local_tile_mc(blk):
+    """Rung 3's MC: rung 2's, a whole number of its ``LOCAL_MR``-row micro-panels.
+
+    Its KC is rung 2's too.  A B micro-panel in half of L1d (KC = 64 on a 32 KiB
+    L1d) ran no faster than rung 2 on an AVX2 EPYC: the sums' stores bound the tile
+    whatever the cache B comes from, and a short KC repeats the tile's fixed cost
+    (zeroing its sums, adding them to C) more often.  The library's KC (512 there)
+    made rung 3 1.2-1.3x rung 2.
+    """
+    return max(LOCAL_MR, blk.mc // LOCAL_MR * LOCAL_MR)
 
 
 def compute(number, a, b, c=None, blk=None):
@@ -94,8 +99,8 @@ def compute(number, a, b, c=None, blk=None):
     elif number == 2:
         blocked(a, b, c, KC, MC, NC)
     elif number == 3:
-        KC3, MC3 = _local_tile_blocks(blk, custom_blocks, a.itemsize)
-        packed(a, b, c, KC3, MC3, NC, *_buffers(a.dtype.name, LOCAL_MR, LOCAL_NR, KC3, MC3, NC))
+        MC3 = _local_tile_mc(blk)
+        packed(a, b, c, KC, MC3, NC, *_buffers(a.dtype.name, LOCAL_MR, LOCAL_NR, KC, MC3, NC))
     elif number == 4:
         if custom_blocks:
             packed_register_tile(a, b, c, KC, MC, NC)
