@@ -38,9 +38,11 @@ GROUP = {"vnni": 4, "madd": 2, "generic": 2}
 
 #: (kind, bits) -> (MR, NR): MR * NR/lanes int32 accumulators in at most three
 #: quarters of the vector registers (32 at 512 bits, 16 below), the rest for B's
-#: vectors and the broadcast of A.
+#: vectors and the broadcast of A.  ``madd`` at 256 bits also needs a register for
+#: each ``vpmaddwd`` product before it is added: 6 x 16 (12 accumulators) spilled
+#: to the stack, and 4 x 16 ran 1.1-1.6x faster on an AVX2 EPYC (Zen 3).
 TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
-         ("madd", 256): (6, 16), ("generic", 128): (4, 8)}
+         ("madd", 256): (4, 16), ("generic", 128): (4, 8)}
 
 #: The tile's arguments, in order (``a``, ``b``, ``c``, ``rc``, ``cc`` int32 arrays,
 #: the rest integers); see :func:`make_int8_tile`.
