@@ -64,7 +64,7 @@ def build_parser():
     b.add_argument("--op", choices=("gemm", "conv", "int8", "all"), default=None,
                    help="what to benchmark (default: all; gemm when only --sizes/--shapes are given, "
                         "conv when only convolution options are); int8: the exact int8 GEMM "
-                        "against our float32 and onnxruntime")
+                        "and convolution against our float32 and onnxruntime")
     b.add_argument("--dtype", default="all",
                    help="float32, float64, a comma list, or all (default)")
     b.add_argument("--threads", default=None,

@@ -265,6 +265,9 @@ def row_text(record):
     if op == "int8":
         from tilegemm.tools.int8_suite import row_text as int8_row_text
         return int8_row_text(record)
+    if op == "qconv":
+        from tilegemm.tools.qconv_suite import row_text as qconv_row_text
+        return qconv_row_text(record)
     if op == "conv-scaling":
         ups = ", ".join(f"{r['party'].replace('tilegemm:', '')} {r['speedup']:.2f}×"
                         for r in record["rows"])
@@ -304,7 +307,7 @@ def new_report(settings, machine):
         "commit": source["commit"], "dirty": source["dirty"], "partial": None,
         "settings": settings,
         "machine": machine,
-        "gemm": [], "first_call": [], "int8": [],
+        "gemm": [], "first_call": [], "int8": [], "qconv": [],
         "conv": {"available": None, "reason": "", "records": []},
         "memory_bandwidth": None, "plots": [], "plots_skipped": "",
         "load_average": {"start": None, "end": None},
@@ -408,6 +411,11 @@ def markdown_report(report):
         title, headers, rows = int8_table(report["int8"])
         out += ["## int8 GEMM", "", title + "; % of the measured int8 dot-product peak.", "",
                 format_table(headers, rows, markdown=True), ""]
+    if report.get("qconv"):
+        from tilegemm.tools.qconv_suite import qconv_table
+        title, headers, rows = qconv_table(report["qconv"])
+        out += ["## int8 convolution", "", title + "; % of the measured int8 dot-product peak.",
+                "", format_table(headers, rows, markdown=True), ""]
     out += ["## Plots", ""]
     for path in report["plots"]:
         out += [f"![{os.path.splitext(path)[0]}]({path})", ""]

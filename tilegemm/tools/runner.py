@@ -8,7 +8,8 @@ import os
 import sys
 from dataclasses import dataclass, asdict
 
-from tilegemm.tools import conv_scaling, conv_suite, gemm_suite, int8_suite, report, timing
+from tilegemm.tools import (conv_scaling, conv_suite, gemm_suite, int8_suite, qconv_suite, report,
+                            timing)
 from tilegemm.tools.options import (UsageError, check_out_dir, parse_dtypes, parse_shapes,
                                     parse_sizes, parse_threads)
 from tilegemm.tools.progress import Progress
@@ -120,6 +121,9 @@ def _plan_steps(plan, rep):
         for case in int8_suite.int8_cases(plan.threads, plan.quick):
             steps.append(_Step(case.title(), lambda c=case: int8_suite.run_int8_case(
                 c, plan.reps, plan.min_time), rep["int8"].append))
+        for case in qconv_suite.qconv_cases(plan.threads, plan.quick):
+            steps.append(_Step(case.title(), lambda c=case: qconv_suite.run_qconv_case(
+                c, plan.reps, plan.min_time), rep["qconv"].append))
     if "gemm" in plan.ops and plan.first_call:
         for dtype in plan.dtypes:
             steps.append(_Step(f"first call of matmul in a fresh process ({dtype}, empty "
@@ -162,6 +166,8 @@ def print_tables(rep, stream=sys.stdout):
     tables += report.all_conv_tables(rep)
     if rep.get("int8"):
         tables.append(int8_suite.int8_table(rep["int8"]))
+    if rep.get("qconv"):
+        tables.append(qconv_suite.qconv_table(rep["qconv"]))
     for title, headers, rows in tables:
         print(f"\n{title}\n" + report.format_table(headers, rows), file=stream)
     notes = report.conv_notes(rep["conv"]["records"])
@@ -198,6 +204,8 @@ def _failed_checks(rep):
                 for name, c in r["check"].items() if not c["ok"]]
     bad += [f"int8 gemm n={r['n']} {r['threads']}t" for r in rep.get("int8", [])
             if not r["check"]["ok"]]
+    bad += [f"int8 conv {r['layer']} {r['layout']} {r['threads']}t"
+            for r in rep.get("qconv", []) if not r["check"]["ok"]]
     return bad
 
 
