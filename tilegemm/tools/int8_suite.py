@@ -69,7 +69,13 @@ def onnx_session(n, threads):
     graph = helper.make_graph([node], "matmul_integer", inputs,
                               [helper.make_tensor_value_info("Y", TensorProto.INT32, [n, n])],
                               initializer=[zero])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return ort_session(ort, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                       threads)
+
+
+def ort_session(ort, model, threads):
+    """An onnxruntime CPU session of ``model`` on ``threads`` intra-op threads, spinning
+    off so that its idle threads do not take the cores from the next party's samples."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -110,11 +116,19 @@ def check(out, a, b):
 def run_int8_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
     ``ratio`` (our int8 GOPS over each other party's) and the check."""
+    a, b = operands(case.n)
+    record, out = timed(lambda: int8_parties(case, a, b, peers), case, reps, min_time)
+    return dict({"op": "int8", "n": case.n}, **record, check=check(out, a, b))
+
+
+def timed(make_parties, case, reps, min_time):
+    """Time the parties ``make_parties()`` returns (with where they leave their
+    results) on ``case.threads`` threads; returns the record's common fields and the
+    results: GOPS and % of the int8 peak per party, ``ratio`` (ours over each other)."""
     from tilegemm.kernels.peak import measured_int8_peak_gops
     from tilegemm.kernels.qgemm import int8_kind
-    a, b = operands(case.n)
     with timing.pinned_threads(case.threads):
-        parties, out = int8_parties(case, a, b, peers)
+        parties, out = make_parties()
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
                                      settle=timing.settle_time(case.threads),
                                      ramp=timing.ramp_time(case.threads))
@@ -125,28 +139,37 @@ def run_int8_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
         if name != "tilegemm":
             row["ratio"] = ours / row["gflops"]
     kind, bits = int8_kind()
-    return {"op": "int8", "n": case.n, "threads": case.threads, "ops": case.ops,
-            "kernel": f"{kind} {bits}-bit", "peak_gops": peak, "reps": reps,
-            "results": results, "check": check(out, a, b)}
+    return {"threads": case.threads, "ops": case.ops, "kernel": f"{kind} {bits}-bit",
+            "peak_gops": peak, "reps": reps, "results": results}, out
+
+
+#: The parties beside ours in the int8 tables.
+OTHERS = ("tilegemm float32", "onnxruntime")
+
+
+def party_headers(records):
+    """The parties beside ours that ran in ``records``, and their table headers."""
+    others = [name for name in OTHERS if any(name in r["results"] for r in records)]
+    return others, ([f"{name} {'GFLOPS' if 'float' in name else 'GOPS'}" for name in others]
+                    + [f"× {name}" for name in others])
+
+
+def party_cells(record, others):
+    """Ours (GOPS, % of the int8 peak), then each other party's rate (``*``: its
+    result was not exact) and our ratio to it."""
+    res = record["results"]
+    ours = res["tilegemm"]
+    mark = {"onnxruntime": "" if record["check"].get("onnxruntime_exact", True) else "*"}
+    return ([f"{ours['gflops']:.0f}", f"{ours['pct_peak']:.0f}" if ours["pct_peak"] else "-"]
+            + [f"{res[n]['gflops']:.0f}{mark.get(n, '')}" if n in res else "-" for n in others]
+            + [f"{res[n]['ratio']:.2f}" if n in res else "-" for n in others])
 
 
 def int8_table(records):
     """``(title, headers, rows)`` of the int8 cases."""
-    others = [name for name in ("tilegemm float32", "onnxruntime")
-              if any(name in r["results"] for r in records)]
-    headers = (["n", "threads", "kernel", "int8 GOPS", "% int8 peak"]
-               + [f"{name} {'GFLOPS' if 'float' in name else 'GOPS'}" for name in others]
-               + [f"× {name}" for name in others])
-    rows = []
-    for r in records:
-        res = r["results"]
-        ours = res["tilegemm"]
-        mark = {"onnxruntime": "" if r["check"].get("onnxruntime_exact", True) else "*"}
-        rows.append([r["n"], r["threads"], r["kernel"], f"{ours['gflops']:.0f}",
-                     f"{ours['pct_peak']:.0f}" if ours["pct_peak"] else "-"]
-                    + [f"{res[n]['gflops']:.0f}{mark.get(n, '')}" if n in res else "-"
-                       for n in others]
-                    + [f"{res[n]['ratio']:.2f}" if n in res else "-" for n in others])
+    others, party_header = party_headers(records)
+    headers = ["n", "threads", "kernel", "int8 GOPS", "% int8 peak"] + party_header
+    rows = [[r["n"], r["threads"], r["kernel"]] + party_cells(r, others) for r in records]
     title = ("int8 GEMM (uint8 x int8 -> int32, exact): qmatmul against our float32 GEMM "
              "and onnxruntime's MatMulInteger")
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm.tools import timing
+from tilegemm.tools import int8_suite, timing
 from tilegemm.tools.conv_suite import LAYERS
 
 #: Layer names of the full suite and of ``--quick``.
@@ -124,13 +124,8 @@ def onnx_session(case, q):
         [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, ly.c, ly.h, ly.w])],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, ly.k, ho, wo])],
         initializer=[numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = case.threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return int8_suite.ort_session(
+        ort, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), case.threads)
 
 
 def qconv_parties(case, q, peers=("onnxruntime",)):
@@ -180,44 +175,18 @@ def check(case, out, expected):
 def run_qconv_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
     ``ratio`` (our int8 GOPS over each other party's) and the check."""
-    from tilegemm.kernels.peak import measured_int8_peak_gops
-    from tilegemm.kernels.qgemm import int8_kind
     q = operands(case)
-    with timing.pinned_threads(case.threads):
-        parties, out = qconv_parties(case, q, peers)
-        timings = timing.interleaved(parties, reps=reps, min_time=min_time,
-                                     settle=timing.settle_time(case.threads),
-                                     ramp=timing.ramp_time(case.threads))
-        peak = measured_int8_peak_gops(case.threads)
-    results = timing.summarise(timings, case.ops, peak)
-    ours = results["tilegemm"]["gflops"]
-    for name, row in results.items():
-        if name != "tilegemm":
-            row["ratio"] = ours / row["gflops"]
-    kind, bits = int8_kind()
-    return {"op": "qconv", "layer": case.layer, "shape": case.spec.describe(),
-            "layout": case.layout, "threads": case.threads, "ops": case.ops,
-            "kernel": f"{kind} {bits}-bit", "peak_gops": peak, "reps": reps,
-            "results": results, "check": check(case, out, q["expected"])}
+    record, out = int8_suite.timed(lambda: qconv_parties(case, q, peers), case, reps, min_time)
+    return dict({"op": "qconv", "layer": case.layer, "shape": case.spec.describe(),
+                 "layout": case.layout}, **record, check=check(case, out, q["expected"]))
 
 
 def qconv_table(records):
     """``(title, headers, rows)`` of the int8 convolution cases."""
-    others = [name for name in ("tilegemm float32", "onnxruntime")
-              if any(name in r["results"] for r in records)]
-    headers = (["layer", "shape", "layout", "threads", "int8 GOPS", "% int8 peak"]
-               + [f"{name} {'GFLOPS' if 'float' in name else 'GOPS'}" for name in others]
-               + [f"× {name}" for name in others])
-    rows = []
-    for r in records:
-        res = r["results"]
-        ours = res["tilegemm"]
-        mark = {"onnxruntime": "" if r["check"].get("onnxruntime_exact", True) else "*"}
-        rows.append([r["layer"], r["shape"], r["layout"], r["threads"], f"{ours['gflops']:.0f}",
-                     f"{ours['pct_peak']:.0f}" if ours["pct_peak"] else "-"]
-                    + [f"{res[n]['gflops']:.0f}{mark.get(n, '')}" if n in res else "-"
-                       for n in others]
-                    + [f"{res[n]['ratio']:.2f}" if n in res else "-" for n in others])
+    others, party_header = int8_suite.party_headers(records)
+    headers = ["layer", "shape", "layout", "threads", "int8 GOPS", "% int8 peak"] + party_header
+    rows = [[r["layer"], r["shape"], r["layout"], r["threads"]]
+            + int8_suite.party_cells(r, others) for r in records]
     title = ("int8 convolution, batch 1 (uint8 input, int8 weights per channel, requantized "
              "uint8 output): qconv2d against our float32 conv2d and onnxruntime's "
              "QLinearConv (NCHW input in both layouts)")
