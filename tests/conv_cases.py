@@ -1,13 +1,13 @@
 """Shared pieces of the conv2d tests: the layer tables, the float64 comparison
 (:func:`run_case`), error bounds, thread settings and task-loop spies."""
 import contextlib
-import threading
 
 import numba
 import numpy as np
 import pytest
 
 import tilegemm
+from thread_runs import in_threads  # noqa: F401  (the conv tests import it from here)
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.engine import Target
@@ -136,24 +136,6 @@ def algorithms_for(shape):
 def shapes_of(shape):
     (N, C, H, W), (K, kh, kw), kw_args = shape
     return (N, C, H, W), (K, C // kw_args.get("groups", 1), kh, kw)
-
-
-def in_threads(work, n):
-    """``work(i)`` on ``n`` Python threads at once; fails with their exceptions."""
-    errors = []
-
-    def run(i):
-        try:
-            work(i)
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
 
 
 @contextlib.contextmanager

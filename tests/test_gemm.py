@@ -14,6 +14,7 @@ from tilegemm.tuning.blocking import blocking
 
 from conftest import assert_close, error_bound
 from guard import GUARD_PAGES, guarded_empty
+from thread_runs import in_threads
 
 DTYPES = [np.float32, np.float64]
 PRIMES = [1, 2, 3, 5, 7, 13, 31, 61, 67, 97, 131, 173, 257, 331]
@@ -573,17 +574,9 @@ def test_matvec_from_several_python_threads(shape):
     A = rng.standard_normal(shape).astype(np.float32)
     xs = [rng.standard_normal(shape[1]).astype(np.float32) for _ in range(8)]
     expected = [A.astype(np.float64) @ x for x in xs]
-    errors = []
 
     def work(i):
         for _ in range(50):
-            got = tilegemm.matmul(A, xs[i])
-            if not np.allclose(got, expected[i], rtol=1e-4, atol=1e-2):
-                errors.append(i)
+            assert np.allclose(tilegemm.matmul(A, xs[i]), expected[i], rtol=1e-4, atol=1e-2)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(work, 8)

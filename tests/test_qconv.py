@@ -2,11 +2,11 @@
 
 Its results over generated layers are checked in ``test_fuzz_int8.py``.
 """
-import threading
 
 import numpy as np
 import pytest
 from guard import GUARD_PAGES, guarded_empty
+from thread_runs import in_threads
 
 import tilegemm
 
@@ -111,17 +111,10 @@ def test_qconv2d_from_several_python_threads():
     x, w, ws = _layer(4)
     cw = tilegemm.QConvWeights(w, ws)
     want = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
-    errors = []
 
-    def work():
+    def work(i):
         for _ in range(20):
             got = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
-            if not np.array_equal(got, want):
-                errors.append(1)
+            assert np.array_equal(got, want)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(work, 4)

@@ -2,11 +2,11 @@
 
 Exactness over generated shapes and layouts is in ``test_fuzz_int8.py``.
 """
-import threading
 
 import numpy as np
 import pytest
 from guard import GUARD_PAGES, guarded_empty
+from thread_runs import in_threads
 
 import tilegemm
 from tilegemm.quant import overflow_bound
@@ -171,19 +171,12 @@ def test_qmatmul_from_several_python_threads():
     a = rng.integers(0, 256, (70, 300)).astype(np.uint8)
     bs = [rng.integers(-128, 128, (300, 90)).astype(np.int8) for _ in range(6)]
     want = [_int64_product(a, b, 7) for b in bs]
-    errors = []
 
     def work(i):
         for _ in range(10):
-            if not np.array_equal(tilegemm.qmatmul(a, bs[i], a_zero_point=7), want[i]):
-                errors.append(i)
+            assert np.array_equal(tilegemm.qmatmul(a, bs[i], a_zero_point=7), want[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    in_threads(work, 6)
 
 
 @pytest.mark.parametrize("shape", [(520, 130, 520), (130, 520, 520)], ids=["rows", "columns"])
