@@ -45,6 +45,7 @@ def test_qconv_case_record_and_table():
     assert len(rows[0]) == len(headers) and rows[0][:3] == ["resnet18_conv5_x",
                                                             "512->512 3x3/s1 @7x7", "NHWC"]
     assert "int8 conv resnet18_conv5_x NHWC" in qconv_suite.row_text(record)
+    assert "onnxruntime" not in title  # no peer ran: the title names none
 
 
 def test_qconv_reference_and_check():

@@ -170,8 +170,8 @@ def int8_table(records):
     others, party_header = party_headers(records)
     headers = ["n", "threads", "kernel", "int8 GOPS", "% int8 peak"] + party_header
     rows = [[r["n"], r["threads"], r["kernel"]] + party_cells(r, others) for r in records]
-    title = ("int8 GEMM (uint8 x int8 -> int32, exact): qmatmul against our float32 GEMM "
-             "and onnxruntime's MatMulInteger")
+    title = ("int8 GEMM (uint8 x int8 -> int32, exact): qmatmul against our float32 GEMM"
+             + (" and onnxruntime's MatMulInteger" if "onnxruntime" in others else ""))
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):
         title += ("; * onnxruntime's result is not the exact product on this host "
                   "(saturating 16-bit pair sums)")

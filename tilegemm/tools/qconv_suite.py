@@ -188,8 +188,9 @@ def qconv_table(records):
     rows = [[r["layer"], r["shape"], r["layout"], r["threads"]]
             + int8_suite.party_cells(r, others) for r in records]
     title = ("int8 convolution, batch 1 (uint8 input, int8 weights per channel, requantized "
-             "uint8 output): qconv2d against our float32 conv2d and onnxruntime's "
-             "QLinearConv (NCHW input in both layouts)")
+             "uint8 output): qconv2d against our float32 conv2d"
+             + (" and onnxruntime's QLinearConv (NCHW input in both layouts)"
+                if "onnxruntime" in others else ""))
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):
         title += (f"; * onnxruntime's codes differ from the reference by more than "
                   f"{CODE_TOLERANCE} on this host")
