@@ -40,7 +40,7 @@ GROUP = {"vnni": 4, "madd": 2, "generic": 2}
 #: quarters of the vector registers (32 at 512 bits, 16 below), the rest for B's
 #: vectors and the broadcast of A.  ``madd`` at 256 bits also needs a register for
 #: each ``vpmaddwd`` product before it is added: 6 x 16 (12 accumulators) spilled
-#: to the stack, and 4 x 16 ran 1.1-1.6x faster on an AVX2 EPYC (Zen 3).
+#: to the stack, and 4 x 16 ran 1.04-1.7x faster on an AVX2 EPYC (Zen 3).
 TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
          ("madd", 256): (4, 16), ("generic", 128): (4, 8)}
 
