@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import tilegemm
-from thread_runs import in_threads  # noqa: F401  (the conv tests import it from here)
 from reference import reference_conv
 from tilegemm.conv import engine
 from tilegemm.conv.engine import Target

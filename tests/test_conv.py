@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conv_cases import (CASES, RNG, ZEN4_AVX512, algorithms_for, guarded_pages, in_threads,
+from conv_cases import (CASES, RNG, ZEN4_AVX512, algorithms_for, guarded_pages,
                         run_case, shapes_of)
 from reference import reference_conv
+from thread_runs import in_threads
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 

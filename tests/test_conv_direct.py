@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conv_cases import RNG, in_threads, numba_threads, record_arg, run_case, shapes_of
+from conv_cases import RNG, numba_threads, record_arg, run_case, shapes_of
 from reference import reference_conv
+from thread_runs import in_threads
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conv_cases import RNG, in_threads, numba_threads, tolerance
+from conv_cases import RNG, numba_threads, tolerance
 from reference import reference_conv
+from thread_runs import in_threads
 from tilegemm.conv import engine
 from tilegemm.conv.params import conv_params
 from tilegemm.ground.contracts import round_up

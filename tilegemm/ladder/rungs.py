@@ -126,7 +126,8 @@ def packed(a, b, c, KC, MC, NC, apack, bpack):
     instead of once per ``p``.  The micro-panels are read strictly in order: a B
     micro-panel stays in cache while the A micro-panels stream past, the prefetchers
     see plain streams.  The copy costs O(mk + kn) per block against O(mnk)
-    arithmetic.  The blocks are rung 2's (MC rounded to ``LOCAL_MR`` rows).  Buffers: ``apack >= ceil(MC/LOCAL_MR)*LOCAL_MR*KC``, ``bpack >=
+    arithmetic.  The blocks are rung 2's (MC rounded to ``LOCAL_MR`` rows).
+    Buffers: ``apack >= ceil(MC/LOCAL_MR)*LOCAL_MR*KC``, ``bpack >=
     ceil(NC/LOCAL_NR)*LOCAL_NR*KC``; a, b, c C-contiguous.
     """
     m, k = a.shape

@@ -50,8 +50,9 @@ def _local_tile_mc(blk):
     Its KC is rung 2's too.  A B micro-panel in half of L1d (KC = 64 on a 32 KiB
     L1d) ran no faster than rung 2 on an AVX2 EPYC: the sums' stores bound the tile
     whatever the cache B comes from, and a short KC repeats the tile's fixed cost
-    (zeroing its sums, adding them to C) more often.  The library's KC (512 there)
-    made rung 3 1.2-1.3x rung 2.
+    (zeroing its sums, adding them to C) more often.  With the library's KC (512
+    there) rung 3 ran 1.2-1.3x rung 2 timed interleaved, 0.87-1.13x in the ladder's
+    own runs (docs/cache-blocking.md).
     """
     return max(LOCAL_MR, blk.mc // LOCAL_MR * LOCAL_MR)
 
