@@ -148,3 +148,20 @@ def test_busy_machine_warnings():
     assert "apart" in ladder.busy_machine_warning([_result(5, 80.0, spread=0.5)])
     poor = [_result(5, 80.0), _result(6, 100.0, threads=2, peak=200.0)]
     assert "ran only 1.25x rung 5" in ladder.busy_machine_warning(poor)
+
+
+def test_ceiling_note_sets_rung_6_beside_the_host_ceiling():
+    ceiling = ladder.Ceiling(threads=2, n=1024, alone_gflops=80.0, together_gflops=136.0)
+    assert ceiling.scaling == pytest.approx(1.7)
+    results = [_result(5, 80.0), _result(6, 144.0, threads=2, peak=200.0)]
+    (note,) = ladder.ceiling_notes(results, ceiling)
+    assert note.startswith("rung 6 ran 1.80x rung 5 on 2 threads; 2 independent")
+    assert "1.70x one alone (n = 1024)" in note
+    assert ladder.ceiling_notes(results, None) == []
+    assert ladder.ceiling_notes(results[:1], ceiling) == []
+
+
+def test_measure_ceiling_times_products_alone_and_at_once():
+    ceiling = ladder.measure_ceiling(64, 2, rounds=1)
+    assert (ceiling.threads, ceiling.n) == (2, 64)
+    assert ceiling.alone_gflops > 0 and ceiling.together_gflops > 0

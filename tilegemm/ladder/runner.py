@@ -1,5 +1,6 @@
 """The rungs by number (:func:`compute`) and their measurement (:func:`measure`)."""
 import functools
+import threading
 import time
 from dataclasses import dataclass
 
@@ -211,6 +212,57 @@ def measure(rung, n, dtype=np.float32, numpy_cache=None, log=None):
     if log:
         log(f"  rung {rung.number}: n={size}, {gflops:.1f} GFLOPS (runs within {100 * spread:.0f}%)")
     return Result(rung, size, threads, gflops, first_call, numpy, peak, spread)
+
+
+@dataclass
+class Ceiling:
+    """What ``threads`` cores give when each runs its own rung-5 product at once.
+
+    No threaded GEMM can scale better than this: the products share nothing, so
+    what the cores lose running together is the host's (a shared L3 and memory bus,
+    the clock a CPU holds with every core busy, a neighbour on a VM), not any
+    threading's.  ``scaling`` is the products' summed rate over one product alone.
+    """
+
+    threads: int
+    n: int
+    alone_gflops: float
+    together_gflops: float
+
+    @property
+    def scaling(self):
+        return self.together_gflops / self.alone_gflops
+
+
+def _together_seconds(calls):
+    """Wall time of running every one of ``calls`` at once, one Python thread each
+    (the rungs release the GIL)."""
+    workers = [threading.Thread(target=call) for call in calls[1:]]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    calls[0]()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - t0
+
+
+def measure_ceiling(n, threads, dtype=np.float32, rounds=5):
+    """The :class:`Ceiling` of ``threads`` cores for rung 5 at size ``n``.
+
+    One product alone and ``threads`` products at once are timed in alternating
+    rounds, so that a neighbour that comes and goes weighs on both alike; the best
+    time of each is kept, as for the rungs.
+    """
+    operands = [_operands(n, dtype) for _ in range(threads)]
+    calls = [functools.partial(compute, 5, *ops) for ops in operands]
+    _together_seconds(calls)                      # compiles, touches every operand
+    alone, together = [], []
+    for _ in range(rounds):
+        alone += _timed_runs(calls[0], min_runs=3, min_total=0.1, max_runs=10)
+        together += [_together_seconds(calls) for _ in range(3)]
+    flops = 2 * n ** 3
+    return Ceiling(threads, n, flops / min(alone) / 1e9, threads * flops / min(together) / 1e9)
 
 
 def run_ladder(n=1024, dtype=np.float32, log=None):
