@@ -14,8 +14,8 @@ packs it once and every thread takes MC-row blocks of C from a shared counter
 rather than wait, so no thread ever waits on another inside a call.  Otherwise C
 is cut into one block per thread along its longer side (whole MR or NR multiples)
 and each block runs the serial path, every thread packing the operand it shares
-(A for a column split); when C has too few tiles for that and k is long, k is cut
-instead and the partial products are summed at the end.  Every share goes to the
+(A for a column split); when k is long and C has too few tiles for that, or is
+far smaller than k, k is cut instead and the partial products are summed at the end.  Every share goes to the
 pool as a native share (``kernels/native.py``): a C function and an argument
 block the caller writes, which a pool thread runs without taking the GIL.  This
 keeps the engine free of Numba's parallel machinery: no threading-layer
@@ -48,6 +48,14 @@ GEMV_SERIAL_ELEMENTS = 1 << 18
 
 #: Split k among threads only when each slice has at least this many.
 SPLIT_K_MIN = 1024
+#: ... and C has too few tiles to go round, or k is at least this many times C's
+#: longer side.  Cutting C then has every thread pack (or read) all of the long
+#: operand for little arithmetic on it; a slice of k per thread halves that.  Measured
+#: on a 2-core Zen 3, float32, 2 threads, k slices against the row split:
+#: 32x32x32768 2.2x, 64x64x16384 1.23x, 32x32x4096 1.15x; nearer the ratio the gain
+#: fades into the noise (96x96x8192 1.14x, 128x128x8192 1.07x, but 64x64x4096
+#: 0.85-0.88x, 256x256x16384 0.97x).
+SPLIT_K_DEPTH = 128
 
 _plans = {}
 
@@ -379,8 +387,9 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
     -------
     str
         One thread: ``"gemv"`` (m or n is 1), ``"unpacked"`` (B's rows contiguous
-        and :func:`fits_unpacked`) or ``"packed"``.  Several: ``"split_k"`` (C has
-        too few tiles to go round and k is long), ``"shared_b"`` (B the larger side
+        and :func:`fits_unpacked`) or ``"packed"``.  Several: ``"split_k"`` (k is
+        long, and C has too few tiles to go round or k is ``SPLIT_K_DEPTH`` times
+        C's longer side), ``"shared_b"`` (B the larger side
         and one packed B block, but not one column of tiles over B's contiguous
         rows: packed once, threads take MC-row blocks of C from a counter) or
         ``"blocks"`` (one block of C per thread along its longer side).
@@ -391,7 +400,7 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
             return "gemv"
         return "unpacked" if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs) else "packed"
     tiles = cdiv(m, kern.mr) * cdiv(n, kern.nr)
-    if tiles < 2 * threads and k >= threads * SPLIT_K_MIN:
+    if k >= threads * SPLIT_K_MIN and (tiles < 2 * threads or k >= SPLIT_K_DEPTH * max(m, n)):
         return "split_k"
     by_rows = m / kern.mr >= n / kern.nr
     # Matrix-vector products keep their own path; so does one column of tiles over

@@ -330,8 +330,10 @@ def test_threaded_splits_with_epilogue(dtype, shape, epi_name, rng, monkeypatch)
     gemm_into(a, b, c, 1.5, 0.5, bias, epi, threads=2)
     assert 2 in splits, "the product was not shared between two threads"
     kern, _ = driver.kernel_for(np.dtype(dtype), n)
-    few_tiles = -(-m // kern.mr) * -(-n // kern.nr) < 4 and k >= 2 * driver.SPLIT_K_MIN
-    assert ("split_k" in splits) == few_tiles, "k is split exactly when C has too few tiles"
+    few_tiles = k >= 2 * driver.SPLIT_K_MIN and (-(-m // kern.mr) * -(-n // kern.nr) < 4
+                                                 or k >= driver.SPLIT_K_DEPTH * max(m, n))
+    assert ("split_k" in splits) == few_tiles, \
+        "k is split exactly when it is long and C has too few tiles or is far shorter than k"
     kern, blk = driver.kernel_for(np.dtype(dtype), n)
     shared = (not few_tiles and min(m, n) > 1 and m / kern.mr >= n / kern.nr and n > kern.nr
               and k * -(-n // kern.nr) * kern.nr <= blk.kc * blk.nc)
