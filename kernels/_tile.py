@@ -25,7 +25,7 @@ from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.native import data_address
 from tilegemm.kernels.packers import make_pack_panel
 from tilegemm.kernels.registry import microkernel
-from tilegemm.kernels.sync import acquire, next_task, publish
+from tilegemm.kernels.sync import acquire, next_task, pause, publish
 
 # --- configuration ---
 DTYPE = np.float32
@@ -151,28 +151,65 @@ def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
                              (alpha, beta_pc), (bias, epi_pc), (ic, jc))
 
 
+#: Columns of one chunk of B that a thread packs for all (:func:`pack_b_together`), in
+#: micro-panels: small enough that the threads end their packing together, large
+#: enough that claiming a chunk costs nothing beside packing it.
+PACK_CHUNK_PANELS = 8
+
+
+@numba.njit(**JIT)
+def pack_chunks(n, k, KC, NC):
+    """``(chunks, pieces, k_blocks)``: B's packing cut into chunks of
+    ``PACK_CHUNK_PANELS`` micro-panels, ``pieces`` of them across each NC block
+    (the widest's), in ``k_blocks`` KC blocks of each."""
+    width = PACK_CHUNK_PANELS * NR
+    pieces = (imin(NC, n) + width - 1) // width
+    k_blocks = (k + KC - 1) // KC
+    return ((n + NC - 1) // NC) * k_blocks * pieces, pieces, k_blocks
+
+
 @numba.njit(inline='always', **JIT)
-def pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack):
-    """Pack all of B, block by block: block (jc, pc) starts at ``jc*k + pc*round_up(nc, NR)``."""
-    for jc in range(0, n, NC):
+def pack_b_together(n, k, b, b_off, b_rs, b_cs, KC, NC, bpack, flags):
+    """Pack all of B into ``bpack`` with every thread that calls this at once, and
+    return when all of it is packed.  Block (jc, pc) starts at
+    ``jc*k + pc*round_up(nc, NR)``, its micro-panels one after another.
+
+    ``flags[0]`` hands out the chunks (:func:`pack_chunks`); ``flags[1 + i]`` is
+    :func:`publish`-ed once chunk i is packed.  A thread packs chunks until none
+    is left, then waits only for those another thread is still packing: one
+    chunk each at most, and none when it came late and found all of B packed.
+    """
+    chunks, pieces, k_blocks = pack_chunks(n, k, KC, NC)
+    width = PACK_CHUNK_PANELS * NR
+    while True:
+        chunk = next_task(flags)
+        if chunk >= chunks:
+            break
+        j0 = (chunk % pieces) * width
+        pc = (chunk // pieces) % k_blocks * KC
+        jc = (chunk // (pieces * k_blocks)) * NC
         nc = imin(NC, n - jc)
-        ncp = (nc + NR - 1) // NR * NR
-        for pc in range(0, k, KC):
-            pack_b(b, b_off + pc * b_rs + jc * b_cs, b_rs, b_cs, imin(KC, k - pc), nc,
-                   bpack[jc * k + pc * ncp:])
+        if j0 < nc:                  # the last NC block may have fewer pieces
+            kc = imin(KC, k - pc)
+            ncp = (nc + NR - 1) // NR * NR
+            pack_b(b, b_off + pc * b_rs + (jc + j0) * b_cs, b_rs, b_cs, kc, imin(width, nc - j0),
+                   bpack[jc * k + pc * ncp + j0 * kc:])
+        publish(flags, 1 + chunk, 1)
+    for chunk in range(chunks):
+        while acquire(flags, 1 + chunk) == 0:
+            pause()
 
 
 @inner_jit
-def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, packs):
+def gemm_tasks(counter, flags, shape, scal, a, b, c, epilogue, blocks, packs):
     """One thread's part of a product shared through one packed copy of B.
 
-    Arguments as for :func:`gemm_serial`, except ``packs``: ``(apack, shared_b,
-    own_b)``.  The ``packer`` (the calling thread) packs all of B into ``shared_b`` and
-    :func:`publish`es ``ready[0]``; a thread that finds it set reads that copy, one
-    that comes earlier packs its own into ``own_b`` rather than wait.  Then tasks
-    (an MC-row block of C in an NC-column block, over all of k) are taken from
-    ``counter``, so a thread that starts late takes fewer.  Each task packs its
-    own A blocks: A is packed once in all, and so is B unless a thread came early.
+    Arguments as for :func:`gemm_serial`, except ``packs``: ``(apack, bpack)``, the
+    latter shared by every thread.  The threads pack B together first
+    (:func:`pack_b_together`, ``flags``); then tasks (an MC-row block of C in an
+    NC-column block, over all of k) are taken from ``counter``, so a thread that
+    starts late takes fewer.  Each task packs its own A blocks: A and B are each
+    packed once in all, and each by every thread at work.
     """
     m, n, k = shape
     alpha, beta = scal
@@ -181,14 +218,8 @@ def gemm_tasks(counter, ready, packer, shape, scal, a, b, c, epilogue, blocks, p
     c, (c_off, ldc, _) = c
     bias, epi = epilogue
     KC, MC, NC = blocks
-    apack, shared_b, own_b = packs
-    # One call of the (inlined) packer for both cases: two would compile it twice.
-    own = not packer and acquire(ready, 0) != 1
-    bsrc = own_b if own else shared_b
-    if packer or own:
-        pack_b_whole(n, k, b, b_off, b_rs, b_cs, KC, NC, bsrc)
-    if packer:
-        publish(ready, 0, 1)
+    apack, bsrc = packs
+    pack_b_together(n, k, b, b_off, b_rs, b_cs, KC, NC, bsrc, flags)
     blocks_m = (m + MC - 1) // MC
     ntasks = blocks_m * ((n + NC - 1) // NC)
     while True:

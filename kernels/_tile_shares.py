@@ -153,28 +153,23 @@ def _serial_share(block):
 
 
 #: Slots of a block of share_address("gemm_tasks") (see ``kernels/native.py``).
-SHARED_B_SLOTS = 37
+SHARED_B_SLOTS = 34
 
 
 @numba.njit(**JIT_NO_NRT)
-def shared_b_blocks(out, flags, shape, scal, a, b, c, epilogue, blocks, scratch):
+def shared_b_blocks(out, counter, flags, shape, scal, a, b, c, epilogue, blocks, scratch):
     """Row ``t`` of ``out``: the argument block of share ``t`` of :func:`gemm_tasks`
-    (arguments as there; ``flags`` = (counter, B's ready flag)).  Share 0 packs B.
-    ``scratch`` = ``(buffer, b_len, a_len)``: the buffer holds B's shared copy
-    (``b_len`` elements), each share's A blocks (``a_len``), then a B of its own
-    for each share but the first; see :func:`scratch_sizes`."""
-    threads = out.shape[0]
+    (arguments as there).  ``scratch`` = ``(buffer, b_len, a_len)``: the buffer
+    holds the packed B (``b_len`` elements), then each share's A blocks (``a_len``)."""
     buf, b_len, a_len = scratch
-    for t in range(threads):
+    for t in range(out.shape[0]):
         v = out[t]
-        put_range(v, 0, flags, 0, 1)
-        put_range(v, 2, flags, 1, 1)
-        v[4] = 1 if t == 0 else 0
-        put_product(v, 5, shape, scal, a, b, c, epilogue)
-        v[28], v[29], v[30] = blocks
-        put_range(v, 31, buf, b_len + t * a_len, a_len)
-        put_range(v, 33, buf, 0, b_len)
-        put_range(v, 35, buf, b_len + threads * a_len + (t - 1) * b_len if t else 0, b_len)
+        put_array(v, 0, counter)
+        put_array(v, 2, flags)
+        put_product(v, 4, shape, scal, a, b, c, epilogue)
+        v[27], v[28], v[29] = blocks
+        put_range(v, 30, buf, b_len + t * a_len, a_len)
+        put_range(v, 32, buf, 0, b_len)
 
 
 def scratch_sizes(threads, first, second):
@@ -190,10 +185,10 @@ def _gemm_tasks_share(block):
     """:func:`gemm_tasks` as a native share, its arguments read from ``block`` (as
     :func:`shared_b_blocks` writes them)."""
     v = numba.carray(block, SHARED_B_SLOTS)
-    shape, scal, a, b, c, epilogue = product_at(v, 5)
-    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), v[4] != 0, shape, scal,
-               a, b, c, epilogue, (v[28], v[29], v[30]),
-               (array_at(v, 31, DTYPE), array_at(v, 33, DTYPE), array_at(v, 35, DTYPE)))
+    shape, scal, a, b, c, epilogue = product_at(v, 4)
+    gemm_tasks(array_at(v, 0, np.int64), array_at(v, 2, np.int64), shape, scal,
+               a, b, c, epilogue, (v[27], v[28], v[29]),
+               (array_at(v, 30, DTYPE), array_at(v, 32, DTYPE)))
 
 
 #: Slots of a block of share_address("batch") or ("batch_packed").

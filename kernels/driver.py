@@ -8,10 +8,10 @@ validated 2-D float arrays of one dtype.  It chooses between
   in L2: the strided micro-kernel reads A and B in place,
 * the five-loop driver over packed panels otherwise.
 
-Threads: when B is the larger side and fits one packed block, the calling thread
-packs it once and every thread takes MC-row blocks of C from a shared counter
-(``gemm_tasks``); a pool thread that starts before B is ready packs its own copy
-rather than wait, so no thread ever waits on another inside a call.  Otherwise C
+Threads: when B is the larger side and fits one packed block, the threads pack it
+together, chunk by chunk from a counter, and then take MC-row blocks of C from
+another (``gemm_tasks``); a thread waits on another only for the chunk of B that
+one is still packing, and one that starts late finds the work taken.  Otherwise C
 is cut into one block per thread along its longer side (whole MR or NR multiples)
 and each block runs the serial path, every thread packing the operand it shares
 (A for a column split); when k is long and C has too few tiles for that, or is
@@ -537,25 +537,30 @@ def _run_serial_shares(kern, blk, shares):
 def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     """Share a product whose packed B fits one B block among threads, B packed once.
 
-    The calling thread packs all of B; the threads then take MC-row blocks of C
-    from a counter (``gemm_tasks`` in ``kernels/_tile.py``).  Cutting C into one
-    fixed block per thread instead has every thread pack all of B, and leaves the
-    caller idle at the end by however late a pool thread started.  Measured on a
-    2-core Zen 3 against that (2 threads, median of 7 alternated rounds, two runs):
-    256^3 1.08-1.11x, 768^3 1.05x, 2048x1024x256 1.08x, 384^3-1024^3 1.02-1.03x.
+    The threads pack B together, then take MC-row blocks of C from a counter
+    (``gemm_tasks`` in ``kernels/_tile.py``).  Cutting C into one fixed block per
+    thread instead has every thread pack all of B, and leaves the caller idle at
+    the end by however late a pool thread started.  Measured on a 2-core Zen 3
+    against that, with B packed by the caller alone (2 threads, median of 7
+    alternated rounds, two runs): 256^3 1.08-1.11x, 768^3 1.05x, 2048x1024x256
+    1.08x, 384^3-1024^3 1.02-1.03x.  Packing B together rather than by the caller
+    alone (each other thread packing a copy of its own when it came before B was
+    ready) halves each thread's packing: 1024^3 in two A/B rounds on the same host,
+    best of 45 calls, 167-175 against 163-164 GFLOPS.
     """
     MR, NR = kern.mr, kern.nr
     KC = max(1, min(blk.kc, k))
     NC = min(blk.nc, round_up(n, NR))
     MC = min(blk.mc, round_up(m, MR))
-    flags = np.zeros(2, np.int64)            # the task counter, B's ready flag
-    # Every share's buffers are the caller's: its A blocks and, but for the packer's,
-    # a B of its own for when it comes early.
     mod = kern.shares
-    total, b_len, a_len = mod.scratch_sizes(threads, max(1, k * round_up(n, NR)), MC * KC)
-    (scratch,) = buffers((kern.name, "shared_b"), (total,), kern.dtype)
+    chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
+    counter = np.zeros(1, np.int64)                 # C's tasks
+    flags = np.zeros(1 + chunks, np.int64)          # B's chunks: handed out, packed
+    # The caller's buffers: the packed B, then each share's A blocks.
+    _, b_len, a_len = mod.scratch_sizes(1, max(1, k * round_up(n, NR)), MC * KC)
+    (scratch,) = buffers((kern.name, "shared_b"), (b_len + threads * a_len,), kern.dtype)
     block = np.empty((threads, mod.SHARED_B_SLOTS), np.int64)
-    mod.shared_b_blocks(block, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC),
+    mod.shared_b_blocks(block, counter, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC),
                         (scratch, b_len, a_len))
     base, row = block.ctypes.data, block.strides[0]
     run_native_shares(mod.share_address("gemm_tasks"),

@@ -264,12 +264,13 @@ def test_shares_on_one_path_run_only_that_paths_reader(shape, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
-    """``gemm_tasks`` alone: as the packer, as a thread finding B ready (its own buffer
-    holds NaN, so reading it would show), and as one coming before B is ready."""
+def test_shared_b_tasks_pack_b_together(dtype, rng):
+    """``gemm_tasks`` alone: as the first thread (it packs every chunk of B), and as
+    one coming when every chunk is taken and packed (it packs none: B's buffer then
+    holds the first's copy, and the second run's result depends on it)."""
     kern, blk = driver.kernel_for(np.dtype(dtype), 100)
     mod = kern.module
-    m, n, k = 70, 100, 45
+    m, n, k = 70, 300, 45
     KC, MC, NC = 16, 2 * kern.mr, 2 * kern.nr       # several k, row and column blocks
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
@@ -277,17 +278,17 @@ def test_shared_b_tasks_use_the_shared_copy_or_their_own(dtype, rng):
     from tilegemm.ground.contracts import EPI_BIAS_ROW, EPI_RELU
     epi = EPI_BIAS_ROW | EPI_RELU
     expected = np.maximum(2.0 * (a.astype(np.float64) @ b) + bias[:, None], 0)
-    size = k * -(-n // kern.nr) * kern.nr
-    shared = np.full(size, np.nan, dtype)
+    bpack = np.full(k * -(-n // kern.nr) * kern.nr, np.nan, dtype)
+    chunks = mod.pack_chunks(n, k, KC, NC)[0]
+    assert chunks > 1
+    flags = np.zeros(1 + chunks, np.int64)
     gemm_tasks = trampoline(mod.gemm_tasks)         # jitted callers only
-    for packer, ready in ((True, 0), (False, 1), (False, 0)):
+    for first in (True, False):
         c = np.full((m, n), np.nan, dtype)
-        own = np.full(size, np.nan, dtype)
         apack = np.empty(MC * KC, dtype)
-        flags = np.array([ready], np.int64)
-        gemm_tasks(np.zeros(1, np.int64), flags, packer, (m, n, k), (dtype(2), dtype(0)),
-                   (a.reshape(-1), (0, k, 1)), (b.reshape(-1), (0, n, 1)),
-                   (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, shared, own))
-        assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"packer={packer} ready={ready}")
-        assert flags[0] == (1 if packer else ready)
-        assert np.isnan(own).all() == (packer or ready == 1)
+        b_read = b if first else np.full_like(b, np.nan)     # the second reads bpack only
+        gemm_tasks(np.zeros(1, np.int64), flags, (m, n, k), (dtype(2), dtype(0)),
+                   (a.reshape(-1), (0, k, 1)), (b_read.reshape(-1), (0, n, 1)),
+                   (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, bpack))
+        assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"first={first}")
+        assert (flags[1:] == 1).all() and flags[0] >= chunks
