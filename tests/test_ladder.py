@@ -150,18 +150,18 @@ def test_busy_machine_warnings():
     assert "ran only 1.25x rung 5" in ladder.busy_machine_warning(poor)
 
 
-def test_ceiling_note_sets_rung_6_beside_the_host_ceiling():
-    ceiling = ladder.Ceiling(threads=2, n=1024, alone_gflops=80.0, together_gflops=136.0)
-    assert ceiling.scaling == pytest.approx(1.7)
+def test_contention_note_sets_rung_6_beside_independent_products():
+    contention = ladder.Contention(threads=2, n=1024, alone_gflops=80.0, together_gflops=136.0)
+    assert contention.scaling == pytest.approx(1.7)
     results = [_result(5, 80.0), _result(6, 144.0, threads=2, peak=200.0)]
-    (note,) = ladder.ceiling_notes(results, ceiling)
+    (note,) = ladder.contention_notes(results, contention)
     assert note.startswith("rung 6 ran 1.80x rung 5 on 2 threads; 2 independent")
     assert "1.70x one alone (n = 1024)" in note
-    assert ladder.ceiling_notes(results, None) == []
-    assert ladder.ceiling_notes(results[:1], ceiling) == []
+    assert ladder.contention_notes(results, None) == []
+    assert ladder.contention_notes(results[:1], contention) == []
 
 
-def test_measure_ceiling_times_products_alone_and_at_once():
-    ceiling = ladder.measure_ceiling(64, 2, rounds=1)
-    assert (ceiling.threads, ceiling.n) == (2, 64)
-    assert ceiling.alone_gflops > 0 and ceiling.together_gflops > 0
+def test_measure_contention_times_products_alone_and_at_once():
+    contention = ladder.measure_contention(64, 2, rounds=1)
+    assert (contention.threads, contention.n) == (2, 64)
+    assert contention.alone_gflops > 0 and contention.together_gflops > 0

@@ -37,10 +37,10 @@ from tilegemm.ladder.register_tile import (make_register_tile, pack_columns,
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
                                    loop_ikj, naive_ijk, packed, threaded,
                                    tile_in_local_array)
-from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Ceiling, Result, Rung, compute,
-                                    measure, measure_ceiling, run_ladder)
+from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Contention, Result, Rung, compute,
+                                    measure, measure_contention, run_ladder)
 from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNING,
-                                   busy_machine_warning, ceiling_notes, format_table, main, plot,
+                                   busy_machine_warning, contention_notes, format_table, main, plot,
                                    slower_notes, smaller_n_notes, width_notes)
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
     "register_tile_shape", "make_register_tile", "pack_columns", "register_tile_kc",
     "register_tile_nc", "vector_bits", "packed_register_tile", "library_micro_kernel", "threaded",
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",
-    "Ceiling", "measure_ceiling", "ceiling_notes",
+    "Contention", "measure_contention", "contention_notes",
     "format_table", "SLOWER_BECAUSE", "SPREAD_WARNING", "SCALING_WARNING", "slower_notes",
     "smaller_n_notes", "width_notes", "busy_machine_warning",
     "plot", "main",

@@ -215,13 +215,14 @@ def measure(rung, n, dtype=np.float32, numpy_cache=None, log=None):
 
 
 @dataclass
-class Ceiling:
+class Contention:
     """What ``threads`` cores give when each runs its own rung-5 product at once.
 
-    No threaded GEMM can scale better than this: the products share nothing, so
-    what the cores lose running together is the host's (a shared L3 and memory bus,
-    the clock a CPU holds with every core busy, a neighbour on a VM), not any
-    threading's.  ``scaling`` is the products' summed rate over one product alone.
+    The products share nothing, so what the cores lose running together is the
+    host's (a shared L3 and memory bus, the clock a CPU holds with every core busy,
+    a neighbour on a VM), not any threading's: rung 6 on the same host scales about
+    as well, a little better when sharing one packed B saves it packing.
+    ``scaling`` is the products' summed rate over one product alone.
     """
 
     threads: int
@@ -247,8 +248,8 @@ def _together_seconds(calls):
     return time.perf_counter() - t0
 
 
-def measure_ceiling(n, threads, dtype=np.float32, rounds=5):
-    """The :class:`Ceiling` of ``threads`` cores for rung 5 at size ``n``.
+def measure_contention(n, threads, dtype=np.float32, rounds=5):
+    """The :class:`Contention` of ``threads`` cores for rung 5 at size ``n``.
 
     One product alone and ``threads`` products at once are timed in alternating
     rounds, so that a neighbour that comes and goes weighs on both alike; the best
@@ -262,7 +263,7 @@ def measure_ceiling(n, threads, dtype=np.float32, rounds=5):
         alone += _timed_runs(calls[0], min_runs=3, min_total=0.1, max_runs=10)
         together += [_together_seconds(calls) for _ in range(3)]
     flops = 2 * n ** 3
-    return Ceiling(threads, n, flops / min(alone) / 1e9, threads * flops / min(together) / 1e9)
+    return Contention(threads, n, flops / min(alone) / 1e9, threads * flops / min(together) / 1e9)
 
 
 def run_ladder(n=1024, dtype=np.float32, log=None):

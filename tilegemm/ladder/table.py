@@ -8,7 +8,7 @@ import time
 import numba
 import numpy as np
 
-from tilegemm.ladder.runner import CALL_BUDGET, measure_ceiling, run_ladder
+from tilegemm.ladder.runner import CALL_BUDGET, measure_contention, run_ladder
 from tilegemm.tuning.blocking import blocking
 
 
@@ -79,18 +79,18 @@ def width_notes(results, dtype=np.float32):
             f"{100 * rung4.gflops / ceiling:.0f}% of that ceiling."]
 
 
-def ceiling_notes(results, ceiling):
-    """A line setting the thread rung's scaling over rung 5 beside the host's ceiling
-    (:func:`~tilegemm.ladder.runner.measure_ceiling`), when both were measured."""
+def contention_notes(results, contention):
+    """A line setting the thread rung's scaling over rung 5 beside the host's
+    (:func:`~tilegemm.ladder.runner.measure_contention`), when both were measured."""
     single = {r.rung.number: r for r in results if r.threads == 1}
     threaded = [r for r in results if r.threads > 1]
-    if ceiling is None or 5 not in single or not threaded:
+    if contention is None or 5 not in single or not threaded:
         return []
     r = threaded[-1]
     return [f"rung {r.rung.number} ran {r.gflops / single[5].gflops:.2f}x rung 5 on {r.threads} "
-            f"threads; {ceiling.threads} independent rung-5 products at once ran "
-            f"{ceiling.scaling:.2f}x one alone (n = {ceiling.n}): no threading of one product "
-            "scales past that on this host, whose cores share L3, memory and a clock budget."]
+            f"threads; {contention.threads} independent rung-5 products at once ran "
+            f"{contention.scaling:.2f}x one alone (n = {contention.n}): what this host's cores "
+            "lose running together (shared L3, memory, clock), not the threading's."]
 
 
 def busy_machine_warning(results):
@@ -116,9 +116,9 @@ def busy_machine_warning(results):
     return None
 
 
-def plot(results, path, machine_label="", ceiling=None):
+def plot(results, path, machine_label="", contention=None):
     """A bar chart of the ladder (log scale: the rungs span two orders of magnitude),
-    with the host's several-core ceiling over the thread rung when it was measured."""
+    with independent products at once over the thread rung when they were measured."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -134,9 +134,10 @@ def plot(results, path, machine_label="", ceiling=None):
     ax.scatter(x, [r.numpy_gflops for r in results], marker="_", s=900, color="black",
                zorder=3, label="numpy, same n and threads")
     rung5 = next((r for r in results if r.rung.number == 5), None)
-    if ceiling is not None and rung5 is not None and results[-1].rung.parallel:
-        ax.scatter([x[-1]], [rung5.gflops * ceiling.scaling], marker="v", s=60, color="tab:red",
-                   zorder=3, label=f"{ceiling.threads} rung-5 products at once (host ceiling)")
+    if contention is not None and rung5 is not None and results[-1].rung.parallel:
+        ax.scatter([x[-1]], [rung5.gflops * contention.scaling], marker="v", s=60,
+                   color="tab:red", zorder=3,
+                   label=f"{contention.threads} independent rung-5 products at once")
     for threads, style in ((1, "--"), (max(r.threads for r in results), ":")):
         peak = next((r.peak_gflops for r in results if r.threads == threads), None)
         if peak:
@@ -181,16 +182,17 @@ def main(argv=None):
     print("measuring (compiles on first use) ...", flush=True)
     t0 = time.perf_counter()
     results = run_ladder(args.n, np.float32, log=lambda s: print(s, flush=True))
-    ceiling = None
+    contention = None
     if results[-1].threads > 1:
-        ceiling = measure_ceiling(results[-1].n, results[-1].threads)
-        print(f"  {ceiling.threads} rung-5 products at once: {ceiling.together_gflops:.1f} GFLOPS, "
-              f"{ceiling.scaling:.2f}x one alone", flush=True)
+        contention = measure_contention(results[-1].n, results[-1].threads)
+        print(f"  {contention.threads} rung-5 products at once: "
+              f"{contention.together_gflops:.1f} GFLOPS, {contention.scaling:.2f}x one alone",
+              flush=True)
     table = format_table(results)
     print()
     print(table)
     notes = (slower_notes(results) + smaller_n_notes(results, args.n) + width_notes(results)
-             + ceiling_notes(results, ceiling))
+             + contention_notes(results, contention))
     for note in notes:
         print(note)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
@@ -206,7 +208,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "ladder.md"), "w") as f:
         f.write(table + "\n" + "".join(f"\n{note}\n" for note in notes))
     try:
-        plot(results, os.path.join(args.out, "ladder.png"), f"({m.isa}, {m.brand})", ceiling)
+        plot(results, os.path.join(args.out, "ladder.png"), f"({m.isa}, {m.brand})", contention)
     except ImportError:
         print("matplotlib is not installed: no chart (pip install matplotlib)", file=sys.stderr)
     else:
