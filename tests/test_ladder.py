@@ -109,14 +109,21 @@ def _result(number, gflops, n=1024, threads=1, peak=100.0, spread=0.02):
     return ladder.Result(ladder.RUNGS[number], n, threads, gflops, 0.1, 50.0, peak, spread)
 
 
-def test_slower_rung_gets_a_note_unless_within_spread():
-    climbing = [_result(2, 20.0), _result(3, 30.0)]
-    assert ladder.slower_notes(climbing) == []
-    within = [_result(2, 20.0, spread=0.1), _result(3, 19.0, spread=0.1)]
-    assert ladder.slower_notes(within) == []
-    slower = [_result(2, 30.0), _result(3, 20.0)]
-    notes = ladder.slower_notes(slower)
-    assert len(notes) == 1 and notes[0].startswith("rung 3 is slower than rung 2 here:")
+def test_slower_rung_gets_a_note_saying_why():
+    climbing = [_result(2, 20.0), _result(3, 30.0), _result(4, 29.0)]
+    assert ladder.slower_notes(climbing) == []          # 0.97x: within the margin
+    within = [_result(2, 20.0, spread=0.1), _result(3, 18.5, spread=0.1)]
+    (note,) = ladder.slower_notes(within)
+    assert note.startswith("rung 3 ran 0.93x rung 2 (within their runs' spread) here:")
+    (note,) = ladder.slower_notes([_result(2, 30.0), _result(3, 20.0)])
+    assert note.startswith("rung 3 ran 0.67x rung 2 here:")
+
+
+def test_blocking_note_says_whether_b_fits_in_l3():
+    (note,) = ladder.slower_notes([_result(1, 25.0), _result(2, 21.0)], l3_bytes=32 << 20)
+    assert "B (4 MiB) sits in this CPU's L3 (32 MiB)" in note
+    assert "sits in" not in ladder.blocking_reason(4096, 32 << 20)
+    assert "sits in" not in ladder.blocking_reason(1024, 0)
 
 
 def test_rung_below_n_gets_a_note():

@@ -39,9 +39,10 @@ from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_ke
                                    tile_in_local_array)
 from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Contention, Result, Rung, compute,
                                     measure, measure_contention, run_ladder)
-from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SPREAD_WARNING,
-                                   busy_machine_warning, contention_notes, format_table, main, plot,
-                                   slower_notes, smaller_n_notes, width_notes)
+from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SLOWER_MARGIN, SPREAD_WARNING,
+                                   blocking_reason, busy_machine_warning, contention_notes,
+                                   format_table, main, plot, slower_notes, smaller_n_notes,
+                                   width_notes)
 
 __all__ = [
     "naive_ijk", "loop_ikj", "blocked", "LOCAL_MR", "LOCAL_NR",
@@ -51,6 +52,7 @@ __all__ = [
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",
     "Contention", "measure_contention", "contention_notes",
     "format_table", "SLOWER_BECAUSE", "SPREAD_WARNING", "SCALING_WARNING", "slower_notes",
+    "SLOWER_MARGIN", "blocking_reason",
     "smaller_n_notes", "width_notes", "busy_machine_warning",
     "plot", "main",
 ]
