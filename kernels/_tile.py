@@ -209,7 +209,7 @@ def gemm_tasks(counter, flags, shape, scal, a, b, c, epilogue, blocks, packs):
     (:func:`pack_b_together`, ``flags``); then tasks (an MC-row block of C in an
     NC-column block, over all of k) are taken from ``counter``, so a thread that
     starts late takes fewer.  Each task packs its own A blocks: A and B are each
-    packed once in all, and each by every thread at work.
+    packed once in all, B by all the threads together.
     """
     m, n, k = shape
     alpha, beta = scal

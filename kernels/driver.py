@@ -15,12 +15,12 @@ one is still packing, and one that starts late finds the work taken.  Otherwise 
 is cut into one block per thread along its longer side (whole MR or NR multiples)
 and each block runs the serial path, every thread packing the operand it shares
 (A for a column split); when k is long and C has too few tiles for that, or is
-far smaller than k, k is cut instead and the partial products are summed at the end.  Every share goes to the
-pool as a native share (``kernels/native.py``): a C function and an argument
-block the caller writes, which a pool thread runs without taking the GIL.  This
-keeps the engine free of Numba's parallel machinery: no threading-layer
-constraints on concurrent calls from several Python threads, and seconds less
-compile time.
+far smaller than k, k is cut instead and the partial products are summed at the
+end.  Every share goes to the pool as a native share (``kernels/native.py``): a C
+function and an argument block the caller writes, which a pool thread runs
+without taking the GIL.  This keeps the engine free of Numba's parallel
+machinery: no threading-layer constraints on concurrent calls from several Python
+threads, and seconds less compile time.
 """
 import functools
 
