@@ -6,6 +6,8 @@ starts ``"{func}: "``, so users see the function they called.  Imports only
 numpy and the standard library.
 """
 import collections
+import functools
+import math
 import numbers
 
 import numpy as np
@@ -183,16 +185,29 @@ def real_scalar(x, name, func, dtype=None):
     ValueError
         ``x`` is too large for ``dtype``.
     """
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+    # Python floats first: the common case skips the abstract-class check, and
+    # only a value past the dtype's largest finite one pays for a numpy cast.
+    if type(x) is not float and (isinstance(x, (bool, np.bool_))
+                                 or not isinstance(x, numbers.Real)):
         raise TypeError(f"{func}: {name} must be a real number, got {type(x).__name__}")
     try:
         value = float(x)
     except OverflowError:
         limit = "a float" if dtype is None else dtype
         raise ValueError(f"{func}: {name}={x} is too large for {limit}") from None
-    if dtype is not None and np.isfinite(value) and not np.isfinite(dtype.type(value)):
-        raise ValueError(f"{func}: {name}={x} is too large for {dtype}")
+    if dtype is not None and math.isfinite(value) and abs(value) > _largest(dtype):
+        with np.errstate(over="ignore"):          # the error below says it
+            overflows = not np.isfinite(dtype.type(value))
+        if overflows:
+            raise ValueError(f"{func}: {name}={x} is too large for {dtype}")
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _largest(dtype):
+    """The largest finite value of a float ``dtype``, as a Python float (values up
+    to half an ulp past it still round to it)."""
+    return float(np.finfo(dtype).max)
 
 
 def check_flag(x, name, func):
