@@ -227,12 +227,12 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False):
         Non-2-D operands, mismatched shapes, read-only ``c``, alpha/beta too large
         for the dtype.
     """
-    if (c is None and type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == b.ndim == 2
-            and trans_a is False and trans_b is False and type(alpha) is float and alpha == 1.0
-            and type(beta) is float and beta == 0.0):
-        # gemm(a, b) with the defaults is a @ b: matmul's short paths, whose checks
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == b.ndim == 2
+            and (c is None or type(c) is np.ndarray) and trans_a is False and trans_b is False
+            and type(alpha) is float and alpha == 1.0 and type(beta) is float and beta == 0.0):
+        # gemm with the defaults is a @ b (into c): matmul's short paths, whose checks
         # are their own (anything they do not take gets gemm's full ones below).
-        r = _short_path(a, b, None)
+        r = _short_path(a, b, c)
         if r is not None:
             return r
     if any_tensor(a, b, c):
