@@ -221,8 +221,8 @@ def main(argv=None):
     table = format_table(results)
     print()
     print(table)
-    notes = (slower_notes(results, m.l3_bytes) + smaller_n_notes(results, args.n) + width_notes(results)
-             + contention_notes(results, contention))
+    notes = (slower_notes(results, m.l3_bytes) + smaller_n_notes(results, args.n)
+             + width_notes(results) + contention_notes(results, contention))
     for note in notes:
         print(note)
     print(f"\nGFLOPS = 2n^3 / best time; % of peak against the measured FMA peak for the "
