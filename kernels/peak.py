@@ -171,6 +171,20 @@ def measured_peak_gflops(dtype=np.float32, threads=1, seconds=0.2):
         return _measured[key]
 
 
+def seconds_at_once(calls):
+    """Wall time of running every one of ``calls`` at once: the first on this thread,
+    each other on a Python thread of its own (as the engine shares work; the calls
+    must release the GIL to run in parallel)."""
+    workers = [threading.Thread(target=call) for call in calls[1:]]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    calls[0]()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - t0
+
+
 def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None, ops=None):
     """The GFLOPS of ``kernel`` (:func:`fma_kernel`'s calling convention) run on
     ``threads`` threads at once, measured now (:func:`measured_peak_gflops` caches it).
@@ -200,15 +214,7 @@ def measure_peak(kernel, dtype, threads=1, seconds=0.2, single=None, ops=None):
     flops_per_iter = ops or fma_chains() * lanes_for(dtype) * 2
 
     def run(iters):
-        # Same threading as the engine: one Python thread per share, the GIL released.
-        workers = [threading.Thread(target=kernel, args=(iters, x)) for _ in range(threads - 1)]
-        t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        kernel(iters, x)
-        for w in workers:
-            w.join()
-        return time.perf_counter() - t0
+        return seconds_at_once([functools.partial(kernel, iters, x)] * threads)
 
     run(1000)
     iters = 100_000

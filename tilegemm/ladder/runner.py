@@ -1,6 +1,5 @@
 """The rungs by number (:func:`compute`) and their measurement (:func:`measure`)."""
 import functools
-import threading
 import time
 from dataclasses import dataclass
 
@@ -8,6 +7,7 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import round_up
+from tilegemm.kernels.peak import seconds_at_once
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.ladder.register_tile import packed_register_tile
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
@@ -235,19 +235,6 @@ class Contention:
         return self.together_gflops / self.alone_gflops
 
 
-def _together_seconds(calls):
-    """Wall time of running every one of ``calls`` at once, one Python thread each
-    (the rungs release the GIL)."""
-    workers = [threading.Thread(target=call) for call in calls[1:]]
-    t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    calls[0]()
-    for w in workers:
-        w.join()
-    return time.perf_counter() - t0
-
-
 def measure_contention(n, threads, dtype=np.float32, rounds=5):
     """The :class:`Contention` of ``threads`` cores for rung 5 at size ``n``.
 
@@ -257,11 +244,11 @@ def measure_contention(n, threads, dtype=np.float32, rounds=5):
     """
     operands = [_operands(n, dtype) for _ in range(threads)]
     calls = [functools.partial(compute, 5, *ops) for ops in operands]
-    _together_seconds(calls)                      # compiles, touches every operand
+    seconds_at_once(calls)                      # compiles, touches every operand
     alone, together = [], []
     for _ in range(rounds):
         alone += _timed_runs(calls[0], min_runs=3, min_total=0.1, max_runs=10)
-        together += [_together_seconds(calls) for _ in range(3)]
+        together += [seconds_at_once(calls) for _ in range(3)]
     flops = 2 * n ** 3
     return Contention(threads, n, flops / min(alone) / 1e9, threads * flops / min(together) / 1e9)
 
