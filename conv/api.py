@@ -102,7 +102,8 @@ class ConvWeights:
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-           activation=None, algorithm="auto", layout="NCHW", winograd_tile=None, **internal):
+           activation=None, algorithm="auto", layout="NCHW", winograd_tile=None,
+           residual=None, out=None, **internal):
     """2-D convolution (cross-correlation) with the semantics of ``torch.nn.functional.conv2d``.
 
     Parameters
@@ -120,8 +121,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     groups : int
         Divides C and K; ``groups == C == K`` is a depthwise convolution.
     activation : None, "relu" or "relu6"
-        Applied after the bias, fused into the algorithm's epilogue.  NaN stays NaN
-        (relu(NaN) is NaN).  With Winograd a NaN or Inf in the input makes every output
+        Applied after the bias (and the residual), fused into the algorithm's
+        epilogue.  NaN stays NaN (relu(NaN) is NaN).  With Winograd a NaN or Inf in the input makes every output
         of the 2x2 tiles it touches non-finite (the transforms mix a 4x4 input tile).
     algorithm : "auto", "im2col", "winograd" or "direct"
         "auto" asks :func:`tilegemm.conv_plan`'s cost model; "winograd" needs a
@@ -129,16 +130,18 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     layout : "NCHW" or "NHWC"
         Layout of ``input`` and of the result; NHWC is computed natively.
     winograd_tile : None, 2, 4 or 6
-        With ``algorithm="winograd"``: the output tile size m of F(m x m, 3x3).
-        None lets the cost model choose, as
-        :attr:`ConvPlan.winograd_tile` shows.  Larger tiles do fewer multiplications
-        and round more (docs/conv-paths.md states the bounds).
-    _path, _out : keyword only
-        Internal, for tests (the only keywords ``**internal`` takes): force a path
-        of :data:`tilegemm.conv.paths.PATHS` (``ValueError`` if it does not serve the
-        layer; ``algorithm`` is then ignored), and write the result into
-        a given C-contiguous array of the result's shape and dtype (placed against
-        a guard page by the memory-safety tests).
+        With ``algorithm="winograd"``: the output tile size m of F(m x m, 3x3).  None
+        lets the cost model choose (:attr:`ConvPlan.winograd_tile`).  Larger tiles do
+        fewer multiplications and round more (docs/conv-paths.md states the bounds).
+    residual : array_like, optional
+        Of the result's shape: the result is ``activation(conv + bias + residual)``,
+        a skip connection summed before the activation.  It may be ``out`` itself.
+    out : ndarray, optional
+        Where to write the result (returned): writeable, C-contiguous, the result's
+        shape and dtype, overlapping none of ``input``, ``weight``, ``bias``.
+    _path : keyword only
+        Internal, for tests (``**internal`` takes no other): force a path of
+        :data:`tilegemm.conv.paths.PATHS` that serves the layer (``algorithm`` is ignored).
 
     Returns
     -------
@@ -153,33 +156,67 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     ValueError
         Wrong ranks, channel or group mismatch, non-positive stride or dilation,
         negative padding, an empty output, a bias of the wrong length, an unknown
-        algorithm/activation/layout, or an algorithm that does not apply.
+        algorithm/activation/layout, an algorithm that does not apply, a residual of
+        another shape, or an unusable ``out``.
     """
-    _path, _out = _internal_args(internal)
-    if any_tensor(input, weight, bias):
-        views = (numpy_view(v, n, "conv2d") for v, n in
-                 ((input, "input"), (weight, "weight"), (bias, "bias")))
-        return to_tensor(conv2d(*views, stride, padding, dilation, groups, activation=activation,
-                                algorithm=algorithm, layout=layout, winograd_tile=winograd_tile,
-                                _path=_path, _out=_out))
+    _path = _internal_args(internal)
+    if any_tensor(input, weight, bias, residual, out):
+        return _on_tensors((input, weight, bias, residual, out), (stride, padding, dilation, groups),
+                           dict(activation=activation, algorithm=algorithm, layout=layout,
+                                winograd_tile=winograd_tile, _path=_path))
     x, w, b, p = _operands(input, weight, bias, (stride, padding, dilation, groups, layout),
                            algorithm, activation)
     _check_tile(winograd_tile, p, algorithm if _path is None else _path.partition(".")[0])
     dtype = np.result_type(x, w, *(() if b is None else (b,)))
-    out = np.empty(p.output_shape(), dtype) if _out is None else _internal_out(_out, p, dtype)
+    r = None if residual is None else _residual(residual, p)
+    out = np.empty(p.output_shape(), dtype) if out is None else _checked_out(out, p, dtype,
+                                                                             (x, w, b))
     act = _ACT_FLAGS[activation]
-    x = np.ascontiguousarray(x, dtype=dtype)
-    w = np.ascontiguousarray(w, dtype=dtype)
-    if b is not None:
-        b = np.ascontiguousarray(b, dtype=dtype)
+    x, w, b = (None if a is None else np.ascontiguousarray(a, dtype=dtype) for a in (x, w, b))
     if _path is not None:
         _check_forced(_path, p, dtype)
     if out.size == 0:
         return out
+    if r is not None:
+        return _with_residual(out, r, act, lambda dst: _conv(x, w, b, dst, p, 0, algorithm,
+                                                             winograd_tile, _path))
+    return _conv(x, w, b, out, p, act, algorithm, winograd_tile, _path)
+
+
+def _on_tensors(operands, geometry, options):
+    """conv2d on torch tensors: their memory as arrays, a tensor back (``out`` if given)."""
+    names = ("input", "weight", "bias", "residual", "out")
+    x, w, b, r, o = (numpy_view(v, n, "conv2d", written=n == "out")
+                     for n, v in zip(names, operands))
+    result = conv2d(x, w, b, *geometry, residual=r, out=o, **options)
+    return operands[4] if operands[4] is not None else to_tensor(result)
+
+
+def _conv(x, w, b, out, p, act, algorithm, tile, path):
+    """The convolution into ``out`` on the planned (or forced) path."""
     if p.Cg == 0:
         return _trivial(x, b, out, p, act)
-    _path, tile = _route(p, dtype, algorithm, winograd_tile, _path)
-    return paths.run(_path, x, w, b, out, p, act, tile)
+    path, tile = _route(p, out.dtype, algorithm, tile, path)
+    return paths.run(path, x, w, b, out, p, act, tile)
+
+
+def _with_residual(out, residual, act, conv_into):
+    """``act(conv + residual)`` into ``out``: ``conv_into(dst)`` writes the convolution
+    (bias included, no activation) into ``dst``; a scratch array when ``out`` holds
+    the residual, whose values the sum still needs."""
+    dst = np.empty_like(out) if np.shares_memory(out, residual) else out
+    conv_into(dst)
+    np.add(dst, residual, out=out)
+    return _activate(out, act)
+
+
+def _activate(out, act):
+    """``out`` through relu/relu6 in place; NaN stays NaN (np.maximum propagates it)."""
+    if act & (EPI_RELU | EPI_RELU6):
+        np.maximum(out, 0, out=out)
+    if act & EPI_RELU6:
+        np.minimum(out, 6, out=out)
+    return out
 
 
 def _route(p, dtype, algorithm, tile, path):
@@ -195,11 +232,11 @@ def _route(p, dtype, algorithm, tile, path):
 
 
 def _internal_args(internal):
-    """``(_path, _out)`` from conv2d's ``**internal``; any other keyword is a TypeError."""
-    unknown = set(internal) - {"_path", "_out"}
+    """``_path`` from conv2d's ``**internal``; any other keyword is a TypeError."""
+    unknown = set(internal) - {"_path"}
     if unknown:
         raise TypeError(f"conv2d() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    return internal.get("_path"), internal.get("_out")
+    return internal.get("_path")
 
 
 def _check_tile(tile, p, algorithm):
@@ -246,12 +283,26 @@ def _check_forced(path, p, dtype):
         raise ValueError(f"conv2d: path {path!r} does not serve this layer ({p})")
 
 
-def _internal_out(out, p, dtype):
-    if (not isinstance(out, np.ndarray) or out.shape != p.output_shape() or out.dtype != dtype
-            or not out.flags.c_contiguous or not out.flags.writeable):
-        raise ValueError(f"conv2d: _out must be a writeable C-contiguous {dtype} array of "
-                         f"shape {p.output_shape()}")
+def _checked_out(out, p, dtype, operands):
+    """``out`` if conv2d can write its result there, else a clear error."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"conv2d: out must be a numpy array, got {type(out).__name__}")
+    if (out.shape != p.output_shape() or out.dtype != dtype or not out.flags.c_contiguous
+            or not out.flags.writeable):
+        raise ValueError(f"conv2d: out must be a writeable C-contiguous {dtype} array of "
+                         f"shape {p.output_shape()}, got a {out.dtype} array of shape {out.shape}")
+    if any(a is not None and np.shares_memory(out, a) for a in operands):
+        raise ValueError("conv2d: out overlaps input, weight or bias; it may only be the residual")
     return out
+
+
+def _residual(residual, p):
+    """The residual operand as a float array of the result's shape (not yet cast)."""
+    r = float_array(residual, "residual", "conv2d")
+    if r.shape != p.output_shape():
+        raise ValueError(f"conv2d: residual must have the result's shape {p.output_shape()} "
+                         f"({p.layout}), got {r.shape}")
+    return r
 
 
 def fold_batchnorm(weight, bias, gamma, beta, mean, var, eps=1e-5):

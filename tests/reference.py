@@ -34,8 +34,13 @@ def reference_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, wg[:, :, i, j])
     if b is not None:
         out += np.asarray(b, np.float64).reshape(1, -1, 1, 1)
+    return reference_activation(out, activation)
+
+
+def reference_activation(y, activation):
+    """``y`` through None, "relu" or "relu6"; NaN stays NaN."""
     if activation in ("relu", "relu6"):
-        out = np.where(out < 0, 0, out)  # keeps NaN
+        y = np.where(y < 0, 0, y)
     if activation == "relu6":
-        out = np.where(out > 6, 6, out)
-    return out
+        y = np.where(y > 6, 6, y)
+    return y

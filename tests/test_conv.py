@@ -362,7 +362,7 @@ def test_nhwc_grouped_output_taller_or_shorter_than_the_input(kernel, padding, p
     shape = (2,) + expected.shape[2:] + (4,)
     out, check = _canaried(shape)
     got = tilegemm.conv2d(x, w, padding=padding, groups=2, layout="NHWC", _path=path,
-                          _out=out)
+                          out=out)
     check()
     assert got is out
     np.testing.assert_allclose(got.transpose(0, 3, 1, 2), expected, rtol=1e-5, atol=1e-5)
@@ -385,3 +385,42 @@ def _canaried(shape, dtype=np.float32, pad=64):
         assert np.array_equal(buf[pad + size:], before[pad + size:]), "write past the array"
 
     return arr, check
+
+
+def test_residual_and_out_write_the_skip_sum_where_asked():
+    """``activation(conv + bias + residual)``; ``out`` may be the residual itself."""
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    r = RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    expected = np.maximum(reference_conv(x, w, b, padding=1) + r, 0)
+    got = tilegemm.conv2d(x, w, b, padding=1, activation="relu", residual=r)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    in_place = r.copy()
+    got = tilegemm.conv2d(x, w, b, padding=1, activation="relu", residual=in_place, out=in_place)
+    assert got is in_place
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    out = np.full((2, 4, 6, 6), np.nan, np.float32)
+    assert tilegemm.conv2d(x, w, b, padding=1, out=out) is out
+    np.testing.assert_allclose(out, reference_conv(x, w, b, padding=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(residual=np.zeros((2, 4, 5, 6), np.float32)), ValueError, "residual must have"),
+    (dict(residual=np.zeros((2, 4, 6, 6), np.int32)), TypeError, "residual"),
+    (dict(out=np.zeros((2, 4, 6, 6), np.float64)), ValueError, "out must be"),
+    (dict(out=np.zeros((2, 4, 6, 6), np.float32).T), ValueError, "out must be"),
+    (dict(out=[0.0]), TypeError, "out must be a numpy array"),
+])
+def test_residual_and_out_errors(kwargs, error, match):
+    x = np.zeros((2, 3, 6, 6), np.float32)
+    w = np.zeros((4, 3, 3, 3), np.float32)
+    with pytest.raises(error, match=match):
+        tilegemm.conv2d(x, w, padding=1, **kwargs)
+
+
+def test_out_overlapping_the_input_is_refused():
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    w = np.zeros((4, 4, 1, 1), np.float32)
+    with pytest.raises(ValueError, match="overlaps"):
+        tilegemm.conv2d(x, w, out=x)

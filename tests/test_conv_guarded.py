@@ -75,7 +75,7 @@ def test_path_stays_inside_its_arrays(path, dtype, threads):
                 outputs.append(canary_out)
                 for out in outputs:
                     got = tilegemm.conv2d(xg, wg, bg, activation="relu", layout=layout,
-                                          _path=path, _out=out, **call_kwargs)
+                                          _path=path, out=out, **call_kwargs)
                     assert got is out
                     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
                 check()

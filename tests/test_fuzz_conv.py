@@ -2,8 +2,9 @@
 
 Each generated layer (batch, channels, groups incl. depthwise and channel
 multipliers, rectangular kernels 1-7, strides and dilations 1-3, every padding
-form, bias, activations, both layouts, float32 and float64, 1 or 2 threads, inputs
-and weights in random memory layouts) runs through ``algorithm="auto"`` and through
+form, bias, activations, a residual summed before the activation (separate or in
+place as ``out``), both layouts, float32 and float64, 1 or 2 threads, inputs and
+weights in random memory layouts) runs through ``algorithm="auto"`` and through
 every path of :data:`tilegemm.conv.paths.PATHS` that serves it, forced with
 ``conv2d``'s internal ``_path``.  Every result must be within an error bound
 scaled by ``sqrt(reduction length) * eps`` and the magnitudes summed; the inputs
@@ -23,7 +24,7 @@ from hypothesis import assume, given, note, strategies as st
 
 import tilegemm
 from fuzz_settings import fuzz_settings
-from reference import reference_conv
+from reference import reference_activation, reference_conv
 from tilegemm.conv import paths
 from tilegemm.conv.params import conv_params
 
@@ -183,12 +184,21 @@ def _check(path, got, expected, bound, context):
                     f"expected {expected[at]!r}, got {got[at]!r}, bound {bound[at]!r}")
 
 
-def _run(x, w, b, kwargs, layout, activation, path, threads, tile=None):
+def _run(x, w, b, kwargs, layout, activation, path, threads, tile=None, residual=None):
+    """conv2d on ``threads`` threads; ``residual``: None, or (array, in place) where in
+    place passes a copy of the array as both ``residual`` and ``out``."""
     saved = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    extra = {}
+    if residual is not None:
+        r, in_place = residual
+        r = r.copy() if in_place else r
+        extra = dict(residual=r, out=r if in_place else None)
     try:
-        return tilegemm.conv2d(x, w, b, activation=activation, layout=layout, _path=path,
-                               winograd_tile=tile, **kwargs)
+        got = tilegemm.conv2d(x, w, b, activation=activation, layout=layout, _path=path,
+                              winograd_tile=tile, **extra, **kwargs)
+        assert residual is None or not residual[1] or got is extra["out"]
+        return got
     finally:
         numba.set_num_threads(saved)
 
@@ -211,9 +221,18 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
     x_before, w_before = x.copy(), w.copy()
 
     p = conv_params(x.shape, w.shape, layout=layout, **kwargs)
+    # From the example's seed, not a draw of its own: the examples (and so the paths
+    # they reach) stay the ones drawn without it.
+    residual = (None, None, "separate", "in place")[rng.integers(4)]
+    note(f"residual: {residual}")
     expected = reference_conv(x_nchw, w, b, stride=(p.sy, p.sx), dilation=(p.dy, p.dx),
                               padding=(p.top, p.bottom, p.left, p.right), groups=p.groups,
-                              activation=activation)
+                              activation=None if residual else activation)
+    if residual:                 # a skip connection of the result's magnitude
+        r_nchw = (rng.standard_normal(expected.shape) * scale).astype(dtype)
+        expected = reference_activation(expected + r_nchw, activation)
+        r = r_nchw if layout == "NCHW" else np.ascontiguousarray(r_nchw.transpose(0, 2, 3, 1))
+        r_before, residual = r.copy(), (r, residual == "in place")
     bounds = {}
     plan = tilegemm.conv_plan(x.shape, w.shape, layout=layout, dtype=dtype,
                               threads=min(threads, numba.config.NUMBA_NUM_THREADS), **kwargs)
@@ -225,7 +244,7 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
                      (WINOGRAD_TILES if path.startswith("winograd") else (None,))]
     for path, tile in runs:
         note(f"path {path}, tile {tile}")
-        got = _run(x, w, b, kwargs, layout, activation, path, threads, tile)
+        got = _run(x, w, b, kwargs, layout, activation, path, threads, tile, residual)
         if layout == "NHWC":
             got = got.transpose(0, 3, 1, 2)
         assert got.shape == expected.shape and got.dtype == np.dtype(dtype)
@@ -233,6 +252,8 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
         m = (tile or plan.winograd_tile) if name.startswith("winograd") else 0
         if m not in bounds:
             bounds[m] = _bound(x_nchw, w, b, p, m)
+            if residual:
+                bounds[m] = bounds[m] + 4 * np.finfo(dtype).eps * np.abs(r_nchw)
         if m:
             with _record_lock:
                 TILES_REACHED.add((layout, m))
@@ -241,6 +262,8 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
                f"{threads} thread(s)")
     np.testing.assert_array_equal(x, x_before)       # inputs never modified
     np.testing.assert_array_equal(w, w_before)
+    if residual:
+        np.testing.assert_array_equal(residual[0], r_before)
 
 
 def test_every_path_is_reached():

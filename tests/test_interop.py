@@ -57,6 +57,19 @@ def test_conv2d_and_conv_weights_match_torch_under_no_grad():
         _close(tilegemm.conv2d(x, layer.weight, layer.bias, 2, 1, activation="relu"), expected)
 
 
+def test_conv2d_residual_summed_into_a_tensor_out():
+    torch.manual_seed(0)
+    layer = torch.nn.Conv2d(4, 4, 3, padding=1)
+    x, skip = torch.randn(1, 4, 6, 6), torch.randn(1, 4, 6, 6)
+    with torch.no_grad():
+        expected = torch.relu(layer(x) + skip)
+        out = skip.clone()
+        got = tilegemm.conv2d(x, layer.weight, layer.bias, 1, 1, activation="relu",
+                              residual=out, out=out)
+    assert got is out
+    _close(out, expected)
+
+
 def test_tensors_tilegemm_cannot_serve_get_clear_errors():
     layer = torch.nn.Linear(4, 4)
     with pytest.raises(TypeError, match="requires grad.*no_grad"):

@@ -24,8 +24,9 @@ MAX_FUNCTION_LINES = 80
 #: (docs/kernels.md says why it stays flat).
 MAX_PARAMETERS = 12
 #: Public functions whose parameters are an outside operator's contract (with the most
-#: they may take): ``qconv2d`` takes ONNX QLinearConv's inputs with conv2d's geometry.
-WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14}
+#: they may take): ``qconv2d`` takes ONNX QLinearConv's inputs with conv2d's geometry,
+#: ``conv2d`` torch's arguments with the fused epilogue's (``residual``, ``out``).
+WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14, ("conv/api.py", "conv2d"): 14}
 
 
 def _modules():
