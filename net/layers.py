@@ -1,0 +1,273 @@
+"""The compute layers of a network: Conv (on :func:`tilegemm.conv.conv2d`, weights
+prepared once), BatchNormalization, pooling, Gemm and MatMul (on the GEMM engine).
+
+Inputs are NCHW (ONNX's layout).  What the passes fused into a Conv or Gemm node
+(:attr:`~tilegemm.net.graph.Node.epilogue`) runs in its epilogue: the activation
+(relu, relu6), and for a Conv the residual sum, written into the residual's own
+buffer when the network says no one else reads it.
+"""
+import numpy as np
+
+from tilegemm.conv import ConvWeights, conv2d
+from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
+from tilegemm.kernels.driver import gemm_into
+from tilegemm.net.ops import clip, relu
+from tilegemm.net.registry import operator, unsupported
+
+#: Epilogue activations and what a residual sum falls back to when it broadcasts.
+ACTIVATIONS = {None: lambda y: y, "relu": relu,
+               "relu6": lambda y: clip(y, np.float64(0), np.float64(6))}
+_GEMM_FLAGS = {None: 0, "relu": EPI_RELU, "relu6": EPI_RELU6}
+
+
+def _pair(node, key, default):
+    value = node.attrs.get(key, default)
+    if len(value) != 2:
+        raise unsupported(node, f"{key}={value}: only 2-D (NCHW) operators are supported")
+    return tuple(int(v) for v in value)
+
+
+def window(node, kernel):
+    """``(strides, dilations, pads(H, W) -> (top, left, bottom, right))`` of a Conv or
+    pooling node; ``auto_pad`` SAME_* pads depend on the input size."""
+    strides, dilations = _pair(node, "strides", (1, 1)), _pair(node, "dilations", (1, 1))
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise unsupported(node, f"auto_pad={auto!r}")
+    explicit = tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))
+    if len(explicit) != 4 or min(explicit) < 0:
+        raise unsupported(node, f"pads={list(explicit)}: four non-negative 2-D pads expected")
+
+    def pads(H, W):
+        if auto == "NOTSET":
+            return explicit
+        if auto == "VALID":
+            return (0, 0, 0, 0)
+        begin, end = [], []
+        for size, k, s, d in zip((H, W), kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small = total // 2
+            begin.append(small if auto == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return (begin[0], begin[1], end[0], end[1])
+    return strides, dilations, pads
+
+
+def _four_d(node, x, what="input"):
+    if x.ndim != 4:
+        raise ValueError(f"node {node.name!r} ({node.op}): {what} must be 4-D NCHW, "
+                         f"got shape {x.shape}")
+
+
+# --------------------------------------------------------------------------- Conv
+@operator("Conv", ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
+def _conv(node, const):
+    w = const(node.inputs[1])
+    if w is None or w.ndim != 4:
+        raise unsupported(node, "the weights must be a constant 4-D tensor (2-D convolution)")
+    b = const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    if len(node.inputs) > 2 and node.inputs[2] and b is None:
+        raise unsupported(node, "the bias must be a constant")
+    kernel = w.shape[2:]
+    if tuple(node.attrs.get("kernel_shape", kernel)) != kernel:
+        raise ValueError(f"node {node.name!r} (Conv): kernel_shape "
+                         f"{node.attrs['kernel_shape']} differs from the weights' {kernel}")
+    strides, dilations, pads = window(node, kernel)
+    groups = int(node.attrs.get("group", 1))
+    weights = ConvWeights(w)
+    act = node.epilogue.get("activation")
+    in_place = node.epilogue.get("in_place", False)
+
+    def conv(x, _w, _b=None, residual=None):
+        _four_d(node, x)
+        top, left, bottom, right = pads(*x.shape[2:])
+        padding = (top, left)
+        if (top, left) != (bottom, right):        # conv2d pads alike on both sides
+            x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+            padding = 0
+        try:
+            if residual is None:
+                return (conv2d(x, weights, b, strides, padding, dilations, groups,
+                               activation=act),)
+            return (_conv_residual(x, (weights, b, strides, padding, dilations, groups),
+                                   residual, act, in_place),)
+        except ValueError as err:
+            raise ValueError(f"node {node.name!r} (Conv): {err}") from err
+    return conv
+
+
+def _conv_residual(x, args, residual, act, in_place):
+    """``act(conv + residual)``: fused when the residual has the result's shape (into
+    the residual's buffer when ``in_place``), else summed with broadcasting after."""
+    weights, b, strides, padding, dilations, groups = args
+    try:
+        out = residual if in_place and residual.dtype == np.result_type(x, weights.dtype) else None
+        return conv2d(x, weights, b, strides, padding, dilations, groups, activation=act,
+                      residual=residual, out=out)
+    except ValueError as err:
+        if "residual must have" not in str(err):
+            raise
+    y = conv2d(x, weights, b, strides, padding, dilations, groups)
+    return ACTIVATIONS[act](y + residual)
+
+
+# --------------------------------------------------------------------------- BatchNormalization
+@operator("BatchNormalization", ("epsilon", "momentum", "training_mode"))
+def _batchnorm(node, const):
+    """Inference BatchNormalization not folded into a conv: a per-channel affine map."""
+    if node.attrs.get("training_mode", 0):
+        raise unsupported(node, "training_mode=1 (only inference runs)")
+    params = [const(name) for name in node.inputs[1:5]]
+    if any(p is None for p in params):
+        raise unsupported(node, "scale, bias, mean and variance must be constants")
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+    scale = gamma / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+    shift = beta - mean * scale
+
+    def batchnorm(x, *_):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        return (x * scale.astype(x.dtype).reshape(shape) + shift.astype(x.dtype).reshape(shape),)
+    return batchnorm
+
+
+# --------------------------------------------------------------------------- pooling
+def _pool_size(size, begin, end, k, s, d, ceil_mode):
+    span = (k - 1) * d + 1
+    total = size + begin + end
+    if total < span:
+        raise ValueError(f"a pooling window of {span} does not fit {size} (+ pads {begin}, {end})")
+    out = (-(-(total - span) // s) if ceil_mode else (total - span) // s) + 1
+    if ceil_mode and (out - 1) * s >= size + begin:    # the last window must start inside
+        out -= 1
+    return out
+
+
+def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False):
+    """Max or average pooling of NCHW ``x``; ``pads`` (top, left, bottom, right).
+
+    Windows past the padded input (``ceil_mode``) see nothing there; an average
+    divides by the positions its window covers: inside the input, or inside the
+    padded input when ``count_pads``."""
+    N, C, H, W = x.shape
+    top, left, bottom, right = pads
+    Ho = _pool_size(H, top, bottom, kernel[0], strides[0], dilations[0], ceil_mode)
+    Wo = _pool_size(W, left, right, kernel[1], strides[1], dilations[1], ceil_mode)
+    rows = max((Ho - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1, H + top + bottom)
+    cols = max((Wo - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1, W + left + right)
+    fill = -np.inf if kind == "max" else 0
+    xp = np.full((N, C, rows, cols), fill, x.dtype)
+    xp[:, :, top:top + H, left:left + W] = x
+    counted = np.zeros((rows, cols))
+    if count_pads:
+        counted[:H + top + bottom, :W + left + right] = 1
+    else:
+        counted[top:top + H, left:left + W] = 1
+    acc, count = None, 0
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            at = (slice(i * dilations[0], i * dilations[0] + strides[0] * (Ho - 1) + 1, strides[0]),
+                  slice(j * dilations[1], j * dilations[1] + strides[1] * (Wo - 1) + 1, strides[1]))
+            tap = xp[(slice(None), slice(None)) + at]
+            acc = tap.copy() if acc is None else (np.maximum(acc, tap, out=acc) if kind == "max"
+                                                  else np.add(acc, tap, out=acc))
+            count = count + counted[at]
+    return acc if kind == "max" else acc / count.astype(x.dtype)
+
+
+def _pool(kind):
+    def build(node, const):
+        kernel = _pair(node, "kernel_shape", ())
+        if node.attrs.get("storage_order", 0):
+            raise unsupported(node, "storage_order=1")
+        if len(node.outputs) > 1 and node.outputs[1]:
+            raise unsupported(node, "the Indices output")
+        strides, dilations, pads = window(node, kernel)
+        ceil_mode = bool(node.attrs.get("ceil_mode", 0))
+        count_pads = bool(node.attrs.get("count_include_pad", 0))
+
+        def pool(x):
+            _four_d(node, x)
+            return (pool2d(x, kernel, strides, dilations, pads(*x.shape[2:]), ceil_mode, kind,
+                           count_pads),)
+        return pool
+    return build
+
+
+_WINDOW = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
+operator("MaxPool", _WINDOW + ("storage_order",))(_pool("max"))
+operator("AveragePool", _WINDOW + ("count_include_pad",))(_pool("average"))
+
+
+@operator("GlobalAveragePool")
+def _global_average(node, const):
+    return lambda x: (x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype),)
+
+
+@operator("GlobalMaxPool")
+def _global_max(node, const):
+    return lambda x: (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+# --------------------------------------------------------------------------- products
+def product(a, b, alpha=1.0, bias=None, act=None):
+    """``act(alpha * a @ b + bias)`` of 2-D float arrays on the GEMM engine (``bias``
+    a row added to every row)."""
+    dtype = np.result_type(a, b, np.float32)
+    a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+    out = np.empty((a.shape[0], b.shape[1]), dtype)
+    epi = _GEMM_FLAGS[act]
+    if bias is not None:
+        bias, epi = np.ascontiguousarray(bias, dtype).reshape(-1), epi | EPI_BIAS_COL
+    return gemm_into(a, b, out, alpha, 0.0, bias, epi)
+
+
+def _check_product(node, a, b):
+    if a.dtype.kind != "f" or b.dtype.kind != "f":
+        raise TypeError(f"node {node.name!r} ({node.op}): float operands expected, got "
+                        f"{a.dtype} and {b.dtype}")
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise ValueError(f"node {node.name!r} ({node.op}): shapes {a.shape} and {b.shape} do "
+                         "not chain")
+
+
+@operator("Gemm", ("alpha", "beta", "transA", "transB"))
+def _gemm(node, const):
+    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    trans_a, trans_b = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+    act = node.epilogue.get("activation")
+
+    def gemm(a, b, c=None):
+        a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"node {node.name!r} (Gemm): 2-D operands expected")
+        _check_product(node, a, b)
+        if c is None or beta == 0:
+            return (product(a, b, alpha, act=act),)
+        if c.size == b.shape[1] and c.ndim <= 2 and c.shape[-1] == b.shape[1]:
+            return (product(a, b, alpha, beta * c, act),)        # a row: the epilogue's bias
+        y = product(a, b, alpha) + beta * c
+        return (ACTIVATIONS[act](y),)
+    return gemm
+
+
+@operator("MatMul")
+def _matmul(node, const):
+    def matmul(a, b):
+        _check_product(node, a, b)
+        if a.ndim == 2 and b.ndim == 2:
+            return (product(a, b),)
+        if b.ndim == 2 and a.ndim > 2:                 # rows of every matrix at once
+            return (product(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:]),)
+        a2, b2 = (a[None] if a.ndim == 1 else a), (b[:, None] if b.ndim == 1 else b)
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        a2 = np.broadcast_to(a2, batch + a2.shape[-2:])
+        b2 = np.broadcast_to(b2, batch + b2.shape[-2:])
+        out = np.stack([product(x, y) for x, y in zip(a2.reshape((-1,) + a2.shape[-2:]),
+                                                      b2.reshape((-1,) + b2.shape[-2:]))])
+        out = out.reshape(batch + out.shape[-2:])
+        if a.ndim == 1:
+            out = out[..., 0, :]
+        if b.ndim == 1:
+            out = out[..., 0]
+        return (out,)
+    return matmul
