@@ -8,7 +8,7 @@ buffer when the network says no one else reads it.
 """
 import numpy as np
 
-from tilegemm.conv import ConvWeights, conv2d
+from tilegemm.conv import ConvWeights, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.net.ops import clip, relu
@@ -78,13 +78,17 @@ def _conv(node, const):
     act = node.epilogue.get("activation")
     in_place = node.epilogue.get("in_place", False)
 
+    def padded(x):
+        """``(x, padding)`` for conv2d, which pads alike on both sides: uneven pads
+        (SAME_* with a stride, explicit) are made on a copy of ``x``."""
+        top, left, bottom, right = pads(*x.shape[2:])
+        if (top, left) == (bottom, right):
+            return x, (top, left)
+        return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right))), 0
+
     def conv(x, _w, _b=None, residual=None):
         _four_d(node, x)
-        top, left, bottom, right = pads(*x.shape[2:])
-        padding = (top, left)
-        if (top, left) != (bottom, right):        # conv2d pads alike on both sides
-            x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-            padding = 0
+        x, padding = padded(x)
         try:
             if residual is None:
                 return (conv2d(x, weights, b, strides, padding, dilations, groups,
@@ -93,6 +97,15 @@ def _conv(node, const):
                                    residual, act, in_place),)
         except ValueError as err:
             raise ValueError(f"node {node.name!r} (Conv): {err}") from err
+
+    def describe(x_shape, *_):
+        """(the conv path, flops) for an input of ``x_shape``."""
+        x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), x_shape, (0,) * 4)
+        x, padding = padded(x)
+        plan = conv_plan(x.shape, w.shape, strides, padding, dilations, groups)
+        route = plan.route + (f" F({plan.winograd_tile})" if plan.algorithm == "winograd" else "")
+        return route, plan.params.flops
+    conv.describe = describe
     return conv
 
 
@@ -247,6 +260,7 @@ def _gemm(node, const):
             return (product(a, b, alpha, beta * c, act),)        # a row: the epilogue's bias
         y = product(a, b, alpha) + beta * c
         return (ACTIVATIONS[act](y),)
+    gemm.describe = lambda a, b, *_: ("gemm", 2 * a[1 - trans_a] * a[trans_a] * b[1 - trans_b])
     return gemm
 
 
@@ -270,4 +284,5 @@ def _matmul(node, const):
         if b.ndim == 1:
             out = out[..., 0]
         return (out,)
+    matmul.describe = lambda a, b: ("gemm", 2 * int(np.prod(a)) * (b[-1] if len(b) > 1 else 1))
     return matmul

@@ -105,7 +105,7 @@ class Network:
             ``{input name: array_like}`` for every input.  Float inputs may come in
             any float dtype; they are cast to the model's.
         profile : list, optional
-            When given, one ``(step node, seconds)`` is appended per step run.
+            When given, one ``(node, seconds, input shapes)`` is appended per step run.
 
         Returns
         -------
@@ -124,19 +124,28 @@ class Network:
         fed = self._feeds(feeds)
         values.update(fed)
         for step in self._steps:
+            args = [values[n] if n else None for n in step.inputs]
             t0 = time.perf_counter() if profile is not None else 0.0
-            results = step.run(*[values[n] if n else None for n in step.inputs])
+            results = step.run(*args)
+            if profile is not None:
+                profile.append((step.node, time.perf_counter() - t0,
+                                [None if a is None else np.shape(a) for a in args]))
             for name, value in zip(step.outputs, results):
                 if name:
                     values[name] = value
             for name in step.frees:
                 del values[name]
-            if profile is not None:
-                profile.append((step.node, time.perf_counter() - t0))
         # An output that is a constant, or a view of an input, is copied: callers own it.
         return {name: np.array(values[name], copy=name in self.graph.constants or any(
                     np.may_share_memory(values[name], x) for x in fed.values()))
                 for name in self.outputs}
+
+    def describe(self, node, shapes):
+        """``(algorithm, flops)`` of ``node`` run on inputs of ``shapes`` (a profile
+        entry's): the conv path that runs it, or "" and 0 for an operator without one."""
+        step = next(s for s in self._steps if s.node is node)
+        describe = getattr(step.run, "describe", None)
+        return describe(*shapes) if describe else ("", 0)
 
     def __call__(self, x):
         """The output for ``x`` (a tuple of outputs if the model has several), for a

@@ -2,61 +2,8 @@
 ResNet, MobileNetV2, SqueezeNet and VGG-style models are made of, every pooling form
 and every fused pattern, with random weights from a seeded generator."""
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
-
-class Builder:
-    """Appends nodes and constants; :meth:`model` wraps them into a ModelProto."""
-
-    def __init__(self, seed=0, dtype=np.float32):
-        self.rng = np.random.default_rng(seed)
-        self.dtype = dtype
-        self.nodes, self.inits = [], []
-
-    def const(self, array, name=None):
-        name = name or f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def random(self, *shape, scale=None):
-        fan_in = np.prod(shape[1:]) if len(shape) > 1 else 1
-        scale = scale if scale is not None else 1 / np.sqrt(fan_in)
-        return self.const((self.rng.standard_normal(shape) * scale).astype(self.dtype))
-
-    def op(self, op, inputs, outputs=1, **attrs):
-        names = [f"{op.lower()}{len(self.nodes)}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op, list(inputs), names,
-                                           name=f"{op}_{len(self.nodes)}", **attrs))
-        return names[0] if outputs == 1 else names
-
-    def conv(self, x, cin, cout, k, bias=True, groups=1, **attrs):
-        w = self.random(cout, cin // groups, k, k)
-        inputs = [x, w] + ([self.random(cout, scale=0.1)] if bias else [])
-        return self.op("Conv", inputs, group=groups, **attrs)
-
-    def bn(self, x, c):
-        gamma = self.const((1 + 0.1 * self.rng.standard_normal(c)).astype(self.dtype))
-        beta = self.const((0.1 * self.rng.standard_normal(c)).astype(self.dtype))
-        mean = self.const((0.1 * self.rng.standard_normal(c)).astype(self.dtype))
-        var = self.const(self.rng.uniform(0.5, 1.5, c).astype(self.dtype))
-        return self.op("BatchNormalization", [x, gamma, beta, mean, var], epsilon=1e-5)
-
-    def conv_bn(self, x, cin, cout, k, act="Relu", **attrs):
-        y = self.bn(self.conv(x, cin, cout, k, bias=False, **attrs), cout)
-        return self.op(act, [y]) if act else y
-
-    def clip6(self, x):
-        return self.op("Clip", [x, self.const(np.float32(0)), self.const(np.float32(6))])
-
-    def model(self, x_shape, outputs, opset=17, x_name="x"):
-        """The model of input ``x_shape`` and ``outputs``, each ``(name, rank)``."""
-        elem = TensorProto.FLOAT if self.dtype == np.float32 else TensorProto.DOUBLE
-        outs = [helper.make_tensor_value_info(o, elem, [f"{o}_{i}" for i in range(rank)])
-                for o, rank in outputs]
-        graph = helper.make_graph(
-            self.nodes, "test", [helper.make_tensor_value_info(x_name, elem, x_shape)], outs,
-            self.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+from tilegemm.tools.zoo import Builder
 
 
 def resnet(seed=0):

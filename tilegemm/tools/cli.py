@@ -1,4 +1,4 @@
-"""The ``tilegemm`` command line: ``info``, ``bench`` and ``ladder``.
+"""The ``tilegemm`` command line: ``info``, ``bench``, ``ladder`` and ``run``.
 
     python -m tilegemm info [--json]
     python -m tilegemm bench [--quick] [--op gemm|conv|int8|all] [--dtype ...] [--threads ...]
@@ -6,6 +6,7 @@
     python -m tilegemm bench --op conv [--layout NHWC] [--ms] [--scaling] [--memory]
     python -m tilegemm bench --compare A.json B.json
     python -m tilegemm ladder [...]          (options of tilegemm.ladder)
+    python -m tilegemm run MODEL [...]       (options of tilegemm.tools.netrun)
 
 Exit status: 0 on success, 1 when a benchmarked result was wrong, 2 for bad
 options or unreadable inputs, 130 when interrupted.
@@ -46,7 +47,7 @@ def build_parser():
         description="tilegemm: machine facts, GFLOPS reports, the cache-blocking ladder.")
     parser.add_argument("--version", action=_VersionAction,
                         help="print the version and the git commit of the source, then exit")
-    sub = parser.add_subparsers(dest="command", metavar="{info,bench,ladder}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,bench,ladder,run}")
     sub.required = True
 
     info = sub.add_parser("info", help="CPU, caches, ISA, block sizes and peak GFLOPS")
@@ -108,6 +109,9 @@ def build_parser():
     sub.add_parser("ladder", add_help=False,
                    help="the cache-blocking ladder, naive loop to micro-kernel "
                         "(options: tilegemm ladder --help)")
+    sub.add_parser("run", add_help=False,
+                   help="run an ONNX model: latency, per-op profile, onnxruntime/torch "
+                        "(options: tilegemm run --help)")
     return parser
 
 
@@ -194,6 +198,9 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ladder"]:
         return cmd_ladder(argv[1:])
+    if argv[:1] == ["run"]:
+        from tilegemm.tools import netrun
+        return netrun.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with status 2 and a message on bad options
     try:

@@ -1,0 +1,188 @@
+"""``python -m tilegemm run MODEL``: load a network, time it, profile it, compare it.
+
+    python -m tilegemm run MODEL.onnx | resnet18 | mobilenet_v2 | vgg11
+        [--batch N] [--threads T] [--input-shape 1,3,224,224] [--repeats R]
+        [--profile] [--dump plan.json] [--no-compare] [--save MODEL.onnx]
+
+A built-in name builds that model with random weights (:mod:`tilegemm.tools.zoo`).
+Latency is the best and the median of ``--repeats`` runs, alternating with each peer
+(onnxruntime on the same model, torch on the same optimized graph, when installed)
+so that a busy machine weighs on all alike.  Exit status 0, 1 when an output differs
+from onnxruntime's beyond 1e-4 relative, 2 for bad options or models.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+#: Relative difference from onnxruntime's output that counts as wrong.
+TOLERANCE = 1e-4
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="tilegemm run",
+                                description="Run an ONNX model on tilegemm: latency, per-op "
+                                            "profile, and a comparison with onnxruntime/torch.")
+    p.add_argument("model", help="an .onnx file, or a built-in model with random weights: "
+                                 "resnet18, mobilenet_v2, vgg11")
+    p.add_argument("--batch", type=int, default=1, help="batch size for a symbolic batch (1)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: tilegemm's)")
+    p.add_argument("--input-shape", default=None,
+                   help="the whole input shape, e.g. 1,3,224,224 (overrides --batch)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per party (10)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-op table: node, op, fused ops, layout, algorithm, ms, %%, GFLOPS")
+    p.add_argument("--dump", metavar="PLAN.json", help="write the executed plan as JSON")
+    p.add_argument("--no-compare", action="store_true", help="time tilegemm alone")
+    p.add_argument("--save", metavar="MODEL.onnx", help="write the (built-in) model to a file")
+    return p
+
+
+def load(name):
+    """``(ModelProto, serialized bytes)`` of a file or a built-in model."""
+    import onnx
+
+    from tilegemm.tools.zoo import MODELS
+    if name in MODELS:
+        proto = MODELS[name][0]()
+        return proto, proto.SerializeToString()
+    with open(name, "rb") as f:
+        data = f.read()
+    return onnx.load_model_from_string(data), data
+
+
+def input_shape(net, batch, given):
+    """The concrete input shape: ``--input-shape``, else the model's with ``batch`` for
+    a symbolic first dimension."""
+    if given:
+        return tuple(int(v) for v in given.split(","))
+    info = net.inputs[0]
+    shape = [d if isinstance(d, int) and d > 0 else None for d in info.shape]
+    if shape and shape[0] is None:
+        shape[0] = batch
+    if None in shape:
+        raise ValueError(f"input {info.name!r} has symbolic dimensions {info.shape}; "
+                         "give --input-shape")
+    return tuple(shape)
+
+
+def _peers(args, data, net, threads):
+    from tilegemm.tools.peers import Unavailable, onnxruntime_peer, torch_peer
+    peers, notes = [], []
+    if args.no_compare:
+        return peers, notes
+    for make in (lambda: onnxruntime_peer(data, net.inputs[0].name, threads),
+                 lambda: torch_peer(net.graph, threads)):
+        try:
+            peers.append(make())
+        except Unavailable as why:
+            notes.append(str(why))
+    return peers, notes
+
+
+def _time(parties, x, repeats):
+    """``{name: [seconds, ...]}``: the parties in turn, ``repeats`` rounds."""
+    times = {name: [] for name, _ in parties}
+    for _ in range(repeats):
+        for name, call in parties:
+            t0 = time.perf_counter()
+            call(x)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def profile_rows(net, x, repeats):
+    """Per step: (node, seconds (best of ``repeats``), algorithm, flops)."""
+    best = {}
+    for _ in range(repeats):
+        entries = []
+        net.run({net.inputs[0].name: x}, profile=entries)
+        for i, (node, seconds, shapes) in enumerate(entries):
+            if i not in best or seconds < best[i][1]:
+                best[i] = (node, seconds, shapes)
+    return [(node, s) + tuple(net.describe(node, shapes)) for node, s, shapes in best.values()]
+
+
+def profile_table(rows):
+    total = sum(r[1] for r in rows) or 1.0
+    lines = [f"{'node':<24} {'op':<18} {'fused':<28} {'layout':<6} {'algorithm':<22} "
+             f"{'ms':>8} {'%':>6} {'GFLOPS':>7}"]
+    for node, seconds, algorithm, flops in rows:
+        gflops = f"{flops / seconds / 1e9:7.1f}" if flops and seconds else ""
+        lines.append(f"{node.name[:24]:<24} {node.op:<18} {'+'.join(node.fused)[:28]:<28} "
+                     f"{'NCHW':<6} {algorithm[:22]:<22} {seconds * 1e3:8.3f} "
+                     f"{100 * seconds / total:6.1f} {gflops:>7}")
+    return "\n".join(lines)
+
+
+def plan_json(rows):
+    return [dict(node=n.name, op=n.op, fused=n.fused, epilogue=n.epilogue, inputs=n.inputs,
+                 outputs=n.outputs, layout="NCHW", algorithm=algorithm, flops=int(flops),
+                 ms=round(seconds * 1e3, 4)) for n, seconds, algorithm, flops in rows]
+
+
+def run(args):
+    import tilegemm
+    from tilegemm.tools.report import machine_info
+    if args.threads:
+        tilegemm.set_num_threads(args.threads)
+    threads = tilegemm.get_num_threads()
+    proto, data = load(args.model)
+    if args.save:
+        with open(args.save, "wb") as f:
+            f.write(data)
+    t0 = time.perf_counter()
+    net = tilegemm.load_onnx(proto)
+    load_s = time.perf_counter() - t0
+    x = np.random.default_rng(0).standard_normal(input_shape(net, args.batch, args.input_shape))
+    x = x.astype(net.inputs[0].dtype)
+    t0 = time.perf_counter()
+    tracemalloc.start()
+    ours = net(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    first_s = time.perf_counter() - t0
+    info = machine_info(measure_peak=False)
+    print(f"{args.model}: input {x.shape} {x.dtype}, {threads} thread(s), {info['brand']} "
+          f"({info['isa']})")
+    print(f"load {load_s:.2f} s, first run {first_s:.2f} s, peak memory of a run "
+          f"{peak / 2 ** 20:.1f} MiB (numpy allocations)")
+    peers, notes = _peers(args, data, net, threads)
+    status = 0
+    for peer in peers:
+        out = peer(x)
+        diff = float(np.max(np.abs(out - ours)) / max(np.max(np.abs(out)), 1e-30))
+        print(f"max |tilegemm - {peer.name}| / max |{peer.name}| = {diff:.1e}")
+        status = 1 if peer.name == "onnxruntime" and not diff <= TOLERANCE else status
+    times = _time([("tilegemm", net)] + [(p.name, p) for p in peers], x, args.repeats)
+    best_ours = min(times["tilegemm"])
+    for name, ts in times.items():
+        ratio = "" if name == "tilegemm" else f"  {min(ts) / best_ours:.2f}x tilegemm's time"
+        print(f"{name:<12} best {min(ts) * 1e3:9.2f} ms  median {statistics.median(ts) * 1e3:9.2f}"
+              f" ms{ratio}")
+    for note in notes:
+        print(f"(not compared: {note})")
+    if args.profile or args.dump:
+        rows = profile_rows(net, x, max(3, args.repeats // 2))
+        if args.profile:
+            print(profile_table(rows))
+        if args.dump:
+            with open(args.dump, "w") as f:
+                json.dump(plan_json(rows), f, indent=1)
+    return status
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.batch < 1 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        print("tilegemm run: --batch, --repeats and --threads must be positive", file=sys.stderr)
+        return 2
+    try:
+        return run(args)
+    except (FileNotFoundError, ValueError, NotImplementedError, ImportError) as err:
+        print(f"tilegemm run: {err}", file=sys.stderr)
+        return 2
