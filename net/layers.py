@@ -155,36 +155,47 @@ def _pool_size(size, begin, end, k, s, d, ceil_mode):
     return out
 
 
+def _taps(a, axis, k, s, d, count, reduce):
+    """``reduce`` over the ``k`` taps (dilation ``d``) of windows ``s`` apart along
+    ``axis``, ``count`` windows: separable pooling, one axis at a time."""
+    def tap(i):
+        at = [slice(None)] * a.ndim
+        at[axis] = slice(i * d, i * d + s * (count - 1) + 1, s)
+        return a[tuple(at)]
+    acc = tap(0).copy()
+    for i in range(1, k):
+        reduce(acc, tap(i), out=acc)
+    return acc
+
+
 def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False):
     """Max or average pooling of NCHW ``x``; ``pads`` (top, left, bottom, right).
 
-    Windows past the padded input (``ceil_mode``) see nothing there; an average
-    divides by the positions its window covers: inside the input, or inside the
-    padded input when ``count_pads``."""
+    Separable: the windows' rows are reduced first (whole image rows, contiguous),
+    then their columns.  Windows past the padded input (``ceil_mode``) see nothing
+    there; an average divides by the positions its window covers: inside the input,
+    or inside the padded input when ``count_pads``.  NaN propagates through a max."""
     N, C, H, W = x.shape
     top, left, bottom, right = pads
     Ho = _pool_size(H, top, bottom, kernel[0], strides[0], dilations[0], ceil_mode)
     Wo = _pool_size(W, left, right, kernel[1], strides[1], dilations[1], ceil_mode)
     rows = max((Ho - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1, H + top + bottom)
     cols = max((Wo - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1, W + left + right)
-    fill = -np.inf if kind == "max" else 0
-    xp = np.full((N, C, rows, cols), fill, x.dtype)
+    reduce = np.maximum if kind == "max" else np.add
+    xp = np.full((N, C, rows, cols), -np.inf if kind == "max" else 0, x.dtype)
     xp[:, :, top:top + H, left:left + W] = x
+    y = _taps(_taps(xp, 2, kernel[0], strides[0], dilations[0], Ho, reduce),
+              3, kernel[1], strides[1], dilations[1], Wo, reduce)
+    if kind == "max":
+        return y
     counted = np.zeros((rows, cols))
     if count_pads:
         counted[:H + top + bottom, :W + left + right] = 1
     else:
         counted[top:top + H, left:left + W] = 1
-    acc, count = None, 0
-    for i in range(kernel[0]):
-        for j in range(kernel[1]):
-            at = (slice(i * dilations[0], i * dilations[0] + strides[0] * (Ho - 1) + 1, strides[0]),
-                  slice(j * dilations[1], j * dilations[1] + strides[1] * (Wo - 1) + 1, strides[1]))
-            tap = xp[(slice(None), slice(None)) + at]
-            acc = tap.copy() if acc is None else (np.maximum(acc, tap, out=acc) if kind == "max"
-                                                  else np.add(acc, tap, out=acc))
-            count = count + counted[at]
-    return acc if kind == "max" else acc / count.astype(x.dtype)
+    count = _taps(_taps(counted, 0, kernel[0], strides[0], dilations[0], Ho, np.add),
+                  1, kernel[1], strides[1], dilations[1], Wo, np.add)
+    return np.divide(y, count.astype(x.dtype), out=y)
 
 
 def _pool(kind):
