@@ -183,6 +183,72 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     return _conv(x, w, b, out, p, act, algorithm, winograd_tile, _path)
 
 
+class PreparedConv:
+    """A convolution bound to one input shape and dtype, validated and planned once:
+    each call checks only the input it gets.  For a network that runs the same
+    layer many times; :func:`conv2d` does the whole check on every call.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        ``(N, C, H, W)`` (``(N, H, W, C)`` with ``layout="NHWC"``).
+    weight, bias, stride, padding, dilation, groups, activation, algorithm, layout
+        As for :func:`conv2d`.
+    dtype : float32 or float64
+        The input's dtype.
+
+    Calling it, ``conv(x, residual=None, out=None)``, returns what
+    ``conv2d(x, weight, bias, ..., residual=residual, out=out)`` returns; ``x`` must
+    be an ndarray of ``input_shape`` and ``dtype`` (TypeError/ValueError otherwise).
+    """
+
+    def __init__(self, input_shape, weight, bias=None, stride=1, padding=0, dilation=1,
+                 groups=1, *, activation=None, algorithm="auto", layout="NCHW",
+                 dtype=np.float32):
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"PreparedConv: dtype must be float32 or float64, got {dtype}")
+        stub = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(input_shape),
+                                               (0,) * len(input_shape))
+        _, w, b, p = _operands(stub, weight, bias, (stride, padding, dilation, groups, layout),
+                               algorithm, activation, "PreparedConv")
+        self.dtype = np.result_type(dtype, w, *(() if b is None else (b,)))
+        self.input_shape, self.params = tuple(input_shape), p
+        self._x_dtype = dtype
+        self._w, self._b = (None if a is None else np.ascontiguousarray(a, dtype=self.dtype)
+                            for a in (w, b))
+        self._act = _ACT_FLAGS[activation]
+        self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, None, None)
+
+    @property
+    def output_shape(self):
+        return self.params.output_shape()
+
+    def __call__(self, x, residual=None, out=None):
+        if not isinstance(x, np.ndarray) or x.dtype != self._x_dtype:
+            raise TypeError(f"PreparedConv: input must be a {self._x_dtype} ndarray, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.shape != self.input_shape:
+            raise ValueError(f"PreparedConv: input must have shape {self.input_shape}, got "
+                             f"{x.shape}")
+        p = self.params
+        r = None if residual is None else _residual(residual, p)
+        out = (np.empty(p.output_shape(), self.dtype) if out is None
+               else _checked_out(out, p, self.dtype, (x,)))
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        if out.size == 0:
+            return out
+        if r is not None:
+            return _with_residual(out, r, self._act, lambda dst: self._run(x, dst, 0))
+        return self._run(x, out, self._act)
+
+    def _run(self, x, out, act):
+        if self._path is None:
+            return _trivial(x, self._b, out, self.params, act)
+        path, tile = self._path
+        return paths.run(path, x, self._w, self._b, out, self.params, act, tile)
+
+
 def _on_tensors(operands, geometry, options):
     """conv2d on torch tensors: their memory as arrays, a tensor back (``out`` if given)."""
     names = ("input", "weight", "bias", "residual", "out")

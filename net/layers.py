@@ -8,7 +8,7 @@ buffer when the network says no one else reads it.
 """
 import numpy as np
 
-from tilegemm.conv import ConvWeights, conv2d, conv_plan
+from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.net.ops import clip, relu
@@ -86,17 +86,26 @@ def _conv(node, const):
             return x, (top, left)
         return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right))), 0
 
+    prepared = {}          # (shape, dtype) -> PreparedConv: a new shape plans once
+
     def conv(x, _w, _b=None, residual=None):
         _four_d(node, x)
         x, padding = padded(x)
+        key = (x.shape, x.dtype)
         try:
+            if key not in prepared:
+                prepared[key] = PreparedConv(x.shape, weights, b, strides, padding, dilations,
+                                             groups, activation=act, dtype=x.dtype)
+            run = prepared[key]
             if residual is None:
-                return (conv2d(x, weights, b, strides, padding, dilations, groups,
-                               activation=act),)
-            return (_conv_residual(x, (weights, b, strides, padding, dilations, groups),
-                                   residual, act, in_place),)
-        except ValueError as err:
-            raise ValueError(f"node {node.name!r} (Conv): {err}") from err
+                return (run(x),)
+            if residual.shape != run.output_shape:    # a broadcast sum: after the conv
+                return (ACTIVATIONS[act](conv2d(x, weights, b, strides, padding, dilations,
+                                                groups) + residual),)
+            fits = in_place and residual.dtype == run.dtype and residual.flags.c_contiguous
+            return (run(x, residual, out=residual if fits else None),)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"node {node.name!r} (Conv): {err}") from err
 
     def describe(x_shape, *_):
         """(the conv path, flops) for an input of ``x_shape``."""
@@ -107,21 +116,6 @@ def _conv(node, const):
         return route, plan.params.flops
     conv.describe = describe
     return conv
-
-
-def _conv_residual(x, args, residual, act, in_place):
-    """``act(conv + residual)``: fused when the residual has the result's shape (into
-    the residual's buffer when ``in_place``), else summed with broadcasting after."""
-    weights, b, strides, padding, dilations, groups = args
-    try:
-        out = residual if in_place and residual.dtype == np.result_type(x, weights.dtype) else None
-        return conv2d(x, weights, b, strides, padding, dilations, groups, activation=act,
-                      residual=residual, out=out)
-    except ValueError as err:
-        if "residual must have" not in str(err):
-            raise
-    y = conv2d(x, weights, b, strides, padding, dilations, groups)
-    return ACTIVATIONS[act](y + residual)
 
 
 # --------------------------------------------------------------------------- BatchNormalization

@@ -424,3 +424,20 @@ def test_out_overlapping_the_input_is_refused():
     w = np.zeros((4, 4, 1, 1), np.float32)
     with pytest.raises(ValueError, match="overlaps"):
         tilegemm.conv2d(x, w, out=x)
+
+
+def test_prepared_conv_checks_only_what_it_is_given():
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    w = RNG.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    conv = tilegemm.conv.PreparedConv(x.shape, w, None, 2, 1, activation="relu6")
+    assert conv.output_shape == (1, 5, 4, 4)
+    np.testing.assert_allclose(conv(x), np.clip(reference_conv(x, w, None, 2, 1), 0, 6),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"input must have shape \(1, 3, 8, 8\)"):
+        conv(x[:, :, :7])
+    with pytest.raises(TypeError, match="float32 ndarray"):
+        conv(x.astype(np.float64))
+    with pytest.raises(ValueError, match="PreparedConv"):
+        tilegemm.conv.PreparedConv((1, 4, 8, 8), w)
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.conv.PreparedConv(x.shape, w, dtype=np.int32)

@@ -3,7 +3,7 @@
 Each generated layer (batch, channels, groups incl. depthwise and channel
 multipliers, rectangular kernels 1-7, strides and dilations 1-3, every padding
 form, bias, activations, a residual summed before the activation (separate or in
-place as ``out``), both layouts, float32 and float64, 1 or 2 threads, inputs and
+place as ``out``), both layouts, conv2d and :class:`tilegemm.conv.PreparedConv`, float32 and float64, 1 or 2 threads, inputs and
 weights in random memory layouts) runs through ``algorithm="auto"`` and through
 every path of :data:`tilegemm.conv.paths.PATHS` that serves it, forced with
 ``conv2d``'s internal ``_path``.  Every result must be within an error bound
@@ -203,6 +203,23 @@ def _run(x, w, b, kwargs, layout, activation, path, threads, tile=None, residual
         numba.set_num_threads(saved)
 
 
+def _check_prepared(got, x, w, b, kwargs, layout, activation, threads, residual):
+    """PreparedConv runs the plan conv2d ran: the same values, bit for bit."""
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        conv = tilegemm.conv.PreparedConv(x.shape, w, b, activation=activation, layout=layout,
+                                          dtype=x.dtype, **kwargs)
+        if residual is None:
+            again = conv(np.ascontiguousarray(x))
+        else:
+            r = residual[0].copy()
+            again = conv(x.copy(), r, out=r if residual[1] else None)
+    finally:
+        numba.set_num_threads(saved)
+    np.testing.assert_array_equal(again, got)
+
+
 @fuzz_settings(scale=1.5)      # 300 layers in CI: enough to reach every path
 @given(layer=layers(), data=st.data())
 def test_conv2d_matches_the_reference_on_every_path(layer, data):
@@ -245,6 +262,8 @@ def test_conv2d_matches_the_reference_on_every_path(layer, data):
     for path, tile in runs:
         note(f"path {path}, tile {tile}")
         got = _run(x, w, b, kwargs, layout, activation, path, threads, tile, residual)
+        if path is None:               # the same plan, bound to the shape once
+            _check_prepared(got, x, w, b, kwargs, layout, activation, threads, residual)
         if layout == "NHWC":
             got = got.transpose(0, 3, 1, 2)
         assert got.shape == expected.shape and got.dtype == np.dtype(dtype)
