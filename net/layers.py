@@ -14,6 +14,29 @@ from tilegemm.kernels.driver import gemm_into
 from tilegemm.net.ops import clip, relu
 from tilegemm.net.registry import operator, unsupported
 
+#: The layouts a 4-D activation can be stored in, as the order of the logical NCHW
+#: axes in memory; a conversion is one transpose (:func:`convert`).
+LAYOUTS = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 2, 3, 1)}
+#: Where the spatial axes (H, W) are in each layout.
+SPATIAL = {"NCHW": (2, 3), "NHWC": (1, 2)}
+
+
+def convert(x, src, dst):
+    """``x`` stored in layout ``src``, as a C-contiguous array in layout ``dst``."""
+    if src == dst:
+        return x
+    to_logical = np.argsort(LAYOUTS[src])
+    return np.ascontiguousarray(x.transpose(to_logical[list(LAYOUTS[dst])]))
+
+
+def in_layouts(per_layout):
+    """The NCHW function of ``per_layout`` ({layout: fn}), carrying the others as
+    ``fn.layouts`` for the layout plan."""
+    fn = per_layout["NCHW"]
+    fn.layouts = per_layout
+    return fn
+
+
 #: Epilogue activations and what a residual sum falls back to when it broadcasts.
 ACTIVATIONS = {None: lambda y: y, "relu": relu,
                "relu6": lambda y: clip(y, np.float64(0), np.float64(6))}
@@ -77,35 +100,43 @@ def _conv(node, const):
     weights = ConvWeights(w)
     act = node.epilogue.get("activation")
     in_place = node.epilogue.get("in_place", False)
+    prepared = {}          # (shape, dtype, layout) -> PreparedConv: a new shape plans once
 
-    def padded(x):
+    def padded(x, layout="NCHW"):
         """``(x, padding)`` for conv2d, which pads alike on both sides: uneven pads
         (SAME_* with a stride, explicit) are made on a copy of ``x``."""
-        top, left, bottom, right = pads(*x.shape[2:])
+        ay, ax = SPATIAL[layout]
+        top, left, bottom, right = pads(x.shape[ay], x.shape[ax])
         if (top, left) == (bottom, right):
             return x, (top, left)
-        return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right))), 0
+        width = [(0, 0)] * 4
+        width[ay], width[ax] = (top, bottom), (left, right)
+        return np.pad(x, width), 0
 
-    prepared = {}          # (shape, dtype) -> PreparedConv: a new shape plans once
-
-    def conv(x, _w, _b=None, residual=None):
+    def run(x, residual, layout):
         _four_d(node, x)
-        x, padding = padded(x)
-        key = (x.shape, x.dtype)
+        x, padding = padded(x, layout)
+        key = (x.shape, x.dtype, layout)
         try:
             if key not in prepared:
                 prepared[key] = PreparedConv(x.shape, weights, b, strides, padding, dilations,
-                                             groups, activation=act, dtype=x.dtype)
-            run = prepared[key]
+                                             groups, activation=act, layout=layout, dtype=x.dtype)
+            conv = prepared[key]
             if residual is None:
-                return (run(x),)
-            if residual.shape != run.output_shape:    # a broadcast sum: after the conv
+                return (conv(x),)
+            if residual.shape != conv.output_shape:    # a broadcast sum: after the conv
                 return (ACTIVATIONS[act](conv2d(x, weights, b, strides, padding, dilations,
-                                                groups) + residual),)
-            fits = in_place and residual.dtype == run.dtype and residual.flags.c_contiguous
-            return (run(x, residual, out=residual if fits else None),)
+                                                groups, layout=layout) + residual),)
+            fits = in_place and residual.dtype == conv.dtype and residual.flags.c_contiguous
+            return (conv(x, residual, out=residual if fits else None),)
         except (ValueError, TypeError) as err:
             raise type(err)(f"node {node.name!r} (Conv): {err}") from err
+
+    def nchw(x, _w, _b=None, residual=None):
+        return run(x, residual, "NCHW")
+
+    def nhwc(x, _w, _b=None, residual=None):
+        return run(x, residual, "NHWC")
 
     def describe(x_shape, *_):
         """(the conv path, flops) for an input of ``x_shape``."""
@@ -114,6 +145,7 @@ def _conv(node, const):
         plan = conv_plan(x.shape, w.shape, strides, padding, dilations, groups)
         route = plan.route + (f" F({plan.winograd_tile})" if plan.algorithm == "winograd" else "")
         return route, plan.params.flops
+    conv = in_layouts({"NCHW": nchw, "NHWC": nhwc})
     conv.describe = describe
     return conv
 
@@ -162,24 +194,30 @@ def _taps(a, axis, k, s, d, count, reduce):
     return acc
 
 
-def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False):
-    """Max or average pooling of NCHW ``x``; ``pads`` (top, left, bottom, right).
+def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
+           layout="NCHW"):
+    """Max or average pooling of ``x`` (4-D in ``layout``); ``pads`` (top, left,
+    bottom, right).
 
     Separable: the windows' rows are reduced first (whole image rows, contiguous),
     then their columns.  Windows past the padded input (``ceil_mode``) see nothing
     there; an average divides by the positions its window covers: inside the input,
     or inside the padded input when ``count_pads``.  NaN propagates through a max."""
-    N, C, H, W = x.shape
+    ay, ax = SPATIAL[layout]
+    H, W = x.shape[ay], x.shape[ax]
     top, left, bottom, right = pads
     Ho = _pool_size(H, top, bottom, kernel[0], strides[0], dilations[0], ceil_mode)
     Wo = _pool_size(W, left, right, kernel[1], strides[1], dilations[1], ceil_mode)
     rows = max((Ho - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1, H + top + bottom)
     cols = max((Wo - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1, W + left + right)
     reduce = np.maximum if kind == "max" else np.add
-    xp = np.full((N, C, rows, cols), -np.inf if kind == "max" else 0, x.dtype)
-    xp[:, :, top:top + H, left:left + W] = x
-    y = _taps(_taps(xp, 2, kernel[0], strides[0], dilations[0], Ho, reduce),
-              3, kernel[1], strides[1], dilations[1], Wo, reduce)
+    shape, inside = list(x.shape), [slice(None)] * 4
+    shape[ay], shape[ax] = rows, cols
+    inside[ay], inside[ax] = slice(top, top + H), slice(left, left + W)
+    xp = np.full(shape, -np.inf if kind == "max" else 0, x.dtype)
+    xp[tuple(inside)] = x
+    y = _taps(_taps(xp, ay, kernel[0], strides[0], dilations[0], Ho, reduce),
+              ax, kernel[1], strides[1], dilations[1], Wo, reduce)
     if kind == "max":
         return y
     counted = np.zeros((rows, cols))
@@ -188,8 +226,8 @@ def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=Fals
     else:
         counted[top:top + H, left:left + W] = 1
     count = _taps(_taps(counted, 0, kernel[0], strides[0], dilations[0], Ho, np.add),
-                  1, kernel[1], strides[1], dilations[1], Wo, np.add)
-    return np.divide(y, count.astype(x.dtype), out=y)
+                  1, kernel[1], strides[1], dilations[1], Wo, np.add).astype(x.dtype)
+    return np.divide(y, count if layout == "NCHW" else count[:, :, None], out=y)
 
 
 def _pool(kind):
@@ -203,11 +241,15 @@ def _pool(kind):
         ceil_mode = bool(node.attrs.get("ceil_mode", 0))
         count_pads = bool(node.attrs.get("count_include_pad", 0))
 
-        def pool(x):
-            _four_d(node, x)
-            return (pool2d(x, kernel, strides, dilations, pads(*x.shape[2:]), ceil_mode, kind,
-                           count_pads),)
-        return pool
+        def pool_in(layout):
+            ay, ax = SPATIAL[layout]
+
+            def pool(x):
+                _four_d(node, x)
+                return (pool2d(x, kernel, strides, dilations, pads(x.shape[ay], x.shape[ax]),
+                               ceil_mode, kind, count_pads, layout),)
+            return pool
+        return in_layouts({layout: pool_in(layout) for layout in LAYOUTS})
     return build
 
 
@@ -216,14 +258,19 @@ operator("MaxPool", _WINDOW + ("storage_order",))(_pool("max"))
 operator("AveragePool", _WINDOW + ("count_include_pad",))(_pool("average"))
 
 
-@operator("GlobalAveragePool")
-def _global_average(node, const):
-    return lambda x: (x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype),)
+def _global(reduce):
+    def build(node, const):
+        def nchw(x):
+            return (reduce(x, axis=tuple(range(2, x.ndim)), keepdims=True).astype(x.dtype),)
+
+        def nhwc(x):
+            return (reduce(x, axis=SPATIAL["NHWC"], keepdims=True).astype(x.dtype),)
+        return in_layouts({"NCHW": nchw, "NHWC": nhwc})
+    return build
 
 
-@operator("GlobalMaxPool")
-def _global_max(node, const):
-    return lambda x: (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+operator("GlobalAveragePool")(_global(np.mean))
+operator("GlobalMaxPool")(_global(np.max))
 
 
 # --------------------------------------------------------------------------- products

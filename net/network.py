@@ -5,13 +5,15 @@ the tensors it reads and writes.  A tensor is dropped after its last reader, so 
 run holds only the activations still needed; a conv summing a residual that no
 later step reads writes its result into the residual's own buffer.
 """
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm.net import layers, ops, registry  # noqa: F401 (ops, layers: register builders)
+from tilegemm.net import layers, ops, planning, registry  # noqa: F401 (ops: builders)
 from tilegemm.net.graph import from_onnx, read_model, validated
+from tilegemm.net.layers import convert
 from tilegemm.net.passes import optimize
 
 #: Operators whose result is a new array (never a view of an input), so an in-place
@@ -44,14 +46,22 @@ class Network:
         Output names, in the model's order.
     graph : Graph
         The optimized graph (folded, fused) that runs.
+    steps : list of Step
+        The graph's nodes ready to run, in order.
+    layout_transform : bool
+        Whether each input shape gets its layout plan (:meth:`plan`) on its first run;
+        without, every step runs NCHW.
     """
 
-    def __init__(self, graph):
+    def __init__(self, graph, layout_transform=True):
         self.graph = graph
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
+        self.layout_transform = layout_transform
         self._mark_in_place()
-        self._steps = self._build()
+        self.steps = self._build()
+        self._plans = {}                   # input shapes -> LayoutPlan
+        self._planning = threading.Lock()
 
     def _mark_in_place(self):
         """A fused conv may sum into its residual's buffer when the residual is a fresh
@@ -80,6 +90,66 @@ class Network:
                               list(node.outputs), frees))
         return steps
 
+    def plan(self, feeds, layouts=None):
+        """The :class:`~tilegemm.net.planning.LayoutPlan` that runs inputs of the shapes
+        of ``feeds``, made now and kept for that shape.
+
+        ``layouts`` (``{node name: layout}``, the rest NCHW) sets it by hand;
+        otherwise each step is timed in each layout it supports (on these inputs,
+        the times cached on disk per machine and library version) and the layout
+        DP (:mod:`tilegemm.net.layout`) chooses.
+        """
+        fed = self._feeds(feeds)
+        with self._planning:
+            chosen = planning.plan_layouts(self, fed, layouts)
+            self._plans[_shape_key(fed)] = chosen
+        return chosen
+
+    def _layouts(self, fed):
+        """The layout of each step for these inputs (planning a new shape first)."""
+        if not self.layout_transform:
+            return None
+        key = _shape_key(fed)
+        plan = self._plans.get(key)
+        if plan is None:
+            with self._planning:
+                plan = self._plans.get(key)
+                if plan is None:
+                    plan = self._plans[key] = planning.plan_layouts(self, fed)
+        return plan.layouts
+
+    def execute(self, fed, layouts=None, profile=None, keep=False):
+        """Run the steps on checked inputs ``fed``, step ``i`` in ``layouts[i]`` (all
+        NCHW when None), converting a tensor when a step wants it in another layout;
+        returns every value still held (all of them with ``keep``), outputs NCHW."""
+        values = dict(self.graph.constants)
+        values.update(fed)
+        where = {}                          # tensor -> layout, when not NCHW
+        for i, step in enumerate(self.steps):
+            layout = "NCHW" if layouts is None else layouts[i]
+            args = []
+            for n in step.inputs:
+                if n and where.get(n, "NCHW") != layout and n not in self.graph.constants:
+                    values[n] = convert(values[n], where.get(n, "NCHW"), layout)
+                    where[n] = layout
+                args.append(values[n] if n else None)
+            run = step.run if layout == "NCHW" else step.run.layouts[layout]
+            t0 = time.perf_counter() if profile is not None else 0.0
+            results = run(*args)
+            if profile is not None:
+                profile.append((step.node, time.perf_counter() - t0,
+                                [None if a is None else np.shape(a) for a in args], layout))
+            for name, value in zip(step.outputs, results):
+                if name:
+                    values[name] = value
+                    where[name] = layout
+            if not keep:
+                for name in step.frees:
+                    del values[name]
+        for name in self.outputs:
+            values[name] = convert(values[name], where.get(name, "NCHW"), "NCHW")
+        return values
+
     def _feeds(self, feeds):
         if not isinstance(feeds, dict):
             raise TypeError(f"Network.run: feeds must be a dict {{name: array}}, "
@@ -105,7 +175,8 @@ class Network:
             ``{input name: array_like}`` for every input.  Float inputs may come in
             any float dtype; they are cast to the model's.
         profile : list, optional
-            When given, one ``(node, seconds, input shapes)`` is appended per step run.
+            When given, one ``(node, seconds, input shapes, layout)`` is appended per
+            step run.
 
         Returns
         -------
@@ -120,21 +191,8 @@ class Network:
         ValueError
             A missing or unknown input, or one of the wrong rank or fixed dimensions.
         """
-        values = dict(self.graph.constants)
         fed = self._feeds(feeds)
-        values.update(fed)
-        for step in self._steps:
-            args = [values[n] if n else None for n in step.inputs]
-            t0 = time.perf_counter() if profile is not None else 0.0
-            results = step.run(*args)
-            if profile is not None:
-                profile.append((step.node, time.perf_counter() - t0,
-                                [None if a is None else np.shape(a) for a in args]))
-            for name, value in zip(step.outputs, results):
-                if name:
-                    values[name] = value
-            for name in step.frees:
-                del values[name]
+        values = self.execute(fed, self._layouts(fed), profile)
         # An output that is a constant, or a view of an input, is copied: callers own it.
         return {name: np.array(values[name], copy=name in self.graph.constants or any(
                     np.may_share_memory(values[name], x) for x in fed.values()))
@@ -143,7 +201,7 @@ class Network:
     def describe(self, node, shapes):
         """``(algorithm, flops)`` of ``node`` run on inputs of ``shapes`` (a profile
         entry's): the conv path that runs it, or "" and 0 for an operator without one."""
-        step = next(s for s in self._steps if s.node is node)
+        step = next(s for s in self.steps if s.node is node)
         describe = getattr(step.run, "describe", None)
         return describe(*shapes) if describe else ("", 0)
 
@@ -159,7 +217,11 @@ class Network:
 
     def __repr__(self):
         ins = ", ".join(f"{t.name}{list(t.shape)}" for t in self.inputs)
-        return f"Network({len(self._steps)} steps, inputs: {ins}, outputs: {self.outputs})"
+        return f"Network({len(self.steps)} steps, inputs: {ins}, outputs: {self.outputs})"
+
+
+def _shape_key(fed):
+    return tuple((name, x.shape, x.dtype.str) for name, x in fed.items())
 
 
 def _checked(info, value):
@@ -180,13 +242,17 @@ def _checked(info, value):
     return x
 
 
-def load_onnx(model):
+def load_onnx(model, *, layout_transform=True):
     """Load an ONNX model as a :class:`Network`.
 
     Parameters
     ----------
     model : str, os.PathLike, bytes or onnx.ModelProto
         The model (opset 13 or later; older ones are converted).
+    layout_transform : bool
+        Choose each step's layout (NCHW or NHWC) for each input shape on its first
+        run, by timing the steps and the conversions on this machine and solving the
+        layout DP (times cached on disk).  False runs every step NCHW.
 
     Returns
     -------
@@ -205,4 +271,4 @@ def load_onnx(model):
     graph = from_onnx(validated(read_model(model), registry.known))
     for node in graph.nodes:                  # unsupported operators fail before any pass
         registry.check(node)
-    return Network(optimize(graph))
+    return Network(optimize(graph), layout_transform)

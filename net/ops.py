@@ -6,6 +6,17 @@ import numpy as np
 
 from tilegemm.net.registry import operator, unsupported
 
+#: The layouts of :mod:`tilegemm.net.layers`; elementwise operators run in either.
+EITHER = ("NCHW", "NHWC")
+
+
+def elementwise(fn):
+    """Mark ``fn`` as running unchanged in any layout (its operands must then share
+    one: the layout plan checks their shapes)."""
+    fn.layouts = {layout: fn for layout in EITHER}
+    fn.elementwise = True
+    return fn
+
 
 # --------------------------------------------------------------------------- activations
 def relu(x):
@@ -31,34 +42,34 @@ def hard_swish(x):
 
 @operator("Relu")
 def _relu(node, const):
-    return lambda x: (relu(x),)
+    return elementwise(lambda x: (relu(x),))
 
 
 @operator("Clip")
 def _clip(node, const):
-    return lambda x, lo=None, hi=None: (clip(x, lo, hi),)
+    return elementwise(lambda x, lo=None, hi=None: (clip(x, lo, hi),))
 
 
 @operator("LeakyRelu", ("alpha",))
 def _leaky_relu(node, const):
     alpha = node.attrs.get("alpha", 0.01)
-    return lambda x: (np.where(x < 0, x * x.dtype.type(alpha), x),)
+    return elementwise(lambda x: (np.where(x < 0, x * x.dtype.type(alpha), x),))
 
 
 @operator("Sigmoid")
 def _sigmoid(node, const):
-    return lambda x: (sigmoid(x),)
+    return elementwise(lambda x: (sigmoid(x),))
 
 
 @operator("HardSigmoid", ("alpha", "beta"))
 def _hard_sigmoid(node, const):
     alpha, beta = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
-    return lambda x: (hard_sigmoid(x, alpha, beta),)
+    return elementwise(lambda x: (hard_sigmoid(x, alpha, beta),))
 
 
 @operator("HardSwish")
 def _hard_swish(node, const):
-    return lambda x: (hard_swish(x),)
+    return elementwise(lambda x: (hard_swish(x),))
 
 
 @operator("Softmax", ("axis",))
@@ -75,13 +86,13 @@ def _softmax(node, const):
 for _name, _ufunc in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
                       ("Div", np.divide)):
     def _binary(node, const, ufunc=_ufunc):
-        return lambda a, b: (ufunc(a, b),)     # numpy broadcasting is ONNX's
+        return elementwise(lambda a, b: (ufunc(a, b),))    # numpy broadcasting is ONNX's
     operator(_name)(_binary)
 
 
 @operator("Identity")
 def _identity(node, const):
-    return lambda x: (x,)
+    return elementwise(lambda x: (x,))
 
 
 @operator("Dropout", ("seed",))
@@ -91,7 +102,7 @@ def _dropout(node, const):
         training = const(node.inputs[2])
         if training is None or bool(training):
             raise unsupported(node, "training_mode must be a constant false (inference only)")
-    return lambda x, *rest: (x, np.ones(x.shape, bool))
+    return elementwise(lambda x, *rest: (x, np.ones(x.shape, bool)))
 
 
 @operator("Cast", ("to", "saturate"))
@@ -137,7 +148,10 @@ def _squeeze(node, const):
 @operator("Concat", ("axis",))
 def _concat(node, const):
     axis = node.attrs["axis"]
-    return lambda *xs: (np.concatenate(xs, axis=axis),)
+    concat = (lambda *xs: (np.concatenate(xs, axis=axis),))
+    if axis == 1:              # channels: the last axis of NHWC
+        concat.layouts = {"NCHW": concat, "NHWC": lambda *xs: (np.concatenate(xs, axis=3),)}
+    return concat
 
 
 @operator("Flatten", ("axis",))

@@ -3,6 +3,7 @@
     python -m tilegemm run MODEL.onnx | resnet18 | mobilenet_v2 | vgg11
         [--batch N] [--threads T] [--input-shape 1,3,224,224] [--repeats R]
         [--profile] [--dump plan.json] [--no-compare] [--save MODEL.onnx]
+        [--no-layout-transform] [--both-plans]
 
 A built-in name builds that model with random weights (:mod:`tilegemm.tools.zoo`).
 Latency is the best and the median of ``--repeats`` runs, alternating with each peer
@@ -39,6 +40,10 @@ def build_parser():
     p.add_argument("--dump", metavar="PLAN.json", help="write the executed plan as JSON")
     p.add_argument("--no-compare", action="store_true", help="time tilegemm alone")
     p.add_argument("--save", metavar="MODEL.onnx", help="write the (built-in) model to a file")
+    p.add_argument("--no-layout-transform", action="store_true",
+                   help="run every step NCHW (no layout plan)")
+    p.add_argument("--both-plans", action="store_true",
+                   help="also time the all-NCHW plan beside the layout DP's, in the same rounds")
     return p
 
 
@@ -136,10 +141,15 @@ def run(args):
         with open(args.save, "wb") as f:
             f.write(data)
     t0 = time.perf_counter()
-    net = tilegemm.load_onnx(proto)
+    net = tilegemm.load_onnx(proto, layout_transform=not args.no_layout_transform)
     load_s = time.perf_counter() - t0
     x = np.random.default_rng(0).standard_normal(input_shape(net, args.batch, args.input_shape))
     x = x.astype(net.inputs[0].dtype)
+    plan_s = 0.0
+    if net.layout_transform:
+        t0 = time.perf_counter()
+        plan = net.plan({net.inputs[0].name: x})
+        plan_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     tracemalloc.start()
     ours = net(x)
@@ -149,8 +159,12 @@ def run(args):
     info = machine_info(measure_peak=False)
     print(f"{args.model}: input {x.shape} {x.dtype}, {threads} thread(s), {info['brand']} "
           f"({info['isa']})")
-    print(f"load {load_s:.2f} s, first run {first_s:.2f} s, peak memory of a run "
-          f"{peak / 2 ** 20:.1f} MiB (numpy allocations)")
+    print(f"load {load_s:.2f} s, layout plan {plan_s:.2f} s, first run {first_s:.2f} s, "
+          f"peak memory of a run {peak / 2 ** 20:.1f} MiB (numpy allocations)")
+    if net.layout_transform:
+        counts = {layout: plan.layouts.count(layout) for layout in sorted(set(plan.layouts))}
+        print(f"layout plan: steps per layout {counts}; predicted {plan.seconds * 1e3:.2f} ms, "
+              f"all NCHW {plan.nchw_seconds * 1e3:.2f} ms (sums of the steps' timed costs)")
     peers, notes = _peers(args, data, net, threads)
     status = 0
     for peer in peers:
@@ -158,11 +172,16 @@ def run(args):
         diff = float(np.max(np.abs(out - ours)) / max(np.max(np.abs(out)), 1e-30))
         print(f"max |tilegemm - {peer.name}| / max |{peer.name}| = {diff:.1e}")
         status = 1 if peer.name == "onnxruntime" and not diff <= TOLERANCE else status
-    times = _time([("tilegemm", net)] + [(p.name, p) for p in peers], x, args.repeats)
+    parties = [("tilegemm", net)]
+    if args.both_plans and net.layout_transform:
+        nchw = tilegemm.load_onnx(proto, layout_transform=False)
+        nchw(x)
+        parties.append(("tilegemm NCHW", nchw))
+    times = _time(parties + [(p.name, p) for p in peers], x, args.repeats)
     best_ours = min(times["tilegemm"])
     for name, ts in times.items():
         ratio = "" if name == "tilegemm" else f"  {min(ts) / best_ours:.2f}x tilegemm's time"
-        print(f"{name:<12} best {min(ts) * 1e3:9.2f} ms  median {statistics.median(ts) * 1e3:9.2f}"
+        print(f"{name:<14} best {min(ts) * 1e3:9.2f} ms  median {statistics.median(ts) * 1e3:9.2f}"
               f" ms{ratio}")
     for note in notes:
         print(f"(not compared: {note})")

@@ -12,9 +12,9 @@ times the 1-thread peak says that something else used a core while the loop
 ran: it comes with a warning and is not stored.
 """
 import datetime
-import json
 import os
 
+from tilegemm.ground.jsonfile import load_json, save_json
 from tilegemm.ground.loader import cache_dir
 
 #: The least N-thread / (N x 1-thread) peak of an idle machine (1.8 for 2 threads).
@@ -26,26 +26,6 @@ FILE_NAME = "measured-peak.json"
 def peak_key(brand, isa, threads, dtype):
     """The cache key of one measurement: CPU model, ISA, thread count and dtype."""
     return f"{brand} | {isa} | {threads} thread(s) | {dtype}"
-
-
-def _load(path):
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # no cache yet, or a damaged one: measure again
-
-
-def _save(path, data):
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)  # atomic: two processes never leave half a file
-    except OSError:
-        pass  # a read-only cache costs a measurement next time, nothing else
 
 
 def busy_warning(dtype, per_threads):
@@ -86,7 +66,7 @@ def measured_peaks(machine, dtypes, thread_counts, measure, remeasure=False, pat
         :func:`busy_warning` for each dtype whose peaks scale too little.
     """
     path = path or os.path.join(cache_dir(), FILE_NAME)
-    stored = _load(path)
+    stored = load_json(path)
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     peaks, warnings, changed = {}, [], False
     for dtype in dtypes:
@@ -104,5 +84,5 @@ def measured_peaks(machine, dtypes, thread_counts, measure, remeasure=False, pat
             stored[key] = {"gflops": peaks[dtype][t]["gflops"], "measured_at": now}
         changed = True
     if changed:
-        _save(path, stored)
+        save_json(path, stored)
     return peaks, warnings

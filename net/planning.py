@@ -1,0 +1,174 @@
+"""A network's layout plan for one input shape: which layout each step runs in.
+
+:func:`plan_layouts` runs the network once in NCHW keeping every tensor, times each
+step in each layout it supports on those very tensors (a "fast run") and each
+conversion a 4-D tensor could need, and hands the tables to the layout DP
+(:func:`tilegemm.net.layout.solve`).  The times are cached on disk
+(``net-costs.json`` in the tilegemm cache directory) keyed by the machine, the
+library's code and each step's signature, so loading the same model again plans
+without timing anything.
+"""
+import importlib.metadata
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilegemm.ground.jsonfile import load_json, save_json
+from tilegemm.ground.loader import cache_dir, digest, python_files
+from tilegemm.ground.threads import get_num_threads
+from tilegemm.net.layers import LAYOUTS, convert
+from tilegemm.net.layout import Op, Problem, plan_cost, solve
+from tilegemm.tuning.machine import detect
+
+FILE_NAME = "net-costs.json"
+#: Timed runs of a step per layout (the fastest is kept), after one warm-up call.
+REPEATS = 3
+
+
+@dataclass
+class LayoutPlan:
+    """The layout of each step (in step order), and the DP's figures: ``seconds``
+    (its predicted time), ``nchw_seconds`` (all steps NCHW, the traditional plan),
+    ``problem`` (the cost tables; None for a plan given by hand)."""
+
+    layouts: list
+    seconds: float = 0.0
+    nchw_seconds: float = 0.0
+    problem: object = None
+
+
+def _code_key():
+    """The machine and the code the times describe."""
+    m = detect()
+    try:
+        version = importlib.metadata.version("tilegemm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = digest([p for folder in ("conv", "kernels", "net")
+                   for p in python_files(os.path.join(here, folder))])
+    return (f"{m.brand} | {m.isa} | L1d {m.l1d_bytes} | L2 {m.l2_bytes} | "
+            f"tilegemm {version} {code} | {get_num_threads()} thread(s)")
+
+
+class CostCache:
+    """Step and conversion times on disk, one table per machine and code version."""
+
+    def __init__(self):
+        self.path = os.path.join(cache_dir(), FILE_NAME)
+        self.key = _code_key()
+        self.stored = load_json(self.path)
+        self.table = self.stored.get(self.key, {})
+        self.changed = False
+
+    def seconds(self, signature, measure):
+        if signature not in self.table:
+            self.table[signature] = measure()
+            self.changed = True
+        return self.table[signature]
+
+    def save(self):
+        if self.changed:
+            self.stored = load_json(self.path)      # another process may have added some
+            self.stored.setdefault(self.key, {}).update(self.table)
+            save_json(self.path, self.stored)
+
+
+def supported(step, args, outputs, constants):
+    """The layouts ``step`` may run in for these operands: NCHW always; the others
+    when the step offers them and every activation it reads or writes is 4-D (an
+    elementwise step also needs its activations of one shape and constants of size 1)."""
+    offered = getattr(step.run, "layouts", None)
+    if not offered:
+        return ("NCHW",)
+    live = [a for n, a in zip(step.inputs, args) if n and n not in constants]
+    if not live or any(np.ndim(a) != 4 for a in live + outputs):
+        return ("NCHW",)
+    if getattr(step.run, "elementwise", False):
+        shaped = {np.shape(a) for a in live}
+        if len(shaped) > 1 or any(np.size(constants[n]) != 1 for n in step.inputs
+                                  if n in constants):
+            return ("NCHW",)
+    return tuple(layout for layout in LAYOUTS if layout in offered)
+
+
+def _signature(step, args, layout):
+    node = step.node
+    shapes = [None if a is None else (np.shape(a), np.asarray(a).dtype.str) for a in args]
+    attrs = sorted((k, repr(v)) for k, v in node.attrs.items())
+    return f"{node.op} {attrs} {sorted(node.epilogue.items())} {shapes} {layout}"
+
+
+def _time_step(step, args, layout, constants):
+    """Best seconds of ``step`` in ``layout`` on ``args`` (given NCHW), each run on
+    fresh copies (a step may write into its residual)."""
+    def fresh():
+        return [a if n == "" or n in constants else convert(np.array(a), "NCHW", layout)
+                for n, a in zip(step.inputs, args)]
+    run = step.run if layout == "NCHW" else step.run.layouts[layout]
+    run(*fresh())                                   # compiles, plans, warms the caches
+    best = float("inf")
+    for _ in range(REPEATS):
+        operands = fresh()
+        t0 = time.perf_counter()
+        run(*operands)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _time_convert(x, src, dst):
+    best = float("inf")
+    for _ in range(REPEATS + 1):
+        t0 = time.perf_counter()
+        convert(x, src, dst)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def layout_problem(network, fed, cache):
+    """The :class:`~tilegemm.net.layout.Problem` of ``network`` on inputs ``fed``."""
+    constants = network.graph.constants
+    values = network.execute(fed, keep=True)
+    ops, op_cost, convert_cost = [], {}, {}
+    for i, step in enumerate(network.steps):
+        args = [values[n] if n else None for n in step.inputs]
+        outputs = [values[n] for n in step.outputs if n]
+        layouts = supported(step, args, outputs, constants)
+        reads = tuple(n for n in step.inputs if n and n not in constants)
+        ops.append(Op(step.node.name, reads, tuple(n for n in step.outputs if n), layouts))
+        for layout in layouts:
+            op_cost[(i, layout)] = cache.seconds(
+                _signature(step, args, layout),
+                lambda: _time_step(step, args, layout, constants))
+    tensors = {n for op in ops for n in op.reads + op.writes}
+    for name in sorted(tensors):
+        x = values[name]
+        if np.ndim(x) != 4:
+            continue
+        for src in LAYOUTS:
+            for dst in LAYOUTS:
+                if src != dst:
+                    key = f"convert {np.shape(x)} {np.asarray(x).dtype.str} {src}->{dst}"
+                    convert_cost[(name, src, dst)] = cache.seconds(
+                        key, lambda: _time_convert(convert(x, "NCHW", src), src, dst))
+    return Problem(ops, {n: "NCHW" for n in fed}, {n: "NCHW" for n in network.outputs},
+                   op_cost, convert_cost)
+
+
+def plan_layouts(network, fed, layouts=None):
+    """The :class:`LayoutPlan` of ``network`` for inputs ``fed``: ``layouts``
+    ({node name: layout}) if given, else the DP's choice over timed costs."""
+    if layouts is not None:
+        names = {s.node.name for s in network.steps}
+        unknown = sorted(set(layouts) - names)
+        if unknown:
+            raise ValueError(f"Network.plan: no steps named {unknown}")
+        return LayoutPlan([layouts.get(s.node.name, "NCHW") for s in network.steps])
+    cache = CostCache()
+    problem = layout_problem(network, fed, cache)
+    cache.save()
+    seconds, chosen = solve(problem)
+    nchw = plan_cost(problem, ["NCHW"] * len(problem.ops))
+    return LayoutPlan(chosen, seconds, nchw, problem)
