@@ -4,7 +4,8 @@
 step in each layout it supports on those very tensors (a "fast run") and each
 conversion a 4-D tensor could need, and hands the tables to the layout DP
 (:func:`tilegemm.net.layout.solve`).  The times are cached on disk
-(``net-costs.json`` in the tilegemm cache directory) keyed by the machine, the
+(``net-costs.json`` in the tilegemm cache directory, or the file
+``TILEGEMM_NET_COSTS`` names) keyed by the machine, the
 library's code and each step's signature, so loading the same model again plans
 without timing anything.
 """
@@ -53,11 +54,17 @@ def _code_key():
             f"tilegemm {version} {code} | {get_num_threads()} thread(s)")
 
 
+def costs_path():
+    """The file of timed costs: ``TILEGEMM_NET_COSTS``, else ``net-costs.json`` in
+    the cache directory."""
+    return os.environ.get("TILEGEMM_NET_COSTS") or os.path.join(cache_dir(), FILE_NAME)
+
+
 class CostCache:
     """Step and conversion times on disk, one table per machine and code version."""
 
     def __init__(self):
-        self.path = os.path.join(cache_dir(), FILE_NAME)
+        self.path = costs_path()
         self.key = _code_key()
         self.stored = load_json(self.path)
         self.table = self.stored.get(self.key, {})
@@ -157,15 +164,32 @@ def layout_problem(network, fed, cache):
                    op_cost, convert_cost)
 
 
+def _given(network, fed, layouts):
+    """The layouts of ``layouts`` ({node name: layout}) in step order, each checked
+    against what its step supports on these inputs."""
+    names = {s.node.name for s in network.steps}
+    unknown = sorted(set(layouts) - names)
+    if unknown:
+        raise ValueError(f"Network.plan: no steps named {unknown}")
+    values = network.execute(fed, keep=True)
+    chosen = []
+    for step in network.steps:
+        layout = layouts.get(step.node.name, "NCHW")
+        args = [values[n] if n else None for n in step.inputs]
+        allowed = supported(step, args, [values[n] for n in step.outputs if n],
+                            network.graph.constants)
+        if layout not in allowed:
+            raise ValueError(f"Network.plan: step {step.node.name!r} ({step.node.op}) runs in "
+                             f"{list(allowed)} here, not {layout!r}")
+        chosen.append(layout)
+    return chosen
+
+
 def plan_layouts(network, fed, layouts=None):
     """The :class:`LayoutPlan` of ``network`` for inputs ``fed``: ``layouts``
     ({node name: layout}) if given, else the DP's choice over timed costs."""
     if layouts is not None:
-        names = {s.node.name for s in network.steps}
-        unknown = sorted(set(layouts) - names)
-        if unknown:
-            raise ValueError(f"Network.plan: no steps named {unknown}")
-        return LayoutPlan([layouts.get(s.node.name, "NCHW") for s in network.steps])
+        return LayoutPlan(_given(network, fed, layouts))
     cache = CostCache()
     problem = layout_problem(network, fed, cache)
     cache.save()

@@ -1,0 +1,79 @@
+"""Layout plans of networks: the DP's choice, plans given by hand (every step that
+can in NHWC), the disk cache of timed costs, and the plan-free NCHW mode."""
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import tilegemm  # noqa: E402
+from net_models import MODELS  # noqa: E402
+from net_reference import run_reference  # noqa: E402
+
+
+def _input(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _close(got, expected):
+    scale = max(float(np.max(np.abs(expected))), 1e-3)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.fixture(autouse=True)
+def _own_costs(tmp_path, monkeypatch):
+    """A cost file of the test's own (the kernels' cache stays where it is)."""
+    monkeypatch.setenv("TILEGEMM_NET_COSTS", str(tmp_path / "net-costs.json"))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_step_that_can_runs_nhwc_and_the_result_holds(name):
+    build, shape = MODELS[name]
+    model = build()
+    net = tilegemm.load_onnx(model)
+    x = _input(shape)
+    feeds = {"x": x}
+    plan = net.plan(feeds)
+    assert plan.seconds <= plan.nchw_seconds * (1 + 1e-12)
+    nhwc = {op.name: op.layouts[-1] for op in plan.problem.ops}
+    assert "NHWC" in nhwc.values()
+    forced = net.plan(feeds, nhwc)
+    assert forced.layouts == [nhwc[s.node.name] for s in net.steps]
+    before = x.copy()
+    got = net.run(feeds)
+    np.testing.assert_array_equal(x, before)
+    for key, value in run_reference(model, feeds).items():
+        _close(got[key], value)
+
+
+def test_a_plan_by_hand_is_checked():
+    net = tilegemm.load_onnx(MODELS["resnet"][0]())
+    feeds = {"x": _input(MODELS["resnet"][1])}
+    with pytest.raises(ValueError, match="no steps named"):
+        net.plan(feeds, {"nowhere": "NHWC"})
+    with pytest.raises(ValueError, match=r"'Gemm_\d+' \(Gemm\) runs in \['NCHW'\]"):
+        net.plan(feeds, {s.node.name: "NHWC" for s in net.steps if s.node.op == "Gemm"})
+
+
+def test_timed_costs_are_cached_on_disk(tmp_path):
+    model = MODELS["mobilenet"][0]()
+    feeds = {"x": _input(MODELS["mobilenet"][1])}
+    first = tilegemm.load_onnx(model).plan(feeds)
+    path = tmp_path / "net-costs.json"
+    stamp = os.stat(path).st_mtime_ns, path.read_bytes()
+    again = tilegemm.load_onnx(model).plan(feeds)       # nothing new to time: no write
+    assert (os.stat(path).st_mtime_ns, path.read_bytes()) == stamp
+    assert again.layouts == first.layouts and again.seconds == first.seconds
+
+
+def test_a_new_shape_plans_and_without_layout_transform_nothing_plans():
+    model = MODELS["resnet"][0]()
+    net = tilegemm.load_onnx(model)
+    plain = tilegemm.load_onnx(model, layout_transform=False)
+    assert not plain.layout_transform
+    for batch in (1, 2):
+        x = _input((batch, 3, 32, 32), seed=batch)
+        expected = run_reference(model, {"x": x})[model.graph.output[0].name]
+        _close(net(x), expected)
+        _close(plain(x), expected)
