@@ -11,6 +11,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
 import tilegemm  # noqa: E402
+from guard import GUARD_PAGES, guarded_empty  # noqa: E402
 from net_models import MODELS, Builder  # noqa: E402
 from net_reference import run_reference  # noqa: E402
 
@@ -214,3 +215,17 @@ def test_old_opsets_are_converted():
     x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
     np.testing.assert_array_equal(tilegemm.load_onnx(model)(x), np.maximum(x, 0)[None])
     assert helper.make_opsetid("", 11).version == 11
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="no mmap guard pages here")
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_an_input_against_a_guard_page_is_read_within_bounds(where):
+    """Every step of a network (NCHW, and NHWC where the plan takes it) reads its
+    input only inside it: one element past either end faults."""
+    build, shape = MODELS["mobilenet"]
+    model = build()
+    x = guarded_empty(shape, np.float32, where=where)
+    x[...] = _input(shape)
+    for transform in (False, True):
+        got = tilegemm.load_onnx(model, layout_transform=transform)(x)
+        _close(got, run_reference(model, {"x": np.array(x)})[model.graph.output[0].name])
