@@ -15,6 +15,7 @@ from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
 from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
+from tilegemm.ground.split import for_slices
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array
 
@@ -272,8 +273,13 @@ def _with_residual(out, residual, act, conv_into):
     the residual, whose values the sum still needs."""
     dst = np.empty_like(out) if np.shares_memory(out, residual) else out
     conv_into(dst)
-    np.add(dst, residual, out=out)
-    return _activate(out, act)
+    axis = 0 if out.shape[0] >= 2 else 1         # the threads take images, else channels
+
+    def part(s):                                 # sum and activation while it is in cache
+        at = (slice(None),) * axis + (s,)
+        _activate(np.add(dst[at], residual[at], out=out[at]), act)
+    for_slices(part, out.shape[axis], out.size)
+    return out
 
 
 def _activate(out, act):

@@ -10,6 +10,7 @@ import numpy as np
 
 from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
+from tilegemm.ground.split import for_slices
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.net.ops import clip, relu
 from tilegemm.net.registry import operator, unsupported
@@ -21,12 +22,35 @@ LAYOUTS = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 2, 3, 1)}
 SPATIAL = {"NCHW": (2, 3), "NHWC": (1, 2)}
 
 
+def along(x, layout, logical, part):
+    """The ``part`` slice of ``x`` (stored in ``layout``) along logical axis ``logical``
+    (0: N, 1: C)."""
+    at = [slice(None)] * x.ndim
+    at[LAYOUTS[layout].index(logical)] = part
+    return x[tuple(at)]
+
+
+def split_axis(shape, layout):
+    """The logical axis a pass over a 4-D tensor (``shape`` in ``layout``) is split
+    along between threads: the batch when there are several images, else the channels."""
+    return 0 if shape[LAYOUTS[layout].index(0)] >= 2 else 1
+
+
 def convert(x, src, dst):
-    """``x`` stored in layout ``src``, as a C-contiguous array in layout ``dst``."""
+    """``x`` stored in layout ``src``, as a C-contiguous array in layout ``dst``
+    (one transpose, the threads copying slices of the batch or the channels)."""
     if src == dst:
         return x
     to_logical = np.argsort(LAYOUTS[src])
-    return np.ascontiguousarray(x.transpose(to_logical[list(LAYOUTS[dst])]))
+    perm = to_logical[list(LAYOUTS[dst])]
+    out = np.empty(tuple(np.array(x.shape)[perm]), x.dtype)
+    axis = split_axis(x.shape, src)
+    length = x.shape[LAYOUTS[src].index(axis)]
+
+    def copy(part):
+        np.copyto(along(out, dst, axis, part), along(x, src, axis, part).transpose(perm))
+    for_slices(copy, length, x.size)
+    return out
 
 
 def in_layouts(per_layout):
@@ -138,11 +162,11 @@ def _conv(node, const):
     def nhwc(x, _w, _b=None, residual=None):
         return run(x, residual, "NHWC")
 
-    def describe(x_shape, *_):
-        """(the conv path, flops) for an input of ``x_shape``."""
+    def describe(layout, x_shape, *_):
+        """(the conv path, flops) for an input of ``x_shape`` in ``layout``."""
         x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), x_shape, (0,) * 4)
-        x, padding = padded(x)
-        plan = conv_plan(x.shape, w.shape, strides, padding, dilations, groups)
+        x, padding = padded(x, layout)
+        plan = conv_plan(x.shape, w.shape, strides, padding, dilations, groups, layout=layout)
         route = plan.route + (f" F({plan.winograd_tile})" if plan.algorithm == "winograd" else "")
         return route, plan.params.flops
     conv = in_layouts({"NCHW": nchw, "NHWC": nhwc})
@@ -181,14 +205,19 @@ def _pool_size(size, begin, end, k, s, d, ceil_mode):
     return out
 
 
-def _taps(a, axis, k, s, d, count, reduce):
+def _taps(a, axis, k, s, d, count, reduce, out=None):
     """``reduce`` over the ``k`` taps (dilation ``d``) of windows ``s`` apart along
-    ``axis``, ``count`` windows: separable pooling, one axis at a time."""
+    ``axis``, ``count`` windows (into ``out`` if given): separable pooling, one axis
+    at a time."""
     def tap(i):
         at = [slice(None)] * a.ndim
         at[axis] = slice(i * d, i * d + s * (count - 1) + 1, s)
         return a[tuple(at)]
-    acc = tap(0).copy()
+    if out is None:
+        acc = tap(0).copy()
+    else:
+        acc = out
+        np.copyto(acc, tap(0))
     for i in range(1, k):
         reduce(acc, tap(i), out=acc)
     return acc
@@ -196,8 +225,26 @@ def _taps(a, axis, k, s, d, count, reduce):
 
 def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
            layout="NCHW"):
-    """Max or average pooling of ``x`` (4-D in ``layout``); ``pads`` (top, left,
-    bottom, right).
+    """Max or average pooling of ``x`` (4-D in ``layout``), the threads taking slices of
+    the batch or the channels; see :func:`pool_serial`."""
+    ay, ax = SPATIAL[layout]
+    axis = split_axis(x.shape, layout)
+    shape = list(x.shape)
+    shape[ay], shape[ax] = (_pool_size(x.shape[a], pads[i], pads[i + 2], kernel[i], strides[i],
+                                       dilations[i], ceil_mode) for i, a in enumerate((ay, ax)))
+    out = np.empty(shape, x.dtype)
+
+    def part(s):
+        pool_serial(along(x, layout, axis, s), kernel, strides, dilations, pads, ceil_mode, kind,
+                    count_pads, layout, along(out, layout, axis, s))
+    for_slices(part, x.shape[LAYOUTS[layout].index(axis)], x.size)
+    return out
+
+
+def pool_serial(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
+                layout="NCHW", out=None):
+    """Max or average pooling of ``x`` (4-D in ``layout``) on the calling thread,
+    into ``out`` if given; ``pads`` (top, left, bottom, right).
 
     Separable: the windows' rows are reduced first (whole image rows, contiguous),
     then their columns.  Windows past the padded input (``ceil_mode``) see nothing
@@ -217,7 +264,7 @@ def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=Fals
     xp = np.full(shape, -np.inf if kind == "max" else 0, x.dtype)
     xp[tuple(inside)] = x
     y = _taps(_taps(xp, ay, kernel[0], strides[0], dilations[0], Ho, reduce),
-              ax, kernel[1], strides[1], dilations[1], Wo, reduce)
+              ax, kernel[1], strides[1], dilations[1], Wo, reduce, out)
     if kind == "max":
         return y
     counted = np.zeros((rows, cols))
@@ -312,7 +359,8 @@ def _gemm(node, const):
             return (product(a, b, alpha, beta * c, act),)        # a row: the epilogue's bias
         y = product(a, b, alpha) + beta * c
         return (ACTIVATIONS[act](y),)
-    gemm.describe = lambda a, b, *_: ("gemm", 2 * a[1 - trans_a] * a[trans_a] * b[1 - trans_b])
+    gemm.describe = lambda layout, a, b, *_: ("gemm",
+                                              2 * a[1 - trans_a] * a[trans_a] * b[1 - trans_b])
     return gemm
 
 
@@ -336,5 +384,6 @@ def _matmul(node, const):
         if b.ndim == 1:
             out = out[..., 0]
         return (out,)
-    matmul.describe = lambda a, b: ("gemm", 2 * int(np.prod(a)) * (b[-1] if len(b) > 1 else 1))
+    matmul.describe = lambda layout, a, b: ("gemm",
+                                            2 * int(np.prod(a)) * (b[-1] if len(b) > 1 else 1))
     return matmul

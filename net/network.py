@@ -198,12 +198,13 @@ class Network:
                     np.may_share_memory(values[name], x) for x in fed.values()))
                 for name in self.outputs}
 
-    def describe(self, node, shapes):
-        """``(algorithm, flops)`` of ``node`` run on inputs of ``shapes`` (a profile
-        entry's): the conv path that runs it, or "" and 0 for an operator without one."""
+    def describe(self, node, shapes, layout="NCHW"):
+        """``(algorithm, flops)`` of ``node`` run in ``layout`` on inputs of ``shapes``
+        (a profile entry's): the conv path that runs it, or "" and 0 for an operator
+        without one."""
         step = next(s for s in self.steps if s.node is node)
         describe = getattr(step.run, "describe", None)
-        return describe(*shapes) if describe else ("", 0)
+        return describe(layout, *shapes) if describe else ("", 0)
 
     def __call__(self, x):
         """The output for ``x`` (a tuple of outputs if the model has several), for a

@@ -101,33 +101,34 @@ def _time(parties, x, repeats):
 
 
 def profile_rows(net, x, repeats):
-    """Per step: (node, seconds (best of ``repeats``), algorithm, flops)."""
+    """Per step: (node, seconds (best of ``repeats``), layout, algorithm, flops)."""
     best = {}
     for _ in range(repeats):
         entries = []
         net.run({net.inputs[0].name: x}, profile=entries)
-        for i, (node, seconds, shapes) in enumerate(entries):
-            if i not in best or seconds < best[i][1]:
-                best[i] = (node, seconds, shapes)
-    return [(node, s) + tuple(net.describe(node, shapes)) for node, s, shapes in best.values()]
+        for i, entry in enumerate(entries):
+            if i not in best or entry[1] < best[i][1]:
+                best[i] = entry
+    return [(node, seconds, layout) + tuple(net.describe(node, shapes, layout))
+            for node, seconds, shapes, layout in best.values()]
 
 
 def profile_table(rows):
     total = sum(r[1] for r in rows) or 1.0
     lines = [f"{'node':<24} {'op':<18} {'fused':<28} {'layout':<6} {'algorithm':<22} "
              f"{'ms':>8} {'%':>6} {'GFLOPS':>7}"]
-    for node, seconds, algorithm, flops in rows:
+    for node, seconds, layout, algorithm, flops in rows:
         gflops = f"{flops / seconds / 1e9:7.1f}" if flops and seconds else ""
         lines.append(f"{node.name[:24]:<24} {node.op:<18} {'+'.join(node.fused)[:28]:<28} "
-                     f"{'NCHW':<6} {algorithm[:22]:<22} {seconds * 1e3:8.3f} "
+                     f"{layout:<6} {algorithm[:22]:<22} {seconds * 1e3:8.3f} "
                      f"{100 * seconds / total:6.1f} {gflops:>7}")
     return "\n".join(lines)
 
 
 def plan_json(rows):
     return [dict(node=n.name, op=n.op, fused=n.fused, epilogue=n.epilogue, inputs=n.inputs,
-                 outputs=n.outputs, layout="NCHW", algorithm=algorithm, flops=int(flops),
-                 ms=round(seconds * 1e3, 4)) for n, seconds, algorithm, flops in rows]
+                 outputs=n.outputs, layout=layout, algorithm=algorithm, flops=int(flops),
+                 ms=round(seconds * 1e3, 4)) for n, seconds, layout, algorithm, flops in rows]
 
 
 def run(args):
