@@ -88,7 +88,8 @@ def _onnx():
 
 
 def read_model(model):
-    """An ``onnx.ModelProto`` from a path, bytes or a ModelProto (decoded, not yet checked).
+    """``(onnx.ModelProto, its bytes or None)`` from a path, bytes or a ModelProto
+    (decoded, not yet checked; the bytes spare the checker serializing it again).
 
     Raises
     ------
@@ -100,29 +101,33 @@ def read_model(model):
         A file or bytes that are not an ONNX model (truncated, corrupt).
     """
     onnx = _onnx()
+    data = None
     if isinstance(model, (str, os.PathLike)):
         if not os.path.isfile(model):
             raise FileNotFoundError(f"load_onnx: no such model file: {os.fspath(model)!r}")
         with open(model, "rb") as f:
             model = f.read()
     if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
         try:
-            model = onnx.load_model_from_string(bytes(model))
+            model = onnx.load_model_from_string(data)
         except Exception as err:           # protobuf's DecodeError and friends
             raise ValueError(f"load_onnx: not a readable ONNX model ({err})") from err
     if not isinstance(model, onnx.ModelProto):
         raise TypeError("load_onnx: model must be a path, bytes or an onnx.ModelProto, "
                         f"got {type(model).__name__}")
-    return model
+    return model, data
 
 
-def validated(model, supported):
-    """``model`` checked by onnx's checker and converted to at least :data:`MIN_OPSET`.
+def validated(read, supported):
+    """The model of ``read`` (:func:`read_model`'s pair) checked by onnx's checker and
+    converted to at least :data:`MIN_OPSET`.
 
     ``supported(op_type, node name)`` is asked first about every node, so an operator
     tilegemm does not run is reported as such rather than as an invalid model.
     """
     onnx = _onnx()
+    model, data = read
     for i, n in enumerate(model.graph.node):
         name = n.name or f"{n.op_type}_{i}"
         if n.domain not in ("", "ai.onnx"):
@@ -130,7 +135,7 @@ def validated(model, supported):
                                       "the default ONNX domain; only standard operators run")
         supported(n.op_type, name)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model if data is None else data)
     except onnx.checker.ValidationError as err:
         raise ValueError(f"load_onnx: the model is not valid ONNX: {err}") from err
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
