@@ -19,7 +19,7 @@ MIN_OPSET = 13
 class Node:
     """One operator: its ONNX type and name, tensor names in and out ("" for an
     omitted optional input), ONNX attributes as Python values, what the passes fused
-    into it (``epilogue``: ``activation``, ``residual``, ``in_place``) and the
+    into it (``epilogue``: ``activation``, ``residual``) and the
     operator types they folded in (``fused``, for the profile)."""
 
     op: str

@@ -3,16 +3,17 @@ prepared once), BatchNormalization, pooling, Gemm and MatMul (on the GEMM engine
 
 Inputs are NCHW (ONNX's layout).  What the passes fused into a Conv or Gemm node
 (:attr:`~tilegemm.net.graph.Node.epilogue`) runs in its epilogue: the activation
-(relu, relu6), and for a Conv the residual sum, written into the residual's own
-buffer when the network says no one else reads it.
+(relu, relu6), and for a Conv the residual sum.
 """
+import threading
+
 import numpy as np
 
 from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
 from tilegemm.ground.split import for_slices
 from tilegemm.kernels.driver import gemm_into
-from tilegemm.net.ops import clip, relu
+from tilegemm.net.ops import clip, first, relu, writes_into
 from tilegemm.net.registry import operator, unsupported
 
 #: The layouts a 4-D activation can be stored in, as the order of the logical NCHW
@@ -36,14 +37,21 @@ def split_axis(shape, layout):
     return 0 if shape[LAYOUTS[layout].index(0)] >= 2 else 1
 
 
-def convert(x, src, dst):
-    """``x`` stored in layout ``src``, as a C-contiguous array in layout ``dst``
-    (one transpose, the threads copying slices of the batch or the channels)."""
+def converted_shape(shape, src, dst):
+    """The shape of a tensor of ``shape`` in layout ``src`` once in layout ``dst``."""
+    return tuple(shape[a] for a in np.argsort(LAYOUTS[src])[list(LAYOUTS[dst])])
+
+
+def convert(x, src, dst, out=None):
+    """``x`` stored in layout ``src``, as a C-contiguous array in layout ``dst`` (into
+    ``out`` if given; one transpose, the threads copying slices of the batch or the
+    channels)."""
     if src == dst:
         return x
     to_logical = np.argsort(LAYOUTS[src])
     perm = to_logical[list(LAYOUTS[dst])]
-    out = np.empty(tuple(np.array(x.shape)[perm]), x.dtype)
+    if out is None:
+        out = np.empty(converted_shape(x.shape, src, dst), x.dtype)
     axis = split_axis(x.shape, src)
     length = x.shape[LAYOUTS[src].index(axis)]
 
@@ -123,7 +131,6 @@ def _conv(node, const):
     groups = int(node.attrs.get("group", 1))
     weights = ConvWeights(w)
     act = node.epilogue.get("activation")
-    in_place = node.epilogue.get("in_place", False)
     prepared = {}          # (shape, dtype, layout) -> PreparedConv: a new shape plans once
 
     def padded(x, layout="NCHW"):
@@ -137,7 +144,7 @@ def _conv(node, const):
         width[ay], width[ax] = (top, bottom), (left, right)
         return np.pad(x, width), 0
 
-    def run(x, residual, layout):
+    def run(x, residual, layout, out):
         _four_d(node, x)
         x, padding = padded(x, layout)
         key = (x.shape, x.dtype, layout)
@@ -147,20 +154,19 @@ def _conv(node, const):
                                              groups, activation=act, layout=layout, dtype=x.dtype)
             conv = prepared[key]
             if residual is None:
-                return (conv(x),)
+                return (conv(x, out=first(out)),)
             if residual.shape != conv.output_shape:    # a broadcast sum: after the conv
                 return (ACTIVATIONS[act](conv2d(x, weights, b, strides, padding, dilations,
                                                 groups, layout=layout) + residual),)
-            fits = in_place and residual.dtype == conv.dtype and residual.flags.c_contiguous
-            return (conv(x, residual, out=residual if fits else None),)
+            return (conv(x, residual, out=first(out)),)
         except (ValueError, TypeError) as err:
             raise type(err)(f"node {node.name!r} (Conv): {err}") from err
 
-    def nchw(x, _w, _b=None, residual=None):
-        return run(x, residual, "NCHW")
+    def nchw(x, _w, _b=None, residual=None, out=None):
+        return run(x, residual, "NCHW", out)
 
-    def nhwc(x, _w, _b=None, residual=None):
-        return run(x, residual, "NHWC")
+    def nhwc(x, _w, _b=None, residual=None, out=None):
+        return run(x, residual, "NHWC", out)
 
     def describe(layout, x_shape, *_):
         """(the conv path, flops) for an input of ``x_shape`` in ``layout``."""
@@ -171,7 +177,7 @@ def _conv(node, const):
         return route, plan.params.flops
     conv = in_layouts({"NCHW": nchw, "NHWC": nhwc})
     conv.describe = describe
-    return conv
+    return writes_into(conv)
 
 
 # --------------------------------------------------------------------------- BatchNormalization
@@ -205,40 +211,56 @@ def _pool_size(size, begin, end, k, s, d, ceil_mode):
     return out
 
 
+_scratch = threading.local()
+
+
+def scratch(name, shape, dtype):
+    """This thread's array ``name`` of ``shape`` and ``dtype``, reused from call to call
+    (pooling's padded copy: a steady-state network run allocates none)."""
+    arrays = _scratch.__dict__.setdefault("arrays", {})
+    key = (name, tuple(shape), np.dtype(dtype))
+    if key not in arrays:
+        arrays[key] = np.empty(shape, dtype)
+    return arrays[key]
+
+
 def _taps(a, axis, k, s, d, count, reduce, out=None):
     """``reduce`` over the ``k`` taps (dilation ``d``) of windows ``s`` apart along
-    ``axis``, ``count`` windows (into ``out`` if given): separable pooling, one axis
-    at a time."""
+    ``axis``, ``count`` windows (into ``out`` if given, else a scratch array):
+    separable pooling, one axis at a time."""
     def tap(i):
         at = [slice(None)] * a.ndim
         at[axis] = slice(i * d, i * d + s * (count - 1) + 1, s)
         return a[tuple(at)]
-    if out is None:
-        acc = tap(0).copy()
-    else:
-        acc = out
-        np.copyto(acc, tap(0))
+    acc = scratch("taps", tap(0).shape, a.dtype) if out is None else out
+    np.copyto(acc, tap(0))
     for i in range(1, k):
         reduce(acc, tap(i), out=acc)
     return acc
 
 
 def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
-           layout="NCHW"):
-    """Max or average pooling of ``x`` (4-D in ``layout``), the threads taking slices of
-    the batch or the channels; see :func:`pool_serial`."""
+           layout="NCHW", out=None):
+    """Max or average pooling of ``x`` (4-D in ``layout``) into ``out`` (new if None),
+    the threads taking slices of the batch or the channels; see :func:`pool_serial`."""
     ay, ax = SPATIAL[layout]
     axis = split_axis(x.shape, layout)
     shape = list(x.shape)
     shape[ay], shape[ax] = (_pool_size(x.shape[a], pads[i], pads[i + 2], kernel[i], strides[i],
                                        dilations[i], ceil_mode) for i, a in enumerate((ay, ax)))
-    out = np.empty(shape, x.dtype)
+    out = np.empty(shape, x.dtype) if out is None else out
 
     def part(s):
         pool_serial(along(x, layout, axis, s), kernel, strides, dilations, pads, ceil_mode, kind,
                     count_pads, layout, along(out, layout, axis, s))
     for_slices(part, x.shape[LAYOUTS[layout].index(axis)], x.size)
     return out
+
+
+def _with(shape, ay, ax, rows, cols):
+    shape = list(shape)
+    shape[ay], shape[ax] = rows, cols
+    return tuple(shape)
 
 
 def pool_serial(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
@@ -261,19 +283,23 @@ def pool_serial(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads
     shape, inside = list(x.shape), [slice(None)] * 4
     shape[ay], shape[ax] = rows, cols
     inside[ay], inside[ax] = slice(top, top + H), slice(left, left + W)
-    xp = np.full(shape, -np.inf if kind == "max" else 0, x.dtype)
+    xp = scratch("padded", shape, x.dtype)
+    xp.fill(-np.inf if kind == "max" else 0)
     xp[tuple(inside)] = x
+    if out is None:
+        out = np.empty(_with(x.shape, ay, ax, Ho, Wo), x.dtype)
     y = _taps(_taps(xp, ay, kernel[0], strides[0], dilations[0], Ho, reduce),
               ax, kernel[1], strides[1], dilations[1], Wo, reduce, out)
     if kind == "max":
         return y
-    counted = np.zeros((rows, cols))
+    counted = np.zeros((rows, cols))               # 2-D: small
     if count_pads:
         counted[:H + top + bottom, :W + left + right] = 1
     else:
         counted[top:top + H, left:left + W] = 1
     count = _taps(_taps(counted, 0, kernel[0], strides[0], dilations[0], Ho, np.add),
-                  1, kernel[1], strides[1], dilations[1], Wo, np.add).astype(x.dtype)
+                  1, kernel[1], strides[1], dilations[1], Wo, np.add, np.empty((Ho, Wo)))
+    count = count.astype(x.dtype)
     return np.divide(y, count if layout == "NCHW" else count[:, :, None], out=y)
 
 
@@ -291,12 +317,12 @@ def _pool(kind):
         def pool_in(layout):
             ay, ax = SPATIAL[layout]
 
-            def pool(x):
+            def pool(x, out=None):
                 _four_d(node, x)
                 return (pool2d(x, kernel, strides, dilations, pads(x.shape[ay], x.shape[ax]),
-                               ceil_mode, kind, count_pads, layout),)
+                               ceil_mode, kind, count_pads, layout, first(out)),)
             return pool
-        return in_layouts({layout: pool_in(layout) for layout in LAYOUTS})
+        return writes_into(in_layouts({layout: pool_in(layout) for layout in LAYOUTS}))
     return build
 
 
@@ -307,12 +333,12 @@ operator("AveragePool", _WINDOW + ("count_include_pad",))(_pool("average"))
 
 def _global(reduce):
     def build(node, const):
-        def nchw(x):
-            return (reduce(x, axis=tuple(range(2, x.ndim)), keepdims=True).astype(x.dtype),)
+        def nchw(x, out=None):
+            return (reduce(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=first(out)),)
 
-        def nhwc(x):
-            return (reduce(x, axis=SPATIAL["NHWC"], keepdims=True).astype(x.dtype),)
-        return in_layouts({"NCHW": nchw, "NHWC": nhwc})
+        def nhwc(x, out=None):
+            return (reduce(x, axis=SPATIAL["NHWC"], keepdims=True, out=first(out)),)
+        return writes_into(in_layouts({"NCHW": nchw, "NHWC": nhwc}))
     return build
 
 
@@ -321,12 +347,13 @@ operator("GlobalMaxPool")(_global(np.max))
 
 
 # --------------------------------------------------------------------------- products
-def product(a, b, alpha=1.0, bias=None, act=None):
+def product(a, b, alpha=1.0, bias=None, act=None, out=None):
     """``act(alpha * a @ b + bias)`` of 2-D float arrays on the GEMM engine (``bias``
-    a row added to every row)."""
+    a row added to every row), into ``out`` if given."""
     dtype = np.result_type(a, b, np.float32)
     a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-    out = np.empty((a.shape[0], b.shape[1]), dtype)
+    if out is None:
+        out = np.empty((a.shape[0], b.shape[1]), dtype)
     epi = _GEMM_FLAGS[act]
     if bias is not None:
         bias, epi = np.ascontiguousarray(bias, dtype).reshape(-1), epi | EPI_BIAS_COL
@@ -348,20 +375,21 @@ def _gemm(node, const):
     trans_a, trans_b = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
     act = node.epilogue.get("activation")
 
-    def gemm(a, b, c=None):
+    def gemm(a, b, c=None, out=None):
         a, b = (a.T if trans_a else a), (b.T if trans_b else b)
         if a.ndim != 2 or b.ndim != 2:
             raise ValueError(f"node {node.name!r} (Gemm): 2-D operands expected")
         _check_product(node, a, b)
         if c is None or beta == 0:
-            return (product(a, b, alpha, act=act),)
+            return (product(a, b, alpha, act=act, out=first(out)),)
         if c.size == b.shape[1] and c.ndim <= 2 and c.shape[-1] == b.shape[1]:
-            return (product(a, b, alpha, beta * c, act),)        # a row: the epilogue's bias
+            # a row: the epilogue's bias
+            return (product(a, b, alpha, beta * c, act, first(out)),)
         y = product(a, b, alpha) + beta * c
         return (ACTIVATIONS[act](y),)
     gemm.describe = lambda layout, a, b, *_: ("gemm",
                                               2 * a[1 - trans_a] * a[trans_a] * b[1 - trans_b])
-    return gemm
+    return writes_into(gemm)
 
 
 @operator("MatMul")

@@ -1,9 +1,9 @@
 """A loaded network: its optimized graph as a list of steps, run with numpy arrays.
 
 Each step is a node's run function (:mod:`tilegemm.net.registry`) with the names of
-the tensors it reads and writes.  A tensor is dropped after its last reader, so a
-run holds only the activations still needed; a conv summing a residual that no
-later step reads writes its result into the residual's own buffer.
+the tensors it reads and writes.  A tensor is dropped after its last reader, its
+buffer reused by a later step (:mod:`tilegemm.net.memory`), so a run holds only the
+activations still needed.
 """
 import threading
 import time
@@ -13,15 +13,9 @@ import numpy as np
 
 from tilegemm.net import layers, ops, planning, registry  # noqa: F401 (ops: builders)
 from tilegemm.net.graph import from_onnx, read_model, validated
-from tilegemm.net.layers import convert
+from tilegemm.net.layers import convert, converted_shape
+from tilegemm.net.memory import Buffers
 from tilegemm.net.passes import optimize
-
-#: Operators whose result is a new array (never a view of an input), so an in-place
-#: sum into it changes nothing else.
-FRESH = frozenset({"Conv", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-                   "HardSigmoid", "HardSwish", "BatchNormalization", "MaxPool", "AveragePool",
-                   "Concat", "Gemm", "MatMul"})
-
 
 @dataclass
 class Step:
@@ -58,23 +52,11 @@ class Network:
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.layout_transform = layout_transform
-        self._mark_in_place()
         self.steps = self._build()
         self._plans = {}                   # input shapes -> LayoutPlan
         self._planning = threading.Lock()
-
-    def _mark_in_place(self):
-        """A fused conv may sum into its residual's buffer when the residual is a fresh
-        array produced by a node, the conv is its last reader (the steps run in order,
-        so the others are done with it) and it is not an output."""
-        readers, producers = self.graph.consumers(), self.graph.producers()
-        for node in self.graph.nodes:
-            if node.op == "Conv" and node.epilogue.get("residual"):
-                r = node.inputs[3]
-                node.epilogue["in_place"] = (r in producers and producers[r].op in FRESH
-                                             and readers[r][-1] is node
-                                             and node.inputs.count(r) == 1
-                                             and r not in self.outputs)
+        self._shapes = {}                  # input shapes -> output shapes of each step
+        self._local = threading.local()    # this thread's Buffers per input shapes
 
     def _build(self):
         constants = self.graph.constants
@@ -102,7 +84,9 @@ class Network:
         fed = self._feeds(feeds)
         with self._planning:
             chosen = planning.plan_layouts(self, fed, layouts)
-            self._plans[_shape_key(fed)] = chosen
+            key = _shape_key(fed)
+            self._plans[key] = chosen
+            self._shapes.pop(key, None)     # the steps' output shapes follow the layouts
         return chosen
 
     def _layouts(self, fed):
@@ -118,37 +102,77 @@ class Network:
                     plan = self._plans[key] = planning.plan_layouts(self, fed)
         return plan.layouts
 
-    def execute(self, fed, layouts=None, profile=None, keep=False):
+    def execute(self, fed, layouts=None, profile=None, keep=False, memory=None):
         """Run the steps on checked inputs ``fed``, step ``i`` in ``layouts[i]`` (all
         NCHW when None), converting a tensor when a step wants it in another layout;
-        returns every value still held (all of them with ``keep``), outputs NCHW."""
+        returns every value still held (all of them with ``keep``), outputs NCHW.
+
+        ``memory`` is ``(Buffers, shapes)``: ``shapes[i]`` the (shape, dtype) of step
+        ``i``'s outputs, used to take each output's buffer from the
+        :class:`~tilegemm.net.memory.Buffers`; or ``(None, list)``: record the
+        shapes into the list."""
         values = dict(self.graph.constants)
         values.update(fed)
         where = {}                          # tensor -> layout, when not NCHW
+        buffers, shapes = memory if memory is not None else (None, None)
+        recording = buffers is None and shapes is not None
         for i, step in enumerate(self.steps):
             layout = "NCHW" if layouts is None else layouts[i]
-            args = []
-            for n in step.inputs:
-                if n and where.get(n, "NCHW") != layout and n not in self.graph.constants:
-                    values[n] = convert(values[n], where.get(n, "NCHW"), layout)
-                    where[n] = layout
-                args.append(values[n] if n else None)
+            args = [self._operand(values, where, n, layout, buffers) for n in step.inputs]
             run = step.run if layout == "NCHW" else step.run.layouts[layout]
+            out = None
+            if buffers is not None and not recording and getattr(run, "writes_into", False) \
+                    and not any(n in self.outputs for n in step.outputs):
+                out = [buffers.take(*spec) for spec in shapes[i]]
             t0 = time.perf_counter() if profile is not None else 0.0
-            results = run(*args)
+            results = run(*args) if out is None else run(*args, out=out)
             if profile is not None:
                 profile.append((step.node, time.perf_counter() - t0,
                                 [None if a is None else np.shape(a) for a in args], layout))
-            for name, value in zip(step.outputs, results):
-                if name:
-                    values[name] = value
-                    where[name] = layout
+            if recording:
+                shapes.append([(np.shape(r), np.asarray(r).dtype) for r in results])
+            self._store(values, where, step, results, layout)
             if not keep:
-                for name in step.frees:
-                    del values[name]
+                self._free(values, step.frees, buffers, out, results)
         for name in self.outputs:
             values[name] = convert(values[name], where.get(name, "NCHW"), "NCHW")
         return values
+
+    def _operand(self, values, where, name, layout, buffers):
+        """Input ``name`` of a step running in ``layout``, converted (and kept so) when
+        it is in another layout."""
+        if not name:
+            return None
+        src = where.get(name, "NCHW")
+        if src != layout and name not in self.graph.constants:
+            x = values[name]
+            out = None if buffers is None else buffers.take(
+                converted_shape(x.shape, src, layout), x.dtype)
+            values[name] = convert(x, src, layout, out)
+            where[name] = layout
+            if buffers is not None:
+                buffers.give(x, self._live(values))
+        return values[name]
+
+    def _store(self, values, where, step, results, layout):
+        for name, value in zip(step.outputs, results):
+            if name:
+                values[name] = value
+                where[name] = layout
+
+    def _live(self, values):
+        return [v for k, v in values.items() if k not in self.graph.constants]
+
+    def _free(self, values, frees, buffers, out, results):
+        """Drop the tensors no later step reads, their buffers back to the pool (and a
+        buffer the step was given but did not write its result into)."""
+        dead = [values.pop(name) for name in frees]
+        if buffers is None:
+            return
+        live = self._live(values)
+        for a in dead + [b for b, r in zip(out or (), results) if b is not r]:
+            if isinstance(a, np.ndarray):
+                buffers.give(a, live)
 
     def _feeds(self, feeds):
         if not isinstance(feeds, dict):
@@ -192,11 +216,29 @@ class Network:
             A missing or unknown input, or one of the wrong rank or fixed dimensions.
         """
         fed = self._feeds(feeds)
-        values = self.execute(fed, self._layouts(fed), profile)
-        # An output that is a constant, or a view of an input, is copied: callers own it.
+        key = _shape_key(fed)
+        memory = self._memory(key)
+        values = self.execute(fed, self._layouts(fed), profile, memory=memory)
+        buffers = memory[0]
+        if buffers is None:
+            self._shapes.setdefault(key, memory[1])          # recorded: later runs reuse
+        # An output that is a constant, or a view of an input or of a reused buffer, is
+        # copied: callers own it.
         return {name: np.array(values[name], copy=name in self.graph.constants or any(
-                    np.may_share_memory(values[name], x) for x in fed.values()))
+                    np.may_share_memory(values[name], x) for x in fed.values())
+                    or (buffers is not None and buffers.holds(values[name])))
                 for name in self.outputs}
+
+    def _memory(self, key):
+        """:meth:`execute`'s ``memory`` for inputs of ``key``: this thread's buffers and
+        the recorded shapes, or a list to record them into (kept once complete)."""
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            return None, []
+        mine = self._local.__dict__.setdefault("buffers", {})
+        if key not in mine or mine[key][0] is not shapes:      # a new plan: new buffers
+            mine[key] = (shapes, Buffers())
+        return mine[key][1], shapes
 
     def describe(self, node, shapes, layout="NCHW"):
         """``(algorithm, flops)`` of ``node`` run in ``layout`` on inputs of ``shapes``

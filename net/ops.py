@@ -18,14 +18,31 @@ def elementwise(fn):
     return fn
 
 
+def writes_into(fn):
+    """Mark ``fn`` as taking ``out=[array per output]`` to write its results into
+    (buffers the network reuses); every layout's function must take it too."""
+    for f in {id(f): f for f in getattr(fn, "layouts", {}).values()}.values():
+        f.writes_into = True
+    fn.writes_into = True
+    return fn
+
+
+def first(out):
+    """The first array of ``out`` (a list of output buffers), or None."""
+    return None if out is None else out[0]
+
+
 # --------------------------------------------------------------------------- activations
-def relu(x):
-    return np.maximum(x, 0, dtype=x.dtype)        # NaN stays NaN
+def relu(x, out=None):
+    return np.maximum(x, x.dtype.type(0), out=out)        # NaN stays NaN
 
 
-def clip(x, lo, hi):
-    y = x.copy() if lo is None else np.maximum(x, lo.astype(x.dtype))
-    return y if hi is None else np.minimum(y, hi.astype(x.dtype))
+def clip(x, lo, hi, out=None):
+    """``x`` clipped to [lo, hi] (either may be None); NaN stays NaN."""
+    if lo is None and hi is None:
+        return x.copy() if out is None else np.copyto(out, x) or out
+    y = x if lo is None else np.maximum(x, lo.astype(x.dtype), out=out)
+    return y if hi is None else np.minimum(y, hi.astype(x.dtype), out=out)
 
 
 def sigmoid(x):
@@ -42,12 +59,13 @@ def hard_swish(x):
 
 @operator("Relu")
 def _relu(node, const):
-    return elementwise(lambda x: (relu(x),))
+    return writes_into(elementwise(lambda x, out=None: (relu(x, first(out)),)))
 
 
 @operator("Clip")
 def _clip(node, const):
-    return elementwise(lambda x, lo=None, hi=None: (clip(x, lo, hi),))
+    return writes_into(elementwise(lambda x, lo=None, hi=None, out=None:
+                                   (clip(x, lo, hi, first(out)),)))
 
 
 @operator("LeakyRelu", ("alpha",))
@@ -86,7 +104,8 @@ def _softmax(node, const):
 for _name, _ufunc in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
                       ("Div", np.divide)):
     def _binary(node, const, ufunc=_ufunc):
-        return elementwise(lambda a, b: (ufunc(a, b),))    # numpy broadcasting is ONNX's
+        # numpy broadcasting is ONNX's
+        return writes_into(elementwise(lambda a, b, out=None: (ufunc(a, b, out=first(out)),)))
     operator(_name)(_binary)
 
 
@@ -148,10 +167,13 @@ def _squeeze(node, const):
 @operator("Concat", ("axis",))
 def _concat(node, const):
     axis = node.attrs["axis"]
-    concat = (lambda *xs: (np.concatenate(xs, axis=axis),))
+
+    def along(a):
+        return lambda *xs, out=None: (np.concatenate(xs, axis=a, out=first(out)),)
+    concat = along(axis)
     if axis == 1:              # channels: the last axis of NHWC
-        concat.layouts = {"NCHW": concat, "NHWC": lambda *xs: (np.concatenate(xs, axis=3),)}
-    return concat
+        concat.layouts = {"NCHW": concat, "NHWC": along(3)}
+    return writes_into(concat)
 
 
 @operator("Flatten", ("axis",))
