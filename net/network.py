@@ -105,14 +105,14 @@ class Network:
     def execute(self, fed, layouts=None, profile=None, keep=False, memory=None):
         """Run the steps on checked inputs ``fed``, step ``i`` in ``layouts[i]`` (all
         NCHW when None), converting a tensor when a step wants it in another layout;
-        returns every value still held (all of them with ``keep``), outputs NCHW.
+        returns every activation still held (all of them with ``keep``; constants are
+        in ``graph.constants``), outputs NCHW.
 
         ``memory`` is ``(Buffers, shapes)``: ``shapes[i]`` the (shape, dtype) of step
         ``i``'s outputs, used to take each output's buffer from the
         :class:`~tilegemm.net.memory.Buffers`; or ``(None, list)``: record the
         shapes into the list."""
-        values = dict(self.graph.constants)
-        values.update(fed)
+        values = dict(fed)                  # activations only: constants stay apart
         where = {}                          # tensor -> layout, when not NCHW
         buffers, shapes = memory if memory is not None else (None, None)
         recording = buffers is None and shapes is not None
@@ -135,7 +135,8 @@ class Network:
             if not keep:
                 self._free(values, step.frees, buffers, out, results)
         for name in self.outputs:
-            values[name] = convert(values[name], where.get(name, "NCHW"), "NCHW")
+            if name in values:
+                values[name] = convert(values[name], where.get(name, "NCHW"), "NCHW")
         return values
 
     def _operand(self, values, where, name, layout, buffers):
@@ -143,15 +144,17 @@ class Network:
         it is in another layout."""
         if not name:
             return None
+        if name not in values:
+            return self.graph.constants[name]
         src = where.get(name, "NCHW")
-        if src != layout and name not in self.graph.constants:
+        if src != layout:
             x = values[name]
             out = None if buffers is None else buffers.take(
                 converted_shape(x.shape, src, layout), x.dtype)
             values[name] = convert(x, src, layout, out)
             where[name] = layout
             if buffers is not None:
-                buffers.give(x, self._live(values))
+                buffers.give(x, values.values())
         return values[name]
 
     def _store(self, values, where, step, results, layout):
@@ -160,16 +163,13 @@ class Network:
                 values[name] = value
                 where[name] = layout
 
-    def _live(self, values):
-        return [v for k, v in values.items() if k not in self.graph.constants]
-
     def _free(self, values, frees, buffers, out, results):
         """Drop the tensors no later step reads, their buffers back to the pool (and a
         buffer the step was given but did not write its result into)."""
         dead = [values.pop(name) for name in frees]
         if buffers is None:
             return
-        live = self._live(values)
+        live = list(values.values())
         for a in dead + [b for b, r in zip(out or (), results) if b is not r]:
             if isinstance(a, np.ndarray):
                 buffers.give(a, live)
@@ -224,9 +224,10 @@ class Network:
             self._shapes.setdefault(key, memory[1])          # recorded: later runs reuse
         # An output that is a constant, or a view of an input or of a reused buffer, is
         # copied: callers own it.
-        return {name: np.array(values[name], copy=name in self.graph.constants or any(
+        return {name: np.array(values[name], copy=any(
                     np.may_share_memory(values[name], x) for x in fed.values())
                     or (buffers is not None and buffers.holds(values[name])))
+                if name in values else self.graph.constants[name].copy()
                 for name in self.outputs}
 
     def _memory(self, key):

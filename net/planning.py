@@ -137,7 +137,8 @@ def _time_convert(x, src, dst):
 def layout_problem(network, fed, cache):
     """The :class:`~tilegemm.net.layout.Problem` of ``network`` on inputs ``fed``."""
     constants = network.graph.constants
-    values = network.execute(fed, keep=True)
+    values = dict(constants)
+    values.update(network.execute(fed, keep=True))
     ops, op_cost, convert_cost = [], {}, {}
     for i, step in enumerate(network.steps):
         args = [values[n] if n else None for n in step.inputs]
@@ -171,7 +172,8 @@ def _given(network, fed, layouts):
     unknown = sorted(set(layouts) - names)
     if unknown:
         raise ValueError(f"Network.plan: no steps named {unknown}")
-    values = network.execute(fed, keep=True)
+    values = dict(network.graph.constants)
+    values.update(network.execute(fed, keep=True))
     chosen = []
     for step in network.steps:
         layout = layouts.get(step.node.name, "NCHW")
