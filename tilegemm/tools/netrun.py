@@ -13,6 +13,7 @@ from onnxruntime's beyond 1e-4 relative, 2 for bad options or models.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -55,6 +56,9 @@ def load(name):
     if name in MODELS:
         proto = MODELS[name][0]()
         return proto, proto.SerializeToString()
+    if not os.path.isfile(name):
+        raise FileNotFoundError(f"no such model file: {name!r} (built-in models: "
+                                f"{', '.join(sorted(MODELS))})")
     with open(name, "rb") as f:
         data = f.read()
     return onnx.load_model_from_string(data), data

@@ -38,7 +38,7 @@ def torch_peer(graph, threads):
     except ImportError:
         raise Unavailable("torch is not installed") from None
     torch.set_num_threads(threads)
-    constants = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in graph.constants.items()}
+    constants = {k: torch.from_numpy(np.array(v)) for k, v in graph.constants.items()}  # writable
     acts = {None: lambda y: y, "relu": torch.relu, "relu6": lambda y: torch.clamp(y, 0, 6)}
     unknown = sorted({n.op for n in graph.nodes} - set(_TORCH_OPS))
     if unknown:
