@@ -32,12 +32,19 @@ REPEATS = 3
 class LayoutPlan:
     """The layout of each step (in step order), and the DP's figures: ``seconds``
     (its predicted time), ``nchw_seconds`` (all steps NCHW, the traditional plan),
+    ``nhwc_seconds`` (every step that can NHWC, the other single-layout plan),
     ``problem`` (the cost tables; None for a plan given by hand)."""
 
     layouts: list
     seconds: float = 0.0
     nchw_seconds: float = 0.0
+    nhwc_seconds: float = 0.0
     problem: object = None
+
+    def single(self, layout):
+        """``{step name: layout}`` running every step that can in ``layout`` (the rest
+        NCHW): the single-layout plan to hand to :meth:`Network.plan`."""
+        return {op.name: layout if layout in op.layouts else "NCHW" for op in self.problem.ops}
 
 
 def _code_key():
@@ -197,4 +204,5 @@ def plan_layouts(network, fed, layouts=None):
     cache.save()
     seconds, chosen = solve(problem)
     nchw = plan_cost(problem, ["NCHW"] * len(problem.ops))
-    return LayoutPlan(chosen, seconds, nchw, problem)
+    nhwc = plan_cost(problem, ["NHWC" if "NHWC" in op.layouts else "NCHW" for op in problem.ops])
+    return LayoutPlan(chosen, seconds, nchw, nhwc, problem)

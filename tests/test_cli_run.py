@@ -30,7 +30,7 @@ def test_run_prints_latency_plan_profile_and_dumps_the_plan(tmp_path, capsys):
     assert status == 0, out
     assert "input (2, 3, 32, 32) float32, 1 thread(s)" in out
     assert re.search(r"tilegemm +best +[\d.]+ ms", out)
-    assert re.search(r"tilegemm NCHW +best", out)
+    assert re.search(r"tilegemm NCHW +best", out) and re.search(r"tilegemm NHWC +best", out)
     assert "layout plan: steps per layout" in out
     rows = json.loads(plan.read_text())
     assert {r["op"] for r in rows} >= {"Conv", "MaxPool", "Gemm"}

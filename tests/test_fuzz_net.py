@@ -107,7 +107,7 @@ def test_networks_match_the_reference(net, plan, seed):
     network = tilegemm.load_onnx(model, layout_transform=plan != "nchw")
     if plan == "nhwc":
         every = network.plan({"x": x})
-        network.plan({"x": x}, {op.name: op.layouts[-1] for op in every.problem.ops})
+        network.plan({"x": x}, every.single("NHWC"))
     before = x.copy()
     got = network(x)
     np.testing.assert_array_equal(x, before)

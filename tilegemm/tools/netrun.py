@@ -44,7 +44,8 @@ def build_parser():
     p.add_argument("--no-layout-transform", action="store_true",
                    help="run every step NCHW (no layout plan)")
     p.add_argument("--both-plans", action="store_true",
-                   help="also time the all-NCHW plan beside the layout DP's, in the same rounds")
+                   help="also time the single-layout plans (all NCHW; NHWC wherever a step "
+                        "can) beside the layout DP's, in the same rounds")
     return p
 
 
@@ -169,7 +170,8 @@ def run(args):
     if net.layout_transform:
         counts = {layout: plan.layouts.count(layout) for layout in sorted(set(plan.layouts))}
         print(f"layout plan: steps per layout {counts}; predicted {plan.seconds * 1e3:.2f} ms, "
-              f"all NCHW {plan.nchw_seconds * 1e3:.2f} ms (sums of the steps' timed costs)")
+              f"all NCHW {plan.nchw_seconds * 1e3:.2f} ms, NHWC where possible "
+              f"{plan.nhwc_seconds * 1e3:.2f} ms (sums of the steps' timed costs)")
     peers, notes = _peers(args, data, net, threads)
     status = 0
     for peer in peers:
@@ -179,9 +181,11 @@ def run(args):
         status = 1 if peer.name == "onnxruntime" and not diff <= TOLERANCE else status
     parties = [("tilegemm", net)]
     if args.both_plans and net.layout_transform:
-        nchw = tilegemm.load_onnx(proto, layout_transform=False)
-        nchw(x)
-        parties.append(("tilegemm NCHW", nchw))
+        for layout in ("NCHW", "NHWC"):
+            single = tilegemm.load_onnx(proto)
+            single.plan({net.inputs[0].name: x}, plan.single(layout))
+            single(x)
+            parties.append((f"tilegemm {layout}", single))
     times = _time(parties + [(p.name, p) for p in peers], x, args.repeats)
     best_ours = min(times["tilegemm"])
     for name, ts in times.items():
