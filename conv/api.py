@@ -178,10 +178,22 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         _check_forced(_path, p, dtype)
     if out.size == 0:
         return out
-    if r is not None:
-        return _with_residual(out, r, act, lambda dst: _conv(x, w, b, dst, p, 0, algorithm,
-                                                             winograd_tile, _path))
-    return _conv(x, w, b, out, p, act, algorithm, winograd_tile, _path)
+    return _compute((x, w, b, r), out, p, act, _route(p, out.dtype, algorithm, winograd_tile,
+                                                      _path) if p.Cg else None)
+
+
+def _compute(operands, out, p, act, route):
+    """The convolution of checked contiguous ``operands`` (x, w, b, residual) into
+    ``out`` on ``route`` ((path, Winograd tile); None: no input channels)."""
+    x, w, b, r = operands
+    if route is None:
+        return _trivial(x, b, out, p, act) if r is None else _with_residual(
+            out, r, act, lambda dst: _trivial(x, b, dst, p, 0))
+    path, tile = route
+    if r is None:
+        return paths.run(path, x, w, b, out, p, act, tile)
+    return _summed(out, r, act, paths.accumulates(path, p), lambda dst, act, add: paths.run(
+        path, x, w, b, dst, p, act, tile, accumulate=add))
 
 
 class PreparedConv:
@@ -239,15 +251,23 @@ class PreparedConv:
         x = np.ascontiguousarray(x, dtype=self.dtype)
         if out.size == 0:
             return out
-        if r is not None:
-            return _with_residual(out, r, self._act, lambda dst: self._run(x, dst, 0))
-        return self._run(x, out, self._act)
+        if r is None:
+            return self._run(x, out, self._act, False)
+        return _summed(out, r, self._act, self.accumulates,
+                       lambda dst, act, add: self._run(x, dst, act, add))
 
-    def _run(self, x, out, act):
+    @property
+    def accumulates(self):
+        """Whether a residual is summed in the path's epilogue: then ``out`` may be the
+        residual at no cost (otherwise the sum is a pass after the convolution, and an
+        ``out`` that is the residual needs a scratch copy)."""
+        return self._path is not None and paths.accumulates(self._path[0], self.params)
+
+    def _run(self, x, out, act, accumulate):
         if self._path is None:
             return _trivial(x, self._b, out, self.params, act)
         path, tile = self._path
-        return paths.run(path, x, self._w, self._b, out, self.params, act, tile)
+        return paths.run(path, x, self._w, self._b, out, self.params, act, tile, accumulate)
 
 
 def _on_tensors(operands, geometry, options):
@@ -259,12 +279,15 @@ def _on_tensors(operands, geometry, options):
     return operands[4] if operands[4] is not None else to_tensor(result)
 
 
-def _conv(x, w, b, out, p, act, algorithm, tile, path):
-    """The convolution into ``out`` on the planned (or forced) path."""
-    if p.Cg == 0:
-        return _trivial(x, b, out, p, act)
-    path, tile = _route(p, out.dtype, algorithm, tile, path)
-    return paths.run(path, x, w, b, out, p, act, tile)
+def _summed(out, residual, act, accumulates, run):
+    """``act(conv + residual)`` into ``out``: in the path's epilogue when it
+    ``accumulates`` (``out`` first holds the residual: nothing to copy when it is the
+    residual), else a pass after it.  ``run(dst, act, accumulate)`` runs the path."""
+    if accumulates and (out is residual or not np.shares_memory(out, residual)):
+        if out is not residual:
+            np.copyto(out, residual)
+        return run(out, act, True)
+    return _with_residual(out, residual, act, lambda dst: run(dst, 0, False))
 
 
 def _with_residual(out, residual, act, conv_into):

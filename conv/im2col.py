@@ -85,12 +85,13 @@ def reads_in_place(p):
             and (p.Kg <= STREAM_ROWS or p.Ho * p.Wo <= IN_PLACE_PIXELS))
 
 
-def pointwise(x, w, bias, out, p, act):
+def pointwise(x, w, bias, out, p, act, accumulate=False):
     """1x1 stride-1 convolution: the image is the GEMM operand, read in place.
 
     NCHW: per image and group the weights (Kg x Cg) are A and the image's channel
     planes B, on the GEMM's unpacked kernels (:func:`_pointwise_nchw`); NHWC is one
-    GEMM per group over the whole batch.
+    GEMM per group over the whole batch, which with ``accumulate`` (NHWC only) adds
+    to ``out``'s values (beta = 1, a residual summed in the epilogue).
     """
     if p.layout == "NCHW":
         return _pointwise_nchw(x, w, bias, out, p, act)
@@ -109,7 +110,7 @@ def pointwise(x, w, bias, out, p, act):
         c = slice(g * p.Cg, (g + 1) * p.Cg)
         k = slice(g * p.Kg, (g + 1) * p.Kg)
         gemm_into(x.reshape(-1, p.C)[:, c], weights[g], out.reshape(-1, p.K)[:, k],
-                  bias=biases[g], epi=epi)
+                  beta=1.0 if accumulate else 0.0, bias=biases[g], epi=epi)
     return out
 
 

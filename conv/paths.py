@@ -73,13 +73,22 @@ _IM2COL_RUNS = {"pointwise": im2col.pointwise, PACKED: im2col.run, ROWS: rows.ru
                 TAPS: taps.run, PLANES: planes.run}
 
 
-def run(path, x, w, bias, out, p, act, tile=2):
+def accumulates(path, p):
+    """Whether ``path`` can add its result to what ``out`` holds, in the epilogue (before
+    the bias and activation): NHWC 1x1 layers, one GEMM with beta = 1."""
+    return path == "im2col.pointwise" and p.layout == "NHWC"
+
+
+def run(path, x, w, bias, out, p, act, tile=2, accumulate=False):
     """Run ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) into ``out``.
 
     ``x`` is C-contiguous in ``p.layout``, ``w`` (K, C/groups, kh, kw) contiguous,
     ``out`` C-contiguous, ``act`` the activation's epilogue flags, ``tile`` the
-    output tile size m of a Winograd path (F(m x m, 3x3))."""
+    output tile size m of a Winograd path (F(m x m, 3x3)); ``accumulate`` (where
+    :func:`accumulates`) adds the result to ``out``'s values before the activation."""
     algorithm, _, loop = path.partition(".")
+    if accumulate:
+        return im2col.pointwise(x, w, bias, out, p, act, accumulate=True)
     if algorithm == "im2col":
         return _IM2COL_RUNS[loop](x, w, bias, out, p, act)
     if algorithm == "winograd":

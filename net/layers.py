@@ -144,7 +144,7 @@ def _conv(node, const):
         width[ay], width[ax] = (top, bottom), (left, right)
         return np.pad(x, width), 0
 
-    def run(x, residual, layout, out):
+    def run(x, residual, layout, out, residual_free=False):
         _four_d(node, x)
         x, padding = padded(x, layout)
         key = (x.shape, x.dtype, layout)
@@ -158,15 +158,18 @@ def _conv(node, const):
             if residual.shape != conv.output_shape:    # a broadcast sum: after the conv
                 return (ACTIVATIONS[act](conv2d(x, weights, b, strides, padding, dilations,
                                                 groups, layout=layout) + residual),)
+            if (residual_free and conv.accumulates and residual.dtype == conv.dtype
+                    and residual.flags.c_contiguous and residual.flags.writeable):
+                out = [residual]      # summed in the epilogue, in the residual's buffer
             return (conv(x, residual, out=first(out)),)
         except (ValueError, TypeError) as err:
             raise type(err)(f"node {node.name!r} (Conv): {err}") from err
 
-    def nchw(x, _w, _b=None, residual=None, out=None):
-        return run(x, residual, "NCHW", out)
+    def nchw(x, _w, _b=None, residual=None, out=None, residual_free=False):
+        return run(x, residual, "NCHW", out, residual_free)
 
-    def nhwc(x, _w, _b=None, residual=None, out=None):
-        return run(x, residual, "NHWC", out)
+    def nhwc(x, _w, _b=None, residual=None, out=None, residual_free=False):
+        return run(x, residual, "NHWC", out, residual_free)
 
     def describe(layout, x_shape, *_):
         """(the conv path, flops) for an input of ``x_shape`` in ``layout``."""
@@ -177,6 +180,10 @@ def _conv(node, const):
         return route, plan.params.flops
     conv = in_layouts({"NCHW": nchw, "NHWC": nhwc})
     conv.describe = describe
+    if node.epilogue.get("residual"):
+        # residual_free=True: no one reads the residual later, its buffer may take the
+        # result (used where the path sums in its epilogue, PreparedConv.accumulates).
+        nchw.sums_in_place = nhwc.sums_in_place = True
     return writes_into(conv)
 
 

@@ -124,8 +124,11 @@ class Network:
             if buffers is not None and not recording and getattr(run, "writes_into", False) \
                     and not any(n in self.outputs for n in step.outputs):
                 out = [buffers.take(*spec) for spec in shapes[i]]
+            extra = {} if out is None else {"out": out}
+            if getattr(run, "sums_in_place", False) and self._owned(step, values, buffers):
+                extra["residual_free"] = True
             t0 = time.perf_counter() if profile is not None else 0.0
-            results = run(*args) if out is None else run(*args, out=out)
+            results = run(*args, **extra)
             if profile is not None:
                 profile.append((step.node, time.perf_counter() - t0,
                                 [None if a is None else np.shape(a) for a in args], layout))
@@ -156,6 +159,16 @@ class Network:
             if buffers is not None:
                 buffers.give(x, values.values())
         return values[name]
+
+    def _owned(self, step, values, buffers):
+        """Whether a residual conv may write into its residual's buffer: a reused buffer
+        (never an input's or the caller's), read by no later step, no live view of it."""
+        name = step.inputs[3]
+        if buffers is None or name not in step.frees:
+            return False
+        r = values[name]
+        return (buffers.owned.get(id(r)) is r
+                and sum(np.may_share_memory(v, r) for v in values.values()) == 1)
 
     def _store(self, values, where, step, results, layout):
         for name, value in zip(step.outputs, results):

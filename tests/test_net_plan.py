@@ -103,3 +103,28 @@ def test_steady_state_runs_reuse_their_activation_buffers():
     for _ in range(2):
         np.testing.assert_allclose(net(x), expected, rtol=1e-4, atol=1e-5)
     assert net(x) is not net(x)                    # outputs are the caller's own
+
+
+def test_a_pointwise_residual_sums_in_its_epilogue_into_the_skip_buffer():
+    """MobileNetV2's projection (1x1, NHWC: one GEMM with beta = 1) takes the skip
+    tensor's reused buffer for its result from the second run on; the values hold."""
+    build, shape = MODELS["mobilenet"]
+    model = build()
+    net = tilegemm.load_onnx(model)
+    x = _input(shape)
+    feeds = {"x": x}
+    plan = net.plan(feeds, net.plan(feeds).single("NHWC"))
+    fused = [s for s, layout in zip(net.steps, plan.layouts)
+             if s.node.epilogue.get("residual") and layout == "NHWC"]
+    assert fused
+    expected = run_reference(model, feeds)[model.graph.output[0].name]
+    for _ in range(3):
+        _close(net(x), expected)
+    conv = tilegemm.conv.PreparedConv((2, 7, 7, 24), np.ones((8, 24, 1, 1), np.float32),
+                                      layout="NHWC")
+    assert conv.accumulates
+    skip = _input((2, 7, 7, 8), seed=3)
+    x2 = _input((2, 7, 7, 24), seed=4)
+    want = conv(x2) + skip
+    assert conv(x2, skip, out=skip) is skip
+    np.testing.assert_allclose(skip, want, rtol=1e-5, atol=1e-5)
