@@ -58,7 +58,7 @@ def _code_key():
     code = digest([p for folder in ("conv", "kernels", "net")
                    for p in python_files(os.path.join(here, folder))])
     return (f"{m.brand} | {m.isa} | L1d {m.l1d_bytes} | L2 {m.l2_bytes} | "
-            f"tilegemm {version} {code} | {get_num_threads()} thread(s)")
+            f"{get_num_threads()} thread(s) | tilegemm {version} {code}")
 
 
 def costs_path():
@@ -84,8 +84,12 @@ class CostCache:
         return self.table[signature]
 
     def save(self):
+        """Write the new times; tables of this machine from older code are dropped."""
         if self.changed:
             self.stored = load_json(self.path)      # another process may have added some
+            machine = self.key.rsplit(" | tilegemm ", 1)[0]
+            self.stored = {k: v for k, v in self.stored.items()
+                           if k == self.key or k.rsplit(" | tilegemm ", 1)[0] != machine}
             self.stored.setdefault(self.key, {}).update(self.table)
             save_json(self.path, self.stored)
 
