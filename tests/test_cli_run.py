@@ -73,3 +73,15 @@ def test_run_asks_for_the_shape_of_symbolic_dimensions(tmp_path, capsys):
     assert main(["run", str(path), "--no-compare", "--input-shape", "1,3,5,5",
                  "--repeats", "1"]) == 0
     assert "input (1, 3, 5, 5) float32" in capsys.readouterr().out
+
+
+def test_run_scaling_times_one_thread_beside_all(tmp_path, capsys):
+    from tilegemm.ground.threads import max_threads
+    if max_threads() < 2:
+        pytest.skip("one core")
+    status = main(["run", _saved(tmp_path), "--repeats", "2", "--threads", "2", "--scaling",
+                   "--no-compare"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert re.search(r"tilegemm 1 thread +best", out)
+    assert re.search(r"2 threads give [\d.]+x the one-thread throughput", out)

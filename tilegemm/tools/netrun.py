@@ -3,7 +3,7 @@
     python -m tilegemm run MODEL.onnx | resnet18 | mobilenet_v2 | vgg11
         [--batch N] [--threads T] [--input-shape 1,3,224,224] [--repeats R]
         [--profile] [--dump plan.json] [--no-compare] [--save MODEL.onnx]
-        [--no-layout-transform] [--both-plans]
+        [--no-layout-transform] [--both-plans] [--scaling]
 
 A built-in name builds that model with random weights (:mod:`tilegemm.tools.zoo`).
 Latency is the best and the median of ``--repeats`` runs, alternating with each peer
@@ -46,6 +46,9 @@ def build_parser():
     p.add_argument("--both-plans", action="store_true",
                    help="also time the single-layout plans (all NCHW; NHWC wherever a step "
                         "can) beside the layout DP's, in the same rounds")
+    p.add_argument("--scaling", action="store_true",
+                   help="also time tilegemm on one thread (its own plan) in the same rounds, "
+                        "and print the throughput ratio")
     return p
 
 
@@ -92,6 +95,19 @@ def _peers(args, data, net, threads):
         except Unavailable as why:
             notes.append(str(why))
     return peers, notes
+
+
+def _one_thread(proto, net, x):
+    """tilegemm limited to one thread, with the plan it makes on one thread."""
+    import tilegemm
+    with tilegemm.thread_limit(1):
+        one = tilegemm.load_onnx(proto, layout_transform=net.layout_transform)
+        one(x)
+
+    def run(x):
+        with tilegemm.thread_limit(1):
+            return one(x)
+    return run
 
 
 def _time(parties, x, repeats):
@@ -186,12 +202,18 @@ def run(args):
             single.plan({net.inputs[0].name: x}, plan.single(layout))
             single(x)
             parties.append((f"tilegemm {layout}", single))
+    if args.scaling and threads > 1:
+        parties.append(("tilegemm 1 thread", _one_thread(proto, net, x)))
     times = _time(parties + [(p.name, p) for p in peers], x, args.repeats)
     best_ours = min(times["tilegemm"])
     for name, ts in times.items():
         ratio = "" if name == "tilegemm" else f"  {min(ts) / best_ours:.2f}x tilegemm's time"
         print(f"{name:<14} best {min(ts) * 1e3:9.2f} ms  median {statistics.median(ts) * 1e3:9.2f}"
               f" ms{ratio}")
+    if "tilegemm 1 thread" in times:
+        print(f"{threads} threads give {min(times['tilegemm 1 thread']) / best_ours:.2f}x the "
+              f"one-thread throughput (best times; medians "
+              f"{statistics.median(times['tilegemm 1 thread']) / statistics.median(times['tilegemm']):.2f}x)")
     for note in notes:
         print(f"(not compared: {note})")
     if args.profile or args.dump:
