@@ -123,9 +123,10 @@ class Network:
             out = None
             if buffers is not None and not recording and getattr(run, "writes_into", False) \
                     and not any(n in self.outputs for n in step.outputs):
-                out = [buffers.take(*spec) for spec in shapes[i]]
+                out = self._in_place(step, run, values, buffers, shapes[i]) or [
+                    buffers.take(*spec) for spec in shapes[i]]
             extra = {} if out is None else {"out": out}
-            if getattr(run, "sums_in_place", False) and self._owned(step, values, buffers):
+            if getattr(run, "sums_in_place", False) and self._owned(step, 3, values, buffers):
                 extra["residual_free"] = True
             t0 = time.perf_counter() if profile is not None else 0.0
             results = run(*args, **extra)
@@ -160,11 +161,21 @@ class Network:
                 buffers.give(x, values.values())
         return values[name]
 
-    def _owned(self, step, values, buffers):
-        """Whether a residual conv may write into its residual's buffer: a reused buffer
-        (never an input's or the caller's), read by no later step, no live view of it."""
-        name = step.inputs[3]
-        if buffers is None or name not in step.frees:
+    def _in_place(self, step, run, values, buffers, spec):
+        """``[input 0's buffer]`` when an elementwise step may write over its input (the
+        same shape and dtype, :meth:`_owned`), else None."""
+        if not getattr(run, "elementwise", False) or len(spec) != 1 \
+                or not self._owned(step, 0, values, buffers):
+            return None
+        x = values[step.inputs[0]]
+        return [x] if (x.shape, x.dtype) == spec[0] and x.flags.c_contiguous else None
+
+    def _owned(self, step, index, values, buffers):
+        """Whether a step may write into the buffer of its input ``index``: a reused
+        buffer (never an input's or the caller's), read by no later step, no live view
+        of it."""
+        name = step.inputs[index] if index < len(step.inputs) else ""
+        if buffers is None or not name or name not in step.frees:
             return False
         r = values[name]
         return (buffers.owned.get(id(r)) is r
