@@ -205,7 +205,8 @@ class PreparedConv:
     ----------
     input_shape : tuple of int
         ``(N, C, H, W)`` (``(N, H, W, C)`` with ``layout="NHWC"``).
-    weight, bias, stride, padding, dilation, groups, activation, algorithm, layout
+    weight, bias, stride, padding, dilation, groups, activation, algorithm, layout,
+    winograd_tile
         As for :func:`conv2d`.
     dtype : float32 or float64
         The input's dtype.
@@ -217,7 +218,7 @@ class PreparedConv:
 
     def __init__(self, input_shape, weight, bias=None, stride=1, padding=0, dilation=1,
                  groups=1, *, activation=None, algorithm="auto", layout="NCHW",
-                 dtype=np.float32):
+                 dtype=np.float32, winograd_tile=None):
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"PreparedConv: dtype must be float32 or float64, got {dtype}")
@@ -231,7 +232,8 @@ class PreparedConv:
         self._w, self._b = (None if a is None else np.ascontiguousarray(a, dtype=self.dtype)
                             for a in (w, b))
         self._act = _ACT_FLAGS[activation]
-        self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, None, None)
+        _check_tile(winograd_tile, p, algorithm)
+        self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, winograd_tile, None)
 
     @property
     def output_shape(self):
@@ -255,6 +257,15 @@ class PreparedConv:
             return self._run(x, out, self._act, False)
         return _summed(out, r, self._act, self.accumulates,
                        lambda dst, act, add: self._run(x, dst, act, add))
+
+    @property
+    def path(self):
+        """The path that runs the layer (:data:`tilegemm.conv.paths.PATHS`), with the
+        Winograd tile size, e.g. ``"winograd.nhwc F(4)"``; ``""`` without input channels."""
+        if self._path is None:
+            return ""
+        path, tile = self._path
+        return f"{path} F({tile})" if path.startswith("winograd") else path
 
     @property
     def accumulates(self):

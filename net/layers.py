@@ -127,64 +127,108 @@ def _conv(node, const):
     if tuple(node.attrs.get("kernel_shape", kernel)) != kernel:
         raise ValueError(f"node {node.name!r} (Conv): kernel_shape "
                          f"{node.attrs['kernel_shape']} differs from the weights' {kernel}")
-    strides, dilations, pads = window(node, kernel)
-    groups = int(node.attrs.get("group", 1))
-    weights = ConvWeights(w)
-    act = node.epilogue.get("activation")
-    prepared = {}          # (shape, dtype, layout) -> PreparedConv: a new shape plans once
+    return ConvStep(node, w, b, kernel).function()
 
-    def padded(x, layout="NCHW"):
+
+#: Algorithms the layout plan times for a conv: those whose estimate is within this
+#: factor of the best estimate (a conv's fastest is then a measurement, not a model's).
+COMPETITIVE = 3.0
+#: What ``auto`` runs: conv2d's cost model picks.
+AUTO = ("auto", None)
+
+
+class ConvStep:
+    """A network's Conv: weights prepared once, a :class:`PreparedConv` per input shape,
+    layout and algorithm, and the functions a plan runs (:meth:`function`)."""
+
+    def __init__(self, node, w, b, kernel):
+        self.node, self.w, self.b = node, w, b
+        self.strides, self.dilations, self.pads = window(node, kernel)
+        self.groups = int(node.attrs.get("group", 1))
+        self.weights = ConvWeights(w)
+        self.act = node.epilogue.get("activation")
+        self.prepared = {}     # (shape, dtype, layout, choice) -> PreparedConv
+        self.variants = {}     # (layout, choice) -> run function
+
+    def padded(self, x, layout="NCHW"):
         """``(x, padding)`` for conv2d, which pads alike on both sides: uneven pads
         (SAME_* with a stride, explicit) are made on a copy of ``x``."""
         ay, ax = SPATIAL[layout]
-        top, left, bottom, right = pads(x.shape[ay], x.shape[ax])
+        top, left, bottom, right = self.pads(x.shape[ay], x.shape[ax])
         if (top, left) == (bottom, right):
             return x, (top, left)
         width = [(0, 0)] * 4
         width[ay], width[ax] = (top, bottom), (left, right)
         return np.pad(x, width), 0
 
-    def run(x, residual, layout, out, residual_free=False):
-        _four_d(node, x)
-        x, padding = padded(x, layout)
-        key = (x.shape, x.dtype, layout)
+    def conv(self, x, padding, layout, choice):
+        """The :class:`PreparedConv` for padded ``x`` in ``layout`` with ``choice``
+        ((algorithm, Winograd tile))."""
+        key = (x.shape, x.dtype, layout, choice)
+        if key not in self.prepared:
+            self.prepared[key] = PreparedConv(
+                x.shape, self.weights, self.b, self.strides, padding, self.dilations,
+                self.groups, activation=self.act, layout=layout, dtype=x.dtype,
+                algorithm=choice[0], winograd_tile=choice[1])
+        return self.prepared[key]
+
+    def run(self, x, residual, layout, out, residual_free, choice):
+        _four_d(self.node, x)
+        x, padding = self.padded(x, layout)
         try:
-            if key not in prepared:
-                prepared[key] = PreparedConv(x.shape, weights, b, strides, padding, dilations,
-                                             groups, activation=act, layout=layout, dtype=x.dtype)
-            conv = prepared[key]
+            conv = self.conv(x, padding, layout, choice)
             if residual is None:
                 return (conv(x, out=first(out)),)
             if residual.shape != conv.output_shape:    # a broadcast sum: after the conv
-                return (ACTIVATIONS[act](conv2d(x, weights, b, strides, padding, dilations,
-                                                groups, layout=layout) + residual),)
+                return (ACTIVATIONS[self.act](conv2d(
+                    x, self.weights, self.b, self.strides, padding, self.dilations, self.groups,
+                    layout=layout, algorithm=choice[0], winograd_tile=choice[1]) + residual),)
             if (residual_free and conv.accumulates and residual.dtype == conv.dtype
                     and residual.flags.c_contiguous and residual.flags.writeable):
                 out = [residual]      # summed in the epilogue, in the residual's buffer
             return (conv(x, residual, out=first(out)),)
         except (ValueError, TypeError) as err:
-            raise type(err)(f"node {node.name!r} (Conv): {err}") from err
+            raise type(err)(f"node {self.node.name!r} (Conv): {err}") from err
 
-    def nchw(x, _w, _b=None, residual=None, out=None, residual_free=False):
-        return run(x, residual, "NCHW", out, residual_free)
+    def variant(self, layout, choice=AUTO):
+        """The step's function for ``layout`` and ``choice``, made once."""
+        key = (layout, choice)
+        if key not in self.variants:
+            def fn(x, _w, _b=None, residual=None, out=None, residual_free=False):
+                return self.run(x, residual, layout, out, residual_free, choice)
+            # residual_free=True: no later step reads the residual, its buffer may take
+            # the result (where the path sums in its epilogue, PreparedConv.accumulates)
+            fn.sums_in_place = bool(self.node.epilogue.get("residual"))
+            fn.writes_into = True
+            self.variants[key] = fn
+        return self.variants[key]
 
-    def nhwc(x, _w, _b=None, residual=None, out=None, residual_free=False):
-        return run(x, residual, "NHWC", out, residual_free)
+    def choices(self, layout, x_shape, dtype):
+        """The (algorithm, Winograd tile) worth timing for an input of ``x_shape``:
+        those :func:`tilegemm.conv_plan` estimates within :data:`COMPETITIVE` of its best."""
+        x = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), x_shape, (0,) * 4)
+        x, padding = self.padded(x, layout)
+        plan = conv_plan(x.shape, self.w.shape, self.strides, padding, self.dilations,
+                         self.groups, layout=layout, dtype=dtype)
+        estimates = {(a, None): t for a, t in plan.estimates.items() if a != "winograd"}
+        estimates.update({("winograd", m): t for m, t in plan.winograd_estimates.items()})
+        best = min(estimates.values())
+        return [c for c, t in sorted(estimates.items(), key=lambda kv: kv[1])
+                if t <= COMPETITIVE * best]
 
-    def describe(layout, x_shape, *_):
+    def describe(self, layout, x_shape, *_, choice=AUTO):
         """(the conv path, flops) for an input of ``x_shape`` in ``layout``."""
         x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), x_shape, (0,) * 4)
-        x, padding = padded(x, layout)
-        plan = conv_plan(x.shape, w.shape, strides, padding, dilations, groups, layout=layout)
-        route = plan.route + (f" F({plan.winograd_tile})" if plan.algorithm == "winograd" else "")
-        return route, plan.params.flops
-    conv = in_layouts({"NCHW": nchw, "NHWC": nhwc})
-    conv.describe = describe
-    if node.epilogue.get("residual"):
-        # residual_free=True: no one reads the residual later, its buffer may take the
-        # result (used where the path sums in its epilogue, PreparedConv.accumulates).
-        nchw.sums_in_place = nhwc.sums_in_place = True
-    return writes_into(conv)
+        x, padding = self.padded(x, layout)
+        conv = self.conv(x, padding, layout, choice)
+        return conv.path, conv.params.flops
+
+    def function(self):
+        """The NCHW auto function, with the others reachable: ``fn.layouts``,
+        ``fn.variant(layout, choice)``, ``fn.choices(...)``, ``fn.describe(...)``."""
+        fn = in_layouts({layout: self.variant(layout) for layout in LAYOUTS})
+        fn.variant, fn.choices, fn.describe = self.variant, self.choices, self.describe
+        return writes_into(fn)
 
 
 # --------------------------------------------------------------------------- BatchNormalization

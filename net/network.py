@@ -100,11 +100,12 @@ class Network:
                 plan = self._plans.get(key)
                 if plan is None:
                     plan = self._plans[key] = planning.plan_layouts(self, fed)
-        return plan.layouts
+        return plan
 
-    def execute(self, fed, layouts=None, profile=None, keep=False, memory=None):
-        """Run the steps on checked inputs ``fed``, step ``i`` in ``layouts[i]`` (all
-        NCHW when None), converting a tensor when a step wants it in another layout;
+    def execute(self, fed, plan=None, profile=None, keep=False, memory=None):
+        """Run the steps on checked inputs ``fed``, step ``i`` in ``plan.layouts[i]``
+        with its ``plan.choices[i]`` (all NCHW, conv2d's auto, when ``plan`` is None),
+        converting a tensor when a step wants it in another layout;
         returns every activation still held (all of them with ``keep``; constants are
         in ``graph.constants``), outputs NCHW.
 
@@ -117,9 +118,10 @@ class Network:
         buffers, shapes = memory if memory is not None else (None, None)
         recording = buffers is None and shapes is not None
         for i, step in enumerate(self.steps):
-            layout = "NCHW" if layouts is None else layouts[i]
+            layout = "NCHW" if plan is None else plan.layouts[i]
             args = [self._operand(values, where, n, layout, buffers) for n in step.inputs]
-            run = step.run if layout == "NCHW" else step.run.layouts[layout]
+            run = planning.function(step, layout, None if plan is None or not plan.choices
+                                    else plan.choices[i])
             out = None
             if buffers is not None and not recording and getattr(run, "writes_into", False) \
                     and not any(n in self.outputs for n in step.outputs):
@@ -132,7 +134,8 @@ class Network:
             results = run(*args, **extra)
             if profile is not None:
                 profile.append((step.node, time.perf_counter() - t0,
-                                [None if a is None else np.shape(a) for a in args], layout))
+                                [None if a is None else np.shape(a) for a in args], layout,
+                                None if plan is None or not plan.choices else plan.choices[i]))
             if recording:
                 shapes.append([(np.shape(r), np.asarray(r).dtype) for r in results])
             self._store(values, where, step, results, layout)
@@ -223,8 +226,8 @@ class Network:
             ``{input name: array_like}`` for every input.  Float inputs may come in
             any float dtype; they are cast to the model's.
         profile : list, optional
-            When given, one ``(node, seconds, input shapes, layout)`` is appended per
-            step run.
+            When given, one ``(node, seconds, input shapes, layout, conv algorithm)`` is
+            appended per step run.
 
         Returns
         -------
@@ -265,13 +268,16 @@ class Network:
             mine[key] = (shapes, Buffers())
         return mine[key][1], shapes
 
-    def describe(self, node, shapes, layout="NCHW"):
-        """``(algorithm, flops)`` of ``node`` run in ``layout`` on inputs of ``shapes``
-        (a profile entry's): the conv path that runs it, or "" and 0 for an operator
-        without one."""
+    def describe(self, node, shapes, layout="NCHW", choice=None):
+        """``(algorithm, flops)`` of ``node`` run in ``layout`` (a conv with ``choice``)
+        on inputs of ``shapes`` (a profile entry's): the conv path that runs it, or ""
+        and 0 for an operator without one."""
         step = next(s for s in self.steps if s.node is node)
         describe = getattr(step.run, "describe", None)
-        return describe(layout, *shapes) if describe else ("", 0)
+        if describe is None:
+            return "", 0
+        return describe(layout, *shapes) if choice is None else describe(layout, *shapes,
+                                                                          choice=choice)
 
     def __call__(self, x):
         """The output for ``x`` (a tuple of outputs if the model has several), for a

@@ -33,13 +33,15 @@ class LayoutPlan:
     """The layout of each step (in step order), and the DP's figures: ``seconds``
     (its predicted time), ``nchw_seconds`` (all steps NCHW, the traditional plan),
     ``nhwc_seconds`` (every step that can NHWC, the other single-layout plan),
-    ``problem`` (the cost tables; None for a plan given by hand)."""
+    ``problem`` (the cost tables; None for a plan given by hand), ``choices`` (per
+    step, the conv algorithm timed fastest in its layout; None: conv2d's ``auto``)."""
 
     layouts: list
     seconds: float = 0.0
     nchw_seconds: float = 0.0
     nhwc_seconds: float = 0.0
     problem: object = None
+    choices: list = None        # per step: (algorithm, Winograd tile) timed fastest, or None
 
     def single(self, layout):
         """``{step name: layout}`` running every step that can in ``layout`` (the rest
@@ -119,13 +121,13 @@ def _signature(step, args, layout):
     return f"{node.op} {attrs} {sorted(node.epilogue.items())} {shapes} {layout}"
 
 
-def _time_step(step, args, layout, constants):
-    """Best seconds of ``step`` in ``layout`` on ``args`` (given NCHW), each run on
-    fresh copies (a step may write into its residual)."""
+def _time_step(step, args, layout, constants, choice=None):
+    """Best seconds of ``step`` in ``layout`` (a conv with ``choice``) on ``args``
+    (given NCHW), each run on fresh copies (a step may write into its residual)."""
     def fresh():
         return [a if n == "" or n in constants else convert(np.array(a), "NCHW", layout)
                 for n, a in zip(step.inputs, args)]
-    run = step.run if layout == "NCHW" else step.run.layouts[layout]
+    run = function(step, layout, choice)
     run(*fresh())                                   # compiles, plans, warms the caches
     best = float("inf")
     for _ in range(REPEATS):
@@ -145,12 +147,38 @@ def _time_convert(x, src, dst):
     return best
 
 
+def function(step, layout, choice=None):
+    """What runs ``step`` in ``layout``: a conv's ``choice`` of algorithm, else its own."""
+    if choice is not None:
+        return step.run.variant(layout, choice)
+    return step.run if layout == "NCHW" else step.run.layouts[layout]
+
+
+def _step_cost(cache, step, args, layout, constants):
+    """``(seconds, choice)``: the step's time in ``layout``; for a conv the fastest of
+    the algorithms worth timing, and which."""
+    def timed(choice):
+        key = _signature(step, args, layout) + ("" if choice is None else f" {choice}")
+        return cache.seconds(key, lambda: _time_step(step, args, layout, constants, choice))
+    if not hasattr(step.run, "choices"):
+        return timed(None), None
+    x = args[0]
+    return min((timed(c), c) for c in step.run.choices(layout, convert_shape(x, layout),
+                                                        x.dtype))
+
+
+def convert_shape(x, layout):
+    return tuple(np.shape(convert(np.lib.stride_tricks.as_strided(
+        np.zeros(1, np.asarray(x).dtype), np.shape(x), (0,) * np.ndim(x)), "NCHW", layout)))
+
+
 def layout_problem(network, fed, cache):
-    """The :class:`~tilegemm.net.layout.Problem` of ``network`` on inputs ``fed``."""
+    """``(Problem, choices)``: the :class:`~tilegemm.net.layout.Problem` of ``network``
+    on inputs ``fed``, and ``{(step, layout): conv algorithm timed fastest}``."""
     constants = network.graph.constants
     values = dict(constants)
     values.update(network.execute(fed, keep=True))
-    ops, op_cost, convert_cost = [], {}, {}
+    ops, op_cost, convert_cost, choices = [], {}, {}, {}
     for i, step in enumerate(network.steps):
         args = [values[n] if n else None for n in step.inputs]
         outputs = [values[n] for n in step.outputs if n]
@@ -158,9 +186,8 @@ def layout_problem(network, fed, cache):
         reads = tuple(n for n in step.inputs if n and n not in constants)
         ops.append(Op(step.node.name, reads, tuple(n for n in step.outputs if n), layouts))
         for layout in layouts:
-            op_cost[(i, layout)] = cache.seconds(
-                _signature(step, args, layout),
-                lambda: _time_step(step, args, layout, constants))
+            op_cost[(i, layout)], choices[(i, layout)] = _step_cost(cache, step, args, layout,
+                                                                    constants)
     tensors = {n for op in ops for n in op.reads + op.writes}
     for name in sorted(tensors):
         x = values[name]
@@ -173,7 +200,7 @@ def layout_problem(network, fed, cache):
                     convert_cost[(name, src, dst)] = cache.seconds(
                         key, lambda: _time_convert(convert(x, "NCHW", src), src, dst))
     return Problem(ops, {n: "NCHW" for n in fed}, {n: "NCHW" for n in network.outputs},
-                   op_cost, convert_cost)
+                   op_cost, convert_cost), choices
 
 
 def _given(network, fed, layouts):
@@ -204,9 +231,10 @@ def plan_layouts(network, fed, layouts=None):
     if layouts is not None:
         return LayoutPlan(_given(network, fed, layouts))
     cache = CostCache()
-    problem = layout_problem(network, fed, cache)
+    problem, choices = layout_problem(network, fed, cache)
     cache.save()
     seconds, chosen = solve(problem)
     nchw = plan_cost(problem, ["NCHW"] * len(problem.ops))
     nhwc = plan_cost(problem, ["NHWC" if "NHWC" in op.layouts else "NCHW" for op in problem.ops])
-    return LayoutPlan(chosen, seconds, nchw, nhwc, problem)
+    return LayoutPlan(chosen, seconds, nchw, nhwc, problem,
+                      [choices[(i, layout)] for i, layout in enumerate(chosen)])

@@ -91,7 +91,7 @@ def test_steady_state_runs_reuse_their_activation_buffers():
     expected = net(x)
     activations = []
     net.run(feeds, profile=activations)
-    total = sum(np.prod(s) * 4 for _, _, shapes, _ in activations for s in shapes[:1] if s)
+    total = sum(np.prod(e[2][0]) * 4 for e in activations if e[2] and e[2][0])
     tracemalloc.start()
     got = net(x)
     peak = tracemalloc.get_traced_memory()[1]

@@ -25,8 +25,10 @@ MAX_FUNCTION_LINES = 80
 MAX_PARAMETERS = 12
 #: Public functions whose parameters are an outside operator's contract (with the most
 #: they may take): ``qconv2d`` takes ONNX QLinearConv's inputs with conv2d's geometry,
-#: ``conv2d`` torch's arguments with the fused epilogue's (``residual``, ``out``).
-WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14, ("conv/api.py", "conv2d"): 14}
+#: ``conv2d`` torch's arguments with the fused epilogue's (``residual``, ``out``), and
+#: ``PreparedConv`` (``__init__``) conv2d's with the input's shape and dtype.
+WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14, ("conv/api.py", "conv2d"): 14,
+                   ("conv/api.py", "__init__"): 13}
 
 
 def _modules():

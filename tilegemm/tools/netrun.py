@@ -130,8 +130,8 @@ def profile_rows(net, x, repeats):
         for i, entry in enumerate(entries):
             if i not in best or entry[1] < best[i][1]:
                 best[i] = entry
-    return [(node, seconds, layout) + tuple(net.describe(node, shapes, layout))
-            for node, seconds, shapes, layout in best.values()]
+    return [(node, seconds, layout) + tuple(net.describe(node, shapes, layout, choice))
+            for node, seconds, shapes, layout, choice in best.values()]
 
 
 def profile_table(rows):
