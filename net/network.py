@@ -17,6 +17,7 @@ from tilegemm.net.layers import convert, converted_shape
 from tilegemm.net.memory import Buffers
 from tilegemm.net.passes import optimize
 
+
 @dataclass
 class Step:
     """One node ready to run: its function, the tensors it reads and writes, and the
