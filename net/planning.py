@@ -3,12 +3,15 @@
 :func:`plan_layouts` runs the network once in NCHW keeping every tensor, times each
 step in each layout it supports on those very tensors (a "fast run") and each
 conversion a 4-D tensor could need, and hands the tables to the layout DP
-(:func:`tilegemm.net.layout.solve`).  The times are cached on disk
+(:func:`tilegemm.net.layout.solve`).  The DP's plan and the two single-layout plans
+then each run the whole network a few times, and the fastest runs.  The times are
+cached on disk
 (``net-costs.json`` in the tilegemm cache directory, or the file
 ``TILEGEMM_NET_COSTS`` names) keyed by the machine, the
 library's code and each step's signature, so loading the same model again plans
 without timing anything.
 """
+import hashlib
 import importlib.metadata
 import os
 import time
@@ -34,7 +37,9 @@ class LayoutPlan:
     (its predicted time), ``nchw_seconds`` (all steps NCHW, the traditional plan),
     ``nhwc_seconds`` (every step that can NHWC, the other single-layout plan),
     ``problem`` (the cost tables; None for a plan given by hand), ``choices`` (per
-    step, the conv algorithm timed fastest in its layout; None: conv2d's ``auto``)."""
+    step, the conv algorithm timed fastest in its layout; None: conv2d's ``auto``),
+    ``measured`` (whole runs of the DP's plan and of both single-layout plans) and
+    ``name``, the one of them that runs: the fastest measured."""
 
     layouts: list
     seconds: float = 0.0
@@ -42,11 +47,18 @@ class LayoutPlan:
     nhwc_seconds: float = 0.0
     problem: object = None
     choices: list = None        # per step: (algorithm, Winograd tile) timed fastest, or None
+    measured: dict = None       # {"dp"|"nchw"|"nhwc": best seconds of a whole run}
+    name: str = "given"         # which of them runs
 
     def single(self, layout):
         """``{step name: layout}`` running every step that can in ``layout`` (the rest
         NCHW): the single-layout plan to hand to :meth:`Network.plan`."""
         return {op.name: layout if layout in op.layouts else "NCHW" for op in self.problem.ops}
+
+
+def digest_text(text):
+    """A short hash of ``text``."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _code_key():
@@ -84,6 +96,14 @@ class CostCache:
             self.table[signature] = measure()
             self.changed = True
         return self.table[signature]
+
+    def many(self, signatures, measure):
+        """``{signature: seconds}`` for several measured together (``measure()`` returns
+        them all, in order) unless all are stored."""
+        if any(s not in self.table for s in signatures):
+            self.table.update(zip(signatures, measure()))
+            self.changed = True
+        return {s: self.table[s] for s in signatures}
 
     def save(self):
         """Write the new times; tables of this machine from older code are dropped."""
@@ -173,8 +193,9 @@ def convert_shape(x, layout):
 
 
 def layout_problem(network, fed, cache):
-    """``(Problem, choices)``: the :class:`~tilegemm.net.layout.Problem` of ``network``
-    on inputs ``fed``, and ``{(step, layout): conv algorithm timed fastest}``."""
+    """``(Problem, choices, fingerprint)``: the :class:`~tilegemm.net.layout.Problem`
+    of ``network`` on inputs ``fed``, ``{(step, layout): conv algorithm timed
+    fastest}`` and a digest of the steps' signatures (the key of whole-run times)."""
     constants = network.graph.constants
     values = dict(constants)
     values.update(network.execute(fed, keep=True))
@@ -199,8 +220,12 @@ def layout_problem(network, fed, cache):
                     key = f"convert {np.shape(x)} {np.asarray(x).dtype.str} {src}->{dst}"
                     convert_cost[(name, src, dst)] = cache.seconds(
                         key, lambda: _time_convert(convert(x, "NCHW", src), src, dst))
-    return Problem(ops, {n: "NCHW" for n in fed}, {n: "NCHW" for n in network.outputs},
-                   op_cost, convert_cost), choices
+    problem = Problem(ops, {n: "NCHW" for n in fed}, {n: "NCHW" for n in network.outputs},
+                      op_cost, convert_cost)
+    fingerprint = digest_text("".join(
+        _signature(step, [values[n] if n else None for n in step.inputs], "")
+        for step in network.steps))
+    return problem, choices, fingerprint
 
 
 def _given(network, fed, layouts):
@@ -231,10 +256,34 @@ def plan_layouts(network, fed, layouts=None):
     if layouts is not None:
         return LayoutPlan(_given(network, fed, layouts))
     cache = CostCache()
-    problem, choices = layout_problem(network, fed, cache)
+    problem, choices, fingerprint = layout_problem(network, fed, cache)
+    _, dp = solve(problem)
+    candidates = {"dp": dp, "nchw": ["NCHW"] * len(problem.ops),
+                  "nhwc": ["NHWC" if "NHWC" in op.layouts else "NCHW" for op in problem.ops]}
+    plans = {name: LayoutPlan(layouts, choices=[choices[(i, layout)]
+                                                for i, layout in enumerate(layouts)])
+             for name, layouts in candidates.items()}
+    keys = [f"whole run {name} {fingerprint}" for name in plans]
+    times = cache.many(keys, lambda: [_whole_run(network, fed, plans)[n] for n in plans])
     cache.save()
-    seconds, chosen = solve(problem)
-    nchw = plan_cost(problem, ["NCHW"] * len(problem.ops))
-    nhwc = plan_cost(problem, ["NHWC" if "NHWC" in op.layouts else "NCHW" for op in problem.ops])
-    return LayoutPlan(chosen, seconds, nchw, nhwc, problem,
-                      [choices[(i, layout)] for i, layout in enumerate(chosen)])
+    measured = dict(zip(plans, times.values()))
+    name = min(measured, key=lambda n: (measured[n], n != "dp"))
+    chosen = plans[name]
+    chosen.seconds = plan_cost(problem, chosen.layouts)
+    chosen.nchw_seconds = plan_cost(problem, candidates["nchw"])
+    chosen.nhwc_seconds = plan_cost(problem, candidates["nhwc"])
+    chosen.problem, chosen.measured, chosen.name = problem, measured, name
+    return chosen
+
+
+def _whole_run(network, fed, plans):
+    """``{name: best seconds}`` of whole runs of each plan, in alternating rounds."""
+    best = {}
+    for plan in plans.values():
+        network.execute(fed, plan)                 # prepares each conv's choice
+    for _ in range(REPEATS):
+        for name, plan in plans.items():
+            t0 = time.perf_counter()
+            network.execute(fed, plan)
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+    return best

@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("onnx")
 
 import tilegemm  # noqa: E402
+from tilegemm.net.layout import solve  # noqa: E402
 from net_models import MODELS  # noqa: E402
 from net_reference import run_reference  # noqa: E402
 
@@ -35,7 +36,11 @@ def test_every_step_that_can_runs_nhwc_and_the_result_holds(name):
     x = _input(shape)
     feeds = {"x": x}
     plan = net.plan(feeds)
-    assert plan.seconds <= min(plan.nchw_seconds, plan.nhwc_seconds) * (1 + 1e-12)
+    dp_seconds, _ = solve(plan.problem)
+    assert dp_seconds <= min(plan.nchw_seconds, plan.nhwc_seconds) * (1 + 1e-12)
+    # The DP's plan and both single-layout plans ran whole; the fastest runs.
+    assert set(plan.measured) == {"dp", "nchw", "nhwc"}
+    assert plan.measured[plan.name] == min(plan.measured.values())
     nhwc = plan.single("NHWC")
     assert "NHWC" in nhwc.values()
     forced = net.plan(feeds, nhwc)

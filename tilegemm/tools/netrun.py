@@ -188,6 +188,8 @@ def run(args):
         print(f"layout plan: steps per layout {counts}; predicted {plan.seconds * 1e3:.2f} ms, "
               f"all NCHW {plan.nchw_seconds * 1e3:.2f} ms, NHWC where possible "
               f"{plan.nhwc_seconds * 1e3:.2f} ms (sums of the steps' timed costs)")
+        whole = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in plan.measured.items())
+        print(f"whole runs at planning: {whole}; running the {plan.name} plan")
     peers, notes = _peers(args, data, net, threads)
     status = 0
     for peer in peers:
