@@ -22,7 +22,7 @@ import numpy as np
 from tilegemm.ground.jsonfile import load_json, save_json
 from tilegemm.ground.loader import cache_dir, digest, python_files
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.net.layers import LAYOUTS, convert
+from tilegemm.net.layers import LAYOUTS, convert, converted_shape
 from tilegemm.net.layout import Op, Problem, plan_cost, solve
 from tilegemm.tuning.machine import detect
 
@@ -183,13 +183,9 @@ def _step_cost(cache, step, args, layout, constants):
     if not hasattr(step.run, "choices"):
         return timed(None), None
     x = args[0]
-    return min((timed(c), c) for c in step.run.choices(layout, convert_shape(x, layout),
-                                                        x.dtype))
-
-
-def convert_shape(x, layout):
-    return tuple(np.shape(convert(np.lib.stride_tricks.as_strided(
-        np.zeros(1, np.asarray(x).dtype), np.shape(x), (0,) * np.ndim(x)), "NCHW", layout)))
+    shape = converted_shape(np.shape(x), "NCHW", layout)
+    return min(((timed(c), c) for c in step.run.choices(layout, shape, x.dtype)),
+               key=lambda timed_choice: timed_choice[0])
 
 
 def layout_problem(network, fed, cache):
