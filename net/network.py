@@ -56,7 +56,7 @@ class Network:
         self.steps = self._build()
         self._plans = {}                   # input shapes -> LayoutPlan
         self._planning = threading.Lock()
-        self._shapes = {}                  # input shapes -> output shapes of each step
+        self._shapes = {}                  # input shapes -> (plan, each step's output shapes)
         self._local = threading.local()    # this thread's Buffers per input shapes
 
     def _build(self):
@@ -86,12 +86,11 @@ class Network:
         with self._planning:
             chosen = planning.plan_layouts(self, fed, layouts)
             key = _shape_key(fed)
-            self._plans[key] = chosen
-            self._shapes.pop(key, None)     # the steps' output shapes follow the layouts
+            self._plans[key] = chosen       # recorded shapes of another plan no longer serve
         return chosen
 
-    def _layouts(self, fed):
-        """The layout of each step for these inputs (planning a new shape first)."""
+    def _plan_for(self, fed):
+        """The plan that runs these inputs (planning a new shape first); None: all NCHW."""
         if not self.layout_transform:
             return None
         key = _shape_key(fed)
@@ -245,11 +244,12 @@ class Network:
         """
         fed = self._feeds(feeds)
         key = _shape_key(fed)
-        memory = self._memory(key)
-        values = self.execute(fed, self._layouts(fed), profile, memory=memory)
+        plan = self._plan_for(fed)
+        memory = self._memory(key, plan)
+        values = self.execute(fed, plan, profile, memory=memory)
         buffers = memory[0]
-        if buffers is None:
-            self._shapes.setdefault(key, memory[1])          # recorded: later runs reuse
+        if buffers is None:                                   # recorded: later runs reuse
+            self._shapes[key] = (plan, memory[1])
         # An output that is a constant, or a view of an input or of a reused buffer, is
         # copied: callers own it.
         return {name: np.array(values[name], copy=any(
@@ -258,11 +258,12 @@ class Network:
                 if name in values else self.graph.constants[name].copy()
                 for name in self.outputs}
 
-    def _memory(self, key):
-        """:meth:`execute`'s ``memory`` for inputs of ``key``: this thread's buffers and
-        the recorded shapes, or a list to record them into (kept once complete)."""
-        shapes = self._shapes.get(key)
-        if shapes is None:
+    def _memory(self, key, plan):
+        """:meth:`execute`'s ``memory`` for inputs of ``key`` run by ``plan``: this
+        thread's buffers and the shapes recorded under that plan, or a list to record
+        them into (kept once complete)."""
+        recorded, shapes = self._shapes.get(key, (None, None))
+        if shapes is None or recorded is not plan:
             return None, []
         mine = self._local.__dict__.setdefault("buffers", {})
         if key not in mine or mine[key][0] is not shapes:      # a new plan: new buffers
