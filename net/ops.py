@@ -40,7 +40,10 @@ def relu(x, out=None):
 def clip(x, lo, hi, out=None):
     """``x`` clipped to [lo, hi] (either may be None); NaN stays NaN."""
     if lo is None and hi is None:
-        return x.copy() if out is None else np.copyto(out, x) or out
+        if out is None:
+            return x.copy()
+        np.copyto(out, x)
+        return out
     y = x if lo is None else np.maximum(x, lo.astype(x.dtype), out=out)
     return y if hi is None else np.minimum(y, hi.astype(x.dtype), out=out)
 

@@ -6,6 +6,17 @@ import numpy as np
 from tilegemm.tools.zoo import Builder
 
 
+def random_input(shape, seed=0):
+    """A float32 input of ``shape``, normal values from ``seed``."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def assert_close(got, expected):
+    """float32 arithmetic through a few layers: within 1e-4 of the output's scale."""
+    scale = max(float(np.max(np.abs(expected))), 1e-3)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
+
+
 def resnet(seed=0):
     """Stem (7x7/2 conv, BN, ReLU, 3x3/2 max pool), a basic block, a downsampling
     block with a 1x1/2 shortcut, and the head (global average, flatten, Gemm,

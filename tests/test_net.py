@@ -12,18 +12,8 @@ from onnx import helper  # noqa: E402
 
 import tilegemm  # noqa: E402
 from guard import GUARD_PAGES, guarded_empty  # noqa: E402
-from net_models import MODELS, Builder  # noqa: E402
+from net_models import MODELS, Builder, assert_close, random_input  # noqa: E402
 from net_reference import run_reference  # noqa: E402
-
-
-def _input(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _close(got, expected):
-    """float32 arithmetic through a few layers: 1e-4 of the output's scale."""
-    scale = max(float(np.max(np.abs(expected))), 1e-3)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -31,14 +21,14 @@ def test_models_match_the_float64_reference(name):
     build, shape = MODELS[name]
     model = build()
     net = tilegemm.load_onnx(model)
-    x = _input(shape)
+    x = random_input(shape)
     before = x.copy()
     got = net.run({"x": x})
     expected = run_reference(model, {"x": x})
     assert list(got) == [o.name for o in model.graph.output]
     for key in expected:
         assert got[key].dtype == np.float32
-        _close(got[key], expected[key])
+        assert_close(got[key], expected[key])
     np.testing.assert_array_equal(x, before)          # the input is never changed
 
 
@@ -46,15 +36,15 @@ def test_models_match_the_float64_reference(name):
 def test_symbolic_batch_runs_any_batch(batch):
     model = MODELS["resnet"][0]()
     net = tilegemm.load_onnx(model)
-    x = _input((batch, 3, 32, 32), seed=batch)
-    _close(net(x), run_reference(model, {"x": x})[model.graph.output[0].name])
+    x = random_input((batch, 3, 32, 32), seed=batch)
+    assert_close(net(x), run_reference(model, {"x": x})[model.graph.output[0].name])
 
 
 def test_path_bytes_and_model_load_alike(tmp_path):
     model = MODELS["vgg"][0]()
     path = tmp_path / "vgg.onnx"
     onnx.save(model, str(path))
-    x = _input((2, 3, 16, 16))
+    x = random_input((2, 3, 16, 16))
     results = [tilegemm.load_onnx(m)(x) for m in (model, str(path), path,
                                                    model.SerializeToString())]
     for r in results[1:]:
@@ -91,14 +81,14 @@ def test_constant_subgraphs_fold_at_load():
     y = b.op("Reshape", ["x", b.op("Identity", [shape])])
     net = tilegemm.load_onnx(b.model([2, 3, 4, 4], [(y, 2)]))
     assert [n.op for n in net.graph.nodes] == ["Reshape"]
-    x = _input((2, 3, 4, 4))
+    x = random_input((2, 3, 4, 4))
     np.testing.assert_array_equal(net(x), x.reshape(2, -1))
 
 
 def test_calls_from_several_python_threads_agree():
     build, shape = MODELS["resnet"]
     net = tilegemm.load_onnx(build())
-    xs = [_input(shape, seed=s) for s in range(4)]
+    xs = [random_input(shape, seed=s) for s in range(4)]
     expected = [net(x) for x in xs]
     results, errors = [None] * 4, []
 
@@ -222,7 +212,7 @@ def test_an_input_against_a_guard_page_is_read_within_bounds(where):
     build, shape = MODELS["mobilenet"]
     model = build()
     x = guarded_empty(shape, np.float32, where=where)
-    x[...] = _input(shape)
+    x[...] = random_input(shape)
     for transform in (False, True):
         got = tilegemm.load_onnx(model, layout_transform=transform)(x)
-        _close(got, run_reference(model, {"x": np.array(x)})[model.graph.output[0].name])
+        assert_close(got, run_reference(model, {"x": np.array(x)})[model.graph.output[0].name])

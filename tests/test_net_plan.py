@@ -9,17 +9,8 @@ pytest.importorskip("onnx")
 
 import tilegemm  # noqa: E402
 from tilegemm.net.layout import solve  # noqa: E402
-from net_models import MODELS  # noqa: E402
+from net_models import MODELS, assert_close, random_input  # noqa: E402
 from net_reference import run_reference  # noqa: E402
-
-
-def _input(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _close(got, expected):
-    scale = max(float(np.max(np.abs(expected))), 1e-3)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +24,7 @@ def test_every_step_that_can_runs_nhwc_and_the_result_holds(name):
     build, shape = MODELS[name]
     model = build()
     net = tilegemm.load_onnx(model)
-    x = _input(shape)
+    x = random_input(shape)
     feeds = {"x": x}
     plan = net.plan(feeds)
     dp_seconds, _ = solve(plan.problem)
@@ -49,12 +40,12 @@ def test_every_step_that_can_runs_nhwc_and_the_result_holds(name):
     got = net.run(feeds)
     np.testing.assert_array_equal(x, before)
     for key, value in run_reference(model, feeds).items():
-        _close(got[key], value)
+        assert_close(got[key], value)
 
 
 def test_a_plan_by_hand_is_checked():
     net = tilegemm.load_onnx(MODELS["resnet"][0]())
-    feeds = {"x": _input(MODELS["resnet"][1])}
+    feeds = {"x": random_input(MODELS["resnet"][1])}
     with pytest.raises(ValueError, match="no steps named"):
         net.plan(feeds, {"nowhere": "NHWC"})
     with pytest.raises(ValueError, match=r"'Gemm_\d+' \(Gemm\) runs in \['NCHW'\]"):
@@ -63,7 +54,7 @@ def test_a_plan_by_hand_is_checked():
 
 def test_timed_costs_are_cached_on_disk(tmp_path):
     model = MODELS["mobilenet"][0]()
-    feeds = {"x": _input(MODELS["mobilenet"][1])}
+    feeds = {"x": random_input(MODELS["mobilenet"][1])}
     first = tilegemm.load_onnx(model).plan(feeds)
     path = tmp_path / "net-costs.json"
     stamp = os.stat(path).st_mtime_ns, path.read_bytes()
@@ -78,10 +69,10 @@ def test_a_new_shape_plans_and_without_layout_transform_nothing_plans():
     plain = tilegemm.load_onnx(model, layout_transform=False)
     assert not plain.layout_transform
     for batch in (1, 2):
-        x = _input((batch, 3, 32, 32), seed=batch)
+        x = random_input((batch, 3, 32, 32), seed=batch)
         expected = run_reference(model, {"x": x})[model.graph.output[0].name]
-        _close(net(x), expected)
-        _close(plain(x), expected)
+        assert_close(net(x), expected)
+        assert_close(plain(x), expected)
 
 
 def test_steady_state_runs_reuse_their_activation_buffers():
@@ -91,7 +82,7 @@ def test_steady_state_runs_reuse_their_activation_buffers():
     import tracemalloc
     build, shape = MODELS["resnet"]
     net = tilegemm.load_onnx(build())
-    x = _input((4,) + shape[1:])
+    x = random_input((4,) + shape[1:])
     feeds = {"x": x}
     expected = net(x)
     activations = []
@@ -116,7 +107,7 @@ def test_a_pointwise_residual_sums_in_its_epilogue_into_the_skip_buffer():
     build, shape = MODELS["mobilenet"]
     model = build()
     net = tilegemm.load_onnx(model)
-    x = _input(shape)
+    x = random_input(shape)
     feeds = {"x": x}
     plan = net.plan(feeds, net.plan(feeds).single("NHWC"))
     fused = [s for s, layout in zip(net.steps, plan.layouts)
@@ -124,12 +115,12 @@ def test_a_pointwise_residual_sums_in_its_epilogue_into_the_skip_buffer():
     assert fused
     expected = run_reference(model, feeds)[model.graph.output[0].name]
     for _ in range(3):
-        _close(net(x), expected)
+        assert_close(net(x), expected)
     conv = tilegemm.conv.PreparedConv((2, 7, 7, 24), np.ones((8, 24, 1, 1), np.float32),
                                       layout="NHWC")
     assert conv.accumulates
-    skip = _input((2, 7, 7, 8), seed=3)
-    x2 = _input((2, 7, 7, 24), seed=4)
+    skip = random_input((2, 7, 7, 8), seed=3)
+    x2 = random_input((2, 7, 7, 24), seed=4)
     want = conv(x2) + skip
     assert conv(x2, skip, out=skip) is skip
     np.testing.assert_allclose(skip, want, rtol=1e-5, atol=1e-5)
