@@ -37,11 +37,7 @@ def _trivial(x, bias, out, p, act):
     if bias is not None:
         shape = (1, -1, 1, 1) if p.layout == "NCHW" else (1, 1, 1, -1)
         out += bias.reshape(shape)
-    if act & (EPI_RELU | EPI_RELU6):
-        out[out < 0] = 0
-    if act & EPI_RELU6:
-        out[out > 6] = 6
-    return out
+    return _activate(out, act)
 
 
 class ConvWeights:
