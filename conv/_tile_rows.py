@@ -138,7 +138,7 @@ def pixel_offsets(geom, strides, p0, count, m, runs, offs):
 
 
 @numba.njit(inline='always', **JIT)
-def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
+def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
     """Output pixels ``task // parts * MP`` on (at most ``MP``, a multiple of MR), output
     channels ``task % parts * KS`` on (at most ``KS``, a multiple of NR) of each group.
 
@@ -149,7 +149,8 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
     rows stay in L1), NR panels.  ``runs``: a kernel row's taps may be read as one
     run (``rows.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
     with ``runs``.  ``plan`` is :func:`tilegemm.conv.rows.rows_plan`'s record (its
-    names here); ``offs`` is the thread's.
+    names here); ``offs`` is the thread's.  ``beta0`` scales what ``out`` holds before
+    the first KC block: 0, or 1 to add the convolution to it (a residual).
     """
     r = plan[0]
     geom = geom_of(r)
@@ -168,7 +169,7 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
         b_g = g * Cg * ntaps * Np
         for pc in range(0, Cg, KC):
             kc = imin(KC, Cg - pc)
-            beta = DTYPE(0) if pc == 0 else DTYPE(1)
+            beta = beta0 if pc == 0 else DTYPE(1)
             e = epi if pc + KC >= Cg else 0
             a_at = g * Cg + pc
             b_pc = b_g + pc * ntaps * Np
@@ -195,15 +196,16 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs):
 
 
 @jit
-def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs):
+def rows_nhwc_tasks(counter, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
     """Tasks of :func:`rows_nhwc_task` taken from ``counter`` until the plan's ``ntasks``
     are out."""
     ntasks = plan[0].ntasks
+    beta0 = DTYPE(beta0)
     while True:
         task = next_task(counter)
         if task >= ntasks:
             break
-        rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs)
+        rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0)
 
 
 @numba.njit(inline='always', **JIT)

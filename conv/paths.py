@@ -46,6 +46,9 @@ def path_of(p, algorithm, dtype=np.float32, target=None):
     (:data:`tilegemm.conv.engine.Target`, the host's by default)."""
     if algorithm == "im2col":
         if p.pointwise and (p.layout == "NHWC" or im2col.reads_in_place(p)):
+            target = engine.host_target(dtype) if target is None else target
+            if p.layout == "NHWC" and p.Kg > target.nr:
+                return "im2col.rows"
             return "im2col.pointwise"
         return "im2col." + im2col_route(p, dtype, target)
     if algorithm == "winograd":
@@ -73,10 +76,14 @@ _IM2COL_RUNS = {"pointwise": im2col.pointwise, PACKED: im2col.run, ROWS: rows.ru
                 TAPS: taps.run, PLANES: planes.run}
 
 
+#: The paths that can add their result to what ``out`` holds (GEMM beta = 1), NHWC only.
+ACCUMULATING = {"im2col.pointwise": im2col.pointwise, "im2col.rows": rows.run}
+
+
 def accumulates(path, p):
     """Whether ``path`` can add its result to what ``out`` holds, in the epilogue (before
-    the bias and activation): NHWC 1x1 layers, one GEMM with beta = 1."""
-    return path == "im2col.pointwise" and p.layout == "NHWC"
+    the bias and activation): NHWC layers on a GEMM whose C is the output itself."""
+    return path in ACCUMULATING and p.layout == "NHWC"
 
 
 def run(path, x, w, bias, out, p, act, tile=2, accumulate=False):
@@ -88,7 +95,7 @@ def run(path, x, w, bias, out, p, act, tile=2, accumulate=False):
     :func:`accumulates`) adds the result to ``out``'s values before the activation."""
     algorithm, _, loop = path.partition(".")
     if accumulate:
-        return im2col.pointwise(x, w, bias, out, p, act, accumulate=True)
+        return ACCUMULATING[path](x, w, bias, out, p, act, accumulate=True)
     if algorithm == "im2col":
         return _IM2COL_RUNS[loop](x, w, bias, out, p, act)
     if algorithm == "winograd":

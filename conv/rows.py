@@ -161,12 +161,16 @@ def zero_row(size, dtype):
     return np.zeros(size, dtype)
 
 
-def run(x, w, bias, out, p, act):
+def run(x, w, bias, out, p, act, accumulate=False):
     """Convolution on the rows kernel: no patches, the image read where it lies.
 
-    NHWC, any groups: C is the output itself.  NCHW, one group: each task's C
-    goes through a per-thread buffer, transposed into the output's planes.
+    NHWC, any groups: C is the output itself, and ``accumulate`` adds the
+    convolution to what it holds (beta = 1: a residual summed in the epilogue).
+    NCHW, one group: each task's C goes through a per-thread buffer, transposed into
+    the output's planes.
     """
+    if accumulate and p.layout != "NHWC":
+        raise ValueError("the rows path accumulates into NHWC outputs only")
     kernel, _ = engine.gemm_kernel(out.dtype)
     mod = engine.family_module("rows", out.dtype)
     MR, NR = kernel.mr, kernel.nr
@@ -191,8 +195,9 @@ def run(x, w, bias, out, p, act):
             counter, plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
             plan.threads)
         return out
+    beta0 = 1.0 if accumulate else 0.0
     engine.launch(lambda t, counter: mod.rows_nhwc_tasks(
-        counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t]), plan.threads)
+        counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t], beta0), plan.threads)
     return out
 
 

@@ -44,8 +44,14 @@ def buffers(key, sizes, dtype):
         store = _workspace.buffers = {}
     key = (key, np.dtype(dtype).str)
     have = store.get(key)
-    if have is None or any(h.size < s for h, s in zip(have, sizes)):
-        have = store[key] = tuple(aligned_empty(max(s, 1), dtype) for s in sizes)
+    if have is None or len(have) != len(sizes) or any(h.size < s for h, s in zip(have, sizes)):
+        # Each buffer grows to the largest size asked of it: calls that alternate
+        # between one larger and the other larger must not reallocate every time.
+        old = have if have is not None and len(have) == len(sizes) else [None] * len(sizes)
+        have = store[key] = tuple(
+            h if h is not None and h.size >= s else
+            aligned_empty(max(s, 1, 0 if h is None else h.size), dtype)
+            for h, s in zip(old, sizes))
     return have
 
 

@@ -102,7 +102,7 @@ class Network:
                     plan = self._plans[key] = planning.plan_layouts(self, fed)
         return plan
 
-    def execute(self, fed, plan=None, profile=None, keep=False, memory=None):
+    def execute(self, fed, plan=None, profile=None, keep=False, memory=None, trace=None):
         """Run the steps on checked inputs ``fed``, step ``i`` in ``plan.layouts[i]``
         with its ``plan.choices[i]`` (all NCHW, conv2d's auto, when ``plan`` is None),
         converting a tensor when a step wants it in another layout;
@@ -112,14 +112,14 @@ class Network:
         ``memory`` is ``(Buffers, shapes)``: ``shapes[i]`` the (shape, dtype) of step
         ``i``'s outputs, used to take each output's buffer from the
         :class:`~tilegemm.net.memory.Buffers`; or ``(None, list)``: record the
-        shapes into the list."""
+        shapes into the list.  ``trace`` (a list) receives what ran, for :func:`replay`."""
         values = dict(fed)                  # activations only: constants stay apart
         where = {}                          # tensor -> layout, when not NCHW
         buffers, shapes = memory if memory is not None else (None, None)
         recording = buffers is None and shapes is not None
         for i, step in enumerate(self.steps):
             layout = "NCHW" if plan is None else plan.layouts[i]
-            args = [self._operand(values, where, n, layout, buffers) for n in step.inputs]
+            args = [self._operand(values, where, n, layout, buffers, trace) for n in step.inputs]
             run = planning.function(step, layout, None if plan is None or not plan.choices
                                     else plan.choices[i])
             out = None
@@ -138,15 +138,21 @@ class Network:
                                 None if plan is None or not plan.choices else plan.choices[i]))
             if recording:
                 shapes.append([(np.shape(r), np.asarray(r).dtype) for r in results])
+            if trace is not None:
+                fetch = tuple(n if n in values else self.graph.constants.get(n)
+                              for n in step.inputs)
+                trace.append((run, fetch, extra, step.outputs, step.frees))
             self._store(values, where, step, results, layout)
             if not keep:
                 self._free(values, step.frees, buffers, out, results)
         for name in self.outputs:
             if name in values:
                 values[name] = convert(values[name], where.get(name, "NCHW"), "NCHW")
+                if trace is not None:
+                    trace.append((name, where.get(name, "NCHW"), "NCHW", None))
         return values
 
-    def _operand(self, values, where, name, layout, buffers):
+    def _operand(self, values, where, name, layout, buffers, trace=None):
         """Input ``name`` of a step running in ``layout``, converted (and kept so) when
         it is in another layout."""
         if not name:
@@ -160,6 +166,8 @@ class Network:
                 converted_shape(x.shape, src, layout), x.dtype)
             values[name] = convert(x, src, layout, out)
             where[name] = layout
+            if trace is not None:
+                trace.append((name, src, layout, out))
             if buffers is not None:
                 buffers.give(x, values.values())
         return values[name]
@@ -245,11 +253,14 @@ class Network:
         fed = self._feeds(feeds)
         key = _shape_key(fed)
         plan = self._plan_for(fed)
-        memory = self._memory(key, plan)
-        values = self.execute(fed, plan, profile, memory=memory)
-        buffers = memory[0]
+        buffers, shapes, trace = self._memory(key, plan)
+        if trace and profile is None:
+            values = replay(trace, fed)
+        else:
+            values = self.execute(fed, plan, profile, memory=(buffers, shapes),
+                                  trace=None if buffers is None or profile is not None else trace)
         if buffers is None:                                   # recorded: later runs reuse
-            self._shapes[key] = (plan, memory[1])
+            self._shapes[key] = (plan, shapes)
         # An output that is a constant, or a view of an input or of a reused buffer, is
         # copied: callers own it.
         return {name: np.array(values[name], copy=any(
@@ -259,16 +270,17 @@ class Network:
                 for name in self.outputs}
 
     def _memory(self, key, plan):
-        """:meth:`execute`'s ``memory`` for inputs of ``key`` run by ``plan``: this
-        thread's buffers and the shapes recorded under that plan, or a list to record
-        them into (kept once complete)."""
+        """``(buffers, shapes, trace)`` for inputs of ``key`` run by ``plan``: this
+        thread's buffers, the shapes recorded under that plan and this thread's trace
+        of a run on those buffers (empty until one is recorded); or ``(None, list,
+        None)``: record the shapes into the list (kept once complete)."""
         recorded, shapes = self._shapes.get(key, (None, None))
         if shapes is None or recorded is not plan:
-            return None, []
+            return None, [], None
         mine = self._local.__dict__.setdefault("buffers", {})
         if key not in mine or mine[key][0] is not shapes:      # a new plan: new buffers
-            mine[key] = (shapes, Buffers())
-        return mine[key][1], shapes
+            mine[key] = (shapes, Buffers(), [])
+        return mine[key][1], shapes, mine[key][2]
 
     def describe(self, node, shapes, layout="NCHW", choice=None):
         """``(algorithm, flops)`` of ``node`` run in ``layout`` (a conv with ``choice``)
@@ -294,6 +306,31 @@ class Network:
     def __repr__(self):
         ins = ", ".join(f"{t.name}{list(t.shape)}" for t in self.inputs)
         return f"Network({len(self.steps)} steps, inputs: {ins}, outputs: {self.outputs})"
+
+
+def replay(trace, fed):
+    """A run recorded by :meth:`Network.execute` (``trace``), again on inputs ``fed``.
+
+    A run on one thread's buffers makes the same choices every time (the buffer each
+    step writes into, the conversions, what runs in place): they depend on shapes
+    and on which tensor is still read, never on values.  Replaying the steps with
+    those choices skips deciding them again, the Python cost of every step that a
+    small layer's time does not hide.
+    """
+    values = dict(fed)
+    for entry in trace:
+        if len(entry) == 4:                          # a layout conversion
+            name, src, dst, out = entry
+            values[name] = convert(values[name], src, dst, out)
+            continue
+        run, fetch, extra, outputs, frees = entry
+        results = run(*[values[n] if n.__class__ is str else n for n in fetch], **extra)
+        for name, value in zip(outputs, results):
+            if name:
+                values[name] = value
+        for name in frees:
+            del values[name]
+    return values
 
 
 def _shape_key(fed):

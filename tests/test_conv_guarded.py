@@ -20,6 +20,7 @@ LAYERS = {
                          ((1, 9, 11, 13), (7, 9, 1, 1), {}, "NCHW"),   # full tiles too
                          ((2, 8, 5, 7), (6, 4, 1, 1), dict(groups=2), "NHWC")],
     "im2col.rows": [((2, 5, 7, 9), (7, 5, 3, 3), dict(padding=1), "NHWC"),
+                    ((2, 9, 5, 7), (70, 9, 1, 1), {}, "NHWC"),          # 1x1, accumulating
                     ((2, 6, 7, 5), (9, 6, 2, 3), dict(padding=(1, 2), stride=2), "NCHW")],
     "im2col.taps": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW"),
                        ((2, 4, 9, 10), (6, 2, 3, 3), dict(stride=2, groups=2), "NCHW")],
@@ -81,5 +82,20 @@ def test_path_stays_inside_its_arrays(path, dtype, threads):
                 check()
                 np.testing.assert_array_equal(xg, x)       # inputs never modified
                 np.testing.assert_array_equal(wg, w)
+                if paths.accumulates(path, p):             # the residual summed in place
+                    skip = rng.standard_normal(expected.shape).astype(dtype)
+                    summed = np.maximum(reference_conv_layout(x, w, b, layout, kwargs) + skip, 0)
+                    rg = _guarded_copy(skip, where)
+                    got = tilegemm.conv2d(xg, wg, bg, activation="relu", layout=layout,
+                                          _path=path, residual=rg, out=rg, **call_kwargs)
+                    assert got is rg
+                    np.testing.assert_allclose(got, summed, rtol=1e-4, atol=1e-4)
     finally:
         numba.set_num_threads(saved)
+
+
+def reference_conv_layout(x, w, b, layout, kwargs):
+    """The float64 reference without activation, for ``x`` in ``layout``."""
+    if layout == "NHWC":
+        return reference_conv(x.transpose(0, 3, 1, 2), w, b, **kwargs).transpose(0, 2, 3, 1)
+    return reference_conv(x, w, b, **kwargs)

@@ -124,13 +124,18 @@ def test_pointwise_path_cuts_pixel_blocks_for_threads(monkeypatch):
 
 def test_pointwise_nchw_reads_the_image_in_place_with_few_output_channels():
     """Up to the GEMM's STREAM_ROWS output channels a group, or on small planes, a 1x1
-    NCHW layer reads the image in place; else it packs it (the packed path)."""
+    NCHW layer reads the image in place; else it packs it (the packed path).  NHWC:
+    one register tile of output channels a group is a plain GEMM; more go to the
+    rows kernel, whose weights are packed once."""
     rows = driver.STREAM_ROWS
+    nr = engine.host_target(np.float32).nr
     few = tilegemm.conv_plan((1, 256, 56, 56), (rows, 256, 1, 1))
     grouped = tilegemm.conv_plan((1, 256, 56, 56), (4 * rows, 64, 1, 1), groups=4)
     many = tilegemm.conv_plan((1, 64, 56, 56), (rows + 1, 64, 1, 1))
-    nhwc = tilegemm.conv_plan((1, 56, 56, 64), (4 * rows, 64, 1, 1), layout="NHWC")
+    nhwc = tilegemm.conv_plan((1, 56, 56, 64), (nr, 64, 1, 1), layout="NHWC")
+    nhwc_wide = tilegemm.conv_plan((1, 56, 56, 64), (nr + 1, 64, 1, 1), layout="NHWC")
     assert few.route == grouped.route == nhwc.route == "im2col.pointwise"
+    assert nhwc_wide.route == "im2col.rows"
     assert "in place" in few.path
     assert many.route == "im2col.packed" and "packed as B" in many.path
     side = int(im2col_path.IN_PLACE_PIXELS ** 0.5)

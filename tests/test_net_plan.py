@@ -116,11 +116,15 @@ def test_a_pointwise_residual_sums_in_its_epilogue_into_the_skip_buffer():
     expected = run_reference(model, feeds)[model.graph.output[0].name]
     for _ in range(3):
         assert_close(net(x), expected)
-    conv = tilegemm.conv.PreparedConv((2, 7, 7, 24), np.ones((8, 24, 1, 1), np.float32),
-                                      layout="NHWC")
-    assert conv.accumulates
-    skip = random_input((2, 7, 7, 8), seed=3)
-    x2 = random_input((2, 7, 7, 24), seed=4)
-    want = conv(x2) + skip
-    assert conv(x2, skip, out=skip) is skip
-    np.testing.assert_allclose(skip, want, rtol=1e-5, atol=1e-5)
+    # Few output channels run the plain GEMM, more the rows kernel; both sum in place.
+    for k, path in ((8, "im2col.pointwise"), (40, "im2col.rows")):
+        w = random_input((k, 24, 1, 1), seed=k)
+        conv = tilegemm.conv.PreparedConv((2, 7, 7, 24), w, np.ones(k, np.float32),
+                                          layout="NHWC", activation="relu")
+        assert conv.accumulates and conv.path == path
+        skip = random_input((2, 7, 7, k), seed=3)
+        x2 = random_input((2, 7, 7, 24), seed=4)
+        want = np.maximum(tilegemm.conv2d(x2, w, np.ones(k, np.float32), layout="NHWC")
+                          + skip, 0)
+        assert conv(x2, skip, out=skip) is skip
+        np.testing.assert_allclose(skip, want, rtol=1e-5, atol=1e-5)
