@@ -178,6 +178,11 @@ def test_broken_models_and_files(tmp_path):
     bad = _one_node("Relu", ("nowhere",))
     with pytest.raises(ValueError):
         tilegemm.load_onnx(bad)
+    short = MODELS["resnet"][0]()                   # a weight's data cut short
+    weight = short.graph.initializer[0]
+    weight.raw_data = weight.raw_data[:-4]
+    with pytest.raises(ValueError, match=f"initializer '{weight.name}' is malformed"):
+        tilegemm.load_onnx(short)
 
 
 def test_shape_mismatch_inside_the_graph_names_the_node():
