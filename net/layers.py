@@ -5,7 +5,6 @@ Inputs are NCHW (ONNX's layout).  What the passes fused into a Conv or Gemm node
 (:attr:`~tilegemm.net.graph.Node.epilogue`) runs in its epilogue: the activation
 (relu, relu6), and for a Conv the residual sum.
 """
-import threading
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
 from tilegemm.ground.split import for_slices
 from tilegemm.kernels.driver import gemm_into
+from tilegemm.net import pooling
 from tilegemm.net.ops import clip, first, relu, writes_into
 from tilegemm.net.registry import operator, unsupported
 
@@ -262,96 +262,36 @@ def _pool_size(size, begin, end, k, s, d, ceil_mode):
     return out
 
 
-_scratch = threading.local()
-
-
-def scratch(name, shape, dtype):
-    """This thread's array ``name`` of ``shape`` and ``dtype``, reused from call to call
-    (pooling's padded copy: a steady-state network run allocates none)."""
-    arrays = _scratch.__dict__.setdefault("arrays", {})
-    key = (name, tuple(shape), np.dtype(dtype))
-    if key not in arrays:
-        arrays[key] = np.empty(shape, dtype)
-    return arrays[key]
-
-
-def _taps(a, axis, k, s, d, count, reduce, out=None):
-    """``reduce`` over the ``k`` taps (dilation ``d``) of windows ``s`` apart along
-    ``axis``, ``count`` windows (into ``out`` if given, else a scratch array):
-    separable pooling, one axis at a time."""
-    def tap(i):
-        at = [slice(None)] * a.ndim
-        at[axis] = slice(i * d, i * d + s * (count - 1) + 1, s)
-        return a[tuple(at)]
-    acc = scratch("taps", tap(0).shape, a.dtype) if out is None else out
-    np.copyto(acc, tap(0))
-    for i in range(1, k):
-        reduce(acc, tap(i), out=acc)
-    return acc
-
-
 def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
            layout="NCHW", out=None):
-    """Max or average pooling of ``x`` (4-D in ``layout``) into ``out`` (new if None),
-    the threads taking slices of the batch or the channels; see :func:`pool_serial`."""
+    """Max or average pooling of ``x`` (4-D in ``layout``) into ``out`` (new if None);
+    ``pads`` (top, left, bottom, right).  The kernels of :mod:`tilegemm.net.pooling`,
+    the threads taking slices of the batch or, for one image, of the channels."""
     ay, ax = SPATIAL[layout]
-    axis = split_axis(x.shape, layout)
     shape = list(x.shape)
     shape[ay], shape[ax] = (_pool_size(x.shape[a], pads[i], pads[i + 2], kernel[i], strides[i],
                                        dilations[i], ceil_mode) for i, a in enumerate((ay, ax)))
+    if out is not None and not out.flags.c_contiguous:     # the kernels write flat arrays
+        np.copyto(out, pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind,
+                              count_pads, layout))
+        return out
     out = np.empty(shape, x.dtype) if out is None else out
+    if out.size == 0:
+        return out
+    x = np.ascontiguousarray(x)
+    geom = (kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1]) + tuple(pads)
+    run = pooling.pool_nhwc if layout == "NHWC" else pooling.pool_nchw
+    dims = x.shape + (out.shape[ay], out.shape[ax])
+    N, C = x.shape[0], x.shape[LAYOUTS[layout].index(1)]       # logical axis 1: C
+    xf, of = x.reshape(-1), out.reshape(-1)
 
-    def part(s):
-        pool_serial(along(x, layout, axis, s), kernel, strides, dilations, pads, ceil_mode, kind,
-                    count_pads, layout, along(out, layout, axis, s))
-    for_slices(part, x.shape[LAYOUTS[layout].index(axis)], x.size)
+    def part(s):                       # images s, or channels s of the one image
+        n0, n1, c0, c1 = (s.start, s.stop, 0, C) if N > 1 else (0, 1, s.start, s.stop)
+        bufs = np.empty((3, max(C, x.shape[ax])), x.dtype)
+        taps = np.empty(max(kernel[0] * kernel[1], kernel[0] + 3 * out.shape[ax]), np.intp)
+        run(xf, of, dims, geom, kind == "max", count_pads, (n0, n1, c0, c1), bufs, taps)
+    for_slices(part, N if N > 1 else C, x.size)
     return out
-
-
-def _with(shape, ay, ax, rows, cols):
-    shape = list(shape)
-    shape[ay], shape[ax] = rows, cols
-    return tuple(shape)
-
-
-def pool_serial(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=False,
-                layout="NCHW", out=None):
-    """Max or average pooling of ``x`` (4-D in ``layout``) on the calling thread,
-    into ``out`` if given; ``pads`` (top, left, bottom, right).
-
-    Separable: the windows' rows are reduced first (whole image rows, contiguous),
-    then their columns.  Windows past the padded input (``ceil_mode``) see nothing
-    there; an average divides by the positions its window covers: inside the input,
-    or inside the padded input when ``count_pads``.  NaN propagates through a max."""
-    ay, ax = SPATIAL[layout]
-    H, W = x.shape[ay], x.shape[ax]
-    top, left, bottom, right = pads
-    Ho = _pool_size(H, top, bottom, kernel[0], strides[0], dilations[0], ceil_mode)
-    Wo = _pool_size(W, left, right, kernel[1], strides[1], dilations[1], ceil_mode)
-    rows = max((Ho - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1, H + top + bottom)
-    cols = max((Wo - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1, W + left + right)
-    reduce = np.maximum if kind == "max" else np.add
-    shape, inside = list(x.shape), [slice(None)] * 4
-    shape[ay], shape[ax] = rows, cols
-    inside[ay], inside[ax] = slice(top, top + H), slice(left, left + W)
-    xp = scratch("padded", shape, x.dtype)
-    xp.fill(-np.inf if kind == "max" else 0)
-    xp[tuple(inside)] = x
-    if out is None:
-        out = np.empty(_with(x.shape, ay, ax, Ho, Wo), x.dtype)
-    y = _taps(_taps(xp, ay, kernel[0], strides[0], dilations[0], Ho, reduce),
-              ax, kernel[1], strides[1], dilations[1], Wo, reduce, out)
-    if kind == "max":
-        return y
-    counted = np.zeros((rows, cols))               # 2-D: small
-    if count_pads:
-        counted[:H + top + bottom, :W + left + right] = 1
-    else:
-        counted[top:top + H, left:left + W] = 1
-    count = _taps(_taps(counted, 0, kernel[0], strides[0], dilations[0], Ho, np.add),
-                  1, kernel[1], strides[1], dilations[1], Wo, np.add, np.empty((Ho, Wo)))
-    count = count.astype(x.dtype)
-    return np.divide(y, count if layout == "NCHW" else count[:, :, None], out=y)
 
 
 def _pool(kind):
