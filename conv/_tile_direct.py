@@ -59,14 +59,17 @@ depthwise_nhwc = make_depthwise_nhwc(DTYPE, LANES, ((DW_NHWC_WIDE, 1),
 #: Depthwise NHWC with three kernel columns (dilation 1, stride 1 or 2: MobileNet's
 #: 3x3 layers): DW3_VECTORS vectors of channels x DW3_PIXELS output pixels a call,
 #: each input column loaded once per kernel row for every pixel it feeds.  The sums,
-#: the row's weights and a column fill the register file: 2 vectors with 32
-#: registers (16 + 6 + 2), 1 with 16.  Pixel groups outer, channel blocks inner, so
-#: each call's columns are the next stretch of three contiguous input rows.  Its
-#: shapes: index ``stride - 1``.
-DW3_VECTORS = 2 if ISA_SHAPE[ISA][1] >= 32 else 1
+#: the row's weights and a column fill the register file: 2 x 8 pixels with 32
+#: registers (16 + 6 + 2), 2 x 4 with 16 (8 + 6 + 2).  Two vectors a column halve
+#: the address arithmetic per FMA (a pixel's stride C is not a constant), which
+#: bounds the kernel on AVX2: 2 x 4 ran 5-10% faster than 1 x 8 on MobileNetV2's
+#: layers of 7-28 pixels a row (Zen 3), alike at 56.  Pixel groups outer, channel
+#: blocks inner, so each call's columns are the next stretch of three contiguous
+#: input rows.  Its shapes: index ``stride - 1``.
+DW3_VECTORS = 2
+DW3_PIXELS = 8 if ISA_SHAPE[ISA][1] >= 32 else 4
 #: Output rows per depthwise NHWC task, at most (see depthwise_nhwc_tasks).
 DW_NHWC_BAND = 8
-DW3_PIXELS = 8
 depthwise_nhwc3 = make_depthwise_nhwc3(DTYPE, LANES, ((DW3_VECTORS, DW3_PIXELS, 1),
                                                       (DW3_VECTORS, DW3_PIXELS, 2)))
 
