@@ -230,6 +230,8 @@ class PreparedConv:
         self._act = _ACT_FLAGS[activation]
         _check_tile(winograd_tile, p, algorithm)
         self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, winograd_tile, None)
+        self._runner = None if self._path is None else paths.bind(
+            self._path[0], self._w, self._b, p, self.dtype, self._path[1])
 
     @property
     def output_shape(self):
@@ -273,8 +275,7 @@ class PreparedConv:
     def _run(self, x, out, act, accumulate):
         if self._path is None:
             return _trivial(x, self._b, out, self.params, act)
-        path, tile = self._path
-        return paths.run(path, x, self._w, self._b, out, self.params, act, tile, accumulate)
+        return self._runner(x, out, act, accumulate)
 
 
 def _on_tensors(operands, geometry, options):

@@ -371,16 +371,7 @@ def run(x, w, bias, out, p, act, path=None):
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
     elif path == NHWC_VECTOR:
-        # Depthwise NHWC: vectors of channels, a band of output rows a task: up to
-        # DW_NHWC_BAND rows, fewer where that leaves fewer than 4 tasks a thread.
-        threads = engine.threads_for(p.flops, p.N * p.Ho)
-        band = max(1, min(mod.DW_NHWC_BAND, p.N * p.Ho // (4 * threads)))
-        ntasks = p.N * cdiv(p.Ho, band)
-        wt = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
-        epi = act | (EPI_BIAS_COL if has_bias else 0)
-        args = ((ntasks, band), xf, wt, b, epi, of, geom, p.C)
-        engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
-        return out
+        return bind_nhwc_vector(w, bias, p, out.dtype)(x, out, act)
     else:
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
@@ -389,6 +380,31 @@ def run(x, w, bias, out, p, act, path=None):
     engine.launch(lambda t, counter: tasks(counter, plan, xf, wf, b, has_bias, act, of, accs[t]),
                   threads)
     return out
+
+
+def bind_nhwc_vector(w, bias, p, dtype):
+    """The depthwise NHWC loop (vectors of channels) for layer ``p`` with these weights
+    and bias, as ``run(x, out, act)``, its bias and geometry settled once; the
+    weights, (kh, kw, C) contiguous, come from the engine's cache on each call.
+
+    A task is a band of output rows: up to DW_NHWC_BAND rows, fewer where that leaves
+    fewer than 4 tasks a thread."""
+    dtype = np.dtype(dtype)
+    mod = engine.family_module("direct", dtype)
+    b = np.zeros(1, dtype) if bias is None else np.ascontiguousarray(bias, dtype)
+    has_bias = EPI_BIAS_COL if bias is not None else 0
+    geom = p.geom()
+
+    def run_bound(x, out, act):
+        threads = engine.threads_for(p.flops, p.N * p.Ho)
+        band = max(1, min(mod.DW_NHWC_BAND, p.N * p.Ho // (4 * threads)))
+        wt = engine.prepared("direct_nhwc_vector", w, (),
+                             lambda w: np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1))
+        args = ((p.N * cdiv(p.Ho, band), band), x.reshape(-1), wt, b, act | has_bias,
+                out.reshape(-1), geom, p.C)
+        engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
+        return out
+    return run_bound
 
 
 @functools.lru_cache(maxsize=64)

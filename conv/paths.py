@@ -86,6 +86,20 @@ def accumulates(path, p):
     return path in ACCUMULATING and p.layout == "NHWC"
 
 
+def bind(path, w, bias, p, dtype, tile=2):
+    """``run(x, out, act, accumulate=False)``: :func:`run` of ``path`` for the layer
+    ``p`` with these weights and bias, its per-layer decisions made once where the
+    path offers it (the rows and depthwise NHWC loops: the paths of small, many
+    layers, whose Python cost per call shows)."""
+    if path == "im2col.rows":
+        return rows.bind(w, bias, p, dtype)
+    if path == "direct." + direct.NHWC_VECTOR:
+        vector = direct.bind_nhwc_vector(w, bias, p, dtype)
+        return lambda x, out, act, accumulate=False: vector(x, out, act)
+    return lambda x, out, act, accumulate=False: run(path, x, w, bias, out, p, act, tile,
+                                                     accumulate)
+
+
 def run(path, x, w, bias, out, p, act, tile=2, accumulate=False):
     """Run ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) into ``out``.
 

@@ -169,36 +169,54 @@ def run(x, w, bias, out, p, act, accumulate=False):
     NCHW, one group: each task's C goes through a per-thread buffer, transposed into
     the output's planes.
     """
-    if accumulate and p.layout != "NHWC":
-        raise ValueError("the rows path accumulates into NHWC outputs only")
-    kernel, _ = engine.gemm_kernel(out.dtype)
-    mod = engine.family_module("rows", out.dtype)
+    return bind(w, bias, p, out.dtype)(x, out, act, accumulate)
+
+
+def bind(w, bias, p, dtype):
+    """:func:`run` for the layer ``p`` with these weights and bias, as
+    ``run(x, out, act, accumulate=False)``: the kernel, the bias and, per thread
+    count, the plan and zero row are settled once (a layer called again and again
+    pays only the launch).  The packed weights come from the engine's cache on each
+    call, which compares plain weight arrays with what was packed."""
+    dtype = np.dtype(dtype)
+    kernel, _ = engine.gemm_kernel(dtype)
+    mod = engine.family_module("rows", dtype)
     MR, NR = kernel.mr, kernel.nr
     machine = detect()
-    plan = rows_plan(p, out.dtype.itemsize, engine.threads_for(p.flops, 1 << 30), MR, NR,
-                      machine.l1d_bytes, machine.l2_bytes, ROWS_A_L1, ROWS_B_L2, ROWS_A_L2,
-                      ROWS_TASKS_PER_THREAD)
-    bpack, Np = engine.prepared("im2col_rows", w, (plan.KC, NR),
-                                lambda w: pack_weights(w, p, plan.KC, NR))
-    if bias is None:
-        b, epi = np.zeros(1, out.dtype), act
-    else:
-        b, epi = np.ascontiguousarray(bias, out.dtype), act | EPI_BIAS_COL
-    zeros = zero_row(plan.zeros, out.dtype.str)
-    (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads, (plan.offs,),
-                                    np.intp)
-    x1, out1 = x.reshape(-1), out.reshape(-1)
-    if p.layout == "NCHW":
-        (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
-                                         (plan.cbuf,), out.dtype)
-        engine.launch(lambda t, counter: mod.rows_nchw_tasks(
-            counter, plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
+    b = np.zeros(1, dtype) if bias is None else np.ascontiguousarray(bias, dtype)
+    has_bias = EPI_BIAS_COL if bias is not None else 0
+    plans = {}
+
+    def setup(threads):
+        plan = rows_plan(p, dtype.itemsize, threads, MR, NR, machine.l1d_bytes,
+                         machine.l2_bytes, ROWS_A_L1, ROWS_B_L2, ROWS_A_L2,
+                         ROWS_TASKS_PER_THREAD)
+        return plan, zero_row(plan.zeros, dtype.str)
+
+    def run_bound(x, out, act, accumulate=False):
+        if accumulate and p.layout != "NHWC":
+            raise ValueError("the rows path accumulates into NHWC outputs only")
+        threads = engine.threads_for(p.flops, 1 << 30)
+        plan, zeros = plans.get(threads) or plans.setdefault(threads, setup(threads))
+        bpack, _ = engine.prepared("im2col_rows", w, (plan.KC, NR),
+                                   lambda w: pack_weights(w, p, plan.KC, NR))
+        epi = act | has_bias
+        (offs,) = engine.thread_buffers(("im2col_rows", kernel.name), plan.threads,
+                                        (plan.offs,), np.intp)
+        x1, out1 = x.reshape(-1), out.reshape(-1)
+        if p.layout == "NCHW":
+            (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
+                                             (plan.cbuf,), dtype)
+            engine.launch(lambda t, counter: mod.rows_nchw_tasks(
+                counter, plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
+                plan.threads)
+            return out
+        beta0 = 1.0 if accumulate else 0.0
+        engine.launch(lambda t, counter: mod.rows_nhwc_tasks(
+            counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t], beta0),
             plan.threads)
         return out
-    beta0 = 1.0 if accumulate else 0.0
-    engine.launch(lambda t, counter: mod.rows_nhwc_tasks(
-        counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t], beta0), plan.threads)
-    return out
+    return run_bound
 
 
 def serves(p):

@@ -149,6 +149,7 @@ class ConvStep:
         self.act = node.epilogue.get("activation")
         self.prepared = {}     # (shape, dtype, layout, choice) -> PreparedConv
         self.variants = {}     # (layout, choice) -> run function
+        self.calls = {}        # (input shape, dtype, layout, choice) -> (conv, copies, padding)
 
     def padded(self, x, layout="NCHW"):
         """``(x, padding)`` for conv2d, which pads alike on both sides: uneven pads
@@ -173,10 +174,17 @@ class ConvStep:
         return self.prepared[key]
 
     def run(self, x, residual, layout, out, residual_free, choice):
-        _four_d(self.node, x)
-        x, padding = self.padded(x, layout)
+        key = (x.shape, x.dtype, layout, choice)
+        call = self.calls.get(key)
+        if call is None:                      # checked and planned once per input shape
+            _four_d(self.node, x)
+            padded, padding = self.padded(x, layout)
+            call = self.calls[key] = (self.conv(padded, padding, layout, choice),
+                                      padded is not x, padding)
+        conv, copies, padding = call
+        if copies:                            # uneven pads: a padded copy
+            x, _ = self.padded(x, layout)
         try:
-            conv = self.conv(x, padding, layout, choice)
             if residual is None:
                 return (conv(x, out=first(out)),)
             if residual.shape != conv.output_shape:    # a broadcast sum: after the conv
