@@ -38,8 +38,9 @@ class LayoutPlan:
     ``nhwc_seconds`` (every step that can NHWC, the other single-layout plan),
     ``problem`` (the cost tables; None for a plan given by hand), ``choices`` (per
     step, the conv algorithm timed fastest in its layout; None: conv2d's ``auto``),
-    ``measured`` (whole runs of the DP's plan and of both single-layout plans) and
-    ``name``, the one of them that runs: the fastest measured."""
+    ``measured`` (whole runs of the DP's plan and of both single-layout plans, each
+    with the timed algorithm choices and with conv2d's ``auto``: "dp", "nchw", "nhwc",
+    "dp auto", ...) and ``name``, the one of them that runs: the fastest measured."""
 
     layouts: list
     seconds: float = 0.0
@@ -47,7 +48,7 @@ class LayoutPlan:
     nhwc_seconds: float = 0.0
     problem: object = None
     choices: list = None        # per step: (algorithm, Winograd tile) timed fastest, or None
-    measured: dict = None       # {"dp"|"nchw"|"nhwc": best seconds of a whole run}
+    measured: dict = None       # {"dp"|"nchw"|"nhwc"[ auto]: best seconds of a whole run}
     name: str = "given"         # which of them runs
 
     def single(self, layout):
@@ -259,6 +260,10 @@ def plan_layouts(network, fed, layouts=None):
     plans = {name: LayoutPlan(layouts, choices=[choices[(i, layout)]
                                                 for i, layout in enumerate(layouts)])
              for name, layouts in candidates.items()}
+    # Each also with conv2d's own algorithm choice: a conv timed alone, caches warm,
+    # can pick an algorithm that loses inside the network (ResNet-18 at batch 8 on two
+    # threads: the timed choices' all-NHWC plan ran 145 ms, auto's 126).
+    plans.update({f"{name} auto": LayoutPlan(layouts) for name, layouts in candidates.items()})
     keys = [f"whole run {name} {fingerprint}" for name in plans]
     times = cache.many(keys, lambda: [_whole_run(network, fed, plans)[n] for n in plans])
     cache.save()

@@ -27,12 +27,6 @@ _kernel = numba.njit(**dict(JIT, _nrt=False))
 
 
 @_inline
-def _max(acc, value):
-    """``np.maximum`` of two floats: NaN if either is."""
-    return value if (value > acc) | (value != value) else acc
-
-
-@_inline
 def _span(o, s, d, k, pad, size, end_pad, count_pads):
     """``(first tap, last tap + 1, taps counted)`` of window ``o`` along one axis: the
     taps inside the input; counted, those inside the input or (``count_pads``) the
