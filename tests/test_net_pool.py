@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from guard import GUARD_PAGES, canaried, guarded_empty
 from tilegemm.net.layers import pool2d
 
 
@@ -70,3 +71,28 @@ def test_pooling_matches_every_window(layout, batch, threads, dtype):
                 got = got.transpose(0, 3, 1, 2)
             np.testing.assert_array_equal(xin, before)
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="no mmap/mprotect guard pages here")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_pooling_stays_inside_its_arrays(layout):
+    """Input against a guard page on either side, output too and inside canaries."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 7, 9)).astype(np.float32)
+    for kernel, strides, dilations, pads, ceil_mode in CASES:
+        for kind in ("max", "avg"):
+            want = reference_pool(x, kernel, strides, dilations, pads, ceil_mode, kind, True)
+            xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+            shape = want.shape if layout == "NCHW" else want.transpose(0, 2, 3, 1).shape
+            for where in ("after", "before"):
+                xg = guarded_empty(xin.shape, xin.dtype, where=where)
+                xg[...] = xin
+                boxed, check = canaried(shape, np.float32)
+                for out in (guarded_empty(shape, np.float32, where=where), boxed):
+                    got = pool2d(xg, kernel, strides, dilations, pads, ceil_mode, kind, True,
+                                 layout, out=out)
+                    assert got is out
+                    if layout == "NHWC":
+                        got = got.transpose(0, 3, 1, 2)
+                    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+                check()
