@@ -257,8 +257,11 @@ class Network:
         if trace and profile is None:
             values = replay(trace, fed)
         else:
-            values = self.execute(fed, plan, profile, memory=(buffers, shapes),
-                                  trace=None if buffers is None or profile is not None else trace)
+            # Recorded into a list of its own: a run that raises leaves no partial trace.
+            recording = [] if buffers is not None and profile is None else None
+            values = self.execute(fed, plan, profile, memory=(buffers, shapes), trace=recording)
+            if recording:
+                trace[:] = recording
         if buffers is None:                                   # recorded: later runs reuse
             self._shapes[key] = (plan, shapes)
         # An output that is a constant, or a view of an input or of a reused buffer, is

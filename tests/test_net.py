@@ -221,3 +221,23 @@ def test_an_input_against_a_guard_page_is_read_within_bounds(where):
     for transform in (False, True):
         got = tilegemm.load_onnx(model, layout_transform=transform)(x)
         assert_close(got, run_reference(model, {"x": np.array(x)})[model.graph.output[0].name])
+
+
+def test_a_run_that_fails_leaves_no_partial_replay():
+    """The run that records what later runs replay fails half-way: nothing of it is
+    kept, the next run records afresh and the one after replays a whole run."""
+    build, shape = MODELS["resnet"]
+    net = tilegemm.load_onnx(build(), layout_transform=False)
+    x = random_input(shape)
+    want = net(x)                                  # records the shapes
+    step = net.steps[len(net.steps) // 2]
+    kept = step.run
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("a step failed")
+    step.run = fails
+    with pytest.raises(RuntimeError, match="a step failed"):
+        net(x)
+    step.run = kept
+    for _ in range(2):                             # records, then replays
+        np.testing.assert_array_equal(net(x), want)
