@@ -29,6 +29,9 @@ from tilegemm.tuning.machine import detect
 FILE_NAME = "net-costs.json"
 #: Timed runs of a step per layout (the fastest is kept), after one warm-up call.
 REPEATS = 3
+#: Rounds of the whole-run check (each plan once a round, alternating): six plans of
+#: which a busy machine can favour one by chance in a few rounds.
+WHOLE_RUN_ROUNDS = 5
 
 
 @dataclass
@@ -282,7 +285,7 @@ def _whole_run(network, fed, plans):
     best = {}
     for plan in plans.values():
         network.execute(fed, plan)                 # prepares each conv's choice
-    for _ in range(REPEATS):
+    for _ in range(WHOLE_RUN_ROUNDS):
         for name, plan in plans.items():
             t0 = time.perf_counter()
             network.execute(fed, plan)
