@@ -21,6 +21,7 @@ import numpy as np
 
 from tilegemm.conv import engine
 from tilegemm.ground.contracts import EPI_BIAS_ROW, cdiv, round_up
+from tilegemm.kernels.driver import gemm_into
 from tilegemm.packing.winograd import pack_filter_transforms
 
 
@@ -79,11 +80,16 @@ def _packed_groups(name, w, p, KC, R, tile):
     Kg = p.Kg
 
     def build(w):
-        packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, R, tile)
+        packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, R, tile, _product)
                  for g in range(p.groups)]
         return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
 
     return engine.prepared(name, w, (p.groups, KC, R, tile), build)
+
+
+def _product(a, b):
+    """``a @ b`` on tilegemm's GEMM (its threads, not numpy's BLAS's)."""
+    return gemm_into(a, b, np.empty((a.shape[0], b.shape[1]), np.result_type(a, b)))
 
 
 def nchw_block(C, KC, Kp, NR, l2_bytes, itemsize, positions=16):

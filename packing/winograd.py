@@ -99,14 +99,16 @@ def tile_filter_transforms(weight, tile):
     return position_transforms(weight, tile).transpose(2, 1, 0)
 
 
-def position_transforms(weight, tile):
+def position_transforms(weight, tile, product=np.matmul):
     """The alpha^2 matrices ``U[xi]`` (C x K) of F(tile x tile, 3x3): shape (alpha^2, C,
     K), ``[alpha*a + b, c, k] = (G g_kc G^T)[a, b]``, C-contiguous.
 
     One matrix product with G's Kronecker square, ``(G (x) G)`` (alpha^2 x 9), over the
-    filters laid out (9, C*K): the layout the packing reads, and a single BLAS call
-    where a per-filter contraction took seconds on VGG's weights.  Larger tiles are
-    computed in float64 and rounded once (see :func:`tile_filter_transforms`).
+    filters laid out (9, C*K): the layout the packing reads, and a single GEMM
+    (``product(a, b)``; the convolution passes tilegemm's own, whose threads follow
+    tilegemm's limit where numpy's BLAS would start its own) where a per-filter
+    contraction took seconds on VGG's weights.  Larger tiles are computed in float64
+    and rounded once (see :func:`tile_filter_transforms`).
     """
     w = np.asarray(weight)
     if tile == 2:
@@ -115,10 +117,11 @@ def position_transforms(weight, tile):
     _, g_mat, _ = transform_matrices(tile)
     # The strided transpose in the weight's own dtype, the conversions contiguous.
     taps = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(9, C * K)
-    return (np.kron(g_mat, g_mat) @ taps.astype(np.float64)).astype(w.dtype).reshape(-1, C, K)
+    u = product(np.kron(g_mat, g_mat), taps.astype(np.float64))
+    return u.astype(w.dtype).reshape(-1, C, K)
 
 
-def pack_filter_transforms(weight, KC, R, tile=2):
+def pack_filter_transforms(weight, KC, R, tile=2, product=np.matmul):
     """The alpha^2 (C x K) matrices ``U[xi]`` of F(tile x tile, 3x3), packed (alpha =
     tile + 2; 16 for the default F(2x2), those of :func:`weight_transform`).
 
@@ -129,13 +132,14 @@ def pack_filter_transforms(weight, KC, R, tile=2):
 
     Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  One
     strided copy per KC block, all 16 matrices at once (a copy per matrix and
-    block costs Python overhead that outweighs the work).
+    block costs Python overhead that outweighs the work).  ``product`` computes the
+    larger tiles' transforms (:func:`position_transforms`).
     """
     K, C = weight.shape[:2]
     Kp = round_up(K, R)
     positions = (tile + 2) ** 2
     u = np.zeros((positions, C, Kp), weight.dtype)
-    u[:, :, :K] = position_transforms(weight, tile)
+    u[:, :, :K] = position_transforms(weight, tile, product)
     buf = np.zeros(positions * C * Kp + 1, weight.dtype)
     blocks = buf[:-1].reshape(positions, C * Kp)
     for pc in range(0, C, KC):
