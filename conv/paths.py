@@ -15,6 +15,7 @@ internal ``_path`` argument.
 import numpy as np
 
 from tilegemm.conv import direct, engine, im2col, planes, rows, taps, winograd
+from tilegemm.ground.contracts import EPI_ACCUMULATE
 
 #: The im2col loops other than ``pointwise``: the rows kernel (A's rows read in
 #: place), the taps kernel (B read in place or from a stride-split copy), the taps
@@ -76,14 +77,17 @@ _IM2COL_RUNS = {"pointwise": im2col.pointwise, PACKED: im2col.run, ROWS: rows.ru
                 TAPS: taps.run, PLANES: planes.run}
 
 
-#: The paths that can add their result to what ``out`` holds (GEMM beta = 1), NHWC only.
+#: The NHWC paths that can add their result to what ``out`` holds (GEMM beta = 1).
 ACCUMULATING = {"im2col.pointwise": im2col.pointwise, "im2col.rows": rows.run}
+#: Winograd adds it in its output transform (EPI_ACCUMULATE), in either layout.
+WINOGRAD = ("winograd.nchw", "winograd.nhwc")
 
 
 def accumulates(path, p):
     """Whether ``path`` can add its result to what ``out`` holds, in the epilogue (before
-    the bias and activation): NHWC layers on a GEMM whose C is the output itself."""
-    return path in ACCUMULATING and p.layout == "NHWC"
+    the activation): NHWC layers on a GEMM whose C is the output itself, and Winograd's
+    output transform."""
+    return (path in ACCUMULATING and p.layout == "NHWC") or path in WINOGRAD
 
 
 def bind(path, w, bias, p, dtype, tile=2):
@@ -108,6 +112,8 @@ def run(path, x, w, bias, out, p, act, tile=2, accumulate=False):
     output tile size m of a Winograd path (F(m x m, 3x3)); ``accumulate`` (where
     :func:`accumulates`) adds the result to ``out``'s values before the activation."""
     algorithm, _, loop = path.partition(".")
+    if accumulate and algorithm == "winograd":
+        return winograd.run(x, w, bias, out, p, act | EPI_ACCUMULATE, tile=tile)
     if accumulate:
         return ACCUMULATING[path](x, w, bias, out, p, act, accumulate=True)
     if algorithm == "im2col":

@@ -82,6 +82,9 @@ EPI_BIAS_COL = 2
 EPI_RELU = 4
 #: Then clamp to [0, 6].
 EPI_RELU6 = 8
+#: Add what the output already holds (a residual) before the activation: beta = 1 for
+#: the kernels that write their output in a transform (Winograd's) rather than a GEMM.
+EPI_ACCUMULATE = 16
 
 
 def cdiv(a, b):

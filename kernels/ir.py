@@ -13,7 +13,8 @@ import numpy as np
 from numba import types
 from numba.core import cgutils
 
-from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6
+from tilegemm.ground.contracts import (EPI_ACCUMULATE, EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU,
+                                       EPI_RELU6)
 
 #: Numba's float type for each supported numpy dtype.
 NUMBA_FLOAT = {np.float32: types.float32, np.float64: types.float64}
@@ -75,13 +76,24 @@ def epi_flags(builder, epi):
                                    ir.Constant(epi.type, 0))
 
     return {"row": flag(EPI_BIAS_ROW), "col": flag(EPI_BIAS_COL),
-            "relu": flag(EPI_RELU), "relu6": flag(EPI_RELU6)}
+            "relu": flag(EPI_RELU), "relu6": flag(EPI_RELU6), "acc": flag(EPI_ACCUMULATE)}
 
 
-def finish_scalar_bias(builder, r, flags, bias_v):
-    """``r + bias_v`` when the row-bias flag is set, then the activation."""
+def finish_scalar_bias(builder, r, flags, bias_v, held=None):
+    """``r + bias_v`` when the row-bias flag is set, plus ``held()`` (what the output
+    holds, loaded only under the flag) when the accumulate flag is, then the activation."""
     # select, not the add of a zero bias: r + 0.0 would turn -0.0 into +0.0.
     r = builder.select(flags["row"], builder.fadd(r, bias_v), r)
+    if held is not None:             # a branch: without the flag the output is not read
+        with builder.if_else(flags["acc"]) as (then, otherwise):
+            with then:
+                summed, summed_at = builder.fadd(r, held()), builder.block
+            with otherwise:
+                plain_at = builder.block
+        merged = builder.phi(r.type)
+        merged.add_incoming(summed, summed_at)
+        merged.add_incoming(r, plain_at)
+        r = merged
     return activation(builder, r, flags["relu"], flags["relu6"])
 
 

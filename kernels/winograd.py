@@ -304,7 +304,9 @@ def output_function(dtype_name, lanes, tile):
                                                  for a in range(alpha)])
                     for b in range(alpha)]
             for g, r in enumerate(group):
-                y = [finish_scalar_bias(builder, value, flags, bias_v)
+                # The activation after the lanes are put in pixel order: the residual
+                # (what the output holds, EPI_ACCUMULATE) is added there, before it.
+                y = [builder.select(flags["row"], builder.fadd(value, bias_v), value)
                      for value in apply_matrix(builder, AT, [cols[b][g] for b in range(alpha)])]
                 row_off = builder.mul(ir.Constant(intp, r), s_row)
                 with builder.if_then(builder.icmp_signed(">", rows_left, ir.Constant(intp, r))):
@@ -313,8 +315,13 @@ def output_function(dtype_name, lanes, tile):
                         mask = builder.and_(lane_range(builder, start, lo_p, hi_p, lanes),
                                             lane_range(builder, builder.add(col0, start), zero_i,
                                                        Wo, lanes))
-                        masked_store(builder, pick_lanes(builder, y, picks), out_ptr,
-                                     builder.add(row_off, start), mask)
+                        at = builder.add(row_off, start)
+                        held = (lambda at=at, mask=mask:
+                                masked_load(builder, out_ptr, at, mask, vec))
+                        value = finish_scalar_bias(builder, pick_lanes(builder, y, picks),
+                                                   dict(flags, row=ir.Constant(ir.IntType(1), 0)),
+                                                   bias_v, held)
+                        masked_store(builder, value, out_ptr, at, mask)
         builder.ret_void()
 
     return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_output_l{lanes}", fnty, body)
@@ -478,8 +485,11 @@ def output_nhwc_function(dtype_name, lanes, tile):
                                                                    ir.Constant(intp, j)))
                     offset = builder.add(builder.mul(ir.Constant(intp, r), s_row),
                                          builder.mul(ir.Constant(intp, j), s_col))
-                    masked_store(builder, finish_scalar_bias(builder, value, flags, bias_v),
-                                 out_ptr, offset, _pixel_mask(builder, ok, channels))
+                    mask = _pixel_mask(builder, ok, channels)
+                    held = (lambda offset=offset, mask=mask:
+                            masked_load(builder, out_ptr, offset, mask, vec))
+                    masked_store(builder, finish_scalar_bias(builder, value, flags, bias_v, held),
+                                 out_ptr, offset, mask)
         builder.ret_void()
 
     return Outlined(f"tilegemm_{dtype_name}_winograd{tile}_output_nhwc_l{lanes}", fnty, body)
