@@ -333,6 +333,8 @@ def run(x, w, bias, out, p, act, path=None):
 
     ``path`` (one of :data:`PATHS` that :func:`serves` ``p``) overrides :func:`route`."""
     path = route(p, out.dtype) if path is None else path
+    if path == NHWC_VECTOR:                 # its per-layer setup is bind's, made once
+        return bind_nhwc_vector(w, bias, p, out.dtype)(x, out, act)
     has_bias = bias is not None
     b = np.ascontiguousarray(bias) if has_bias else np.zeros(1, out.dtype)
     geom = p.geom()
@@ -370,8 +372,6 @@ def run(x, w, bias, out, p, act, path=None):
         (accs,) = engine.thread_buffers("direct_nchw", max(threads, 1), (KB * p.Wo,), out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         tasks = _nchw_tasks
-    elif path == NHWC_VECTOR:
-        return bind_nhwc_vector(w, bias, p, out.dtype)(x, out, act)
     else:
         threads = engine.threads_for(p.flops, ntasks)
         (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
