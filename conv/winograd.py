@@ -82,7 +82,8 @@ def _packed_groups(name, w, p, KC, R, tile):
     def build(w):
         packs = [pack_filter_transforms(w[g * Kg:(g + 1) * Kg], KC, R, tile, _product)
                  for g in range(p.groups)]
-        return np.concatenate([buf for buf, _ in packs]), packs[0][1], packs[0][0].size
+        buf = packs[0][0] if p.groups == 1 else np.concatenate([buf for buf, _ in packs])
+        return buf, packs[0][1], packs[0][0].size
 
     return engine.prepared(name, w, (p.groups, KC, R, tile), build)
 

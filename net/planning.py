@@ -8,8 +8,9 @@ then each run the whole network a few times, and the fastest runs.  The times ar
 cached on disk
 (``net-costs.json`` in the tilegemm cache directory, or the file
 ``TILEGEMM_NET_COSTS`` names) keyed by the machine, the
-library's code and each step's signature, so loading the same model again plans
-without timing anything.
+library's code and each step's signature, with the shapes of that NCHW run's
+tensors, so loading the same model again plans without timing, or running,
+anything.
 """
 import hashlib
 import importlib.metadata
@@ -192,13 +193,69 @@ def _step_cost(cache, step, args, layout, constants):
                key=lambda timed_choice: timed_choice[0])
 
 
+class _Unmeasured(Exception):
+    """A time the cache lacks, asked for while planning from recorded shapes."""
+
+
+class _Recorded:
+    """The cost cache's stored times, where a missing one raises :class:`_Unmeasured`
+    (it would have to be measured on real tensors)."""
+
+    def __init__(self, cache):
+        self.table = cache.table
+
+    def seconds(self, signature, measure):
+        if signature not in self.table:
+            raise _Unmeasured(signature)
+        return self.table[signature]
+
+
 def layout_problem(network, fed, cache):
     """``(Problem, choices, fingerprint)``: the :class:`~tilegemm.net.layout.Problem`
     of ``network`` on inputs ``fed``, ``{(step, layout): conv algorithm timed
-    fastest}`` and a digest of the steps' signatures (the key of whole-run times)."""
+    fastest}`` and a digest of the steps' signatures (the key of whole-run times).
+
+    Times are measured on the tensors of a run in NCHW.  When the cache holds every
+    time and the shapes of that run's tensors (keyed by :func:`graph_key`), the
+    problem is built from the shapes alone: loading a model again runs nothing (the
+    NCHW run also prepared each conv's NCHW weights, a second or more of a large
+    model's load, often for layouts the plan then does not use)."""
     constants = network.graph.constants
-    values = dict(constants)
-    values.update(network.execute(fed, keep=True))
+    key = "shapes " + graph_key(network, fed)
+    recorded = cache.table.get(key)
+    if recorded is not None:
+        stubs = {name: np.broadcast_to(np.zeros((), dtype), tuple(shape))
+                 for name, (shape, dtype) in recorded.items()}
+        try:
+            return _problem(network, fed, {**constants, **stubs}, _Recorded(cache))
+        except _Unmeasured:
+            pass
+    values = network.execute(fed, keep=True)
+    cache.table[key] = {name: [list(np.shape(v)), np.asarray(v).dtype.str]
+                        for name, v in values.items()}
+    cache.changed = True
+    return _problem(network, fed, {**constants, **values}, cache)
+
+
+def graph_key(network, fed):
+    """A digest of what fixes every tensor's shape: the steps (operator, attributes,
+    fused epilogue, tensor names), the constants' shapes and dtypes (and the values
+    of small integer ones, such as a Reshape's shape) and the inputs' shapes."""
+    parts = [f"{s.node.op} {sorted((k, repr(v)) for k, v in s.node.attrs.items())} "
+             f"{sorted((k, repr(v)) for k, v in s.node.epilogue.items())} "
+             f"{s.inputs} {s.outputs}" for s in network.steps]
+    for name, c in sorted(network.graph.constants.items()):
+        c = np.asarray(c)
+        small_int = c.dtype.kind in "iub" and c.size <= 64
+        parts.append(f"{name} {c.shape} {c.dtype.str} {c.tolist() if small_int else ''}")
+    parts += [f"{name} {np.shape(x)} {np.asarray(x).dtype.str}" for name, x in sorted(fed.items())]
+    return digest_text("\n".join(parts))
+
+
+def _problem(network, fed, values, cache):
+    """:func:`layout_problem` on ``values`` (every tensor, or stand-ins of their
+    shapes when ``cache`` holds every time)."""
+    constants = network.graph.constants
     ops, op_cost, convert_cost, choices = [], {}, {}, {}
     for i, step in enumerate(network.steps):
         args = [values[n] if n else None for n in step.inputs]

@@ -121,6 +121,13 @@ def position_transforms(weight, tile, product=np.matmul):
     return u.astype(w.dtype).reshape(-1, C, K)
 
 
+#: Bytes of float64 transforms computed at a time while packing: a chunk of input
+#: channels stays in cache between the product and its copy into the panels.
+#: Whole layers at once wrote VGG-11's 1M filters' F(6x6) transforms (0.5 GB in
+#: float64, then float32 copies of them) before packing: 1.5 s of its first run.
+PACK_CHUNK_BYTES = 1 << 21
+
+
 def pack_filter_transforms(weight, KC, R, tile=2, product=np.matmul):
     """The alpha^2 (C x K) matrices ``U[xi]`` of F(tile x tile, 3x3), packed (alpha =
     tile + 2; 16 for the default F(2x2), those of :func:`weight_transform`).
@@ -130,22 +137,27 @@ def pack_filter_transforms(weight, KC, R, tile=2, product=np.matmul):
     of it at ``j*R*kc``, value (c, r) at ``c*R + r``.  That is packed B of each
     ``U[xi]`` with NR = R, and packed A of its transpose with MR = R.
 
-    Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  One
-    strided copy per KC block, all 16 matrices at once (a copy per matrix and
-    block costs Python overhead that outweighs the work).  ``product`` computes the
-    larger tiles' transforms (:func:`position_transforms`).
+    Returns ``(buffer, Kp)``; the buffer has one spare element at its end.  The
+    transforms are computed a few input channels at a time
+    (:data:`PACK_CHUNK_BYTES`), each chunk copied into its panels for all alpha^2
+    matrices at once; ``product`` computes the larger tiles' transforms
+    (:func:`position_transforms`).
     """
     K, C = weight.shape[:2]
     Kp = round_up(K, R)
     positions = (tile + 2) ** 2
-    u = np.zeros((positions, C, Kp), weight.dtype)
-    u[:, :, :K] = position_transforms(weight, tile, product)
     buf = np.zeros(positions * C * Kp + 1, weight.dtype)
     blocks = buf[:-1].reshape(positions, C * Kp)
+    step = max(1, PACK_CHUNK_BYTES // (positions * Kp * 8))
+    u = np.zeros((positions, min(step, C), Kp), weight.dtype)    # the padding stays zero
     for pc in range(0, C, KC):
         kc = min(KC, C - pc)
-        panels = u[:, pc:pc + kc].reshape(positions, kc, Kp // R, R).transpose(0, 2, 1, 3)
-        blocks[:, pc * Kp:(pc + kc) * Kp].reshape(positions, Kp // R, kc, R)[...] = panels
+        panels = blocks[:, pc * Kp:(pc + kc) * Kp].reshape(positions, Kp // R, kc, R)
+        for c0 in range(0, kc, step):
+            cs = min(step, kc - c0)
+            u[:, :cs, :K] = position_transforms(weight[:, pc + c0:pc + c0 + cs], tile, product)
+            panels[:, :, c0:c0 + cs] = u[:, :cs].reshape(positions, cs, Kp // R, R).transpose(
+                0, 2, 1, 3)
     return buf, Kp
 
 

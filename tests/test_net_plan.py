@@ -53,15 +53,31 @@ def test_a_plan_by_hand_is_checked():
         net.plan(feeds, {s.node.name: "NHWC" for s in net.steps if s.node.op == "Gemm"})
 
 
-def test_timed_costs_are_cached_on_disk(tmp_path):
+def test_timed_costs_are_cached_on_disk(tmp_path, monkeypatch):
     model = MODELS["mobilenet"][0]()
     feeds = {"x": random_input(MODELS["mobilenet"][1])}
     first = tilegemm.load_onnx(model).plan(feeds)
     path = tmp_path / "net-costs.json"
     stamp = os.stat(path).st_mtime_ns, path.read_bytes()
-    again = tilegemm.load_onnx(model).plan(feeds)       # nothing new to time: no write
+    net = tilegemm.load_onnx(model)
+    runs = []
+    execute = type(net).execute
+    monkeypatch.setattr(type(net), "execute",
+                        lambda self, *args, **kw: runs.append(1) or execute(self, *args, **kw))
+    again = net.plan(feeds)       # nothing new to time: no write, and no step runs
+    assert not runs
     assert (os.stat(path).st_mtime_ns, path.read_bytes()) == stamp
     assert again.layouts == first.layouts and again.seconds == first.seconds
+    assert again.choices == first.choices
+    monkeypatch.undo()
+    for key, value in run_reference(model, feeds).items():
+        assert_close(net.run(feeds)[key], value)
+    # Another input shape has no recorded shapes: it runs the network to time it.
+    other = {"x": random_input((1,) + tuple(MODELS["mobilenet"][1][1:]))}
+    monkeypatch.setattr(type(net), "execute",
+                        lambda self, *args, **kw: runs.append(1) or execute(self, *args, **kw))
+    net.plan(other)
+    assert runs
 
 
 def test_a_new_shape_plans_and_without_layout_transform_nothing_plans():
