@@ -272,6 +272,21 @@ class PreparedConv:
         ``out`` that is the residual needs a scratch copy)."""
         return self._path is not None and paths.accumulates(self._path[0], self.params)
 
+    def runner_for(self, out, residual=None):
+        """``run(x)``: this convolution of ``x`` into ``out``, the checks skipped, for
+        a caller that repeats a call ``self(x, residual, out=out)`` already accepted on
+        the same buffers (a network's replayed runs); ``x`` must again have
+        ``input_shape`` and the input's dtype.  ``residual`` is given only as ``out``
+        itself (summed in the path's epilogue).  None where the call does more than
+        the path's run (no input channels, an empty output, a residual summed in a
+        pass of its own)."""
+        accumulate = residual is not None
+        if self._path is None or out.size == 0 or (
+                accumulate and (out is not residual or not self.accumulates)):
+            return None
+        run, act, dtype = self._runner, self._act, self.dtype
+        return lambda x: run(np.ascontiguousarray(x, dtype=dtype), out, act, accumulate)
+
     def _run(self, x, out, act, accumulate):
         if self._path is None:
             return _trivial(x, self._b, out, self.params, act)

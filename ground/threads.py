@@ -66,6 +66,8 @@ def get_num_threads():
     local = getattr(_local, "limit", None)
     if local is not None:
         n = min(n, local)
+    if n <= 1:
+        return 1            # no need to ask Numba (a microsecond, on every small call)
     return max(1, min(n, numba.get_num_threads()))
 
 

@@ -191,12 +191,27 @@ class ConvStep:
                 return (ACTIVATIONS[self.act](conv2d(
                     x, self.weights, self.b, self.strides, padding, self.dilations, self.groups,
                     layout=layout, algorithm=choice[0], winograd_tile=choice[1]) + residual),)
-            if (residual_free and conv.accumulates and residual.dtype == conv.dtype
-                    and residual.flags.c_contiguous and residual.flags.writeable):
+            if _sums_into(conv, residual, residual_free):
                 out = [residual]      # summed in the epilogue, in the residual's buffer
             return (conv(x, residual, out=first(out)),)
         except (ValueError, TypeError) as err:
             raise type(err)(f"node {self.node.name!r} (Conv): {err}") from err
+
+    def replay_form(self, x, residual, layout, out, residual_free, choice):
+        """What a replayed run calls instead, after :meth:`run` accepted these
+        arguments: the conv's path bound to the same output buffer (the checks and
+        decisions of ``run`` and of the conv made once), or None."""
+        call = self.calls.get((x.shape, x.dtype, layout, choice))
+        if call is None or call[1] or out is None:
+            return None
+        conv = call[0]
+        if residual is None:
+            fast = conv.runner_for(out[0])
+        elif residual.shape == conv.output_shape and _sums_into(conv, residual, residual_free):
+            fast = conv.runner_for(residual, residual)
+        else:
+            return None
+        return None if fast is None else (lambda x, *_, **__: (fast(x),))
 
     def variant(self, layout, choice=AUTO):
         """The step's function for ``layout`` and ``choice``, made once."""
@@ -208,6 +223,9 @@ class ConvStep:
             # the result (where the path sums in its epilogue, PreparedConv.accumulates)
             fn.sums_in_place = bool(self.node.epilogue.get("residual"))
             fn.writes_into = True
+            fn.replay_form = lambda x, _w, _b=None, residual=None, out=None, \
+                residual_free=False: self.replay_form(x, residual, layout, out, residual_free,
+                                                      choice)
             self.variants[key] = fn
         return self.variants[key]
 
@@ -237,6 +255,13 @@ class ConvStep:
         fn = in_layouts({layout: self.variant(layout) for layout in LAYOUTS})
         fn.variant, fn.choices, fn.describe = self.variant, self.choices, self.describe
         return writes_into(fn)
+
+
+def _sums_into(conv, residual, residual_free):
+    """Whether ``conv`` sums ``residual`` in its epilogue straight into the residual's
+    own buffer (free: no later step reads it)."""
+    return (residual_free and conv.accumulates and residual.dtype == conv.dtype
+            and residual.flags.c_contiguous and residual.flags.writeable)
 
 
 # --------------------------------------------------------------------------- BatchNormalization

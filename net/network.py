@@ -141,7 +141,10 @@ class Network:
             if trace is not None:
                 fetch = tuple(n if n in values else self.graph.constants.get(n)
                               for n in step.inputs)
-                trace.append((run, fetch, extra, step.outputs, step.frees))
+                # A step may offer a faster form for later runs on these very buffers.
+                replay_form = getattr(run, "replay_form", None)
+                fast = replay_form(*args, **extra) if replay_form is not None else None
+                trace.append((fast or run, fetch, extra, step.outputs, step.frees))
             self._store(values, where, step, results, layout)
             if not keep:
                 self._free(values, step.frees, buffers, out, results)
