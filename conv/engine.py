@@ -27,13 +27,14 @@ import weakref
 import numpy as np
 
 from tilegemm.ground import loader
-from tilegemm.ground.contracts import cdiv, jit
+from tilegemm.ground.contracts import cdiv, jit, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels import tilelib
-from tilegemm.kernels.driver import kernel_for
+from tilegemm.kernels.driver import derived_tile, kernel_for
 from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (launch: the paths' threads)
 from tilegemm.kernels.registry import get_kernel, lanes_of
+from tilegemm.tuning.blocking import register_tiles
 from tilegemm.tuning.machine import detect
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,6 +44,48 @@ def gemm_kernel(dtype, columns=None):
     """(kernel, blocking) the GEMM engine uses for ``dtype`` (for a product of fewer
     ``columns`` than its widest tile's NR, a narrower tile)."""
     return kernel_for(np.dtype(dtype), columns)
+
+
+#: Another tile replaces the GEMM's for a layer only when it is expected this much
+#: faster (:func:`filling_kernel`): each tile shape is a module of its own to compile.
+FILL_GAIN = 1.2
+#: Fewest rows of such a tile: four rows give the FMA units enough independent sums
+#: (a 4x24 AVX2 tile: 12 chains, 7 loads a k step for 12 FMAs).
+FILL_MIN_MR = 4
+
+
+def filling_kernel(dtype, columns):
+    """The GEMM kernel for a tile loop over ``columns`` output columns: the GEMM's own,
+    or the register tile that leaves the fewest lanes idle (a 4x24 AVX2 tile runs 24
+    channels whole where 6x16 runs 16 and then 8 in a half-empty tile), when it fills
+    :data:`FILL_GAIN` more.  Only where the GEMM's tile was derived, not set by
+    ``TILEGEMM_MR``/``TILEGEMM_NR``."""
+    kernel, blk = gemm_kernel(dtype)
+    key = (kernel.name, columns)
+    chosen = _filling.get(key)
+    if chosen is None:
+        chosen = _filling[key] = _filling_tile(kernel, blk, columns)
+    return chosen
+
+
+_filling = {}
+
+
+def _filling_tile(kernel, blk, columns):
+    if not derived_tile(blk) or columns <= 0:
+        return kernel
+
+    def speed(tile):
+        # Lanes used, times the tile's FMAs over its k step's issue slots (as many
+        # FMAs as loads a cycle: a tall narrow tile's broadcasts outnumber its FMAs).
+        mr, nr = tile
+        fmas, loads = mr * nr // blk.lanes, mr + nr // blk.lanes
+        return columns / round_up(columns, nr) * fmas / max(fmas, loads)
+    best = max((t for t in register_tiles(detect().vector_registers, blk.lanes)
+                if t[0] >= FILL_MIN_MR), key=speed)
+    if speed(best) < FILL_GAIN * speed((kernel.mr, kernel.nr)):
+        return kernel
+    return get_kernel(kernel.dtype, best[0], best[1], kernel.isa)
 
 
 #: The machine facts that decide which path serves a layer: the vector width in

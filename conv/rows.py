@@ -179,8 +179,8 @@ def bind(w, bias, p, dtype):
     pays only the launch).  The packed weights come from the engine's cache on each
     call, which compares plain weight arrays with what was packed."""
     dtype = np.dtype(dtype)
-    kernel, _ = engine.gemm_kernel(dtype)
-    mod = engine.family_module("rows", dtype)
+    kernel = engine.filling_kernel(dtype, p.Kg)
+    mod = engine.template_module("rows", dtype, kernel.mr, kernel.nr, kernel.isa)
     MR, NR = kernel.mr, kernel.nr
     machine = detect()
     b = np.zeros(1, dtype) if bias is None else np.ascontiguousarray(bias, dtype)
