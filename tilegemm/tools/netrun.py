@@ -110,11 +110,18 @@ def _one_thread(proto, net, x):
     return run
 
 
-def _time(parties, x, repeats):
-    """``{name: [seconds, ...]}``: the parties in turn, ``repeats`` rounds."""
+def _time(parties, x, repeats, threads=1):
+    """``{name: [seconds, ...]}``: the parties in turn, ``repeats`` rounds.
+
+    With several threads each sample waits for the previous party's idle workers to
+    stop spinning and warms up as the GEMM benchmark's do (``timing.before_sample``):
+    ResNet-18 and MobileNetV2 at batch 8 on 2 threads ran 1.2-1.4x slower right
+    after torch's or onnxruntime's call than after a pause."""
+    from tilegemm.tools.timing import before_sample, ramp_time, settle_time
     times = {name: [] for name, _ in parties}
     for _ in range(repeats):
         for name, call in parties:
+            before_sample(lambda: call(x), settle_time(threads), ramp_time(threads))
             t0 = time.perf_counter()
             call(x)
             times[name].append(time.perf_counter() - t0)
@@ -209,7 +216,7 @@ def run(args):
             parties.append((f"tilegemm {layout}", single))
     if args.scaling and threads > 1:
         parties.append(("tilegemm 1 thread", _one_thread(proto, net, x)))
-    times = _time(parties + [(p.name, p) for p in peers], x, args.repeats)
+    times = _time(parties + [(p.name, p) for p in peers], x, args.repeats, threads)
     best_ours = min(times["tilegemm"])
     for name, ts in times.items():
         ratio = "" if name == "tilegemm" else f"  {min(ts) / best_ours:.2f}x tilegemm's time"
