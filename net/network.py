@@ -14,6 +14,7 @@ import numpy as np
 from tilegemm.net import layers, ops, planning, registry  # noqa: F401 (ops: builders)
 from tilegemm.net.graph import from_onnx, read_model, validated
 from tilegemm.net.layers import convert, converted_shape
+from tilegemm.net import memory
 from tilegemm.net.memory import Buffers
 from tilegemm.net.passes import optimize
 
@@ -285,7 +286,9 @@ class Network:
             return None, [], None
         mine = self._local.__dict__.setdefault("buffers", {})
         if key not in mine or mine[key][0] is not shapes:      # a new plan: new buffers
-            mine[key] = (shapes, Buffers(), [])
+            largest = max((int(np.prod(shape)) * np.dtype(dtype).itemsize
+                           for step in shapes for shape, dtype in step), default=0)
+            mine[key] = (shapes, Buffers(memory.CHUNK_TENSORS * largest), [])
         return mine[key][1], shapes, mine[key][2]
 
     def describe(self, node, shapes, layout="NCHW", choice=None):
