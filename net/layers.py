@@ -12,7 +12,7 @@ from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
 from tilegemm.ground.split import for_slices
 from tilegemm.kernels.driver import gemm_into
-from tilegemm.net import pooling
+from tilegemm.net import pooling, reorder
 from tilegemm.net.ops import clip, first, relu, writes_into
 from tilegemm.net.registry import operator, unsupported
 
@@ -29,6 +29,17 @@ def along(x, layout, logical, part):
     at = [slice(None)] * x.ndim
     at[LAYOUTS[layout].index(logical)] = part
     return x[tuple(at)]
+
+
+def _few_channels(x, src, out, channels):
+    """:func:`convert` of a C-contiguous ``x`` with few ``channels`` into ``out``
+    (:mod:`tilegemm.net.reorder`), the threads taking images."""
+    copy = reorder.planes_to_pixels if src == "NCHW" else reorder.pixels_to_planes
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    n, hw = x.shape[0], x.size // max(1, x.shape[0] * channels)
+    for_slices(lambda part: copy(flat_x, flat_out, part.start, part.stop, channels, hw),
+               n, x.size)
+    return out
 
 
 def split_axis(shape, layout):
@@ -52,6 +63,9 @@ def convert(x, src, dst, out=None):
     perm = to_logical[list(LAYOUTS[dst])]
     if out is None:
         out = np.empty(converted_shape(x.shape, src, dst), x.dtype)
+    channels = x.shape[LAYOUTS[src].index(1)]
+    if channels <= reorder.MAX_CHANNELS and x.flags.c_contiguous and out.flags.c_contiguous:
+        return _few_channels(x, src, out, channels)
     axis = split_axis(x.shape, src)
     length = x.shape[LAYOUTS[src].index(axis)]
 
