@@ -79,6 +79,15 @@ def epi_flags(builder, epi):
             "relu": flag(EPI_RELU), "relu6": flag(EPI_RELU6), "acc": flag(EPI_ACCUMULATE)}
 
 
+def constant_flags(epi):
+    """:func:`epi_flags` of an ``epi`` known when the code is generated: i1 constants,
+    which fold every select they choose."""
+    bit = ir.IntType(1)
+    return {name: ir.Constant(bit, int(bool(epi & value))) for name, value in (
+        ("row", EPI_BIAS_ROW), ("col", EPI_BIAS_COL), ("relu", EPI_RELU), ("relu6", EPI_RELU6),
+        ("acc", EPI_ACCUMULATE))}
+
+
 def finish_scalar_bias(builder, r, flags, bias_v, held=None):
     """``r + bias_v`` when the row-bias flag is set, plus ``held()`` (what the output
     holds, loaded only under the flag) when the accumulate flag is, then the activation."""

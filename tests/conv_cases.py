@@ -157,10 +157,12 @@ def family_of(tasks):
     return "direct"
 
 
-def record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
+def record_arg(monkeypatch, name, index, dtype=np.float32, field=None, columns=None):
     """Wrap the ``dtype`` task loop ``name`` (in its family's module; for Winograd, in
-    every tile size's and narrow kernel's): each call records its argument ``index`` in
-    the list returned (with ``field``, that field of the argument, a plan's record)."""
+    every tile size's and narrow kernel's; for the rows loops, in the module of the tile
+    ``engine.filling_kernel`` gives layers of ``columns`` output channels a group):
+    each call records its argument ``index`` in the list returned (with ``field``,
+    that field of the argument, a plan's record)."""
     from tilegemm.conv import winograd
     from tilegemm.kernels.registry import registered_kernels
     family = family_of(name)
@@ -169,6 +171,9 @@ def record_arg(monkeypatch, name, index, dtype=np.float32, field=None):
         widths = {nr for dt, _, nr, _ in registered_kernels() if dt == np.dtype(dtype)}
         modules = {engine.family_module(family, dtype, tile, columns)
                    for tile in winograd.TILES for columns in widths | {None}}
+    elif family == "rows" and columns is not None:
+        kernel = engine.filling_kernel(dtype, columns)
+        modules = {engine.template_module(family, dtype, kernel.mr, kernel.nr, kernel.isa)}
     else:
         modules = {engine.family_module(family, dtype)}
     for mod in modules:

@@ -40,7 +40,9 @@ def _run_rows_path(shape, layout, threads, dtype, activation, monkeypatch):
     monkeypatch.setattr(rows_mod, "ROWS_A_L1", 1 / 16)
     monkeypatch.setattr(rows_mod, "ROWS_B_L2", 1 / 2048)
     monkeypatch.setattr(rows_mod, "ROWS_A_L2", 1 / 4096)
-    tasks = record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype, field="ntasks")
+    x_shape, (K, _, _), kwargs = shape
+    tasks = record_arg(monkeypatch, f"rows_{layout.lower()}_tasks", 1, dtype, field="ntasks",
+                       columns=K // kwargs.get("groups", 1))
     with numba_threads(threads):
         run_case(shape, "im2col", layout, dtype, bias=True, activation=activation,
                  path="im2col.rows")
