@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm.net import layers, ops, planning, registry  # noqa: F401 (ops: builders)
+from tilegemm.net import layers, memory, ops, planning, registry  # noqa: F401 (ops: builders)
 from tilegemm.net.graph import from_onnx, read_model, validated
 from tilegemm.net.layers import convert, converted_shape
-from tilegemm.net import memory
 from tilegemm.net.memory import Buffers
 from tilegemm.net.passes import optimize
 
