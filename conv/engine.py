@@ -56,9 +56,10 @@ FILL_MIN_MR = 4
 
 def filling_kernel(dtype, columns):
     """The GEMM kernel for a tile loop over ``columns`` output columns: the GEMM's own,
-    or the register tile that leaves the fewest lanes idle (a 4x24 AVX2 tile runs 24
-    channels whole where 6x16 runs 16 and then 8 in a half-empty tile), when it fills
-    :data:`FILL_GAIN` more.  Only where the GEMM's tile was derived, not set by
+    or the register tile of the same register file expected fastest on them (lanes
+    used, times FMAs over loads a k step: a 4x24 AVX2 tile runs 24 channels whole
+    where 6x16 runs 16 and then 8 in a half-empty tile) when that is :data:`FILL_GAIN`
+    faster.  Only where the GEMM's tile was derived, not set by
     ``TILEGEMM_MR``/``TILEGEMM_NR``."""
     kernel, blk = gemm_kernel(dtype)
     key = (kernel.name, columns)
