@@ -126,6 +126,25 @@ def test_blocking_note_says_whether_b_fits_in_l3():
     assert "sits in" not in ladder.blocking_reason(1024, 0)
 
 
+def test_blocking_note_carries_the_rates_measured_past_l3():
+    results = [_result(1, 25.0), _result(2, 21.0)]
+    assert ladder.past_l3_quarter(1024, 32 << 20) == 2048
+    assert ladder.past_l3_quarter(4096, 32 << 20) is None
+    assert ladder.past_l3_quarter(1024, 0) is None
+    assert ladder.blocking_check_n(results, 32 << 20) == 2048
+    assert ladder.blocking_check_n(results, 0) is None
+    assert ladder.blocking_check_n([_result(1, 25.0), _result(2, 24.5)], 32 << 20) is None
+    assert ladder.blocking_check_n([_result(1, 0.5), _result(2, 0.4)], 32 << 20) is None  # too slow
+    check = ladder.BlockingCheck(n=2048, loop_gflops=9.0, blocked_gflops=21.6)
+    (note,) = ladder.slower_notes(results, l3_bytes=32 << 20, check=check)
+    assert "(n = 2048) they ran 9.0 and 21.6 GFLOPS, rung 2 2.40x rung 1" in note
+
+
+def test_measure_blocking_check_times_rungs_1_and_2():
+    check = ladder.measure_blocking_check(96, rounds=1)
+    assert check.n == 96 and check.loop_gflops > 0 and check.blocked_gflops > 0
+
+
 def test_rung_below_n_gets_a_note():
     notes = ladder.smaller_n_notes([_result(0, 1.0, n=512), _result(1, 10.0)], 1024)
     assert len(notes) == 1 and notes[0].startswith("rung 0 ran at n = 512:")

@@ -37,11 +37,13 @@ from tilegemm.ladder.register_tile import (make_register_tile, pack_columns,
 from tilegemm.ladder.rungs import (LOCAL_MR, LOCAL_NR, blocked, library_micro_kernel,
                                    loop_ikj, naive_ijk, packed, threaded,
                                    tile_in_local_array)
-from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, Contention, Result, Rung, compute,
-                                    measure, measure_contention, run_ladder)
-from tilegemm.ladder.table import (SCALING_WARNING, SLOWER_BECAUSE, SLOWER_MARGIN, SPREAD_WARNING,
-                                   blocking_reason, busy_machine_warning, contention_notes,
-                                   format_table, main, plot, slower_notes, smaller_n_notes,
+from tilegemm.ladder.runner import (CALL_BUDGET, PROBE_N, RUNGS, BlockingCheck, Contention, Result,
+                                    Rung, compute, measure, measure_blocking_check,
+                                    measure_contention, run_ladder)
+from tilegemm.ladder.table import (CHECK_BUDGET, SCALING_WARNING, SLOWER_BECAUSE, SLOWER_MARGIN,
+                                   SPREAD_WARNING, blocking_check_n, blocking_reason,
+                                   busy_machine_warning, contention_notes, format_table, main,
+                                   past_l3_quarter, plot, slower_notes, smaller_n_notes,
                                    width_notes)
 
 __all__ = [
@@ -52,7 +54,8 @@ __all__ = [
     "Rung", "RUNGS", "compute", "CALL_BUDGET", "PROBE_N", "Result", "measure", "run_ladder",
     "Contention", "measure_contention", "contention_notes",
     "format_table", "SLOWER_BECAUSE", "SPREAD_WARNING", "SCALING_WARNING", "slower_notes",
-    "SLOWER_MARGIN", "blocking_reason",
+    "SLOWER_MARGIN", "blocking_reason", "past_l3_quarter", "blocking_check_n", "CHECK_BUDGET",
+    "BlockingCheck", "measure_blocking_check",
     "smaller_n_notes", "width_notes", "busy_machine_warning",
     "plot", "main",
 ]

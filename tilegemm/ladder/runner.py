@@ -253,6 +253,29 @@ def measure_contention(n, threads, dtype=np.float32, rounds=5):
     return Contention(threads, n, flops / min(alone) / 1e9, threads * flops / min(together) / 1e9)
 
 
+@dataclass
+class BlockingCheck:
+    """Rungs 1 and 2 timed at a size ``n`` whose B is past a quarter of L3, where
+    rung 1 waits on memory: what rung 2's blocking saves once there is something to
+    save (see :func:`~tilegemm.ladder.table.blocking_reason`)."""
+
+    n: int
+    loop_gflops: float
+    blocked_gflops: float
+
+
+def measure_blocking_check(n, dtype=np.float32, rounds=2):
+    """The :class:`BlockingCheck` at size ``n``: rungs 1 and 2 in alternating rounds
+    (a neighbour that comes and goes weighs on both alike), best time of each."""
+    a, b, c = _operands(n, dtype)
+    loop, blocked_ = [], []
+    for _ in range(rounds):
+        loop += _timed_runs(lambda: compute(1, a, b, c), min_runs=1, min_total=0)
+        blocked_ += _timed_runs(lambda: compute(2, a, b, c), min_runs=1, min_total=0)
+    flops = 2 * n ** 3
+    return BlockingCheck(n, flops / min(loop) / 1e9, flops / min(blocked_) / 1e9)
+
+
 def run_ladder(n=1024, dtype=np.float32, log=None):
     """Measure every rung; returns a list of :class:`Result`, in rung order."""
     numpy_cache = {}

@@ -8,7 +8,8 @@ import time
 import numba
 import numpy as np
 
-from tilegemm.ladder.runner import CALL_BUDGET, measure_contention, run_ladder
+from tilegemm.ladder.runner import (CALL_BUDGET, measure_blocking_check, measure_contention,
+                                    run_ladder)
 from tilegemm.tuning.blocking import blocking
 
 
@@ -46,35 +47,70 @@ SCALING_WARNING = 0.75
 SLOWER_MARGIN = 0.95
 
 
-def blocking_reason(n, l3_bytes, itemsize=4):
+#: Longest one call of rung 1 may be predicted to take (at its measured rate) for
+#: :func:`blocking_check_n` to time rungs 1 and 2 past a quarter of L3.
+CHECK_BUDGET = 1.0
+
+
+def past_l3_quarter(n, l3_bytes, itemsize=4):
+    """The first size ``n * 2**i`` whose B is past a quarter of L3 (``l3_bytes``), its
+    share on a VM with neighbours; None when L3 is unknown or B is past it already."""
+    if not l3_bytes or n * n * itemsize > l3_bytes // 4:
+        return None
+    past = n
+    while past * past * itemsize <= l3_bytes // 4:
+        past *= 2
+    return past
+
+
+def blocking_check_n(results, l3_bytes):
+    """The size at which to time rungs 1 and 2 again (:func:`measure_blocking_check`),
+    or None: only when rung 2 ran below :data:`SLOWER_MARGIN` times rung 1 because B
+    sits in L3, and rung 1's call there is predicted under :data:`CHECK_BUDGET`."""
+    rates = {r.rung.number: r for r in results}
+    if 1 not in rates or 2 not in rates or rates[2].n != rates[1].n:
+        return None
+    loop = rates[1]
+    if rates[2].gflops >= SLOWER_MARGIN * loop.gflops:
+        return None
+    past = past_l3_quarter(loop.n, l3_bytes)
+    if past is None or 2 * past ** 3 / (loop.gflops * 1e9) > CHECK_BUDGET:
+        return None
+    return past
+
+
+def blocking_reason(n, l3_bytes, itemsize=4, check=None):
     """Why rung 2 may not beat rung 1 at size ``n``: rung 1 waits on memory only once
     B outgrows a quarter of L3 (``l3_bytes``; 0 when unknown), its share on a VM with
-    neighbours (on a 32 MiB Zen 3 L3, float32: rung 1 20-22 GFLOPS from n = 128 to
-    1024, 8 at n = 2048, where rung 2 held 20)."""
+    neighbours (on a 32 MiB Zen 3 L3, float32: rung 1 20-27 GFLOPS from n = 128 to
+    1024, 8-11 at n = 2048, where rung 2 held 20-23).  ``check``, a
+    :class:`~tilegemm.ladder.runner.BlockingCheck`, adds the two rungs' rates there."""
     b_bytes = n * n * itemsize
-    if l3_bytes and b_bytes <= l3_bytes // 4:
-        past = n
-        while past * past * itemsize <= l3_bytes // 4:
-            past *= 2
-        return (f"B ({b_bytes / 2 ** 20:.0f} MiB) sits in this CPU's L3 "
-                f"({l3_bytes / 2 ** 20:.0f} MiB), so rung 1 does not wait on memory and "
-                f"blocking has nothing to save yet; with B past a quarter of it (n = {past}) "
-                "rung 1 falls and rung 2 holds (docs/cache-blocking.md)")
-    return ("both store a sum to memory per multiply-add, and on this CPU that bounds "
-            "them more than where B comes from")
+    past = past_l3_quarter(n, l3_bytes, itemsize)
+    if past is None:
+        return ("both store a sum to memory per multiply-add, and on this CPU that bounds "
+                "them more than where B comes from")
+    reason = (f"B ({b_bytes / 2 ** 20:.0f} MiB) sits in this CPU's L3 "
+              f"({l3_bytes / 2 ** 20:.0f} MiB), so rung 1 does not wait on memory and "
+              f"blocking has nothing to save yet; with B past a quarter of it (n = {past}) ")
+    if check is None:
+        return reason + "rung 1 falls and rung 2 holds (docs/cache-blocking.md)"
+    return reason + (f"they ran {check.loop_gflops:.1f} and {check.blocked_gflops:.1f} GFLOPS, "
+                     f"rung 2 {check.blocked_gflops / check.loop_gflops:.2f}x rung 1 (measured "
+                     f"now, n = {check.n})")
 
 
-def slower_notes(results, l3_bytes=0):
+def slower_notes(results, l3_bytes=0, check=None):
     """One line for each rung below :data:`SLOWER_MARGIN` times the one before it,
-    saying why (:data:`SLOWER_BECAUSE`, :func:`blocking_reason`) and whether the
-    repeats' spread covers the gap."""
+    saying why (:data:`SLOWER_BECAUSE`, :func:`blocking_reason` with ``check``) and
+    whether the repeats' spread covers the gap."""
     notes = []
     for prev, r in zip(results, results[1:]):
         ratio = r.gflops / prev.gflops
         if ratio >= SLOWER_MARGIN:
             continue
         if r.rung.number == 2:
-            reason = blocking_reason(r.n, l3_bytes)
+            reason = blocking_reason(r.n, l3_bytes, check=check)
         else:
             reason = SLOWER_BECAUSE.get(r.rung.number, "see the rung's docstring")
         within = r.gflops * (1 + max(r.spread, prev.spread)) >= prev.gflops
@@ -218,10 +254,15 @@ def main(argv=None):
         print(f"  {contention.threads} rung-5 products at once: "
               f"{contention.together_gflops:.1f} GFLOPS, {contention.scaling:.2f}x one alone",
               flush=True)
+    check_n = blocking_check_n(results, m.l3_bytes)
+    check = measure_blocking_check(check_n) if check_n else None
+    if check:
+        print(f"  rungs 1 and 2 at n={check.n}: {check.loop_gflops:.1f} and "
+              f"{check.blocked_gflops:.1f} GFLOPS", flush=True)
     table = format_table(results)
     print()
     print(table)
-    notes = (slower_notes(results, m.l3_bytes) + smaller_n_notes(results, args.n)
+    notes = (slower_notes(results, m.l3_bytes, check) + smaller_n_notes(results, args.n)
              + width_notes(results) + contention_notes(results, contention))
     for note in notes:
         print(note)
