@@ -43,6 +43,7 @@ UNIT, FALSE = _SHARED.UNIT, _SHARED.FALSE
 
 ukernel_rows = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS)
 ukernel_rows_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_EDGE)
+ukernel_rows_panels = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_PANELS)
 # Channels-first: a pixel's channels H*W apart.
 ukernel_rows_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED)
 ukernel_rows_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_STRIDED_EDGE)
@@ -175,6 +176,10 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
             b_pc = b_g + pc * ntaps * Np
             for jc in range(k0, k1, NC):
                 j_end = imin(jc + NC, k1)
+                if not runs:
+                    rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, (a_at, b_pc, kc),
+                                    (p0 * K + g * Kg, count, g * Kg), (jc, j_end), (beta, e))
+                    continue
                 for q in range(panels):
                     pix = p0 + q * MR
                     rows = imin(MR, m - pix)
@@ -193,6 +198,48 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
                             ukernel_rows_edge(t_kc, x, a_at, offs, q * stride, t_step, t_n,
                                               zeros, bpack, b_at, t_kc * NR, out, c_at + jr, K,
                                               DTYPE(1), beta, bias, g * Kg + jr, e, rows, cols)
+
+
+@numba.njit(inline='always', **JIT)
+def rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, block, pixels, channels, finish):
+    """:func:`rows_nhwc_task`'s panels of pixels times output channels of one KC block,
+    where no panel reads a kernel row as one run.  ``block = (a_at, b_pc, kc)``: the
+    block's first channel in the image and its weights; ``pixels = (c_at, count,
+    k_g)``: the panels' ``count`` pixels from C's ``c_at`` and this group's channels
+    from ``k_g``; ``channels = (jc, j_end)``; ``finish = (beta, epi)``.
+
+    Runs of up to ``QB`` panels (every panel when one NR panel of weights covers the
+    channels) go through the panels kernel, one call per NR panel: their input pixels
+    stay in L1 from one NR panel to the next, and a 1x1 layer's short k loops pay one
+    call per run instead of one per tile.  The last panel when it has fewer than MR
+    pixels, and the last NR panel when narrower, take the edge kernel a tile at a
+    time.
+    """
+    r = plan[0]
+    Kg, K, QB, ntaps = r.Kg, r.K, r.QB, r.kh * r.kw
+    a_at, b_pc, kc = block
+    c_at, count, k_g = pixels
+    jc, j_end = channels
+    beta, e = finish
+    stride = panel_stride(ntaps)
+    panels = (count + MR - 1) // MR
+    full = count // MR                                # panels of MR pixels
+    run = panels if j_end - jc <= NR else QB
+    for q0 in range(0, panels, run):
+        q1 = imin(q0 + run, panels)
+        for jr in range(jc, j_end, NR):
+            cols = imin(NR, Kg - jr)
+            b_at = b_pc + jr * ntaps * kc
+            start = q0
+            if cols == NR and imin(q1, full) > q0:
+                start = imin(q1, full)
+                ukernel_rows_panels(kc, x, a_at, offs, q0 * stride, MR, ntaps, zeros, bpack,
+                                    b_at, kc * NR, out, c_at + q0 * MR * K + jr, K, DTYPE(1),
+                                    beta, bias, k_g + jr, e, start - q0, stride)
+            for q in range(start, q1):
+                ukernel_rows_edge(kc, x, a_at, offs, q * stride, MR, ntaps, zeros, bpack, b_at,
+                                  kc * NR, out, c_at + q * MR * K + jr, K, DTYPE(1), beta, bias,
+                                  k_g + jr, e, imin(MR, count - q * MR), cols)
 
 
 @jit

@@ -103,6 +103,17 @@ def rows_kc(p, itemsize, MR, l1_bytes, a_l1=None):
     return engine.balanced_kc(p.Cg, max(1, int(l1_bytes * a_l1) // per_channel))
 
 
+def rows_run(p, itemsize, MR, KC, l1_bytes, a_l1=None):
+    """Row panels of pixels one call of the panels kernel runs against one NR panel of
+    weights (NHWC): as many as keep their input pixels (every tap, ``KC`` channels)
+    in the share of L1d that :func:`rows_kc` gives one panel, so they are read from
+    L1 again for the next NR panel.  A layer of few channels runs many panels per
+    call; one whose KC that share limits, one."""
+    a_l1 = ROWS_A_L1 if a_l1 is None else a_l1
+    span = (MR - 1) * p.sx + (p.kw - 1) * p.dx + 1
+    return max(1, int(l1_bytes * a_l1) // (p.kh * span * KC * itemsize))
+
+
 def rows_merged(p, KC):
     """Whether :func:`run` may read a kernel row's taps as one run of kw*C values."""
     return p.layout == "NHWC" and p.groups == 1 and KC >= p.Cg and p.dx == 1 and p.kw > 1
@@ -141,6 +152,7 @@ def rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2
         MP -= MR
     ntasks = cdiv(m, MP) * parts
     merged = rows_merged(p, KC)
+    QB = rows_run(p, itemsize, MR, KC, l1_bytes, a_l1)
     offs = MP // MR * (ntaps * MR + 1)                  # see panel_stride
     if p.layout == "NCHW":
         zeros = (KC - 1) * p.H * p.W + 1            # read KC values H*W apart
@@ -149,7 +161,7 @@ def rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2
         zeros = p.kw * p.Cg if merged else KC
         cbuf = 1
     numbers = engine.record(ntasks=ntasks, KC=KC, NC=NC, MP=MP, m=m, KS=KS, parts=parts,
-                            merged=merged, C=p.C, Cg=p.Cg, G=p.groups, K=p.K, Kg=p.Kg, Np=Np, p=p)
+                            merged=merged, QB=QB, C=p.C, Cg=p.Cg, G=p.groups, K=p.K, Kg=p.Kg, Np=Np, p=p)
     return RowsPlan(KC, NC, MP, m, KS, parts, ntasks, max(1, min(threads, ntasks)), merged, offs,
                     zeros, cbuf, numbers)
 
