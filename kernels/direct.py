@@ -12,9 +12,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilegemm.kernels.ir import (NUMBA_FLOAT, check_mask_width, data_ptr, epi_flags, epilogue,
-                                 finish_scalar_bias, fma, lane_range, load_bias,
-                                 masked_load, masked_load_call, masked_store, splat, vector_ptr)
+from tilegemm.kernels.ir import (FAST_EPILOGUES, NUMBA_FLOAT, by_epilogue, check_mask_width,
+                                 data_ptr, epi_flags, epilogue, finish_scalar_bias, fma,
+                                 lane_range, load_bias, masked_load, masked_load_call,
+                                 masked_store, splat, vector_ptr)
+
 
 def make_direct_row(dtype, lanes, to_output=False, vectors=1):
     """Build the intrinsic adding one channel's whole kernel window into ``vectors*lanes`` output pixels.
@@ -420,15 +422,27 @@ def _emit_nhwc_shape(context, builder, sig, args, dtype, lanes, vectors, pixels)
                         base, ir.Constant(intp, v * lanes)), vec), align=esize)
                     builder.store(fma(builder, weights[v], pix, builder.load(sums[p][v])),
                                   sums[p][v])
-    flags, bias_row, bias_col = load_bias(builder, epi, bias_ptr, 1, vectors, vec, intp,
-                                           esize)
-    for p in range(pixels):
-        row = builder.mul(ir.Constant(intp, p), out_step)
-        for v in range(vectors):
-            result = epilogue(builder, builder.load(sums[p][v]), flags, bias_row, bias_col,
-                               0, v)
-            builder.store(result, vector_ptr(builder, out_ptr, builder.add(
-                row, ir.Constant(intp, v * lanes)), vec), align=esize)
+    rows = [builder.mul(ir.Constant(intp, p), out_step) for p in range(pixels)]
+    _store_sums(builder, sums, rows, epi, bias_ptr, out_ptr, vec, intp, esize)
+
+
+def _store_sums(builder, sums, rows, epi, bias_ptr, out_ptr, vec, intp, esize):
+    """``sums[p][v]`` through the epilogue into ``out_ptr`` at ``rows[p] + v*lanes``: the
+    common epilogues (:data:`FAST_EPILOGUES`) in code of their own, the bias loaded
+    once.  A depthwise output vector takes nine FMAs, so the run-time flag tests of a
+    general epilogue would be a large share of its work."""
+    lanes = vec.count
+
+    def store(flags):
+        _, bias_row, bias_col = load_bias(builder, epi, bias_ptr, 1, len(sums[0]), vec, intp,
+                                          esize, flags=flags)
+        for p, row in enumerate(rows):
+            for v, total in enumerate(sums[p]):
+                result = epilogue(builder, builder.load(total), flags, bias_row, bias_col, 0, v)
+                builder.store(result, vector_ptr(builder, out_ptr, builder.add(
+                    row, ir.Constant(intp, v * lanes)), vec), align=esize)
+
+    by_epilogue(builder, epi, FAST_EPILOGUES, store)
 
 
 def make_depthwise_nhwc3(dtype, lanes, shapes):
@@ -509,10 +523,5 @@ def _emit_nhwc3_shape(context, builder, sig, args, dtype, lanes, shape):
                     for v in range(vectors):
                         builder.store(fma(builder, weights[j][v], column[v],
                                           builder.load(sums[p][v])), sums[p][v])
-    flags, bias_row, bias_col = load_bias(builder, epi, bias_ptr, 1, vectors, vec, intp, esize)
-    for p in range(pixels):
-        at = builder.mul(const(p), C)
-        for v in range(vectors):
-            result = epilogue(builder, builder.load(sums[p][v]), flags, bias_row, bias_col, 0, v)
-            builder.store(result, vector_ptr(builder, out_ptr, builder.add(at, const(v * lanes)),
-                                             vec), align=esize)
+    _store_sums(builder, sums, [builder.mul(const(p), C) for p in range(pixels)], epi, bias_ptr,
+                out_ptr, vec, intp, esize)
