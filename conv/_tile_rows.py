@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from tilegemm.conv import engine
-from tilegemm.ground.contracts import JIT, imin, inner_jit, jit
+from tilegemm.ground.contracts import JIT, imax, imin, inner_jit, jit
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.registry import get_kernel, microkernel
 from tilegemm.kernels.sync import next_task
@@ -41,7 +41,6 @@ UNIT, FALSE = _SHARED.UNIT, _SHARED.FALSE
 # adjacent pixels: one run of kw*C values, so such a row is one tap of kw*C steps
 # (a 3-channel 7x7 stem: 7 taps of 21 steps instead of 49 of 3).
 
-ukernel_rows = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS)
 ukernel_rows_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_EDGE)
 ukernel_rows_panels = microkernel(DTYPE, ISA, MR, NR, Flavour.ROWS_PANELS)
 # Channels-first: a pixel's channels H*W apart.
@@ -146,8 +145,8 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
     ``bpack`` holds group ``g``'s weights from ``g*Cg*ntaps*Np``: per KC block of input
     channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
     tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
-    output channels (their weights stay in L2), row panels of pixels (their input
-    rows stay in L1), NR panels.  ``runs``: a kernel row's taps may be read as one
+    output channels (their weights stay in L2), then :func:`rows_panel_runs` (runs of
+    row panels of pixels, whose input rows stay in L1, by NR panels).  ``runs``: a kernel row's taps may be read as one
     run (``rows.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
     with ``runs``.  ``plan`` is :func:`tilegemm.conv.rows.rows_plan`'s record (its
     names here); ``offs`` is the thread's.  ``beta0`` scales what ``out`` holds before
@@ -157,15 +156,12 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
     geom = geom_of(r)
     C, Cg, G, Np, K, Kg = r.C, r.Cg, r.G, r.Np, r.K, r.Kg
     KC, NC, MP, m, KS, parts, runs = r.KC, r.NC, r.MP, r.m, r.KS, r.parts, r.merged != 0
-    kh, kw = r.kh, r.kw
-    ntaps = kh * kw
-    stride = panel_stride(ntaps)
+    ntaps = r.kh * r.kw
     p0 = task // parts * MP
     k0 = task % parts * KS
     k1 = imin(k0 + KS, Kg)
     count = imin(MP, m - p0)
     pixel_offsets(geom, (geom[0] * geom[1] * C, geom[1] * C, C), p0, count, m, runs, offs)
-    panels = (count + MR - 1) // MR
     for g in range(G):
         b_g = g * Cg * ntaps * Np
         for pc in range(0, Cg, KC):
@@ -176,52 +172,35 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
             b_pc = b_g + pc * ntaps * Np
             for jc in range(k0, k1, NC):
                 j_end = imin(jc + NC, k1)
-                if not runs:
-                    rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, (a_at, b_pc, kc),
-                                    (p0 * K + g * Kg, count, g * Kg), (jc, j_end), (beta, e))
-                    continue
-                for q in range(panels):
-                    pix = p0 + q * MR
-                    rows = imin(MR, m - pix)
-                    c_at = pix * K + g * Kg
-                    # A kernel row as one tap (taps j = 0 of each row, kw*MR apart).
-                    merged = offs[q * stride + ntaps * MR] == 1
-                    t_kc, t_step, t_n = (kw * kc, kw * MR, kh) if merged else (kc, MR, ntaps)
-                    for jr in range(jc, j_end, NR):
-                        cols = imin(NR, Kg - jr)
-                        b_at = b_pc + jr * ntaps * kc
-                        if rows == MR and cols == NR:
-                            ukernel_rows(t_kc, x, a_at, offs, q * stride, t_step, t_n, zeros,
-                                         bpack, b_at, t_kc * NR, out, c_at + jr, K, DTYPE(1),
-                                         beta, bias, g * Kg + jr, e)
-                        else:
-                            ukernel_rows_edge(t_kc, x, a_at, offs, q * stride, t_step, t_n,
-                                              zeros, bpack, b_at, t_kc * NR, out, c_at + jr, K,
-                                              DTYPE(1), beta, bias, g * Kg + jr, e, rows, cols)
+                rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, (a_at, b_pc, kc),
+                                (p0 * K + g * Kg, count, g * Kg), (jc, j_end), (beta, e))
 
 
 @numba.njit(inline='always', **JIT)
 def rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, block, pixels, channels, finish):
-    """:func:`rows_nhwc_task`'s panels of pixels times output channels of one KC block,
-    where no panel reads a kernel row as one run.  ``block = (a_at, b_pc, kc)``: the
-    block's first channel in the image and its weights; ``pixels = (c_at, count,
-    k_g)``: the panels' ``count`` pixels from C's ``c_at`` and this group's channels
-    from ``k_g``; ``channels = (jc, j_end)``; ``finish = (beta, epi)``.
+    """:func:`rows_nhwc_task`'s panels of pixels times output channels of one KC block.
+    ``block = (a_at, b_pc, kc)``: the block's first channel in the image and its
+    weights; ``pixels = (c_at, count, k_g)``: the panels' ``count`` pixels from C's
+    ``c_at`` and this group's channels from ``k_g``; ``channels = (jc, j_end)``;
+    ``finish = (beta, epi)``.
 
     Runs of up to ``QB`` panels (every panel when one NR panel of weights covers the
-    channels) go through the panels kernel, one call per NR panel: their input pixels
-    stay in L1 from one NR panel to the next, and a 1x1 layer's short k loops pay one
-    call per run instead of one per tile.  The last panel when it has fewer than MR
-    pixels, and the last NR panel when narrower, take the edge kernel a tile at a
-    time.
+    channels) are taken one NR panel at a time, so their input pixels stay in L1 from
+    one NR panel to the next.  Within a run, each stretch of panels that read their
+    kernel rows alike (each row as one run of ``kw*kc`` values, or tap by tap) goes
+    through the panels kernel in one call: a layer of short k loops (a 1x1 layer of
+    few channels, a 3-channel stem) pays the call and its set-up once per stretch
+    instead of once per tile.  The last panel when it has fewer than MR pixels, and
+    the last NR panel when narrower, take the edge kernel a tile at a time.
     """
     r = plan[0]
-    Kg, K, QB, ntaps = r.Kg, r.K, r.QB, r.kh * r.kw
+    Kg, K, QB, kh, kw = r.Kg, r.K, r.QB, r.kh, r.kw
+    ntaps = kh * kw
+    stride = panel_stride(ntaps)
     a_at, b_pc, kc = block
     c_at, count, k_g = pixels
     jc, j_end = channels
     beta, e = finish
-    stride = panel_stride(ntaps)
     panels = (count + MR - 1) // MR
     full = count // MR                                # panels of MR pixels
     run = panels if j_end - jc <= NR else QB
@@ -230,16 +209,26 @@ def rows_panel_runs(plan, x, offs, zeros, bpack, out, bias, block, pixels, chann
         for jr in range(jc, j_end, NR):
             cols = imin(NR, Kg - jr)
             b_at = b_pc + jr * ntaps * kc
-            start = q0
-            if cols == NR and imin(q1, full) > q0:
-                start = imin(q1, full)
-                ukernel_rows_panels(kc, x, a_at, offs, q0 * stride, MR, ntaps, zeros, bpack,
-                                    b_at, kc * NR, out, c_at + q0 * MR * K + jr, K, DTYPE(1),
-                                    beta, bias, k_g + jr, e, start - q0, stride)
-            for q in range(start, q1):
-                ukernel_rows_edge(kc, x, a_at, offs, q * stride, MR, ntaps, zeros, bpack, b_at,
-                                  kc * NR, out, c_at + q * MR * K + jr, K, DTYPE(1), beta, bias,
-                                  k_g + jr, e, imin(MR, count - q * MR), cols)
+            q = q0
+            while q < q1:
+                # A stretch of panels alike: a kernel row as one tap (offsets of the
+                # rows' taps j = 0, kw*MR apart) or tap by tap.
+                merged = offs[q * stride + ntaps * MR]
+                end = q + 1
+                while end < q1 and offs[end * stride + ntaps * MR] == merged:
+                    end += 1
+                t_kc, t_step, t_n = (kw * kc, kw * MR, kh) if merged == 1 else (kc, MR, ntaps)
+                whole = imin(end, full) if cols == NR else q
+                if whole > q:
+                    ukernel_rows_panels(t_kc, x, a_at, offs, q * stride, t_step, t_n, zeros,
+                                        bpack, b_at, t_kc * NR, out, c_at + q * MR * K + jr, K,
+                                        DTYPE(1), beta, bias, k_g + jr, e, whole - q, stride)
+                for t in range(imax(q, whole), end):
+                    ukernel_rows_edge(t_kc, x, a_at, offs, t * stride, t_step, t_n, zeros,
+                                      bpack, b_at, t_kc * NR, out, c_at + t * MR * K + jr, K,
+                                      DTYPE(1), beta, bias, k_g + jr, e,
+                                      imin(MR, count - t * MR), cols)
+                q = end
 
 
 @jit
