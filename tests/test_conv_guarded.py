@@ -22,6 +22,10 @@ LAYERS = {
     "im2col.rows": [((2, 5, 7, 9), (7, 5, 3, 3), dict(padding=1), "NHWC"),
                     ((2, 9, 5, 7), (70, 9, 1, 1), {}, "NHWC"),          # 1x1, accumulating
                     ((1, 9, 5, 7), (24, 9, 1, 1), {}, "NHWC"),   # a tile of its own (24 wide)
+                    # kernel rows read as runs, several NR panels (the last narrower)
+                    ((1, 3, 15, 17), (40, 3, 3, 3), dict(padding=1, stride=2), "NHWC"),
+                    # channels past one KC block on 32 KiB L1d: taps read one by one
+                    ((1, 200, 5, 6), (20, 200, 3, 3), dict(padding=1), "NHWC"),
                     ((2, 6, 7, 5), (9, 6, 2, 3), dict(padding=(1, 2), stride=2), "NCHW")],
     "im2col.taps": [((2, 5, 9, 11), (6, 5, 3, 3), dict(padding=1), "NCHW"),
                        ((2, 4, 9, 10), (6, 2, 3, 3), dict(stride=2, groups=2), "NCHW")],
