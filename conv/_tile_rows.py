@@ -146,11 +146,12 @@ def rows_nhwc_task(task, plan, x, bpack, bias, epi, out, zeros, offs, beta0):
     channels (``pc*ntaps*Np`` on), NR-column panels of ``ntaps*kc*NR`` values, each
     tap's ``kc x NR`` panel after the other.  Loops: groups, KC blocks, NC blocks of
     output channels (their weights stay in L2), then :func:`rows_panel_runs` (runs of
-    row panels of pixels, whose input rows stay in L1, by NR panels).  ``runs``: a kernel row's taps may be read as one
-    run (``rows.rows_merged``); ``zeros`` holds at least ``KC`` zeros, and ``kw*C``
-    with ``runs``.  ``plan`` is :func:`tilegemm.conv.rows.rows_plan`'s record (its
-    names here); ``offs`` is the thread's.  ``beta0`` scales what ``out`` holds before
-    the first KC block: 0, or 1 to add the convolution to it (a residual).
+    row panels of pixels, whose input rows stay in L1, by NR panels).  ``runs``: a
+    kernel row's taps may be read as one run (``rows.rows_merged``); ``zeros`` holds
+    at least ``KC`` zeros, and ``kw*C`` with ``runs``.  ``plan`` is
+    :func:`tilegemm.conv.rows.rows_plan`'s record (its names here); ``offs`` is the
+    thread's.  ``beta0`` scales what ``out`` holds before the first KC block: 0, or 1
+    to add the convolution to it (a residual).
     """
     r = plan[0]
     geom = geom_of(r)

@@ -161,7 +161,8 @@ def rows_plan(p, itemsize, threads, MR, NR, l1_bytes, l2_bytes, a_l1, b_l2, a_l2
         zeros = p.kw * p.Cg if merged else KC
         cbuf = 1
     numbers = engine.record(ntasks=ntasks, KC=KC, NC=NC, MP=MP, m=m, KS=KS, parts=parts,
-                            merged=merged, QB=QB, C=p.C, Cg=p.Cg, G=p.groups, K=p.K, Kg=p.Kg, Np=Np, p=p)
+                            merged=merged, QB=QB, C=p.C, Cg=p.Cg, G=p.groups, K=p.K, Kg=p.Kg,
+                            Np=Np, p=p)
     return RowsPlan(KC, NC, MP, m, KS, parts, ntasks, max(1, min(threads, ntasks)), merged, offs,
                     zeros, cbuf, numbers)
 
