@@ -95,7 +95,7 @@ def rows_kc(p, itemsize, MR, l1_bytes, a_l1=None):
     one more, for their alignment) on each channel.
     """
     a_l1 = ROWS_A_L1 if a_l1 is None else a_l1
-    span = (MR - 1) * p.sx + (p.kw - 1) * p.dx + 1          # pixels in a row of the field
+    span = field_span(p, MR)
     if p.layout == "NCHW":
         per_channel = p.kh * (cdiv(span * itemsize, 64) + 1) * 64
     else:
@@ -110,8 +110,12 @@ def rows_run(p, itemsize, MR, KC, l1_bytes, a_l1=None):
     L1 again for the next NR panel.  A layer of few channels runs many panels per
     call; one whose KC that share limits, one."""
     a_l1 = ROWS_A_L1 if a_l1 is None else a_l1
-    span = (MR - 1) * p.sx + (p.kw - 1) * p.dx + 1
-    return max(1, int(l1_bytes * a_l1) // (p.kh * span * KC * itemsize))
+    return max(1, int(l1_bytes * a_l1) // (p.kh * field_span(p, MR) * KC * itemsize))
+
+
+def field_span(p, MR):
+    """Input pixels in one row of the receptive field of ``MR`` adjacent output pixels."""
+    return (MR - 1) * p.sx + (p.kw - 1) * p.dx + 1
 
 
 def rows_merged(p, KC):
