@@ -13,7 +13,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.kernels.ir import (FAST_EPILOGUES, NUMBA_FLOAT, by_epilogue, check_mask_width,
-                                 data_ptr, epi_flags, epilogue, finish_scalar_bias, fma,
+                                 constant_flags, data_ptr, epi_flags, epilogue, finish_scalar_bias, fma,
                                  lane_range, load_bias, masked_load, masked_load_call,
                                  masked_store, splat, vector_ptr)
 
@@ -433,7 +433,8 @@ def _store_sums(builder, sums, rows, epi, bias_ptr, out_ptr, vec, intp, esize):
     general epilogue would be a large share of its work."""
     lanes = vec.count
 
-    def store(flags):
+    def store(case):
+        flags = epi_flags(builder, epi) if case is None else constant_flags(case)
         _, bias_row, bias_col = load_bias(builder, epi, bias_ptr, 1, len(sums[0]), vec, intp,
                                           esize, flags=flags)
         for p, row in enumerate(rows):

@@ -114,20 +114,23 @@ def finish_scalar_bias(builder, r, flags, bias_v, held=None):
 FAST_EPILOGUES = (EPI_BIAS_COL, EPI_BIAS_COL | EPI_RELU, EPI_BIAS_COL | EPI_RELU6)
 
 
-def by_epilogue(builder, epi, cases, emit):
-    """``emit(flags)`` once for each of ``cases`` (epilogue flag sets), under a branch on
-    ``epi`` equal to it, with :func:`constant_flags` (every select of its epilogue
-    folds: no per-vector flag tests, no bias spilled across them), and once with
-    ``epi``'s run-time flags for any other ``epi``."""
+def by_epilogue(builder, epi, cases, emit, when=None):
+    """``emit(case)`` once for each of ``cases`` (epilogue flag sets), under a branch on
+    ``epi`` equal to it (and on ``when``, an i1, if given), where the epilogue can be
+    written with :func:`constant_flags` (every select folds: no per-vector flag tests,
+    no bias spilled across them); ``emit(None)`` once for any other ``epi``, whose
+    flags are tested at run time."""
     if not cases:
-        emit(epi_flags(builder, epi))
+        emit(None)
         return
     hit = builder.icmp_signed("==", epi, ir.Constant(epi.type, cases[0]))
+    if when is not None:
+        hit = builder.and_(when, hit)
     with builder.if_else(hit) as (then, otherwise):
         with then:
-            emit(constant_flags(cases[0]))
+            emit(cases[0])
         with otherwise:
-            by_epilogue(builder, epi, cases[1:], emit)
+            by_epilogue(builder, epi, cases[1:], emit, when)
 
 
 def load_bias(builder, epi, bias_ptr, mr, nv, vec, intp, esize, rows_ok=None, masks=None,

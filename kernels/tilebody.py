@@ -6,15 +6,18 @@ tapped or row-offset operands, and the update of C with its epilogue.
 functions; this module writes what they compute (:func:`emit_tile`,
 :func:`emit_panels`).
 """
+import functools
+
 import llvmlite.ir as ir
 import numpy as np
 from numba import types
 from numba.core import cgutils
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, cdiv
-from tilegemm.kernels.ir import (FAST_EPILOGUES, NUMBA_FLOAT, activation, constant_flags, epilogue,
-                                 fma, load_bias, load_vector, masked_load_call, nullcontext,
-                                 prefetch_line, splat, store_vector, vector_ptr)
+from tilegemm.kernels.ir import (FAST_EPILOGUES, NUMBA_FLOAT, activation, by_epilogue,
+                                 constant_flags, epilogue, fma, load_bias, load_vector,
+                                 masked_load_call, nullcontext, prefetch_line, splat,
+                                 store_vector, vector_ptr)
 
 #: k steps per iteration of the micro-kernel's main loop.
 UNROLL = 4
@@ -260,21 +263,14 @@ class TileBody:
                         with p:
                             self.store_tile(*store, read_c=read_c, fused=False)
                         with f:
-                            self.store_fused(store, read_c, fast, FAST_EPILOGUES)
+                            # FAST_EPILOGUES with alpha = 1 in code of their own.
+                            by_epilogue(builder, epi, FAST_EPILOGUES, functools.partial(
+                                self.store_case, store, read_c), when=fast)
 
-    def store_fused(self, store, read_c, fast, cases):
-        """The epilogue's variants: each of ``cases`` (epilogue flags) in code of its own
-        when ``fast`` (alpha is 1), the general one (flags tested per vector) otherwise."""
-        builder, epi = self.builder, store[5]
-        if not cases:
-            self.store_tile(*store, read_c=read_c, fused=True)
-            return
-        hit = builder.and_(fast, builder.icmp_signed("==", epi, ir.Constant(epi.type, cases[0])))
-        with builder.if_else(hit) as (then, otherwise):
-            with then:
-                self.store_tile(*store, read_c=read_c, fused=cases[0])
-            with otherwise:
-                self.store_fused(store, read_c, fast, cases[1:])
+    def store_case(self, store, read_c, case):
+        """:meth:`store_tile` for one of :data:`FAST_EPILOGUES` (``case``) or, None, for
+        any epilogue (flags tested per vector)."""
+        self.store_tile(*store, read_c=read_c, fused=True if case is None else case)
 
     def store_tile(self, c_ptr, ldc, alpha_v, beta_v, bias_ptr, epi, rows_ok, masks, read_c,
                    fused):
