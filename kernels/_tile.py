@@ -20,7 +20,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI_RELU6, JIT, imax,
                                        imin, inner_jit, jit)
-from tilegemm.kernels.gemv import make_gemv_kernels
+from tilegemm.kernels.gemv import GEMV_PREFETCH, make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
 from tilegemm.kernels.native import data_address
 from tilegemm.kernels.packers import make_pack_panel
@@ -42,8 +42,8 @@ ukernel_strided = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED)
 ukernel_strided_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.STRIDED_EDGE)
 ukernel_edge = microkernel(DTYPE, ISA, MR, NR, Flavour.EDGE)
 ukernel = microkernel(DTYPE, ISA, MR, NR, Flavour.PACKED)
-gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES)
-gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1)
+gemv_dot, gemv_axpy = make_gemv_kernels(DTYPE, LANES, prefetch=GEMV_PREFETCH[ISA])
+gemv_dot1, _ = make_gemv_kernels(DTYPE, LANES, rows=1, prefetch=GEMV_PREFETCH[ISA])
 NO_BIAS = np.zeros(max(MR, NR), DTYPE)
 # Elements per cache line, and lines per row of a B micro-panel: the strided kernel's
 # prefetches of the next column of tiles go one line per tile (see small_tiles).
