@@ -18,9 +18,30 @@ import numbers
 import threading
 
 import numba
+from numba.np.ufunc import parallel as _parallel
 
 _limit = None
-_local = threading.local()
+
+
+class _Local(threading.local):
+    """Per Python thread: the :func:`thread_limit` in force (a class default, so that a
+    thread that never set one reads None without the cost of a failed lookup)."""
+
+    limit = None
+
+
+_local = _Local()
+
+
+def _numba_limit():
+    """``numba.get_num_threads()``, read straight from the threading layer once that is
+    up: the public call takes two locks on every call (a microsecond and more, paid by
+    every small product)."""
+    if getattr(_parallel, "_is_initialized", False):
+        read = getattr(_parallel, "_get_num_threads", None)
+        if read is not None:
+            return read()
+    return numba.get_num_threads()
 
 
 def max_threads():
@@ -63,12 +84,12 @@ def process_limit():
 def get_num_threads():
     """The threads a call from this Python thread may use (the smallest of the three limits)."""
     n = process_limit()
-    local = getattr(_local, "limit", None)
+    local = _local.limit
     if local is not None:
         n = min(n, local)
     if n <= 1:
         return 1            # no need to ask Numba (a microsecond, on every small call)
-    return max(1, min(n, numba.get_num_threads()))
+    return max(1, min(n, _numba_limit()))
 
 
 @contextlib.contextmanager
@@ -85,7 +106,7 @@ def thread_limit(n):
         1 to :func:`max_threads`.
     """
     n = _checked(n, "thread_limit")
-    previous = getattr(_local, "limit", None)
+    previous = _local.limit
     _local.limit = n if previous is None else min(n, previous)
     try:
         yield

@@ -78,3 +78,23 @@ def thread_buffers(key, threads, sizes, dtype):
         entry = views[bkey] = (flat, {})      # views of replaced buffers go with them
     entry[1][shape] = made
     return made
+
+
+def share_blocks(key, rows, slots):
+    """This thread's ``rows x slots`` int64 argument blocks of native shares under
+    ``key``, reused, and the address of each row.
+
+    A call's blocks are read by the pool's threads only while the call runs, so the
+    next call from the same Python thread may rewrite them.  Keeping them saves the
+    allocation and, above all, the addresses: ``ndarray.ctypes`` costs more than
+    writing the blocks.
+    """
+    store = getattr(_workspace, "blocks", None)
+    if store is None:
+        store = _workspace.blocks = {}
+    entry = store.get((key, rows, slots))
+    if entry is None:
+        block = aligned_empty(rows * slots, np.int64).reshape(rows, slots)
+        base, row = block.ctypes.data, block.strides[0]
+        entry = store[(key, rows, slots)] = (block, [base + r * row for r in range(rows)])
+    return entry

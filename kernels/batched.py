@@ -14,7 +14,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.ground.workspace import buffers
+from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.driver import (fits_unpacked, gemm_into, item_kernel, serial_flops,
                                      unpacked_kc)
 from tilegemm.kernels.pool import run_native_shares
@@ -152,9 +152,7 @@ def batched_into(a, b, c, threads=None):
     total, a_len, b_len = mod.scratch_sizes(threads, *sizes)
     (scratch,) = buffers((kern.name, "batched"), (total,), kern.dtype)
     counter = np.zeros(1, np.int64)
-    block = np.empty((threads, mod.BATCH_SLOTS), np.int64)
+    block, rows = share_blocks("batch", threads, mod.BATCH_SLOTS)
     mod.batch_blocks(block, counter, chunk, *plan, (scratch, a_len, b_len))
-    base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(mod.share_address("batch" if blocks is None else "batch_packed"),
-                      [base + t * row for t in range(threads)])
+    run_native_shares(mod.share_address("batch" if blocks is None else "batch_packed"), rows)
     return c

@@ -28,7 +28,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.ground.workspace import buffers
+from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
 from tilegemm.packing import flat_view
@@ -92,7 +92,6 @@ def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
     SMALL_CALLS.clear()
-    _gemv_modules.clear()
 
 
 #: Products up to this many rows and columns (batch items, small 2-D products) get a
@@ -214,10 +213,9 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
 
     dtype = c.dtype
     kern, blk = kernel_for(dtype, n)
-    scalar = dtype.type
     # The plan the jitted drivers take whole: (alpha, beta) and each operand as
     # (flat, (offset, row_stride, col_stride)).
-    args = ((scalar(alpha), scalar(beta)), _operand(a), _operand(b), _operand(c))
+    args = (_scalars(dtype, alpha, beta), _operand(a), _operand(b), _operand(c))
     bias = kern.no_bias if bias is None else bias
     # Work in units worth a thread each: GEMV is bound by reading its matrix once; from
     # SERIAL_FLOPS on, a product is shared by two threads (each doing half).
@@ -236,47 +234,6 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     return c
 
 
-def matvec_into(mat, vec, y, vec_first):
-    """``y = mat @ vec`` (or ``vec @ mat`` with ``vec_first``) for a C-contiguous 2-D
-    ``mat`` and contiguous 1-D ``vec`` and ``y`` of one float dtype, sizes checked by
-    the caller; returns ``y``.
-
-    The matrix-vector product without :func:`gemm_into`'s plan: one jitted call
-    (``matvec`` / ``vecmat`` in ``kernels/_tile.py``), no pack buffer.  A matrix big
-    enough to share (``GEMV_SERIAL_ELEMENTS`` per thread) is cut into blocks of rows
-    whose share blocks one jitted call writes (``matvec_blocks``), run as native
-    shares; ``vec @ mat``'s partial sums are added to y here.
-    """
-    entry = _gemv_modules.get(mat.dtype)
-    if entry is None:
-        kern = kernel_for(mat.dtype, 1)[0]
-        entry = _gemv_modules[mat.dtype] = (kern.module, kern.shares)
-    module, shares = entry
-    threads = mat.size // GEMV_SERIAL_ELEMENTS
-    if threads >= 2:
-        threads = min(threads, get_num_threads())
-    if threads >= 2:
-        n = y.size
-        # x @ A: threads past the first sum into this thread's buffer (A @ x: unread).
-        partial = buffers("matvec", ((threads - 1) * n,), y.dtype)[0] if vec_first else y
-        block = np.empty((threads, shares.SERIAL_SLOTS), np.int64)
-        shares.matvec_blocks(block, mat, vec, y, vec_first, partial)
-        base, row = block.ctypes.data, block.strides[0]
-        run_native_shares(shares.share_address("serial_gemv"), [base + t * row for t in range(threads)])
-        if vec_first:
-            for t in range(threads - 1):
-                y += partial[t * n:(t + 1) * n]
-    elif vec_first:
-        module.vecmat(vec, mat, y)
-    else:
-        module.matvec(mat, vec, y)
-    return y
-
-
-#: dtype -> (kernel module, shares module) whose matrix-vector code :func:`matvec_into` calls.
-_gemv_modules = {}
-
-
 def serial_flops(dtype):
     """The flops from which a product is shared (``SERIAL_FLOPS``, ``SERIAL_SECONDS``).
 
@@ -284,7 +241,13 @@ def serial_flops(dtype):
     tuned with that figure, so it stays on the base clock (``tilegemm info``'s
     nominal peak uses the boost clock where known).
     """
-    return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * nominal_peak_gflops(dtype) * 1e9))
+    peak = _nominal_peaks.get(dtype)
+    if peak is None:
+        peak = _nominal_peaks[dtype] = nominal_peak_gflops(dtype)
+    return max(1, min(SERIAL_FLOPS, SERIAL_SECONDS * peak * 1e9))
+
+
+_nominal_peaks = {}   # per dtype: the machine's, fixed (and a few microseconds to ask)
 
 
 #: Products up to this many flops may take :func:`matmul_small`.
@@ -343,6 +306,18 @@ def matmul_small(a, b, c):
         call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
     call(a, b, c, UNPACKED_KC)
     return c
+
+
+_UNIT_SCALARS = {np.dtype(t): (t(1), t(0)) for t in (np.float32, np.float64)}
+
+
+def _scalars(dtype, alpha, beta):
+    """``(alpha, beta)`` in ``dtype``; the usual (1, 0) made once."""
+    if alpha == 1 and beta == 0:
+        unit = _UNIT_SCALARS.get(dtype)
+        if unit is not None:
+            return unit
+    return dtype.type(alpha), dtype.type(beta)
 
 
 def _operand(x):
@@ -519,7 +494,7 @@ def _run_serial_shares(kern, blk, shares):
     and ``share_address("serial")`` in ``kernels/_tile_shares.py``), with buffers the
     caller holds for them."""
     mod = kern.shares
-    block = np.empty((len(shares), mod.SERIAL_SLOTS), np.int64)
+    block, rows = share_blocks("serial", len(shares), mod.SERIAL_SLOTS)
     paths = set()
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
         path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
@@ -530,8 +505,7 @@ def _run_serial_shares(kern, blk, shares):
         paths.add(path)
     # Shares on one path run that path's reader, which compiles only its driver.
     kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
-    base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(mod.share_address(kind), [base + t * row for t in range(len(shares))])
+    run_native_shares(mod.share_address(kind), rows)
 
 
 def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
@@ -548,23 +522,41 @@ def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
     ready) halves each thread's packing: 1024^3 in two A/B rounds on the same host,
     best of 45 calls, 167-175 against 163-164 GFLOPS.
     """
-    MR, NR = kern.mr, kern.nr
-    KC = max(1, min(blk.kc, k))
-    NC = min(blk.nc, round_up(n, NR))
-    MC = min(blk.mc, round_up(m, MR))
+    blocks, chunks, (b_len, a_len) = _shared_b_plan(kern, (blk.kc, blk.mc, blk.nc), m, n, k)
     mod = kern.shares
-    chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
     counter = np.zeros(1, np.int64)                 # C's tasks
     flags = np.zeros(1 + chunks, np.int64)          # B's chunks: handed out, packed
-    # The caller's buffers: the packed B, then each share's A blocks.
-    _, b_len, a_len = mod.scratch_sizes(1, max(1, k * round_up(n, NR)), MC * KC)
     (scratch,) = buffers((kern.name, "shared_b"), (b_len + threads * a_len,), kern.dtype)
-    block = np.empty((threads, mod.SHARED_B_SLOTS), np.int64)
-    mod.shared_b_blocks(block, counter, flags, (m, n, k), *args, (bias, epi), (KC, MC, NC),
+    block, rows = share_blocks("shared_b", threads, mod.SHARED_B_SLOTS)
+    mod.shared_b_blocks(block, counter, flags, (m, n, k), *args, (bias, epi), blocks,
                         (scratch, b_len, a_len))
-    base, row = block.ctypes.data, block.strides[0]
-    run_native_shares(mod.share_address("gemm_tasks"),
-                      [base + t * row for t in range(threads)])
+    run_native_shares(mod.share_address("gemm_tasks"), rows)
+
+
+def _shared_b_plan(kern, cache_blocks, m, n, k):
+    """``((KC, MC, NC), chunks, (b_len, a_len))`` of :func:`_shared_b` for one shape,
+    worked out once: B's packing chunks, the packed B's length and each share's A
+    block's in the scratch buffer (whole cache lines)."""
+    key = (kern.name, cache_blocks, m, n, k)
+    plan = _shared_b_plans.get(key)
+    if plan is None:
+        if len(_shared_b_plans) >= 1024:
+            _shared_b_plans.clear()
+        plan = _shared_b_plans[key] = _work_out_shared_b(kern, cache_blocks, m, n, k)
+    return plan
+
+
+_shared_b_plans = {}
+
+
+def _work_out_shared_b(kern, cache_blocks, m, n, k):
+    kc, mc, nc = cache_blocks
+    KC = max(1, min(kc, k))
+    NC = min(nc, round_up(n, kern.nr))
+    MC = min(mc, round_up(m, kern.mr))
+    chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
+    _, b_len, a_len = kern.shares.scratch_sizes(1, max(1, k * round_up(n, kern.nr)), MC * KC)
+    return (KC, MC, NC), chunks, (b_len, a_len)
 
 
 def _split_k(kern, blk, m, n, k, args, bias, epi, threads):

@@ -43,10 +43,11 @@ class Kernel:
     isa: str
     module: object
 
-    @property
+    @functools.cached_property
     def shares(self):
         """The module of this kernel's native shares (``kernels/_tile_shares.py``),
-        written and imported on first use."""
+        written and imported on first use, then kept on the kernel (every threaded
+        call asks for it)."""
         with _lock:
             return _load_shares(self.dtype.name, self.mr, self.nr, self.isa)
 

@@ -292,3 +292,20 @@ def test_shared_b_tasks_pack_b_together(dtype, rng):
                    (c.reshape(-1), (0, n, 1)), (bias, epi), (KC, MC, NC), (apack, bpack))
         assert_close(c, expected, 2 * 2 * error_bound(a, b, k, dtype), f"first={first}")
         assert (flags[1:] == 1).all() and flags[0] >= chunks
+
+
+def test_share_blocks_are_kept_per_python_thread():
+    """A thread's share blocks are reused call after call (same memory, row addresses
+    right); another Python thread gets blocks of its own."""
+    from tilegemm.ground.workspace import share_blocks
+    block, rows = share_blocks("test", 3, 5)
+    assert block.shape == (3, 5) and block.dtype == np.int64
+    assert rows == [block[r].ctypes.data for r in range(3)]
+    again, rows_again = share_blocks("test", 3, 5)
+    assert again is block and rows_again == rows
+    other = {}
+    t = threading.Thread(target=lambda: other.setdefault("block", share_blocks("test", 3, 5)[0]))
+    t.start()
+    t.join()
+    assert not np.shares_memory(other["block"], block)
+    assert share_blocks("test", 2, 5)[0] is not block       # another shape, another block

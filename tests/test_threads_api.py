@@ -121,3 +121,26 @@ def test_threads_actually_used_follow_the_limits(name):
     with tilegemm.thread_limit(2):
         busy, _ = _busy_threads(work)
     assert busy >= 2, f"{name} with 2 threads allowed: {busy} busy threads"
+
+
+def test_numba_thread_setting_caps_its_python_thread_only():
+    """``numba.set_num_threads`` in one Python thread limits tilegemm there, also once
+    Numba's threading layer is up (read from it directly then), and not elsewhere."""
+    import numba
+    seen = {}
+
+    def capped():
+        numba.set_num_threads(1)          # starts Numba's threading layer if not up yet
+        seen["capped"] = tilegemm.get_num_threads()
+        seen["result"] = tilegemm.matmul(a, b)
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 300)).astype(np.float32)
+    t = threading.Thread(target=capped)
+    t.start()
+    t.join()
+    seen["other"] = tilegemm.get_num_threads()
+    assert seen["capped"] == 1
+    assert seen["other"] == min(threads.max_threads(), numba.get_num_threads())
+    np.testing.assert_allclose(seen["result"], a.astype(np.float64) @ b, rtol=2e-5, atol=2e-4)

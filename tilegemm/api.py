@@ -13,7 +13,8 @@ from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmu
                                       overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
 from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
-                                     matmul_small, matvec_into, small_product)
+                                     matmul_small, small_product)
+from tilegemm.kernels.matvec import matvec_into
 
 
 def _result_dtype(a, b):
