@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import assert_close, error_bound
 from tilegemm.ground import threads
+from tilegemm.kernels import driver
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
@@ -144,3 +146,27 @@ def test_numba_thread_setting_caps_its_python_thread_only():
     assert seen["capped"] == 1
     assert seen["other"] == min(threads.max_threads(), numba.get_num_threads())
     np.testing.assert_allclose(seen["result"], a.astype(np.float64) @ b, rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_products_worth_sharing_leave_the_one_call_path(dtype, rng, monkeypatch):
+    """A product under the one-call path's size that is worth a second thread goes to
+    the threads when this thread may use two, and stays on the one-call path under a
+    limit of one; the result is right either way (the small-call cache warm too)."""
+    n = 150
+    if threads.max_threads() < 2 or 2 * n ** 3 < driver.serial_flops(np.dtype(dtype)):
+        pytest.skip("needs two threads and a product worth sharing on this machine")
+    launched = []
+    real_run = driver.run_native_shares
+    monkeypatch.setattr(driver, "run_native_shares",
+                        lambda address, blocks: (launched.append(len(blocks)),
+                                                 real_run(address, blocks)))
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    ref = a.astype(np.float64) @ b
+    for limit, shared in ((1, False), (2, True), (1, False), (2, True)):
+        launched.clear()
+        with tilegemm.thread_limit(limit):
+            got = tilegemm.matmul(a, b)
+        assert bool(launched) == shared, limit
+        assert_close(got, ref, error_bound(a, b, n, dtype), f"limit {limit}")

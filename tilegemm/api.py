@@ -12,8 +12,8 @@ from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
                                       overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
-from tilegemm.kernels.driver import (SMALL_CALL_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
-                                     matmul_small, small_product)
+from tilegemm.kernels.driver import (SMALL_CALLS, UNPACKED_KC, gemm_into, matmul_small,
+                                     small_call_shape, small_product)
 from tilegemm.kernels.matvec import matvec_into
 
 
@@ -121,8 +121,9 @@ def fast_small_matmul(a, b, out):
     m, k = a.shape
     n = b.shape[1]
     call = SMALL_CALLS.get((a.dtype, b.dtype, m, n))
-    if (call is None or k != b.shape[0] or m < 2 or k < 1 or 2 * m * n * k > SMALL_CALL_FLOPS
-            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+    if (call is None or k != b.shape[0] or m < 2 or k < 1
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)
+            or not small_call_shape(a.dtype, m, n, k)):
         return None
     if out is None:
         out = np.empty((m, n), a.dtype)
