@@ -558,23 +558,19 @@ def _shared_b_plan(kern, cache_blocks, m, n, k):
     key = (kern.name, cache_blocks, m, n, k)
     plan = _shared_b_plans.get(key)
     if plan is None:
-        if len(_shared_b_plans) >= 1024:
+        kc, mc, nc = cache_blocks
+        KC = max(1, min(kc, k))
+        NC = min(nc, round_up(n, kern.nr))
+        MC = min(mc, round_up(m, kern.mr))
+        chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
+        _, b_len, a_len = kern.shares.scratch_sizes(1, max(1, k * round_up(n, kern.nr)), MC * KC)
+        if len(_shared_b_plans) >= 1024:       # bounded: shapes come and go
             _shared_b_plans.clear()
-        plan = _shared_b_plans[key] = _work_out_shared_b(kern, cache_blocks, m, n, k)
+        plan = _shared_b_plans[key] = ((KC, MC, NC), chunks, (b_len, a_len))
     return plan
 
 
 _shared_b_plans = {}
-
-
-def _work_out_shared_b(kern, cache_blocks, m, n, k):
-    kc, mc, nc = cache_blocks
-    KC = max(1, min(kc, k))
-    NC = min(nc, round_up(n, kern.nr))
-    MC = min(mc, round_up(m, kern.mr))
-    chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
-    _, b_len, a_len = kern.shares.scratch_sizes(1, max(1, k * round_up(n, kern.nr)), MC * KC)
-    return (KC, MC, NC), chunks, (b_len, a_len)
 
 
 def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
