@@ -53,8 +53,9 @@ _NONE = np.zeros(0, np.int64)
 
 def _flag_lines(workers):
     """``workers`` flags, one cache line each, in lines of their own: a worker polls its
-    flag's line without pause, and any other data in it (a small array malloc put
-    beside it) would cost its writer a transfer of the line back at every write."""
+    flag's line all the while it spins, and any other data in that line (a small array
+    malloc put beside it) would cost its writer a transfer of the line back at every
+    write."""
     flags = aligned_empty(workers * _STRIDE, np.int64)
     flags[:] = 0
     return flags
