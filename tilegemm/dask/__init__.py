@@ -24,7 +24,7 @@ except ImportError as error:              # pragma: no cover - depends on the in
 
 from tilegemm.dask._conv import conv2d, run_network
 from tilegemm.dask._matmul import matmul, matmul_chunks
-from tilegemm.dask._worker import set_worker_threads, task_threads
+from tilegemm.dask._worker import set_worker_threads, task_threads, worker_builds
 
 __all__ = ["matmul", "matmul_chunks", "conv2d", "run_network", "set_worker_threads",
-           "task_threads"]
+           "task_threads", "worker_builds"]

@@ -38,6 +38,14 @@ def cached(kind, token, build):
         return value
 
 
+def worker_builds():
+    """How many objects of each kind this process built (``{"conv": prepared
+    weights, "network": loaded networks}``): one per worker process and weights,
+    whatever the number of tasks.  Run it on the workers with ``client.run``."""
+    with _lock:
+        return {"conv": builds["conv"], "network": builds["network"]}
+
+
 def cores():
     """Cores this process may run on (its affinity mask where the OS has one)."""
     try:
