@@ -2,6 +2,7 @@
 machine (loopback only), started and closed by the fixture.  Results equal to the
 local functions, weights and networks built once per worker, each worker's threads
 within its share of the cores, and a worker killed mid-computation."""
+import json
 import os
 import signal
 import time
@@ -19,7 +20,7 @@ from net_models import assert_close, mobilenet, random_input
 @pytest.fixture(scope="module")
 def client():
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           host="127.0.0.1", dashboard_address=None)
+                           host="127.0.0.1", dashboard_address=":0")
     with Client(cluster) as c:
         yield c
     cluster.close()
@@ -93,3 +94,22 @@ def test_a_worker_killed_mid_computation_is_retried(client):
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-10)
     client.wait_for_workers(2, timeout=60)
     assert pids[victim] not in client.run(os.getpid).values()
+
+
+def test_the_benchmark_command_reports_every_party(tmp_path):
+    from tilegemm.tools import cli
+    assert cli.main(["dask", "--n", "300", "--batch", "2", "--repeats", "1",
+                     "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "dask.json").read_text())
+    assert set(report["gemm"]) == {"dask A @ B (numpy blocks)", "tilegemm.dask.matmul, same chunks",
+                                   "tilegemm.dask.matmul, rechunk=True",
+                                   "tilegemm.matmul, one local call"}
+    for row in list(report["gemm"].values()) + list(report["conv"].values()):
+        assert row["seconds"] > 0 and row["gflops"] > 0
+        if row["shares"] is not None:
+            share = row["shares"]
+            assert abs(share["compute"] + share["idle"] - 1) < 1e-9 or share["idle"] == 0
+    assert len(report["64^3 call us"]["workers"]) == 2
+    text = (tmp_path / "dask.md").read_text()
+    assert "300^3 float32 product" in text and "x dask numpy" in text
+    assert cli.main(["dask", "--n", "0"]) == 2

@@ -53,7 +53,9 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
 
     Rows come in multiples of MC, columns of NC and the k dimension of KC (the
     cache blocks of :func:`tilegemm.tuning.blocking`), so that every task runs
-    whole cache blocks.  The largest dimension is cut first (m and n before k: a
+    whole cache blocks, and a dimension's last chunk is at least 3/4 of the others
+    (tasks of unequal size leave a worker idle at the end).  The largest dimension
+    is cut first (m and n before k: a
     cut of k costs a pass to sum the partial products) until one task's A block,
     B block and product fit ``task_memory`` and there are at least
     ``parallelism`` blocks of C for the workers' threads to share.
@@ -74,9 +76,14 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
     def size(d):
         return max(c for c in _chunks(extent[d], count[d], step[d]))
 
-    def split(d):            # the next count that makes the chunks smaller
+    def balanced(d):         # a last chunk of at least 3/4 of the others
+        chunks = _chunks(extent[d], count[d], step[d])
+        return len(chunks) == 1 or 4 * chunks[-1] >= 3 * chunks[0]
+
+    def split(d):            # the next count that makes the chunks smaller and even
         before = size(d)
-        while size(d) == before:
+        count[d] += 1
+        while not (size(d) < before and (balanced(d) or size(d) <= step[d])):
             count[d] += 1
 
     while True:

@@ -1,4 +1,4 @@
-"""The ``tilegemm`` command line: ``info``, ``bench``, ``ladder`` and ``run``.
+"""The ``tilegemm`` command line: ``info``, ``bench``, ``ladder``, ``run`` and ``dask``.
 
     python -m tilegemm info [--json]
     python -m tilegemm bench [--quick] [--op gemm|conv|int8|all] [--dtype ...] [--threads ...]
@@ -7,6 +7,7 @@
     python -m tilegemm bench --compare A.json B.json
     python -m tilegemm ladder [...]          (options of tilegemm.ladder)
     python -m tilegemm run MODEL [...]       (options of tilegemm.tools.netrun)
+    python -m tilegemm dask [...]            (options of tilegemm.tools.daskbench)
 
 Exit status: 0 on success, 1 when a benchmarked result was wrong, 2 for bad
 options or unreadable inputs, 130 when interrupted.
@@ -109,6 +110,9 @@ def build_parser():
     sub.add_parser("ladder", add_help=False,
                    help="the cache-blocking ladder, naive loop to micro-kernel "
                         "(options: tilegemm ladder --help)")
+    sub.add_parser("dask", add_help=False,
+                   help="tilegemm as dask's block kernel on a LocalCluster, against dask's "
+                        "numpy blocks and one local call (options: tilegemm dask --help)")
     sub.add_parser("run", add_help=False,
                    help="run an ONNX model: latency, per-op profile, onnxruntime/torch "
                         "(options: tilegemm run --help)")
@@ -198,6 +202,9 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ladder"]:
         return cmd_ladder(argv[1:])
+    if argv[:1] == ["dask"]:
+        from tilegemm.tools import daskbench
+        return daskbench.main(argv[1:])
     if argv[:1] == ["run"]:
         from tilegemm.tools import netrun
         return netrun.main(argv[1:])
