@@ -179,6 +179,40 @@ def test_blocks_against_guard_pages(where):
     _close(y.compute(scheduler="sync"), tilegemm.conv2d(x, w, padding=1), np.float32)
 
 
+@st.composite
+def _conv_layers(draw):
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sy, sx = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dy, dx = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    py, px = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    h = draw(st.integers(max(1, dy * (kh - 1) + 1 - 2 * py), 20))
+    w = draw(st.integers(max(1, dx * (kw - 1) + 1 - 2 * px), 20))
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    layout = draw(st.sampled_from(["NCHW", "NHWC"]))
+    chunks = (_chunking(draw, n), (c,), _chunking(draw, h), _chunking(draw, w))
+    if layout == "NHWC":
+        chunks = (chunks[0], chunks[2], chunks[3], chunks[1])
+    return dict(shape=(n, c, h, w), kernel=(kh, kw), stride=(sy, sx), dilation=(dy, dx),
+                padding=(py, px), layout=layout, chunks=chunks)
+
+
+@fuzz_settings(scale=0.25)
+@given(_conv_layers())
+def test_fuzz_conv2d_windows_against_the_local_call(case):
+    n, c, h, w = case["shape"]
+    rng = _rng(n + 3 * c + 5 * h + 7 * w)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    if case["layout"] == "NHWC":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    weight = rng.standard_normal((3, c) + case["kernel"]).astype(np.float32)
+    geometry = dict(stride=case["stride"], padding=case["padding"],
+                    dilation=case["dilation"], layout=case["layout"])
+    expected = tilegemm.conv2d(x, weight, **geometry)
+    got = tdd.conv2d(da.from_array(x, chunks=case["chunks"]), weight, **geometry)
+    assert got.shape == expected.shape
+    _close(got.compute(scheduler="sync"), expected, np.float32)
+
+
 CONV_CASES = [dict(padding=1), dict(stride=2, padding=1), dict(padding=2, dilation=2),
               dict(padding="same"), dict(stride=(2, 3), padding=(0, 2)),
               dict(groups=4, padding=1)]

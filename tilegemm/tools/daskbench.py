@@ -173,19 +173,23 @@ def small_call_us(n=64, calls=2000):
     return float(np.median(times) * 1e6)
 
 
-def _call_overhead(client):
-    """A small product's time per call here and in a task on each worker."""
+def _call_here():
+    """A small product's time per call in this process on one thread, before the
+    cluster starts (its scheduler runs in this process)."""
     import tilegemm
-    here = []
-    for _ in range(3):
-        with tilegemm.thread_limit(1):
-            here.append(small_call_us())
+    with tilegemm.thread_limit(1):
+        small_call_us()                     # compile or load
+        return min(small_call_us() for _ in range(5))
+
+
+def _call_on_workers(client):
+    """The same in a task on each worker (best of 5 tasks)."""
     workers = {}
     for address in client.scheduler_info()["workers"]:
         futures = [client.submit(small_call_us, pure=False, workers=[address])
-                   for _ in range(3)]
+                   for _ in range(5)]
         workers[address] = min(client.gather(futures))
-    return {"here, 1 thread": min(here), "workers": workers}
+    return workers
 
 
 def _rounds(parties, repeats, flops):
@@ -219,9 +223,9 @@ def _table(title, rows, peer, local):
 
 def _overhead_text(calls):
     on_workers = ", ".join(f"{us:.1f}" for us in calls["workers"].values())
-    return (f"One 64^3 float32 tilegemm.matmul (median of 2000 calls, best of 3): "
-            f"{calls['here, 1 thread']:.1f} us in this process on one thread, "
-            f"{on_workers} us in a task on each worker.")
+    return (f"One 64^3 float32 tilegemm.matmul (median of 2000 calls, best of 5): "
+            f"{calls['here, 1 thread']:.1f} us in this process on one thread (before the "
+            f"cluster started), {on_workers} us in a task on each worker.")
 
 
 def _machine():
@@ -237,6 +241,7 @@ def run(args):
 
     import tilegemm.dask as tdd
     machine = _machine()
+    here = _call_here()
     print(f"{machine['cpu']} ({machine['isa']}), {args.workers} worker processes of 1 thread",
           file=sys.stderr)
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
@@ -246,7 +251,7 @@ def run(args):
         report = {"machine": machine, "workers": args.workers, "worker threads": threads,
                   "blas threads in workers": client.run(_blas_threads)}
         _warm_up(client)
-        report["64^3 call us"] = _call_overhead(client)
+        report["64^3 call us"] = {"here, 1 thread": here, "workers": _call_on_workers(client)}
         parties, report["gemm setup"] = _gemm_parties(client, args.n, args.workers)
         report["gemm"] = _rounds(parties, args.repeats, 2.0 * args.n ** 3)
         del parties
