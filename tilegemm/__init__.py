@@ -10,7 +10,8 @@ model as a :class:`Network`); threads:
 :func:`set_num_threads`, :func:`get_num_threads`, :func:`thread_limit` (and
 threadpoolctl's ``threadpool_limits``, see :mod:`tilegemm.threadpool`).  Machine facts, block
 sizes and the nominal peak live in :mod:`tilegemm.tuning`, the measured peak in
-:mod:`tilegemm.kernels.peak`.
+:mod:`tilegemm.kernels.peak`.  :mod:`tilegemm.dask` (optional, never imported here)
+makes these the block kernels of dask arrays.
 """
 from tilegemm import threadpool
 from tilegemm.api import gemm, matmul

@@ -1,4 +1,5 @@
 """Convolutions and networks over dask arrays of images, one tilegemm call per chunk."""
+import threading
 import uuid
 import weakref
 
@@ -16,7 +17,8 @@ OPTIONS = ("activation", "algorithm", "winograd_tile")
 #: Where the image rows, columns and channels are in each layout.
 AXES = {"NCHW": (2, 3, 1), "NHWC": (1, 2, 3)}
 
-_network_tokens = weakref.WeakKeyDictionary()
+_network_tokens = weakref.WeakKeyDictionary()     # Network -> its token
+_tokens_lock = threading.Lock()
 
 
 def _conv_task(x, weight, bias, token, geometry, pads, threads):
@@ -205,7 +207,8 @@ def run_network(net, x, *, threads=None):
         x = da.from_array(x, chunks=(1,) + x.shape[1:])
     x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
     outputs = _probe(net, name, x)
-    token = _network_tokens.setdefault(net, uuid.uuid4().hex)
+    with _tokens_lock:
+        token = _network_tokens.setdefault(net, uuid.uuid4().hex)
     graph_key = dask.delayed(net.graph, pure=False)
     results = {out: [] for out in outputs}
     for block, size in zip(x.to_delayed().ravel(), x.chunks[0]):
