@@ -215,6 +215,36 @@ class PreparedConv:
     def __init__(self, input_shape, weight, bias=None, stride=1, padding=0, dilation=1,
                  groups=1, *, activation=None, algorithm="auto", layout="NCHW",
                  dtype=np.float32, winograd_tile=None):
+        p, self.dtype, w, b = PreparedConv.checked(
+            input_shape, weight, bias, stride, padding, dilation, groups, activation=activation,
+            algorithm=algorithm, layout=layout, dtype=dtype, winograd_tile=winograd_tile)
+        self.input_shape, self.params = tuple(input_shape), p
+        self._x_dtype = np.dtype(dtype)
+        self._w, self._b = (None if a is None else np.ascontiguousarray(a, dtype=self.dtype)
+                            for a in (w, b))
+        self._act = _ACT_FLAGS[activation]
+        self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, winograd_tile, None)
+        self._runner = None if self._path is None else paths.bind(
+            self._path[0], self._w, self._b, p, self.dtype, self._path[1])
+
+    @staticmethod
+    def checked(input_shape, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+                activation=None, algorithm="auto", layout="NCHW", dtype=np.float32,
+                winograd_tile=None):
+        """Check a layer as :func:`conv2d` would, without preparing or running it.
+
+        Returns
+        -------
+        tuple
+            ``(params, dtype, weight, bias)``: the validated geometry
+            (:class:`~tilegemm.conv.params.ConvParams`, its ``layout`` upper-case),
+            the result's dtype, and the weight and bias as arrays.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :func:`conv2d` would for an input of ``input_shape`` and ``dtype``.
+        """
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"PreparedConv: dtype must be float32 or float64, got {dtype}")
@@ -222,16 +252,8 @@ class PreparedConv:
                                                (0,) * len(input_shape))
         _, w, b, p = _operands(stub, weight, bias, (stride, padding, dilation, groups, layout),
                                algorithm, activation, "PreparedConv")
-        self.dtype = np.result_type(dtype, w, *(() if b is None else (b,)))
-        self.input_shape, self.params = tuple(input_shape), p
-        self._x_dtype = dtype
-        self._w, self._b = (None if a is None else np.ascontiguousarray(a, dtype=self.dtype)
-                            for a in (w, b))
-        self._act = _ACT_FLAGS[activation]
         _check_tile(winograd_tile, p, algorithm)
-        self._path = None if p.Cg == 0 else _route(p, self.dtype, algorithm, winograd_tile, None)
-        self._runner = None if self._path is None else paths.bind(
-            self._path[0], self._w, self._b, p, self.dtype, self._path[1])
+        return p, np.result_type(dtype, w, *(() if b is None else (b,))), w, b
 
     @property
     def output_shape(self):

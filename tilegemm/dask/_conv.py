@@ -1,4 +1,5 @@
 """Convolutions and networks over dask arrays of images, one tilegemm call per chunk."""
+import os
 import threading
 import uuid
 import weakref
@@ -45,21 +46,24 @@ def _out_chunks(in_chunks, extent_in, extent_out):
 
 
 def _windows(out_chunks, extent, stride, dilation, kernel, before):
-    """For each output chunk: the input rows it reads (clipped to the image) and the
-    zero rows it needs above and below them."""
+    """For each output chunk: the input rows it reads, clipped to the image, and the
+    zero rows it needs above and below them (a chunk may lie wholly in the padding)."""
     windows, start = [], 0
     for size in out_chunks:
         lo = start * stride - before
         hi = (start + size - 1) * stride - before + dilation * (kernel - 1) + 1
-        windows.append((max(lo, 0), min(hi, extent), max(-lo, 0), max(hi - extent, 0)))
+        first = min(max(lo, 0), extent)
+        last = max(min(hi, extent), first)
+        above = min(max(-lo, 0), hi - lo)
+        windows.append((first, last, above, (hi - lo) - above - (last - first)))
         start += size
     return windows
 
 
-def _spatial(x, call, p, layout):
+def _spatial(x, call, p):
     """The convolution of an image cut into spatial chunks: each output chunk from
     the input window its kernels read (the halo of its neighbours included)."""
-    h, w, _ = AXES[layout]
+    h, w, _ = AXES[p.layout]
     rows = _out_chunks(x.chunks[h], p.H, p.Ho)
     cols = _out_chunks(x.chunks[w], p.W, p.Wo)
     row_windows = _windows(rows, p.H, p.sy, p.dy, p.kh, p.top)
@@ -74,6 +78,12 @@ def _spatial(x, call, p, layout):
             pieces.append(call(window, (top, bottom, left, right), ho, wo))
         band.append(da.concatenate(pieces, axis=w))
     return da.concatenate(band, axis=h)
+
+
+def _known_shape(x, func):
+    if any(np.isnan(extent) for extent in x.shape):
+        raise ValueError(f"{func}: the input's chunk sizes are unknown (shape {x.shape}); "
+                         "call compute_chunk_sizes() first")
 
 
 def _as_images(x, func):
@@ -123,19 +133,23 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
         raise TypeError(f"tilegemm.dask.conv2d: unsupported option(s) {sorted(unknown)}; "
                         f"takes {list(OPTIONS)} (residual= and out= are not supported)")
     x = _as_images(x, "tilegemm.dask.conv2d")
-    weight = np.asarray(weight)
     if x.dtype not in (np.float32, np.float64):
         raise TypeError(f"tilegemm.dask.conv2d: input has dtype {x.dtype}; "
                         "float32 and float64 are supported")
-    dtype = np.result_type(x.dtype, weight.dtype)
-    p = tilegemm.conv_plan(x.shape, weight.shape, stride, padding, dilation, groups,
-                           layout=layout, dtype=dtype).params
-    h, w, c = AXES[layout]
+    _known_shape(x, "tilegemm.dask.conv2d")
+    p, dtype, weight, bias = tilegemm.conv.PreparedConv.checked(
+        x.shape, weight, bias, stride, padding, dilation, groups, layout=layout, dtype=x.dtype,
+        **options)
+    h, w, c = AXES[p.layout]
     x = x.rechunk({c: -1})
+    # A frozen copy: the token names these values even if the caller's array changes.
+    weight = np.array(weight, copy=True)
+    weight.flags.writeable = False
     token = tokenize(weight)
     weight_key = dask.delayed(weight, pure=True)
-    bias_key = None if bias is None else dask.delayed(np.asarray(bias), pure=True)
-    geometry = (stride, padding, dilation, groups, layout, options)
+    bias_key = None if bias is None else dask.delayed(np.array(bias, copy=True), pure=True)
+    geometry = (stride, padding, dilation, groups, p.layout, options)
+    threads = _worker.checked_threads(threads)
 
     def call(images, pads, ho, wo):
         shape = [None] * 4
@@ -145,7 +159,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
 
     if len(x.chunks[h]) == 1 and len(x.chunks[w]) == 1:
         return call(x, None, p.Ho, p.Wo)
-    return _spatial(x, call, p, layout)
+    return _spatial(x, call, p)
 
 
 def _network_task(graph, token, layout_transform, name, x, threads):
@@ -155,20 +169,32 @@ def _network_task(graph, token, layout_transform, name, x, threads):
 
 
 def _as_network(net):
+    """The Network and its token: one per Network object, else one per model's bytes
+    (so that a model passed again as a path or bytes is not built again on the workers)."""
     if isinstance(net, tilegemm.Network):
-        return net
-    return tilegemm.load_onnx(net)
+        with _tokens_lock:
+            return net, _network_tokens.setdefault(net, uuid.uuid4().hex)
+    if isinstance(net, (str, os.PathLike)) and os.path.exists(net):
+        with open(net, "rb") as f:
+            data = f.read()
+    elif isinstance(net, bytes):
+        data = net
+    elif hasattr(net, "SerializeToString"):
+        data = net.SerializeToString()
+    else:
+        return tilegemm.load_onnx(net), uuid.uuid4().hex     # load_onnx says what is wrong
+    return tilegemm.load_onnx(data), tokenize(data)
 
 
 def _probe(net, name, x):
-    """Each output's shape for one image and dtype, from an all-NCHW run of one
-    zero image here (no planning)."""
+    """Each output's shape for one item and dtype, from an all-NCHW run of two zero
+    items here (no planning): the first axis of every output must be the batch."""
     outputs = tilegemm.Network(net.graph, layout_transform=False).run(
-        {name: np.zeros((1,) + x.shape[1:], dtype=x.dtype)})
+        {name: np.zeros((2,) + x.shape[1:], dtype=x.dtype)})
     for out, value in outputs.items():
-        if value.ndim == 0 or value.shape[0] != 1:
+        if value.ndim == 0 or value.shape[0] != 2:
             raise ValueError(f"tilegemm.dask.run_network: output {out!r} has shape "
-                             f"{value.shape} for one image: its first axis is not the batch")
+                             f"{value.shape} for two items: its first axis is not the batch")
     return {out: (value.shape[1:], value.dtype) for out, value in outputs.items()}
 
 
@@ -197,7 +223,7 @@ def run_network(net, x, *, threads=None):
     ValueError
         A network with several inputs, or an output whose first axis is not the batch.
     """
-    net = _as_network(net)
+    net, token = _as_network(net)
     if len(net.inputs) != 1:
         raise ValueError(f"tilegemm.dask.run_network: the network has {len(net.inputs)} "
                          "inputs; it runs one-input networks")
@@ -205,10 +231,10 @@ def run_network(net, x, *, threads=None):
     if not isinstance(x, da.Array):
         x = np.asarray(x)
         x = da.from_array(x, chunks=(1,) + x.shape[1:])
+    _known_shape(x, "tilegemm.dask.run_network")
     x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
+    threads = _worker.checked_threads(threads)
     outputs = _probe(net, name, x)
-    with _tokens_lock:
-        token = _network_tokens.setdefault(net, uuid.uuid4().hex)
     graph_key = dask.delayed(net.graph, pure=False)
     results = {out: [] for out in outputs}
     for block, size in zip(x.to_delayed().ravel(), x.chunks[0]):
