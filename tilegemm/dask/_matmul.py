@@ -35,9 +35,10 @@ def default_parallelism():
     try:
         from distributed import default_client
         workers = default_client().scheduler_info()["workers"].values()
-        return max(1, sum(w["nthreads"] for w in workers))
     except (ImportError, ValueError):
         return _worker.cores()
+    # a cluster scaled to no workers yet: size for this machine's cores
+    return sum(w["nthreads"] for w in workers) or _worker.cores()
 
 
 def _chunks(extent, count, step):
@@ -54,7 +55,8 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
     Rows come in multiples of MC, columns of NC and the k dimension of KC (the
     cache blocks of :func:`tilegemm.tuning.blocking`), so that every task runs
     whole cache blocks, and a dimension's last chunk is at least 3/4 of the others
-    (tasks of unequal size leave a worker idle at the end).  The largest dimension
+    unless they are down to one cache block (tasks of unequal size leave a worker
+    idle at the end).  The largest dimension
     is cut first (m and n before k: a
     cut of k costs a pass to sum the partial products) until one task's A block,
     B block and product fit ``task_memory`` and there are at least
@@ -68,6 +70,9 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
     b = tuning.blocking(np.dtype(dtype))
     itemsize = np.dtype(dtype).itemsize
     limit = task_memory_limit(task_memory)
+    if parallelism is not None and (not isinstance(parallelism, (int, np.integer))
+                                    or parallelism < 1):
+        raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
     slots = parallelism or default_parallelism()
     extent = {"m": m, "n": n, "k": k}
     step = {"m": b.mc, "n": b.nc, "k": b.kc}
@@ -115,14 +120,26 @@ def _as_dask(x, name):
     return da.from_array(x, chunks=x.shape)
 
 
+def _batch_chunks(x, items):
+    """Chunks of ``x``'s batch axes holding about ``items`` products a task: the
+    last batch axis in runs of ``items``, the others one at a time."""
+    batch = x.ndim - 2
+    return {axis: (1 if axis < batch - 1 else min(items, max(1, x.shape[axis])))
+            for axis in range(batch)}
+
+
 def _rechunked(a, b, rechunk, task_memory, dtype):
-    """A and B with the product's chunks: the blocking model's with ``rechunk``,
-    else B follows A's chunks along k (mismatched k chunks are rechunked)."""
+    """A and B with the product's chunks: the blocking model's with ``rechunk``
+    (batch axes cut so that a task's items fit ``task_memory`` too), else B follows
+    A's chunks along k (mismatched k chunks are rechunked)."""
     if rechunk:
         mc, nc, kc = matmul_chunks(a.shape[-2], b.shape[-1], a.shape[-1], dtype,
                                    task_memory=task_memory)
-        return (a.rechunk({a.ndim - 2: mc, a.ndim - 1: kc}),
-                b.rechunk({b.ndim - 2: kc, b.ndim - 1: nc}))
+        itemsize = np.dtype(dtype).itemsize
+        item = itemsize * (mc[0] * kc[0] + kc[0] * nc[0] + mc[0] * nc[0])
+        items = max(1, task_memory_limit(task_memory) // max(1, item))
+        return (a.rechunk({**_batch_chunks(a, items), a.ndim - 2: mc, a.ndim - 1: kc}),
+                b.rechunk({**_batch_chunks(b, items), b.ndim - 2: kc, b.ndim - 1: nc}))
     if a.chunks[-1] != b.chunks[-2]:
         b = b.rechunk({b.ndim - 2: a.chunks[-1]})
     return a, b
@@ -177,7 +194,8 @@ def matmul(a, b, *, rechunk=False, task_memory=None, threads=None, split_every=S
         (give ``rechunk=True`` to cut them).
     rechunk : bool
         Cut the last two dimensions of both operands into the chunks of
-        :func:`matmul_chunks` (cache-block multiples, bounded by ``task_memory``)
+        :func:`matmul_chunks` (cache-block multiples, bounded by ``task_memory``),
+        and batch dimensions into as many items a task as fit ``task_memory``,
         instead of keeping the callers'.  When False, B's chunks along k are made
         A's if they differ.
     task_memory : int or str, optional
@@ -205,6 +223,17 @@ def matmul(a, b, *, rechunk=False, task_memory=None, threads=None, split_every=S
     dtype = _dtype(a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("tilegemm.dask.matmul: scalar operands; matmul needs arrays")
+    for name, x in (("a", a), ("b", b)):
+        if any(np.isnan(extent) for extent in x.shape):
+            raise ValueError(f"tilegemm.dask.matmul: {name}'s chunk sizes are unknown (shape "
+                             f"{x.shape}); call compute_chunk_sizes() first")
+    if isinstance(split_every, bool) or not isinstance(split_every, (int, np.integer)) \
+            or split_every < 2:
+        raise ValueError(f"tilegemm.dask.matmul: split_every must be an int >= 2, "
+                         f"got {split_every!r}")
+    threads = _worker.checked_threads(threads)
+    if task_memory is not None:
+        task_memory_limit(task_memory)
     vector_a, vector_b = a.ndim == 1, b.ndim == 1
     a = a[None, :] if vector_a else a
     b = b[:, None] if vector_b else b

@@ -2,11 +2,14 @@
 once per worker process (prepared weights, loaded networks) instead of once per task.
 """
 import collections
+import multiprocessing
 import os
 import threading
 from urllib.parse import urlparse
 
 import dask
+import dask.system
+import numpy as np
 
 import tilegemm
 
@@ -15,6 +18,7 @@ CACHE_SIZE = 16
 
 _lock = threading.Lock()
 _cache = collections.OrderedDict()
+_building = {}                  # (kind, token) -> the lock of its build
 #: How many objects of each kind this process built: one per worker, whatever the
 #: number of tasks (the tests read it on each worker).
 builds = collections.Counter()
@@ -24,17 +28,26 @@ _plugin_threads = None
 
 def cached(kind, token, build):
     """The object ``build()`` made for ``(kind, token)`` in this process, built on
-    first use.  The lock is held while building, so two worker threads that need the
-    same weights at once build them once."""
+    first use.  Each key has its own lock while it is built, so two worker threads
+    that need the same weights at once build them once, and other keys wait for
+    nothing."""
     key = (kind, token)
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-        value = _cache[key] = build()
-        builds[kind] += 1
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        building = _building.setdefault(key, threading.Lock())
+    with building:
+        with _lock:
+            if key in _cache:
+                return _cache[key]
+        value = build()
+        with _lock:
+            _cache[key] = value
+            builds[kind] += 1
+            _building.pop(key, None)
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
         return value
 
 
@@ -47,11 +60,20 @@ def worker_builds():
 
 
 def cores():
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:                      # not Linux
-        return os.cpu_count() or 1
+    """Cores this process may use: dask's count (the affinity mask and any cgroup
+    CPU quota)."""
+    return max(1, int(dask.system.CPU_COUNT))
+
+
+def checked_threads(threads):
+    """``threads`` as given to a public function: None or a positive int."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be None or a positive int, got {threads!r}")
+    if threads < 1:
+        raise ValueError(f"threads must be positive, got {threads}")
+    return int(threads)
 
 
 def current_worker():
@@ -77,7 +99,9 @@ def task_threads(threads=None):
     On a distributed worker: what :func:`set_worker_threads` set, else
     ``OMP_NUM_THREADS`` (distributed's nanny sets it to 1 in the workers it starts,
     one core per worker thread), else the cores over the worker's threads.
-    Under the local threaded scheduler: the cores over its pool's threads.
+    Under the local threaded and process schedulers: the cores over their pool's
+    workers (``dask.config`` ``num_workers``, else the cores: give
+    ``num_workers`` through ``dask.config.set``, or ``threads=``).
     """
     if threads is not None:
         return int(threads)
@@ -90,8 +114,9 @@ def task_threads(threads=None):
             return omp
         nthreads = getattr(getattr(worker, "state", worker), "nthreads", 1)
         return max(1, cores() // max(1, nthreads))
-    if threading.current_thread() is threading.main_thread():
-        return None
+    if (threading.current_thread() is threading.main_thread()
+            and multiprocessing.parent_process() is None):
+        return None                             # the synchronous scheduler
     pool = dask.config.get("num_workers", None) or cores()
     return max(1, cores() // pool)
 
@@ -148,7 +173,9 @@ def set_worker_threads(client):
     Each task's tilegemm threads become ``cores // T`` on its worker, where ``T``
     is the number of worker threads (all workers, all processes) on that host, so
     tilegemm threads x worker threads never exceed the cores.  Without this,
-    workers follow ``OMP_NUM_THREADS`` (1 under distributed's nanny).
+    workers follow ``OMP_NUM_THREADS`` (1 under distributed's nanny).  The counts
+    are those of the workers present now: call it again after the cluster scales
+    (a worker that restarts keeps its host's count).
 
     Parameters
     ----------
