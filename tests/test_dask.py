@@ -2,11 +2,11 @@
 for every chunking (ragged edges, spatial chunks with halos), the chunks the blocking
 model chooses, the threads a task takes, and clear errors for bad input.
 The distributed cluster is tested in test_dask_cluster.py."""
-import os
 import threading
 
 import dask
 import dask.array as da
+import dask.system
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -119,9 +119,33 @@ def test_matmul_bad_input(a, b, error, text):
         tdd.matmul(a, b)
 
 
-def test_bad_task_memory():
+def test_bad_options():
+    a = da.ones((4, 4), chunks=2)
     with pytest.raises(ValueError, match="task_memory"):
         tdd.matmul_chunks(10, 10, 10, task_memory=0)
+    with pytest.raises(ValueError, match="task_memory"):
+        tdd.matmul(a, a, task_memory=-1)
+    with pytest.raises(ValueError, match="parallelism"):
+        tdd.matmul_chunks(10, 10, 10, parallelism=0)
+    with pytest.raises(ValueError, match="split_every"):
+        tdd.matmul(a, a, split_every=1)
+    with pytest.raises(TypeError, match="threads"):
+        tdd.matmul(a, a, threads="2")
+    unknown = a[a[:, 0] > 0]                                   # rows of unknown count
+    with pytest.raises(ValueError, match="unknown"):
+        tdd.matmul(unknown, a)
+
+
+def test_rechunk_cuts_batches_to_the_task_memory():
+    rng = _rng(12)
+    a = rng.standard_normal((40, 30, 20))
+    b = rng.standard_normal((40, 20, 10))
+    limit = 4 * 8 * (30 * 20 + 20 * 10 + 30 * 10)
+    c = tdd.matmul(a, b, rechunk=True, task_memory=limit)
+    mc, nc, kc = tdd.matmul_chunks(30, 10, 20, np.float64, task_memory=limit)
+    items = limit // (8 * (mc[0] * kc[0] + kc[0] * nc[0] + mc[0] * nc[0]))
+    assert c.chunks[1:] == (mc, nc) and 4 <= c.chunks[0][0] == min(40, items)
+    _close(c.compute(scheduler="threads"), a @ b, np.float64)
 
 
 def test_nan_and_inf_propagate():
@@ -133,6 +157,8 @@ def test_nan_and_inf_propagate():
 
 
 def _chunking(draw, extent):
+    if extent == 0:
+        return (0,)
     cuts = draw(st.lists(st.integers(1, max(1, extent - 1)), max_size=3, unique=True))
     bounds = [0] + sorted(c for c in cuts if 0 < c < extent) + [extent]
     return tuple(b - a for a, b in zip(bounds, bounds[1:])) or (extent,)
@@ -140,24 +166,31 @@ def _chunking(draw, extent):
 
 @st.composite
 def _products(draw):
-    m, n, k = (draw(st.integers(1, 70)) for _ in range(3))
-    batch = draw(st.sampled_from([(), (1,), (3,), (2, 1)]))
+    m, n, k = (draw(st.integers(0, 70)) for _ in range(3))
+    batch_a = draw(st.sampled_from([(), (1,), (3,), (2, 1)]))
+    batch_b = draw(st.sampled_from([(), (1,), (3,), (1, 3)]))
+    if len(batch_a) == 2 and batch_b == (3,):
+        batch_a = (2, 3)
     dtype = draw(st.sampled_from([np.float32, np.float64]))
-    return batch, m, n, k, dtype, [_chunking(draw, e) for e in (m, k, k, n)]
+    chunks_a = tuple(_chunking(draw, e) if e > 1 else (e,) for e in batch_a)
+    chunks_b = tuple(_chunking(draw, e) if e > 1 else (e,) for e in batch_b)
+    return (batch_a, batch_b, m, n, k, dtype,
+            [chunks_a + (_chunking(draw, m), _chunking(draw, k)),
+             chunks_b + (_chunking(draw, k), _chunking(draw, n))])
 
 
 @fuzz_settings(scale=0.25)
 @given(_products())
 def test_fuzz_matmul_against_numpy(case):
-    batch, m, n, k, dtype, (cm, ck_a, ck_b, cn) = case
+    batch_a, batch_b, m, n, k, dtype, (chunks_a, chunks_b) = case
     rng = _rng(m * 7 + n * 3 + k)
-    a = rng.standard_normal(batch + (m, k)).astype(dtype)
-    b = rng.standard_normal((k, n)).astype(dtype)
+    a = rng.standard_normal(batch_a + (m, k)).astype(dtype)
+    b = rng.standard_normal(batch_b + (k, n)).astype(dtype)
     a0, b0 = a.copy(), b.copy()
-    A = da.from_array(a, chunks=tuple(1 for _ in batch) + (cm, ck_a))
-    B = da.from_array(b, chunks=(ck_b, cn))
-    got = tdd.matmul(A, B).compute(scheduler="sync")
-    _close(got, a.astype(np.float64) @ b, dtype)
+    got = tdd.matmul(da.from_array(a, chunks=chunks_a), da.from_array(b, chunks=chunks_b))
+    expected = a.astype(np.float64) @ b
+    assert got.shape == expected.shape
+    _close(got.compute(scheduler="sync"), expected, dtype)
     np.testing.assert_array_equal(a, a0)
     np.testing.assert_array_equal(b, b0)
 
@@ -231,6 +264,37 @@ def test_conv2d_by_batch_and_spatial_chunks(kw, chunks):
     _close(y.compute(scheduler="threads"), expected, np.float32)
 
 
+@pytest.mark.parametrize("rows", [(1, 9), (9, 1), (1, 1, 8), (4, 6)])
+def test_conv2d_chunks_in_the_padding(rows):
+    # 1x1 kernel, padding 2: the first and last output rows read only zeros
+    rng = _rng(10)
+    x = rng.standard_normal((2, 3, 10, 7)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 1, 1)).astype(np.float32)
+    expected = tilegemm.conv2d(x, w, padding=2)
+    got = tdd.conv2d(da.from_array(x, chunks=(1, 3, rows, (3, 4))), w, padding=2)
+    assert got.shape == expected.shape
+    _close(got.compute(scheduler="sync"), expected, np.float32)
+
+
+def test_conv2d_options_and_dtypes_as_conv2d():
+    rng = _rng(11)
+    x = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(3)                               # float64: float64 result
+    y = tdd.conv2d(da.from_array(x, chunks=(1, 4, 8, 8)), w, bias, padding=1)
+    assert y.dtype == tilegemm.conv2d(x, w, bias, padding=1).dtype == np.float64
+    xh = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    lower = tdd.conv2d(da.from_array(xh, chunks=(1, 4, 8, 4)), tilegemm.ConvWeights(w),
+                       padding=1, layout="nhwc", algorithm="winograd", winograd_tile=2)
+    _close(lower.compute(scheduler="sync"), tilegemm.conv2d(xh, w, padding=1, layout="NHWC"),
+           np.float32)
+    # the weights are frozen when the graph is built: later changes do not reach it
+    w2 = w.copy()
+    y2 = tdd.conv2d(da.from_array(x, chunks=(1, 4, 8, 8)), w2, padding=1)
+    w2[...] = 0
+    _close(y2.compute(scheduler="sync"), tilegemm.conv2d(x, w, padding=1), np.float32)
+
+
 def test_conv2d_nhwc_and_numpy_input():
     rng = _rng(8)
     x = rng.standard_normal((3, 12, 10, 16)).astype(np.float32)
@@ -249,6 +313,11 @@ def test_conv2d_nhwc_and_numpy_input():
     (lambda x, w: tdd.conv2d(x.astype(np.int32), w), TypeError, "int32"),
     (lambda x, w: tdd.conv2d(x[0], w), ValueError, "4-D"),
     (lambda x, w: tdd.conv2d(x, w, stride=0), ValueError, "stride"),
+    (lambda x, w: tdd.conv2d(x, w, np.ones(2, np.float32)), ValueError, "bias"),
+    (lambda x, w: tdd.conv2d(x, w.astype(np.int8)), TypeError, "int8"),
+    (lambda x, w: tdd.conv2d(x, w, activation="tanh"), ValueError, "activation"),
+    (lambda x, w: tdd.conv2d(x, w, stride=2, algorithm="winograd"), ValueError, "winograd"),
+    (lambda x, w: tdd.conv2d(x, w, threads=0), ValueError, "threads"),
 ])
 def test_conv2d_bad_input(call, error, text):
     x = np.ones((2, 4, 8, 8), np.float32)
@@ -286,7 +355,7 @@ def test_run_network_refuses_several_inputs():
 
 
 def test_task_threads_share_the_cores():
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = int(dask.system.CPU_COUNT)
     assert tdd.task_threads(3) == 3
     assert tdd.task_threads() is None                 # the synchronous scheduler's caller
     seen = []

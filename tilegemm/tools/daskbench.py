@@ -12,7 +12,7 @@ on this machine (loopback), gives each worker its share of the cores
   chunks, ``tilegemm.dask.matmul(rechunk=True)`` (the blocking model's chunks), and
   one local ``tilegemm.matmul`` call on all cores in this process;
 * ResNet-18's conv2_x layer (64 -> 64, 3x3, 56 x 56) over a batch of ``--batch``
-  images: ``tilegemm.dask.conv2d`` (8 images a chunk) against one local
+  images: ``tilegemm.dask.conv2d`` (32 images a chunk) against one local
   ``tilegemm.conv2d`` call.
 
 Every kernel is compiled or loaded first, on small operands.  Operands are generated on the workers and held there (persisted) before timing;
