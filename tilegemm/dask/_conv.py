@@ -12,6 +12,7 @@ from dask.base import tokenize
 
 import tilegemm
 from tilegemm.dask import _worker
+from tilegemm.ground.validate import check_threads
 
 #: conv2d's keyword options passed through to every chunk's call.
 OPTIONS = ("activation", "algorithm", "winograd_tile")
@@ -149,7 +150,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
     weight_key = dask.delayed(weight, pure=True)
     bias_key = None if bias is None else dask.delayed(np.array(bias, copy=True), pure=True)
     geometry = (stride, padding, dilation, groups, p.layout, options)
-    threads = _worker.checked_threads(threads)
+    threads = check_threads(threads, "tilegemm.dask.conv2d")
 
     def call(images, pads, ho, wo):
         shape = [None] * 4
@@ -233,7 +234,7 @@ def run_network(net, x, *, threads=None):
         x = da.from_array(x, chunks=(1,) + x.shape[1:])
     _known_shape(x, "tilegemm.dask.run_network")
     x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
-    threads = _worker.checked_threads(threads)
+    threads = check_threads(threads, "tilegemm.dask.run_network")
     outputs = _probe(net, name, x)
     graph_key = dask.delayed(net.graph, pure=False)
     results = {out: [] for out in outputs}

@@ -7,14 +7,12 @@ from dask.utils import parse_bytes
 
 import tilegemm
 from tilegemm import tuning
+from tilegemm.ground.contracts import cdiv, round_up
+from tilegemm.ground.validate import check_threads
 from tilegemm.dask import _worker
 
 #: Partial products summed per node of the tree over the k blocks.
 SPLIT_EVERY = 4
-
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def task_memory_limit(task_memory=None):
@@ -43,7 +41,7 @@ def default_parallelism():
 
 def _chunks(extent, count, step):
     """``extent`` cut into ``count`` chunks rounded up to multiples of ``step``."""
-    size = min(extent, _cdiv(_cdiv(extent, count), step) * step) if extent else 0
+    size = min(extent, round_up(cdiv(extent, count), step)) if extent else 0
     if size == 0:
         return (extent,)
     return (size,) * (extent // size) + ((extent % size,) if extent % size else ())
@@ -231,7 +229,7 @@ def matmul(a, b, *, rechunk=False, task_memory=None, threads=None, split_every=S
             or split_every < 2:
         raise ValueError(f"tilegemm.dask.matmul: split_every must be an int >= 2, "
                          f"got {split_every!r}")
-    threads = _worker.checked_threads(threads)
+    threads = check_threads(threads, "tilegemm.dask.matmul")
     if task_memory is not None:
         task_memory_limit(task_memory)
     vector_a, vector_b = a.ndim == 1, b.ndim == 1

@@ -9,7 +9,6 @@ from urllib.parse import urlparse
 
 import dask
 import dask.system
-import numpy as np
 
 import tilegemm
 
@@ -63,17 +62,6 @@ def cores():
     """Cores this process may use: dask's count (the affinity mask and any cgroup
     CPU quota)."""
     return max(1, int(dask.system.CPU_COUNT))
-
-
-def checked_threads(threads):
-    """``threads`` as given to a public function: None or a positive int."""
-    if threads is None:
-        return None
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-        raise TypeError(f"threads must be None or a positive int, got {threads!r}")
-    if threads < 1:
-        raise ValueError(f"threads must be positive, got {threads}")
-    return int(threads)
 
 
 def current_worker():
