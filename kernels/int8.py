@@ -21,7 +21,7 @@ The dot-product step is the kind's (:data:`GROUP`):
 * ``generic``: the same int16 pair products in plain IR, for any target.
 
 Every step is exact; the int32 lanes wrap modulo 2**32, and the caller proves that
-the true result fits in int32 (:func:`tilegemm.quant.qmatmul`), so the wrapped sum
+the true result fits in int32 (:func:`tilegemm.conv.quant.qmatmul`), so the wrapped sum
 of the exact terms is the exact result.
 """
 import inspect

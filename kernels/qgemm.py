@@ -121,7 +121,7 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None):
     ``a`` (m x k) and ``b`` (k x n) int8 or uint8 2-D arrays, any strides; ``c`` a
     writeable C-contiguous m x n int32 array.
     The caller has checked the shapes and that the result fits in int32
-    (``tilegemm.quant.overflow_bound``).  ``kind``: a ``(kind, bits)`` of
+    (``tilegemm.conv.quant.overflow_bound``).  ``kind``: a ``(kind, bits)`` of
     :func:`runnable_int8_kinds`, default this host's.  ``threads``: default
     :func:`tilegemm.get_num_threads` from ``SHARE_OPS`` operations on, else 1; the
     threads take equal blocks of rows (or of columns, when n is the longer side).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilegemm.net import layers, memory, ops, planning, registry  # noqa: F401 (ops: builders)
+from tilegemm.net import layers, memory, ops, planning, quantized, registry  # noqa: F401 (builders)
 from tilegemm.net.graph import from_onnx, read_model, validated
 from tilegemm.net.layers import convert, converted_shape
 from tilegemm.net.memory import Buffers

@@ -1,6 +1,7 @@
 """Graph passes, each a function ``pass(graph) -> graph`` that rewrites in place.
 
-:func:`optimize` runs them in order: constant folding, dead-node removal,
+:func:`optimize` runs them in order: QDQ convolutions onto the int8 kernels (before
+constant folding would dequantize their weights), dead-node removal, constant folding,
 BatchNorm folded into the conv before it, the residual Add fused into a conv's
 epilogue, then the activation (relu, relu6) fused into a conv's or Gemm's.  A conv
 summing a residual applies the activation after the sum, so the residual is fused
@@ -10,6 +11,7 @@ import numpy as np
 
 from tilegemm.conv import fold_batchnorm as fold_weights
 from tilegemm.net import registry
+from tilegemm.net.graph import Node
 
 
 def fold_constants(graph):
@@ -139,8 +141,133 @@ def fuse_activation(graph):
     return graph
 
 
+# --------------------------------------------------------------------------- QDQ models
+def _codes_of(graph, producers, tensor, per_channel=False):
+    """The DequantizeLinear writing ``tensor``, when it dequantizes int8/uint8 codes
+    with a constant scale and zero point (one each, or with ``per_channel`` one per
+    index of axis 0 and zero points 0), else None."""
+    node = producers.get(tensor)
+    if node is None or node.op != "DequantizeLinear":
+        return None
+    names = list(node.inputs) + [""]
+    scale = graph.constants.get(names[1])
+    zero = graph.constants.get(names[2]) if names[2] else None
+    if scale is None or (names[2] and (zero is None or zero.dtype not in (np.int8, np.uint8))):
+        return None
+    if scale.size == 1 and (zero is None or zero.size == 1):
+        return node
+    return node if (per_channel and node.attrs.get("axis", 1) == 0 and scale.ndim == 1
+                    and (zero is None or not np.any(zero))) else None
+
+
+def _quantizer(graph, readers, tensor):
+    """The QuantizeLinear that is the only reader of ``tensor``, when its scale and
+    zero point are constant scalars, else None."""
+    found = readers.get(tensor, [])
+    if len(found) != 1 or found[0].op != "QuantizeLinear" or tensor in graph.outputs:
+        return None
+    q = found[0]
+    names = list(q.inputs) + [""]
+    scale = graph.constants.get(names[1])
+    zero = graph.constants.get(names[2]) if names[2] else None
+    if scale is None or scale.size != 1 or (names[2] and (zero is None or zero.size != 1)):
+        return None
+    return q
+
+
+def _qdq_bias(graph, producers, conv):
+    """The name of ``conv``'s bias as a float constant ("" without one; a bias
+    dequantized from int32 is dequantized here), or None when it is computed."""
+    name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+    if not name or name in graph.constants:
+        return name
+    dq = producers.get(name)
+    if dq is None or dq.op != "DequantizeLinear":
+        return None
+    names = list(dq.inputs) + [""]
+    values = [graph.constants.get(n) if n else np.zeros(1, np.int32) for n in names[:3]]
+    if any(v is None for v in values) or values[0].dtype != np.int32 or np.any(values[2]):
+        return None
+    graph.constants[f"{conv.name}/bias"] = values[0] * values[1].astype(np.float64)
+    return f"{conv.name}/bias"
+
+
+def fuse_qdq(graph):
+    """Conv(DequantizeLinear(codes), DequantizeLinear(int8 weights), bias) becomes a
+    QLinearConv on the codes (:mod:`tilegemm.net.quantized`), with a Relu or Clip(0, 6)
+    after it in its epilogue and, when a QuantizeLinear is the only reader, its
+    requantization too: the activations between convs then stay int8.  The
+    DequantizeLinear nodes stay for any other reader."""
+    readers, producers = graph.consumers(), graph.producers()
+    dropped = set()
+    for i, conv in enumerate(graph.nodes):
+        if conv.op != "Conv" or conv.epilogue:
+            continue
+        x_dq = _codes_of(graph, producers, conv.inputs[0])
+        w_dq = _codes_of(graph, producers, conv.inputs[1], per_channel=True)
+        if x_dq is None or w_dq is None or w_dq.inputs[0] not in graph.constants \
+                or graph.constants[w_dq.inputs[0]].dtype != np.int8:
+            continue
+        bias = _qdq_bias(graph, producers, conv)
+        if bias is None:
+            continue
+        chain, out = [], conv.outputs[0]
+        after = readers.get(out, [])
+        if len(after) == 1 and _activation_of(graph, after[0]) and out not in graph.outputs:
+            chain.append(after[0])
+            out = after[0].outputs[0]
+        q = _quantizer(graph, readers, out)
+        chain += [q] if q is not None else []
+        y = (list(q.inputs) + [""])[1:3] if q is not None else ["", ""]
+        codes = [x_dq.inputs[0], *(list(x_dq.inputs) + [""])[1:3],
+                 w_dq.inputs[0], w_dq.inputs[1], ""]
+        fused = Node("QLinearConv", conv.name, codes + y + [bias], [chain[-1].outputs[0]
+                     if chain else out], dict(conv.attrs), fused=["DequantizeLinear", "Conv"]
+                     + [n.op for n in chain])
+        if chain and chain[0].op != "QuantizeLinear":
+            fused.epilogue["activation"] = _activation_of(graph, chain[0])
+        graph.nodes[i] = fused
+        dropped.update(id(n) for n in chain)
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    return graph
+
+
+def fuse_qdq_add(graph):
+    """Add(DequantizeLinear(a), DequantizeLinear(b)) -> [Relu] -> QuantizeLinear, every
+    scale and zero point a constant scalar, becomes one QLinearAdd on the codes
+    (a QDQ model's residual sums: one pass instead of four)."""
+    readers, producers = graph.consumers(), graph.producers()
+    dropped = set()
+    for i, add in enumerate(graph.nodes):
+        if add.op != "Add":
+            continue
+        dqs = [_codes_of(graph, producers, t) for t in add.inputs]
+        if any(dq is None for dq in dqs):
+            continue
+        chain, out = [], add.outputs[0]
+        after = readers.get(out, [])
+        if len(after) == 1 and _activation_of(graph, after[0]) == "relu" \
+                and out not in graph.outputs:
+            chain.append(after[0])
+            out = after[0].outputs[0]
+        q = _quantizer(graph, readers, out)
+        if q is None:
+            continue
+        inputs = [name for dq in dqs for name in (list(dq.inputs) + [""])[:3]]
+        fused = Node("QLinearAdd", add.name, inputs[:3] + inputs[3:6]
+                     + (list(q.inputs) + [""])[1:3], list(q.outputs), fused=["DequantizeLinear",
+                     "Add"] + [n.op for n in chain] + ["QuantizeLinear"])
+        if chain:
+            fused.epilogue["activation"] = "relu"
+        graph.nodes[i] = fused
+        dropped.update(id(n) for n in chain + [q])
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    return graph
+
+
 #: The passes :func:`optimize` runs, in order.
-PASSES = (fold_constants, remove_dead, fold_batchnorm, fuse_residual, fuse_activation)
+PASSES = (fuse_qdq, fuse_qdq_add, remove_dead, fold_constants, remove_dead, fold_batchnorm, fuse_residual,
+          fuse_activation)
 
 
 def optimize(graph):

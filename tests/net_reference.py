@@ -80,8 +80,62 @@ def _matmul(a, b):
     return np.matmul(a, b)
 
 
+def _along(v, x, axis):
+    v = np.asarray(v)
+    return v.reshape([-1 if i == axis % x.ndim else 1 for i in range(x.ndim)]) if v.size > 1 else v
+
+
+def _quantize(v, s, z=None, axis=1):
+    """QuantizeLinear by its definition, in float32 as it is for a float32 input."""
+    dtype = np.uint8 if z is None else z.dtype
+    info = np.iinfo(dtype)
+    y = np.rint(np.float32(v) / _along(s, v, axis).astype(np.float32))
+    y = y + (0 if z is None else _along(z, v, axis).astype(np.float64))
+    return np.clip(y, info.min, info.max).astype(dtype)
+
+
+def _dequantize(q, s, z=None, axis=1):
+    z = 0 if z is None else _along(z, q, axis).astype(np.int64)
+    return (q.astype(np.int64) - z) * _along(s, q, axis).astype(np.float64)
+
+
+def _qlinear_conv(x, xs, xz, w, ws, wz, ys, yz, b=None, **at):
+    """QLinearConv: the real conv of the dequantized operands, int32 bias in units of
+    x_scale * w_scale, requantized (float64, then rounded)."""
+    ws = np.asarray(ws, np.float64).reshape(-1)
+    real_b = None if b is None else b * float(xs) * (ws if ws.size > 1 else ws[0])
+    y = _conv(_dequantize(x, xs, xz), _dequantize(w, ws, wz, axis=0), real_b, **at)
+    info = np.iinfo(yz.dtype)
+    return np.clip(np.rint(y / float(ys)) + float(yz), info.min, info.max).astype(yz.dtype)
+
+
+def _conv_integer(x, w, xz=None, wz=None, **at):
+    sums = _conv(_dequantize(x, 1.0, xz), _dequantize(w, 1.0, wz), **at)
+    return np.rint(sums).astype(np.int32)              # integers below 2^53: exact
+
+
+def _qlinear_matmul(a, as_, az, b, bs, bz, ys, yz):
+    y = (_dequantize(a, as_, az) @ _dequantize(b, bs, bz, axis=-1))
+    info = np.iinfo(yz.dtype)
+    return np.clip(np.rint(y / float(ys)) + float(yz), info.min, info.max).astype(yz.dtype)
+
+
+QUANTIZED = {
+    "QuantizeLinear": lambda at: lambda v, s, z=None: _quantize(v, s, z, at.get("axis", 1)),
+    "DequantizeLinear": lambda at: lambda q, s, z=None: _dequantize(q, s, z, at.get("axis", 1)),
+    "QLinearConv": lambda at: lambda *x: _qlinear_conv(*x, **at),
+    "ConvInteger": lambda at: lambda *x: _conv_integer(*x, **at),
+    "MatMulInteger": lambda at: lambda a, b, az=None, bz=None: (
+        (a.astype(np.int64) - (0 if az is None else az.astype(np.int64)))
+        @ (b.astype(np.int64) - (0 if bz is None else bz.astype(np.int64)))).astype(np.int32),
+    "QLinearMatMul": lambda at: _qlinear_matmul,
+}
+
+
 def _op(node, x, at):
     op = node.op_type
+    if op in QUANTIZED:
+        return [QUANTIZED[op](at)(*x)]
     if op == "Conv":
         return [_conv(*x, **at)]
     if op == "BatchNormalization":
@@ -133,7 +187,8 @@ def run_reference(model, feeds):
     """``{output name: float64 array}`` of ``model`` for ``feeds`` ({name: array})."""
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in values.items()}
-    values.update({k: np.asarray(v, np.float64) for k, v in feeds.items()})
+    values.update({k: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else
+                   np.asarray(v) for k, v in feeds.items()})
     for node in model.graph.node:
         result = _op(node, [values[n] for n in node.input if n], _attrs(node))
         values.update(zip(node.output, result))

@@ -9,7 +9,7 @@ from guard import GUARD_PAGES, guarded_empty
 from thread_runs import in_threads
 
 import tilegemm
-from tilegemm.quant import overflow_bound
+from tilegemm.conv.quant import overflow_bound
 
 
 def _int64_product(a, b, za=0, zb=0):

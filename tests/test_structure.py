@@ -27,7 +27,7 @@ MAX_PARAMETERS = 12
 #: they may take): ``qconv2d`` takes ONNX QLinearConv's inputs with conv2d's geometry,
 #: ``conv2d`` torch's arguments with the fused epilogue's (``residual``, ``out``), and
 #: ``PreparedConv`` (``__init__``) conv2d's with the input's shape and dtype.
-WIDE_SIGNATURES = {("tilegemm/qconv.py", "qconv2d"): 14, ("conv/api.py", "conv2d"): 14,
+WIDE_SIGNATURES = {("conv/qconv.py", "qconv2d"): 14, ("conv/api.py", "conv2d"): 14,
                    ("conv/api.py", "__init__"): 13}
 
 

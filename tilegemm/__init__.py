@@ -18,8 +18,8 @@ from tilegemm.api import gemm, matmul
 from tilegemm.conv import ConvWeights, conv2d, conv_plan, fold_batchnorm
 from tilegemm.ground.threads import get_num_threads, set_num_threads, thread_limit
 from tilegemm.net import Network, load_onnx
-from tilegemm.qconv import QConvWeights, qconv2d
-from tilegemm.quant import dequantize, qmatmul, quantize
+from tilegemm.conv.qconv import QConvWeights, qconv2d
+from tilegemm.conv.quant import dequantize, qmatmul, quantize
 
 __all__ = ["gemm", "matmul", "conv2d", "ConvWeights", "conv_plan", "fold_batchnorm",
            "quantize", "dequantize", "qmatmul", "qconv2d", "QConvWeights", "load_onnx", "Network",

@@ -9,7 +9,7 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import qconv2d_into
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
-from tilegemm.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
+from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
 def _positive(value, name, func):

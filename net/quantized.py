@@ -1,0 +1,380 @@
+"""The quantized operators of a network, on the exact int8 kernels.
+
+ONNX writes a quantized model in one of two forms, and both run here:
+
+* **QOperator**: QLinearConv, QLinearMatMul, ConvInteger and MatMulInteger take
+  int8/uint8 codes and give codes (or int32 sums).  They run on
+  :func:`tilegemm.qconv2d` / :func:`tilegemm.qmatmul`: int32 sums exact, the
+  scales, bias and requantization in one epilogue.
+* **QDQ** (what onnxruntime's ``quantize_static`` writes by default): float
+  operators between QuantizeLinear / DequantizeLinear, the weights int8
+  initializers behind a DequantizeLinear.  The pass
+  :func:`tilegemm.net.passes.fuse_qdq` rewrites each Conv reading dequantized codes
+  into a QLinearConv on those codes, so activations stay int8 from conv to conv;
+  what it leaves runs as written (QuantizeLinear / DequantizeLinear here, the rest
+  in float).
+
+The fused QLinearConv may carry two forms ONNX's does not: a float32 bias in the
+output's real units (a QDQ Conv's bias, where ONNX's is int32 in units of
+``x_scale * w_scale``) and no ``y_scale`` (a float32 output, when no QuantizeLinear
+follows the conv).  Quantized weights must be int8 and symmetric (zero points 0),
+as ``quantize_static`` writes them by default; other forms are refused at load time.
+"""
+import numba
+import numpy as np
+
+from tilegemm.conv.params import conv_params
+from tilegemm.conv.qconv import QConvWeights, qconv2d
+from tilegemm.conv.quant import RANGES, qmatmul
+from tilegemm.conv.quantized import qconv2d_into
+from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
+from tilegemm.ground.contracts import CACHE
+from tilegemm.ground.split import for_slices
+from tilegemm.net.ops import elementwise, first, writes_into
+from tilegemm.net.registry import operator, unsupported
+
+#: The attributes of a convolution node (Conv, QLinearConv, ConvInteger).
+CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def along(value, x, axis):
+    """A scale or zero point shaped to broadcast against ``x``: as is when it is one
+    value, else laid along ``axis``."""
+    value = np.asarray(value)
+    if value.size == 1:
+        return value.reshape(())
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = -1
+    return value.reshape(shape)
+
+
+#: Without fastmath: ``x / scale`` must divide (not multiply by a reciprocal) to round
+#: as ONNX's QuantizeLinear does, and NaN must be seen.
+_exact = numba.njit(nogil=True, cache=CACHE)
+
+
+@_exact
+def quantize_run(x, scale, zero, low, high, out):
+    """``out = clip(rint(x / scale) + zero, low, high)`` over 1-D runs, float32
+    arithmetic; NaN gets ``low``."""
+    for i in range(x.size):
+        y = np.rint(np.float32(x[i]) / scale) + zero
+        if not y >= low:
+            y = low
+        elif y > high:
+            y = high
+        out[i] = y
+
+
+@_exact
+def dequantize_run(q, scale, zero, out):
+    """``out = (q - zero) * scale`` over 1-D runs, as float32."""
+    for i in range(q.size):
+        out[i] = np.float32(np.int64(q[i]) - zero) * scale
+
+
+@_exact
+def add_run(a, b, scales, zeros, relu, low, high, out):
+    """``out = Q(DQ(a) + DQ(b))`` over 1-D runs, exactly as the three float32 steps
+    compute it: ``scales = (a, b, out)`` and ``zeros`` likewise; ``relu`` between the
+    sum and the rounding."""
+    for i in range(out.size):
+        y = (np.float32(np.int64(a[i]) - zeros[0]) * scales[0]
+             + np.float32(np.int64(b[i]) - zeros[1]) * scales[1])
+        if relu and y < 0:
+            y = np.float32(0)
+        y = np.rint(y / scales[2]) + np.float32(zeros[2])
+        if not y >= low:
+            y = low
+        elif y > high:
+            y = high
+        out[i] = y
+
+
+def _runs(fn, x, out, *args):
+    """``fn(x run, *args, out run)`` over C-contiguous ``x`` and ``out`` flattened, the
+    threads taking runs."""
+    xf, of = np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
+    for_slices(lambda part: fn(xf[part], *args, of[part]), xf.size, xf.size)
+    return out
+
+
+def _target(out, shape, dtype):
+    """``out`` if it is a C-contiguous array to write into, else a new one."""
+    if out is not None and out.flags.c_contiguous and out.shape == shape and out.dtype == dtype:
+        return out
+    return np.empty(shape, dtype)
+
+
+def quantize_linear(x, scale, zero_point, axis=1, out=None):
+    """ONNX QuantizeLinear: ``saturate(rint(x / scale) + zero_point)`` in float32
+    arithmetic (round half to even), as the zero point's dtype (uint8 without one).
+    NaN gets the lowest code and infinities saturate (NaN has no code)."""
+    dtype = np.dtype(np.uint8) if zero_point is None else zero_point.dtype
+    low, high = RANGES[dtype]
+    if np.size(scale) == 1 and (zero_point is None or zero_point.size == 1):
+        zero = 0.0 if zero_point is None else float(zero_point.reshape(()))
+        result = _target(out, x.shape, dtype)
+        return _runs(quantize_run, x, result, np.float32(np.ravel(scale)[0]), np.float32(zero),
+                     np.float32(low), np.float32(high))
+    s = along(scale, x, axis).astype(np.float32)
+    y = np.rint(np.divide(x, s, dtype=np.float32))
+    if zero_point is not None:
+        y += along(zero_point, x, axis).astype(np.float32)
+    np.fmax(y, np.float32(low), out=y)
+    np.fmin(y, np.float32(high), out=y)
+    return y.astype(dtype)
+
+
+def dequantize_linear(q, scale, zero_point=None, axis=1, out=None):
+    """ONNX DequantizeLinear: ``(q - zero_point) * scale`` as float32."""
+    if np.size(scale) == 1 and (zero_point is None or zero_point.size == 1):
+        zero = 0 if zero_point is None else int(zero_point.reshape(()))
+        return _runs(dequantize_run, q, _target(out, q.shape, np.float32),
+                     np.float32(np.ravel(scale)[0]), np.int64(zero))
+    z = 0 if zero_point is None else along(zero_point, q, axis).astype(np.int64)
+    return (q.astype(np.int64) - z).astype(np.float32) * along(scale, q, axis).astype(np.float32)
+
+
+def _scale_zero(node, const, names, what):
+    """The constant scalar scale (positive, finite) and zero point (or None) of ``what``."""
+    scale = const(names[0]) if names[0] else None
+    zero = const(names[1]) if len(names) > 1 and names[1] else None
+    if scale is None or scale.size != 1 or (len(names) > 1 and names[1] and zero is None):
+        raise unsupported(node, f"{what}'s scale and zero point must be constant scalars")
+    if zero is not None and (zero.size != 1 or zero.dtype not in RANGES):
+        raise unsupported(node, f"{what}'s zero point must be one int8 or uint8 value, got "
+                                f"{zero.dtype} of shape {zero.shape}")
+    value = float(scale.reshape(()))
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"node {node.name!r} ({node.op}): {what}'s scale must be positive and "
+                         f"finite, got {value}")
+    return value, zero
+
+
+def _per_tensor(node, const):
+    """Whether ``node``'s scale and zero point are constants of one value each."""
+    return all(const(n) is not None and const(n).size == 1 for n in node.inputs[1:] if n)
+
+
+@operator("QuantizeLinear", ("axis", "saturate"))
+def _quantize_linear(node, const):
+    axis = node.attrs.get("axis", 1)
+
+    def run(x, scale, zero_point=None, out=None):
+        if x.dtype.kind != "f":
+            raise TypeError(f"node {node.name!r} (QuantizeLinear): float input expected, got "
+                            f"{x.dtype}")
+        return (quantize_linear(x, scale, zero_point, axis, first(out)),)
+    return writes_into(elementwise(run)) if _per_tensor(node, const) else run
+
+
+@operator("DequantizeLinear", ("axis",))
+def _dequantize_linear(node, const):
+    axis = node.attrs.get("axis", 1)
+
+    def run(q, scale, zero_point=None, out=None):
+        if q.dtype not in RANGES and q.dtype != np.int32:
+            raise TypeError(f"node {node.name!r} (DequantizeLinear): int8, uint8 or int32 "
+                            f"input expected, got {q.dtype}")
+        return (dequantize_linear(q, scale, zero_point, axis, first(out)),)
+    return writes_into(elementwise(run)) if _per_tensor(node, const) else run
+
+
+@operator("QLinearAdd")
+def _qlinear_add(node, const):
+    """``Q(DQ(a) + DQ(b))`` (a Relu between, when the passes fused one) in one pass:
+    what :func:`tilegemm.net.passes.fuse_qdq` makes of a QDQ model's residual sum
+    (com.microsoft's QLinearAdd has these inputs).  Operands of one shape."""
+    params = [_scale_zero(node, const, node.inputs[i:i + 2], what)
+              for i, what in ((1, "a"), (4, "b"), (6, "y"))]
+    scales = np.array([p[0] for p in params], np.float32)
+    zeros = np.array([0 if p[1] is None else int(p[1].reshape(())) for p in params], np.int64)
+    dtype = np.dtype(np.uint8) if params[2][1] is None else params[2][1].dtype
+    low, high = (np.float32(v) for v in RANGES[dtype])
+    relu = node.epilogue.get("activation") == "relu"
+
+    def run(a, _a_scale, _a_zero, b, _b_scale, _b_zero, _y_scale, _y_zero=None, out=None):
+        if a.shape != b.shape:
+            raise ValueError(f"node {node.name!r} (QLinearAdd): operands of shapes {a.shape} "
+                             f"and {b.shape}; one shape expected")
+        result = _target(first(out), a.shape, dtype)
+        bf = np.ascontiguousarray(b).reshape(-1)
+        af, of = np.ascontiguousarray(a).reshape(-1), result.reshape(-1)
+        for_slices(lambda part: add_run(af[part], bf[part], scales, zeros, relu, low, high,
+                                        of[part]), af.size, af.size)
+        return (result,)
+    return writes_into(elementwise(run))
+
+
+# --------------------------------------------------------------------------- convolutions
+def _int8_weights(node, const, name, zero_name):
+    """The constant symmetric int8 weights of a quantized product or conv."""
+    w = const(name) if name else None
+    if w is None or w.dtype != np.int8:
+        raise unsupported(node, "the weights must be a constant int8 tensor "
+                                f"(got {'a computed tensor' if w is None else w.dtype})")
+    zero = const(zero_name) if zero_name else None
+    if zero_name and (zero is None or np.any(zero != 0)):
+        raise unsupported(node, "only symmetric weights (zero points 0) are supported")
+    return w
+
+
+class QConvStep:
+    """A QLinearConv (or ConvInteger) of a network: weights prepared once
+    (:class:`~tilegemm.QConvWeights`), run by :func:`~tilegemm.qconv2d` in NCHW or
+    NHWC; the activation the passes fused in (``node.epilogue``) before rounding."""
+
+    def __init__(self, node, const, integer=False):
+        names = list(node.inputs) + [""] * 9
+        self.node, self.integer = node, integer
+        if integer:                     # ConvInteger: x, w, x_zero_point, w_zero_point
+            w = _int8_weights(node, const, names[1], names[3])
+            self.x_scale, self.x_zero = 1.0, const(names[2]) if names[2] else None
+            if names[2] and self.x_zero is None:
+                raise unsupported(node, "x_zero_point must be a constant")
+            self.weights = QConvWeights(w, 1.0)
+            self.bias = self.out_scale = self.out_zero = None
+        else:
+            w = _int8_weights(node, const, names[3], names[5])
+            self.x_scale, self.x_zero = _scale_zero(node, const, names[1:3], "x")
+            w_scale = const(names[4]) if names[4] else None
+            if w_scale is None:
+                raise unsupported(node, "w_scale must be a constant")
+            self.weights = QConvWeights(w, w_scale.astype(np.float64).reshape(-1)
+                                        if w_scale.size > 1 else float(w_scale.reshape(())))
+            self.out_scale, self.out_zero = (_scale_zero(node, const, names[6:8], "y")
+                                             if names[6] else (None, None))
+            self.bias = self._bias(const, names[8])
+        self.kernel = w.shape[2:]
+        self.strides, self.dilations, self.pads = window(node, self.kernel)
+        self.groups = int(node.attrs.get("group", 1))
+        self.act = node.epilogue.get("activation")
+
+    def _bias(self, const, name):
+        """The bias in the output's real units: ONNX's int32 one scaled by x_scale *
+        w_scale, a float one (fused from QDQ) as it is."""
+        if not name:
+            return None
+        b = const(name)
+        if b is None or b.ndim != 1:
+            raise unsupported(self.node, "the bias must be a constant 1-D tensor")
+        if b.dtype == np.int32:
+            return b.astype(np.float64) * self.x_scale * self.weights.scales
+        if b.dtype.kind == "f":
+            return b.astype(np.float64)
+        raise unsupported(self.node, f"a bias of dtype {b.dtype} (int32 or float expected)")
+
+    def run(self, x, layout):
+        """The output codes (or float32 / int32 values) for input codes ``x``."""
+        zero = 0 if self.x_zero is None else self.x_zero.reshape(()).item()
+        if self.x_zero is not None and x.dtype != self.x_zero.dtype:
+            raise TypeError(f"node {self.node.name!r} ({self.node.op}): input of dtype "
+                            f"{x.dtype} with a zero point of dtype {self.x_zero.dtype}")
+        ay, ax = SPATIAL[layout]
+        top, left, bottom, right = self.pads(x.shape[ay], x.shape[ax])
+        padding = (top, left)
+        if (top, left) != (bottom, right):        # uneven: the zero point (real 0) padded
+            width = [(0, 0)] * 4
+            width[ay], width[ax] = (top, bottom), (left, right)
+            x, padding = np.pad(x, width, constant_values=zero), 0
+        try:
+            if self.integer:
+                return (self._sums(x, zero, padding, layout),)
+            # ONNX's y_zero_point gives the output's dtype (uint8 without one)
+            out_zero = np.uint8(0) if self.out_zero is None else self.out_zero.reshape(())[()]
+            return (qconv2d(x, self.x_scale, self.weights, bias=self.bias, x_zero_point=zero,
+                            stride=self.strides, padding=padding, dilation=self.dilations,
+                            groups=self.groups, activation=self.act, out_scale=self.out_scale,
+                            out_zero_point=out_zero, layout=layout),)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"node {self.node.name!r} ({self.node.op}): {err}") from err
+
+    def _sums(self, x, zero, padding, layout):
+        """ConvInteger's exact int32 sums: qconv2d's kernels with unit scales, the
+        epilogue writing the sums themselves."""
+        if x.dtype not in RANGES:
+            raise TypeError(f"int8 or uint8 input expected, got {x.dtype}")
+        p = conv_params(x.shape, self.weights.shape, self.strides, padding, self.dilations,
+                        self.groups, layout, "ConvInteger")
+        out = np.empty(p.output_shape(), np.int32)
+        if out.size == 0:
+            return out
+        unit = (np.ones(p.K), np.zeros(p.K), 0, (0.0, 0.0, 0.0, 0.0))
+        return qconv2d_into(np.ascontiguousarray(x), zero, self.weights.matrices(p.groups),
+                            unit, p, out)
+
+    def describe(self, layout, x_shape, *_):
+        """("qconv2d", operations) for an input of ``x_shape`` in ``layout``."""
+        n = x_shape[0]
+        ay, ax = SPATIAL[layout]
+        top, left, bottom, right = self.pads(x_shape[ay], x_shape[ax])
+        K, cg, kh, kw = self.weights.shape
+        ho, wo = ((size + a + b - d * (k - 1) - 1) // s + 1 for size, a, b, k, s, d in
+                  ((x_shape[ay], top, bottom, kh, self.strides[0], self.dilations[0]),
+                   (x_shape[ax], left, right, kw, self.strides[1], self.dilations[1])))
+        return "qconv2d", 2 * n * K * ho * wo * cg * kh * kw
+
+    def function(self):
+        """The NCHW run function, the NHWC one in ``fn.layouts``."""
+        fn = in_layouts({layout: (lambda layout: lambda x, *_: self.run(x, layout))(layout)
+                         for layout in LAYOUTS})
+        fn.describe = self.describe
+        return fn
+
+
+@operator("QLinearConv", CONV_ATTRS)
+def _qlinear_conv(node, const):
+    return QConvStep(node, const).function()
+
+
+@operator("ConvInteger", CONV_ATTRS)
+def _conv_integer(node, const):
+    return QConvStep(node, const, integer=True).function()
+
+
+# --------------------------------------------------------------------------- products
+def _zero_value(node, zero, what):
+    """A product operand's zero point as an int: one value (per-row or per-column
+    zero points that differ are not supported)."""
+    if zero is None:
+        return 0
+    flat = np.ravel(zero)
+    if flat.size and np.any(flat != flat[0]):
+        raise unsupported(node, f"per-row/column zero points of {what} (one value expected)")
+    return int(flat[0]) if flat.size else 0
+
+
+def _check_codes(node, *xs):
+    for x in xs:
+        if x.dtype not in RANGES:
+            raise TypeError(f"node {node.name!r} ({node.op}): int8 or uint8 operands expected, "
+                            f"got {x.dtype}")
+
+
+@operator("MatMulInteger")
+def _matmul_integer(node, const):
+    def run(a, b, a_zero_point=None, b_zero_point=None):
+        _check_codes(node, a, b)
+        try:
+            return (qmatmul(a, b, a_zero_point=_zero_value(node, a_zero_point, "A"),
+                            b_zero_point=_zero_value(node, b_zero_point, "B")),)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"node {node.name!r} (MatMulInteger): {err}") from err
+    return run
+
+
+@operator("QLinearMatMul")
+def _qlinear_matmul(node, const):
+    """The exact int32 product, then ``y = sums * a_scale * b_scale`` requantized to
+    ``y_scale`` / ``y_zero_point`` (b's scale may be per column)."""
+    def run(a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
+        _check_codes(node, a, b)
+        try:
+            sums = qmatmul(a, b, a_zero_point=_zero_value(node, a_zero, "a"),
+                           b_zero_point=_zero_value(node, b_zero, "b"))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"node {node.name!r} (QLinearMatMul): {err}") from err
+        real = sums * (np.float64(np.ravel(a_scale)[0]) * np.ravel(b_scale).astype(np.float64))
+        return (quantize_linear(real.astype(np.float32), y_scale, y_zero),)
+    return run

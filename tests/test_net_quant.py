@@ -1,0 +1,223 @@
+"""Quantized ONNX models: QDQ convolutions and residual sums fused onto the int8
+kernels, QOperator nodes, against the reference interpreter's definitions."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, strategies as st
+
+pytest.importorskip("onnx")
+
+import tilegemm  # noqa: E402
+from fuzz_settings import fuzz_settings  # noqa: E402
+from guard import GUARD_PAGES, guarded_empty  # noqa: E402
+from net_reference import run_reference  # noqa: E402
+from qdq_models import QBuilder, residual_block  # noqa: E402
+from tilegemm.net.quantized import dequantize_linear, quantize_linear  # noqa: E402
+
+
+def _codes_close(got, want):
+    """Codes equal but where the float rounding of the reference and of the fused
+    epilogue fall on either side of a tie (a neighbouring code, rarely)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+    assert diff.max(initial=0) <= 1 and np.mean(diff > 0) <= 0.01, diff.max(initial=0)
+
+
+def _ops(net):
+    return [s.node.op for s in net.steps]
+
+
+def _layouts(net, x, layout):
+    """The network's output with every step that can run in ``layout``."""
+    plan = net.plan({"x": x}, layouts={s.node.name: layout for s in net.steps
+                                      if s.node.op in ("QLinearConv", "QLinearAdd", "ConvInteger")})
+    assert plan.layouts.count(layout) >= 1
+    return net(x)
+
+
+def test_a_qdq_residual_block_runs_on_the_int8_kernels():
+    model = residual_block()
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert _ops(net).count("QLinearConv") == 2 and "QLinearAdd" in _ops(net)
+    assert "Conv" not in _ops(net) and "Add" not in _ops(net)
+    x = np.random.default_rng(1).standard_normal((1, 8, 9, 9)).astype(np.float32)
+    want = run_reference(model, {"x": x})[model.graph.output[0].name]
+    got = net(x)
+    assert got.dtype == np.float32
+    # Dequantized codes: one output step (0.07) apart at most, where a tie fell the
+    # other way in a layer before.
+    assert np.max(np.abs(got - want)) <= 0.07 * 2 + 1e-6
+    assert np.mean(np.abs(got - want) > 1e-5) <= 0.05
+    for layout in ("NCHW", "NHWC"):
+        np.testing.assert_array_equal(_layouts(net, x, layout), got)
+
+
+@st.composite
+def _qdq_layers(draw):
+    groups = draw(st.sampled_from([1, 1, 2, 4]))
+    C = groups * draw(st.integers(1, 4))
+    K = groups * draw(st.integers(1, 4))
+    k = draw(st.sampled_from([1, 3, 5]))
+    s, d = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    H, W = draw(st.integers(1, 11)), draw(st.integers(1, 11))
+    assume(min(H + pads[0] + pads[2], W + pads[1] + pads[3]) >= d * (k - 1) + 1)
+    return dict(groups=groups, C=C, K=K, k=k, strides=[s, s], dilations=[d, d], pads=pads,
+                H=H, W=W, bias=draw(st.sampled_from(["float", "int32", None])),
+                per_channel=draw(st.booleans()), act=draw(st.sampled_from([None, "Relu"])),
+                requant=draw(st.booleans()), signed=draw(st.booleans()), n=draw(st.integers(1, 2)),
+                seed=draw(st.integers(0, 2 ** 16)))
+
+
+@fuzz_settings(scale=0.5)
+@given(_qdq_layers())
+def test_fuzz_qdq_conv_against_the_reference(case):
+    """One QDQ conv of random geometry, weights per channel or not, three bias forms,
+    int8 or uint8 codes, with or without a QuantizeLinear after it (float output),
+    in both layouts."""
+    b = QBuilder(case["seed"])
+    zero = np.int8(-5) if case["signed"] else np.uint8(131)
+    x = b.qdq("x", 0.04, zero)
+    y = b.conv(x, case["C"], case["K"], case["k"], groups=case["groups"], bias=case["bias"],
+               per_channel=case["per_channel"], strides=case["strides"],
+               dilations=case["dilations"], pads=case["pads"])
+    if case["act"]:
+        y = b.node(case["act"], [y])
+    out = b.q(y, 0.05, np.uint8(7)) if case["requant"] else y
+    model = b.model([case["n"], case["C"], case["H"], case["W"]], out,
+                    out_dtype=np.uint8 if case["requant"] else np.float32)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert "QLinearConv" in _ops(net) and "Conv" not in _ops(net)
+    x = np.random.default_rng(case["seed"]).standard_normal(
+        (case["n"], case["C"], case["H"], case["W"])).astype(np.float32)
+    want = run_reference(model, {"x": x})[out]
+    for layout in ("NCHW", "NHWC"):
+        got = _layouts(net, x, layout)
+        if case["requant"]:
+            _codes_close(got, want)
+        else:
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _qoperator_model(op, x_dtype=np.uint8, seed=0):
+    """A one-node QLinearConv / ConvInteger model (3x3, stride 2, uneven pads)."""
+    b = QBuilder(seed)
+    w = b.const(b.rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8))
+    zx = x_dtype(3)
+    attrs = dict(strides=[2, 2], pads=[1, 0, 2, 1])
+    if op == "QLinearConv":
+        inputs = ["x", b.const(np.float32(0.03)), b.const(zx), w,
+                  b.const(np.linspace(0.005, 0.02, 6).astype(np.float32)),
+                  b.const(np.zeros(6, np.int8)), b.const(np.float32(0.2)),
+                  b.const(np.uint8(9)), b.const(np.arange(-300, 300, 100).astype(np.int32))]
+    else:
+        inputs = ["x", w, b.const(zx)]
+    out = b.node(op, inputs, **attrs)
+    return b.model([2, 4, 9, 8], out, x_dtype=x_dtype,
+                   out_dtype=np.uint8 if op == "QLinearConv" else np.int32), out
+
+
+@pytest.mark.parametrize("op", ["QLinearConv", "ConvInteger"])
+@pytest.mark.parametrize("x_dtype", [np.uint8, np.int8])
+def test_qoperator_convs_against_the_reference(op, x_dtype):
+    model, out = _qoperator_model(op, x_dtype)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    info = np.iinfo(x_dtype)
+    x = np.random.default_rng(2).integers(info.min, info.max + 1, (2, 4, 9, 8)).astype(x_dtype)
+    want = run_reference(model, {"x": x})[out]
+    for layout in ("NCHW", "NHWC"):
+        got = _layouts(net, x, layout)
+        if op == "ConvInteger":
+            np.testing.assert_array_equal(got, want)          # exact int32 sums
+        else:
+            _codes_close(got, want)
+
+
+def test_integer_products_are_exact():
+    rng = np.random.default_rng(3)
+    b = QBuilder()
+    a = rng.integers(0, 256, (5, 37)).astype(np.uint8)
+    w = rng.integers(-128, 128, (37, 11)).astype(np.int8)
+    out = b.node("MatMulInteger", ["x", b.const(w), b.const(np.uint8(17)), b.const(np.int8(0))])
+    model = b.model([5, 37], out, x_dtype=np.uint8, out_dtype=np.int32, rank=2)
+    got = tilegemm.load_onnx(model)(a)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, (a.astype(np.int64) - 17) @ w.astype(np.int64))
+    b = QBuilder()
+    out = b.node("QLinearMatMul", ["x", b.const(np.float32(0.02)), b.const(np.uint8(17)),
+                                   b.const(w), b.const(np.float32(0.01)), b.const(np.int8(0)),
+                                   b.const(np.float32(0.3)), b.const(np.uint8(128))])
+    model = b.model([5, 37], out, x_dtype=np.uint8, out_dtype=np.uint8, rank=2)
+    _codes_close(tilegemm.load_onnx(model)(a), run_reference(model, {"x": a})[out])
+
+
+def test_quantize_and_dequantize_linear_follow_onnx():
+    x = np.array([[-1.0, -0.025, 0.025, 0.075, 1e9, -np.inf, np.nan, 0.0]], np.float32)
+    # half to even: -0.5 -> 0, 0.5 -> 0, 1.5 -> 2; saturation; NaN -> the lowest code
+    q = quantize_linear(x, np.float32(0.05), np.uint8(10))
+    np.testing.assert_array_equal(q, [[0, 10, 10, 12, 255, 0, 0, 10]])
+    assert q.dtype == np.uint8
+    q8 = quantize_linear(x, np.float32(0.05), np.int8(0))
+    np.testing.assert_array_equal(q8, [[-20, 0, 0, 2, 127, -128, -128, 0]])
+    np.testing.assert_array_equal(dequantize_linear(q, np.float32(0.5), np.uint8(10)),
+                                  (q.astype(np.float32) - 10) * 0.5)
+    per_axis = quantize_linear(np.ones((2, 3), np.float32), np.array([1, 0.5, 0.25], np.float32),
+                               np.zeros(3, np.int8), axis=1)
+    np.testing.assert_array_equal(per_axis, [[1, 2, 4], [1, 2, 4]])
+
+
+def test_unsupported_quantized_forms_are_named_at_load_time():
+    model, _ = _qoperator_model("QLinearConv")
+    from onnx import numpy_helper
+    w_zero = model.graph.node[0].input[5]
+    init = next(t for t in model.graph.initializer if t.name == w_zero)
+    init.CopyFrom(numpy_helper.from_array(np.full(6, 2, np.int8), w_zero))
+    with pytest.raises(NotImplementedError, match="QLinearConv.*symmetric"):
+        tilegemm.load_onnx(model)
+
+
+def test_a_qoperator_conv_refuses_codes_of_the_other_signedness():
+    model, _ = _qoperator_model("QLinearConv", np.uint8)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    with pytest.raises(TypeError, match="must be uint8, got int8"):
+        net.run({"x": np.zeros((2, 4, 9, 8), np.int8)})
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+def test_quantized_passes_against_guard_pages():
+    """The QuantizeLinear, DequantizeLinear and QLinearAdd passes read no byte past
+    (or before) their operands."""
+    net = tilegemm.load_onnx(residual_block(C=3, H=5), layout_transform=False)
+    x_vals = np.random.default_rng(4).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    want = net(x_vals)
+    for where in ("after", "before"):
+        x = guarded_empty(x_vals.shape, np.float32, where=where)
+        x[...] = x_vals
+        np.testing.assert_array_equal(net(x), want)
+        q = guarded_empty((7,), np.uint8, where=where)
+        q[...] = np.arange(7)
+        np.testing.assert_array_equal(dequantize_linear(q, np.float32(2), np.uint8(1)),
+                                      (np.arange(7) - 1) * 2.0)
+
+
+def test_a_quantized_network_from_several_python_threads():
+    net = tilegemm.load_onnx(residual_block(seed=5), layout_transform=False)
+    xs = [np.random.default_rng(i).standard_normal((1, 8, 9, 9)).astype(np.float32)
+          for i in range(4)]
+    want = [net(x) for x in xs]
+    errors = []
+
+    def run(i):
+        try:
+            for _ in range(5):
+                np.testing.assert_array_equal(net(xs[i]), want[i])
+        except Exception as err:          # reported below
+            errors.append(err)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
