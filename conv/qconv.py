@@ -9,6 +9,7 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import qconv2d_into
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
+from tilegemm.kernels.qgemm import int8_kind, pack_b_once
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
@@ -36,9 +37,9 @@ def _channel_scales(w_scale, K, func):
 class QConvWeights:
     """int8 convolution weights prepared once for many :func:`qconv2d` calls.
 
-    Holds a read-only copy of the weights and their per-channel scales, and the
-    matrices the quantized GEMM multiplies (per group ``kh*kw*Cg x Kg``), made on
-    first use.  The int8 micro-kernels' panels are still packed on every call.
+    Holds a read-only copy of the weights and their per-channel scales, the
+    matrices the quantized GEMM multiplies (per group ``kh*kw*Cg x Kg``) and their
+    int8 micro-kernel panels, made on first use: a call packs no weights.
 
     Parameters
     ----------
@@ -57,6 +58,7 @@ class QConvWeights:
         self.weight.flags.writeable = False
         self.scales = _channel_scales(w_scale, w.shape[0], func)
         self._matrices = {}
+        self._panels = {}
 
     @property
     def shape(self):
@@ -72,6 +74,13 @@ class QConvWeights:
                 np.ascontiguousarray(self.weight[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                      .reshape(kh * kw * Cg, Kg)) for g in range(groups)]
         return self._matrices[groups]
+
+    def panels(self, groups):
+        """Per group, :meth:`matrices` packed for this host's int8 kernel (cached)."""
+        key = (groups, int8_kind())
+        if key not in self._panels:
+            self._panels[key] = [pack_b_once(w, 0, key[1]) for w in self.matrices(groups)]
+        return self._panels[key]
 
     def __repr__(self):
         return f"QConvWeights(shape={self.shape})"
@@ -148,7 +157,8 @@ def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1,
     if out.size == 0:
         return out
     return qconv2d_into(np.ascontiguousarray(x), zx, prepared.matrices(p.groups),
-                        (mult, b, ACTIVATION_CODES[activation], requant), p, out)
+                        (mult, b, ACTIVATION_CODES[activation], requant), p, out,
+                        prepared.panels(p.groups))
 
 
 def _output(p, out_scale, out_zero_point, x_dtype, bias, func):

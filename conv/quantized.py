@@ -114,14 +114,15 @@ def finish(acc, mult, bias, act, requant, out):
             out[p, k] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
 
 
-def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
+def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None):
     """Run the quantized convolution of :class:`ConvParams` ``p`` into ``out``.
 
     ``x``: C-contiguous int8/uint8 input in ``p.layout``.  ``weights``: per group, the
     ``kh*kw*Cg x Kg`` int8 matrix (rows in (r, s, c) order, see
     :class:`tilegemm.QConvWeights`).  ``epilogue``: ``(mult, bias, act, requant)`` as
     :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
-    ``out``: C-contiguous output (float32, int8 or uint8) in ``p.layout``.
+    ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
+    ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
 
     Both layouts compute channels-last: an NCHW input is copied to NHWC first (a
     pixel's channels are then a contiguous run of a patch row, and the GEMM has the
@@ -150,7 +151,8 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out):
             else:
                 patches_nhwc(x, n, c0, p.Cg, geom, zero, patches)
                 a = patches
-            qgemm_into(a, weights[g], acc, x_zero_point, 0)
+            qgemm_into(a, weights[g], acc, x_zero_point, 0,
+                       b_panels=None if panels is None else panels[g])
             scales = (mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant)
             if p.layout == "NCHW":
                 finish(acc, *scales, rows)

@@ -85,6 +85,21 @@ def pack_b(b, p0, kc, j0, nc, b_add, out):
 
 
 @jit
+def pack_b_blocks(b, KC, NC, b_add, out):
+    """Every KC x NC block of B, plus ``b_add``, packed by :func:`pack_b` one after the
+    other in the order :func:`qgemm` reads them (jc, then pc): B's panels made once,
+    for a B that many products share (a layer's weights)."""
+    k, n = b.shape
+    at = 0
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        for pc in range(0, k, KC):
+            kc = min(KC, k - pc)
+            pack_b(b, pc, kc, jc, nc, b_add, out[at * GROUP:])
+            at += (nc + NR - 1) // NR * NR * ((kc + GROUP - 1) // GROUP)
+
+
+@jit
 def _edge_group(m, r0, k0, lines, valid, kc, g, add, out, at):
     """Group ``g`` of a panel's ``lines`` words at ``out[at:]``, line ``i``'s from row
     ``r0 + i`` of ``m`` (columns ``k0 + g*GROUP`` on), plus ``add``; zero past the
@@ -142,7 +157,7 @@ def corrections(a, b, adds, alpha, beta, rc, cc):
 
 
 @jit
-def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
+def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     """``C = A' @ B' + rc[i] + cc[j]`` over the five loops (see the module docstring).
 
     ``a`` (m x k) and ``b`` (k x n): int8 or uint8, any strides.  ``c``: flat int32,
@@ -153,7 +168,9 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
     ``a_words``: ``(words, flat, lda)``: A as 32-bit words (2-D) for
     :func:`pack_a_words`, the same as one flat int32 view and its row stride in
     words, read in place by the tile when A needs no flip (``vnni``, uint8 A); or an
-    empty ``words``: A is packed a value at a time.
+    empty ``words``: A is packed a value at a time.  ``b_panels``: B's blocks packed
+    by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
+    packed here, block by block.
     """
     m, k = a.shape
     n = b.shape[1]
@@ -165,12 +182,18 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
     # words are flipped into a panel; a uint8 A's are read where they lie.
     flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
     in_place = words.size > 0 and adds[0] == 0
+    at = 0                                    # the next block in b_panels, in words
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
             kc = min(KC, k - pc)
             kg = (kc + GROUP - 1) // GROUP
-            pack_b(b, pc, kc, jc, nc, adds[1], bpack_values)
+            if b_panels.size > 0:
+                b_src = b_panels[at:]
+                at += (nc + NR - 1) // NR * NR * kg
+            else:
+                pack_b(b, pc, kc, jc, nc, adds[1], bpack_values)
+                b_src = bpack
             first = 1 if pc == 0 else 0
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
@@ -185,6 +208,6 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words):
                 for jr in range(0, nc, NR):
                     for ir in range(0, mc, MR):
                         tile(kg, a_src, a_at + (ir * a_rs if in_place else (ir // MR) * kg * MR),
-                             a_rs, a_gs, bpack, (jr // NR) * kg * NR,
+                             a_rs, a_gs, b_src, (jr // NR) * kg * NR,
                              c, c_off + (ic + ir) * ldc + jc + jr, ldc, first, rc, ic + ir,
                              cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))

@@ -115,7 +115,47 @@ def get_int8_kernel(kind=None, bits=None):
 SHARE_OPS = 1 << 26
 
 
-def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None):
+class PackedB:
+    """The panels of a B (k x n, int8 or uint8) packed once for the int8 kernel of
+    ``kind``: every KC x NC block as :func:`qgemm_into` reads it, for a B that many
+    products share (a quantized layer's weights).  From :func:`pack_b_once`."""
+
+    def __init__(self, kind, shape, dtype, b_zero_point, blocks, words):
+        self.kind, self.shape, self.dtype = kind, shape, np.dtype(dtype)
+        self.b_zero_point, self.blocks, self.words = b_zero_point, blocks, words
+
+    def serves(self, b, b_zero_point, kind):
+        """Whether these panels are ``b``'s (its shape and dtype) for ``kind``."""
+        return (self.kind == kind and self.shape == b.shape and self.dtype == b.dtype
+                and self.b_zero_point == int(b_zero_point))
+
+
+def _b_add(kind, b_dtype, b_zero_point):
+    """What the packers add to B's values (see ``kernels/_int8.py``)."""
+    if kind == "vnni":
+        return -128 if b_dtype == np.uint8 else 0
+    return -int(b_zero_point)
+
+
+def pack_b_once(b, b_zero_point=0, kind=None):
+    """:class:`PackedB` of ``b`` (k x n, int8 or uint8) for the kernel of ``kind``
+    (default this host's), with the KC and NC every product with this B uses."""
+    kind, bits = kind or int8_kind()
+    mod = get_int8_kernel(kind, bits)
+    k, n = b.shape
+    KC, _, NC = _blocks(kind, bits, 1, n, k)
+    words = sum(round_up(min(NC, n - jc), mod.NR) * cdiv(min(KC, k - pc), GROUP[kind])
+                for jc in range(0, n, NC) for pc in range(0, k, KC))
+    panels = np.zeros(max(words, 1), np.int32)
+    mod.pack_b_blocks(b, KC, NC, _b_add(kind, b.dtype, b_zero_point),
+                      panels.view(np.int8 if kind == "vnni" else np.int16))
+    return PackedB((kind, bits), b.shape, b.dtype, int(b_zero_point), (KC, NC), panels)
+
+
+_NO_PANELS = np.zeros(0, np.int32)
+
+
+def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_panels=None):
     """``c[...] = (a - a_zero_point) @ (b - b_zero_point)`` exactly, in int32.
 
     ``a`` (m x k) and ``b`` (k x n) int8 or uint8 2-D arrays, any strides; ``c`` a
@@ -134,9 +174,12 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None):
     kind, bits = kind or int8_kind()
     mod = get_int8_kernel(kind, bits)
     if kind == "vnni":   # unsigned A, signed B for vpdpbusd
-        adds = (128 if a.dtype == np.int8 else 0, -128 if b.dtype == np.uint8 else 0)
+        adds = (128 if a.dtype == np.int8 else 0, _b_add(kind, b.dtype, b_zero_point))
     else:                # int16 values with the zero points taken off
-        adds = (-int(a_zero_point), -int(b_zero_point))
+        adds = (-int(a_zero_point), _b_add(kind, b.dtype, b_zero_point))
+    if b_panels is not None and not b_panels.serves(b, b_zero_point, (kind, bits)):
+        raise ValueError("qgemm_into: b_panels were packed from another B or for another kernel")
+    panels = _NO_PANELS if b_panels is None else b_panels.words
     alpha, beta = int(a_zero_point) + adds[0], -(int(b_zero_point) + adds[1])
     rc, cc = buffers(("int8 corrections", kind, bits), (m, n), np.int32)
     mod.corrections(a, b, adds, alpha, beta, rc, cc)
@@ -148,16 +191,16 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None):
         part = a[i0:i1]
         blocks = _blocks(kind, bits, i1 - i0, j1 - j0, k)
         mod.qgemm(part, b[:, j0:j1], flat, (i0 * n + j0, n), adds, blocks,
-                  _packs(kind, bits, blocks), rc[i0:i1], cc[j0:j1], _words(part, kind))
+                  _packs(kind, bits, blocks), rc[i0:i1], cc[j0:j1], _words(part, kind), panels)
 
-    run_shares(share, _parts(m, n, mod.MR, mod.NR, threads))
+    run_shares(share, _parts(m, n, mod.MR, mod.NR, threads, rows=b_panels is not None))
     return c
 
 
-def _parts(m, n, mr, nr, threads):
+def _parts(m, n, mr, nr, threads, rows=False):
     """``(i0, i1, j0, j1)`` of each thread's block of C: equal runs of whole tiles along
-    the longer side, at most one per thread."""
-    rows = m >= n
+    the longer side (the rows with ``rows``), at most one per thread."""
+    rows = rows or m >= n
     size, unit = (m, mr) if rows else (n, nr)
     count = max(1, min(threads, cdiv(size, unit)))
     step = round_up(cdiv(size, count), unit)

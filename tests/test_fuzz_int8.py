@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import tilegemm
 from tilegemm.kernels.int8 import GROUP, TILES
-from tilegemm.kernels.qgemm import int8_blocking, int8_kind, qgemm_into, runnable_int8_kinds
+from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, pack_b_once, qgemm_into,
+                                     runnable_int8_kinds)
 
 DTYPES = (np.int8, np.uint8)
 LAYOUTS = ("C", "C", "F", "reversed", "offset", "step")
@@ -131,15 +132,27 @@ def test_every_int8_kernel_is_exact(kind, da, db):
                     (2 * mr + 1, nr + 3, 2 * kc + 8)]:
         for za, zb, extremes in [(0, 0, False), (ia.max, ib.min, True), (ia.min, ib.max, False)]:
             a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes)
-            c = np.full((m, n), 99, np.int32)
-            qgemm_into(a, b, c, za, zb, kind)
-            assert np.array_equal(c, expected(a, b, za, zb)), (kind, m, n, k, za, zb)
-    # Shared among threads: blocks of rows (m >= n) and of columns.
+            want = expected(a, b, za, zb)
+            # B packed here, and B's panels packed once beforehand (a layer's weights)
+            for panels in (None, pack_b_once(b, zb, kind)):
+                c = np.full((m, n), 99, np.int32)
+                qgemm_into(a, b, c, za, zb, kind, b_panels=panels)
+                assert np.array_equal(c, want), (kind, m, n, k, za, zb, panels is None)
+    # Shared among threads: blocks of rows (m >= n) and of columns; rows with panels.
     for m, n, k in [(4 * mr + 1, 2 * nr - 3, kc + 5), (mr + 2, 3 * nr + 1, 2 * kc)]:
         a, b = values(rng, (m, k), da, False), values(rng, (k, n), db, False)
-        c = np.full((m, n), 99, np.int32)
-        qgemm_into(a, b, c, 2, 1, kind, threads=3)
-        assert np.array_equal(c, expected(a, b, 2, 1)), (kind, m, n, k, "threads")
+        for panels in (None, pack_b_once(b, 1, kind)):
+            c = np.full((m, n), 99, np.int32)
+            qgemm_into(a, b, c, 2, 1, kind, threads=3, b_panels=panels)
+            assert np.array_equal(c, expected(a, b, 2, 1)), (kind, m, n, k, "threads")
+
+
+def test_panels_of_another_b_are_refused():
+    b = np.zeros((5, 6), np.int8)
+    panels = pack_b_once(b)
+    with pytest.raises(ValueError, match="another B"):
+        qgemm_into(np.zeros((2, 5), np.uint8), np.zeros((5, 7), np.int8),
+                   np.empty((2, 7), np.int32), 0, 0, b_panels=panels)
 
 
 # --------------------------------------------------------------------------- qconv2d
