@@ -47,7 +47,7 @@ def test_run_compares_with_onnxruntime_when_installed(tmp_path, capsys):
                    "--repeats", "2", "--no-layout-transform"])
     out = capsys.readouterr().out
     assert status == 0, out
-    diff = float(re.search(r"max \|tilegemm - onnxruntime\| / max \|onnxruntime\| = (\S+)",
+    diff = float(re.search(r"max \|tilegemm - onnxruntime\| / max \|onnxruntime\| = ([^;\s]+)",
                            out).group(1))
     assert diff <= 1e-4
     assert re.search(r"onnxruntime +best .* tilegemm's time", out)
@@ -85,3 +85,17 @@ def test_run_scaling_times_one_thread_beside_all(tmp_path, capsys):
     assert status == 0, out
     assert re.search(r"tilegemm 1 thread +best", out)
     assert re.search(r"2 threads give [\d.]+x the one-thread throughput", out)
+
+
+def test_run_int8_quantizes_the_model_and_runs_it_on_the_int8_kernels(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    plan = tmp_path / "plan.json"
+    status = main(["run", _saved(tmp_path), "--int8", "--repeats", "2", "--threads", "1",
+                   "--dump", str(plan)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    diff = float(re.search(r"max \|tilegemm - onnxruntime\| / max \|onnxruntime\| = ([^;\s]+)",
+                           out).group(1))
+    assert diff <= 0.1
+    ops = {r["op"] for r in json.loads(plan.read_text())}
+    assert {"QLinearConv", "QLinearAdd"} <= ops and "Conv" not in ops
