@@ -140,31 +140,86 @@ def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1,
         activation or layout, a non-finite bias when requantizing, or a kernel so
         large (C/groups x kh x kw) that the int32 sums could overflow.
     """
-    func = "qconv2d"
     if not isinstance(w, QConvWeights) and w_scale is None:
-        raise TypeError(f"{func}: w_scale is required with plain weights")
+        raise TypeError("qconv2d: w_scale is required with plain weights")
     prepared = w if isinstance(w, QConvWeights) else QConvWeights(w, w_scale)
-    x = int8_array(x, "x", func)
-    check_choice(activation, ACTIVATIONS, "activation", func)
-    p = conv_params(x.shape, prepared.shape, stride, padding, dilation, groups, layout, func)
-    zx = zero_point(x_zero_point, x.dtype, "x_zero_point", func)
-    check_bound(p.Cg * p.kh * p.kw, x.dtype, zx, np.dtype(np.int8), 0, func)
-    mult = _positive(x_scale, "x_scale", func) * prepared.scales
-    b = np.zeros(p.K) if bias is None else float_array(bias, "bias", func).astype(np.float64)
-    if b.shape != (p.K,):
-        raise ValueError(f"{func}: bias must have shape ({p.K},), got {b.shape}")
-    out, requant = _output(p, out_scale, out_zero_point, x.dtype, b, func)
-    if out.size == 0:
-        return out
-    return qconv2d_into(np.ascontiguousarray(x), zx, prepared.matrices(p.groups),
-                        (mult, b, ACTIVATION_CODES[activation], requant), p, out,
-                        prepared.panels(p.groups))
+    x = int8_array(x, "x", "qconv2d")
+    call = PreparedQConv(x.shape, x.dtype, x_scale, prepared, bias, x_zero_point=x_zero_point,
+                         stride=stride, padding=padding, dilation=dilation, groups=groups,
+                         activation=activation, out_scale=out_scale,
+                         out_zero_point=out_zero_point, layout=layout)
+    return call(x)
 
 
-def _output(p, out_scale, out_zero_point, x_dtype, bias, func):
-    """The output array and the epilogue's ``requant`` tuple (scale 0: float output)."""
+class PreparedQConv:
+    """One :func:`qconv2d` layer checked and planned once for inputs of one shape and
+    dtype; calling it runs the convolution (into ``out`` when given).
+
+    Parameters
+    ----------
+    x_shape : tuple of int
+    x_dtype : numpy.int8 or numpy.uint8
+    x_scale : float
+    weights : QConvWeights
+    bias : array_like of float, shape (K,), optional
+    **options
+        :func:`qconv2d`'s keyword arguments (``x_zero_point``, ``stride``,
+        ``padding``, ``dilation``, ``groups``, ``activation``, ``out_scale``,
+        ``out_zero_point``, ``layout``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`qconv2d`.
+    """
+
+    def __init__(self, x_shape, x_dtype, x_scale, weights, bias=None, **options):
+        func = "qconv2d"
+        unknown = sorted(set(options) - set(QCONV_OPTIONS))
+        if unknown:
+            raise TypeError(f"{func}: unexpected options {unknown}")
+        opt = dict(QCONV_OPTIONS, **options)
+        check_choice(opt["activation"], ACTIVATIONS, "activation", func)
+        p = conv_params(tuple(x_shape), weights.shape, opt["stride"], opt["padding"],
+                        opt["dilation"], opt["groups"], opt["layout"], func)
+        self.x_dtype = np.dtype(x_dtype)
+        self.zero = zero_point(opt["x_zero_point"], self.x_dtype, "x_zero_point", func)
+        check_bound(p.Cg * p.kh * p.kw, self.x_dtype, self.zero, np.dtype(np.int8), 0, func)
+        mult = _positive(x_scale, "x_scale", func) * weights.scales
+        b = np.zeros(p.K) if bias is None else float_array(bias, "bias", func).astype(np.float64)
+        if b.shape != (p.K,):
+            raise ValueError(f"{func}: bias must have shape ({p.K},), got {b.shape}")
+        self.out_dtype, requant = _output(opt["out_scale"], opt["out_zero_point"], self.x_dtype,
+                                          b, func)
+        self.params, self.weights, self.input_shape = p, weights, tuple(x_shape)
+        self.output_shape = p.output_shape()
+        self.epilogue = (mult, b, ACTIVATION_CODES[opt["activation"]], requant)
+
+    def __call__(self, x, out=None):
+        """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
+        ``out`` when it is a C-contiguous array of the output's shape and dtype."""
+        if x.shape != self.input_shape or x.dtype != self.x_dtype:
+            raise ValueError(f"qconv2d: prepared for {self.x_dtype} inputs of shape "
+                             f"{self.input_shape}, got {x.dtype} {x.shape}")
+        if not (out is not None and out.shape == self.output_shape and out.dtype == self.out_dtype
+                and out.flags.c_contiguous and out.flags.writeable):
+            out = np.empty(self.output_shape, self.out_dtype)
+        if out.size == 0:
+            return out
+        p = self.params
+        return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
+                            self.epilogue, p, out, self.weights.panels(p.groups))
+
+
+#: :func:`qconv2d`'s keyword arguments and their defaults.
+QCONV_OPTIONS = dict(x_zero_point=0, stride=1, padding=0, dilation=1, groups=1, activation=None,
+                     out_scale=None, out_zero_point=0, layout="NCHW")
+
+
+def _output(out_scale, out_zero_point, x_dtype, bias, func):
+    """The output dtype and the epilogue's ``requant`` tuple (scale 0: float output)."""
     if out_scale is None:
-        return np.empty(p.output_shape(), np.float32), (0.0, 0.0, 0.0, 0.0)
+        return np.dtype(np.float32), (0.0, 0.0, 0.0, 0.0)
     typed = isinstance(out_zero_point, np.integer) and np.dtype(type(out_zero_point)) in INT8_DTYPES
     dtype = np.dtype(type(out_zero_point)) if typed else np.dtype(x_dtype)
     if not np.isfinite(bias).all():
@@ -172,4 +227,4 @@ def _output(p, out_scale, out_zero_point, x_dtype, bias, func):
     zp = zero_point(out_zero_point, dtype, "out_zero_point", func)
     low, high = RANGES[dtype]
     scale = _positive(out_scale, "out_scale", func)
-    return np.empty(p.output_shape(), dtype), (scale, float(zp), float(low), float(high))
+    return dtype, (scale, float(zp), float(low), float(high))

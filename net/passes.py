@@ -1,9 +1,10 @@
 """Graph passes, each a function ``pass(graph) -> graph`` that rewrites in place.
 
-:func:`optimize` runs them in order: QDQ convolutions onto the int8 kernels (before
-constant folding would dequantize their weights), dead-node removal, constant folding,
-BatchNorm folded into the conv before it, the residual Add fused into a conv's
-epilogue, then the activation (relu, relu6) fused into a conv's or Gemm's.  A conv
+:func:`optimize` runs them in order: a quantized model's convolutions, residual sums
+and max pooling onto the int8 codes (before constant folding would dequantize the
+weights), dead-node removal, constant folding, BatchNorm folded into the conv before
+it, the residual Add fused into a conv's epilogue, then the activation (relu, relu6)
+fused into a conv's or Gemm's.  A conv
 summing a residual applies the activation after the sum, so the residual is fused
 first: Conv -> BatchNormalization -> Add -> Relu becomes one conv.
 """
@@ -265,9 +266,44 @@ def fuse_qdq_add(graph):
     return graph
 
 
+def _same_constants(graph, a, b):
+    """Whether tensor names ``a`` and ``b`` hold equal constants (both "": equal)."""
+    if not a or not b:
+        return a == b
+    x, y = graph.constants.get(a), graph.constants.get(b)
+    return x is not None and y is not None and x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def fuse_qdq_maxpool(graph):
+    """DequantizeLinear -> MaxPool -> QuantizeLinear with the same scale and zero point
+    becomes the MaxPool on the codes: dequantizing is monotonic and the quantizer gives
+    each dequantized code back, so the maximum's code is the codes' maximum.  Only where
+    every window holds an input value (no dilation, pads smaller than the kernel)."""
+    readers, producers = graph.consumers(), graph.producers()
+    dropped = set()
+    for pool in graph.nodes:
+        if pool.op != "MaxPool" or len(pool.outputs) > 1 and pool.outputs[1]:
+            continue
+        kernel = pool.attrs.get("kernel_shape", ())
+        pads = pool.attrs.get("pads", (0,) * 4)
+        if any(d != 1 for d in pool.attrs.get("dilations", (1, 1))) \
+                or len(pads) != 4 or any(p >= kernel[i % 2] for i, p in enumerate(pads)):
+            continue
+        dq = _codes_of(graph, producers, pool.inputs[0])
+        q = None if dq is None else _quantizer(graph, readers, pool.outputs[0])
+        if q is None or not all(_same_constants(graph, a, b) for a, b in
+                                zip((list(dq.inputs) + [""])[1:3], (list(q.inputs) + [""])[1:3])):
+            continue
+        pool.inputs[0], pool.outputs = dq.inputs[0], list(q.outputs)
+        pool.fused += ["DequantizeLinear", "QuantizeLinear"]
+        dropped.add(id(q))
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    return graph
+
+
 #: The passes :func:`optimize` runs, in order.
-PASSES = (fuse_qdq, fuse_qdq_add, remove_dead, fold_constants, remove_dead, fold_batchnorm, fuse_residual,
-          fuse_activation)
+PASSES = (fuse_qdq, fuse_qdq_add, fuse_qdq_maxpool, remove_dead, fold_constants, remove_dead,
+          fold_batchnorm, fuse_residual, fuse_activation)
 
 
 def optimize(graph):

@@ -23,10 +23,8 @@ as ``quantize_static`` writes them by default; other forms are refused at load t
 import numba
 import numpy as np
 
-from tilegemm.conv.params import conv_params
-from tilegemm.conv.qconv import QConvWeights, qconv2d
+from tilegemm.conv.qconv import PreparedQConv, QConvWeights
 from tilegemm.conv.quant import RANGES, qmatmul
-from tilegemm.conv.quantized import qconv2d_into
 from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.ground.contracts import CACHE
 from tilegemm.ground.split import for_slices
@@ -252,6 +250,7 @@ class QConvStep:
         self.strides, self.dilations, self.pads = window(node, self.kernel)
         self.groups = int(node.attrs.get("group", 1))
         self.act = node.epilogue.get("activation")
+        self.calls = {}        # (input shape, dtype, layout) -> what _prepare returns
 
     def _bias(self, const, name):
         """The bias in the output's real units: ONNX's int32 one scaled by x_scale *
@@ -267,44 +266,50 @@ class QConvStep:
             return b.astype(np.float64)
         raise unsupported(self.node, f"a bias of dtype {b.dtype} (int32 or float expected)")
 
-    def run(self, x, layout):
-        """The output codes (or float32 / int32 values) for input codes ``x``."""
+    def run(self, x, layout, out=None):
+        """The output codes (or float32 / int32 values) for input codes ``x``, into
+        ``out`` when it fits (checked and planned once per input shape)."""
+        key = (x.shape, x.dtype, layout)
+        call = self.calls.get(key)
+        if call is None:
+            call = self.calls[key] = self._prepare(x, layout)
+        conv, width, zero = call
+        if width is not None:                     # uneven pads: the zero point padded
+            x = np.pad(x, width, constant_values=zero)
+        return (conv(x, out),)
+
+    def _prepare(self, x, layout):
+        """``(PreparedQConv, padding widths or None, zero point)`` for inputs like ``x``."""
+        node = self.node
         zero = 0 if self.x_zero is None else self.x_zero.reshape(()).item()
         if self.x_zero is not None and x.dtype != self.x_zero.dtype:
-            raise TypeError(f"node {self.node.name!r} ({self.node.op}): input of dtype "
-                            f"{x.dtype} with a zero point of dtype {self.x_zero.dtype}")
+            raise TypeError(f"node {node.name!r} ({node.op}): input of dtype {x.dtype} with a "
+                            f"zero point of dtype {self.x_zero.dtype}")
+        if x.dtype not in RANGES:
+            raise TypeError(f"node {node.name!r} ({node.op}): int8 or uint8 input expected, "
+                            f"got {x.dtype}")
         ay, ax = SPATIAL[layout]
         top, left, bottom, right = self.pads(x.shape[ay], x.shape[ax])
-        padding = (top, left)
-        if (top, left) != (bottom, right):        # uneven: the zero point (real 0) padded
+        shape, padding, width = list(x.shape), (top, left), None
+        if (top, left) != (bottom, right):
             width = [(0, 0)] * 4
             width[ay], width[ax] = (top, bottom), (left, right)
-            x, padding = np.pad(x, width, constant_values=zero), 0
+            shape[ay], shape[ax] = shape[ay] + top + bottom, shape[ax] + left + right
+            padding = 0
+        # ONNX's y_zero_point gives the output's dtype (uint8 without one)
+        out_zero = np.uint8(0) if self.out_zero is None else self.out_zero.reshape(())[()]
+        options = dict(x_zero_point=zero, stride=self.strides, padding=padding,
+                       dilation=self.dilations, groups=self.groups, layout=layout)
+        if not self.integer:
+            options.update(activation=self.act, out_scale=self.out_scale, out_zero_point=out_zero)
         try:
-            if self.integer:
-                return (self._sums(x, zero, padding, layout),)
-            # ONNX's y_zero_point gives the output's dtype (uint8 without one)
-            out_zero = np.uint8(0) if self.out_zero is None else self.out_zero.reshape(())[()]
-            return (qconv2d(x, self.x_scale, self.weights, bias=self.bias, x_zero_point=zero,
-                            stride=self.strides, padding=padding, dilation=self.dilations,
-                            groups=self.groups, activation=self.act, out_scale=self.out_scale,
-                            out_zero_point=out_zero, layout=layout),)
+            conv = PreparedQConv(tuple(shape), x.dtype, self.x_scale, self.weights, self.bias,
+                                 **options)
         except (TypeError, ValueError) as err:
-            raise type(err)(f"node {self.node.name!r} ({self.node.op}): {err}") from err
-
-    def _sums(self, x, zero, padding, layout):
-        """ConvInteger's exact int32 sums: qconv2d's kernels with unit scales, the
-        epilogue writing the sums themselves."""
-        if x.dtype not in RANGES:
-            raise TypeError(f"int8 or uint8 input expected, got {x.dtype}")
-        p = conv_params(x.shape, self.weights.shape, self.strides, padding, self.dilations,
-                        self.groups, layout, "ConvInteger")
-        out = np.empty(p.output_shape(), np.int32)
-        if out.size == 0:
-            return out
-        unit = (np.ones(p.K), np.zeros(p.K), 0, (0.0, 0.0, 0.0, 0.0))
-        return qconv2d_into(np.ascontiguousarray(x), zero, self.weights.matrices(p.groups),
-                            unit, p, out, self.weights.panels(p.groups))
+            raise type(err)(f"node {node.name!r} ({node.op}): {err}") from err
+        if self.integer:   # ConvInteger: unit scales and no bias write the sums themselves
+            conv.out_dtype = np.dtype(np.int32)
+        return conv, width, zero
 
     def describe(self, layout, x_shape, *_):
         """("qconv2d", operations) for an input of ``x_shape`` in ``layout``."""
@@ -319,10 +324,10 @@ class QConvStep:
 
     def function(self):
         """The NCHW run function, the NHWC one in ``fn.layouts``."""
-        fn = in_layouts({layout: (lambda layout: lambda x, *_: self.run(x, layout))(layout)
-                         for layout in LAYOUTS})
+        fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
+            x, layout, first(out)))(layout) for layout in LAYOUTS})
         fn.describe = self.describe
-        return fn
+        return writes_into(fn)
 
 
 @operator("QLinearConv", CONV_ATTRS)

@@ -101,6 +101,26 @@ def test_fuzz_qdq_conv_against_the_reference(case):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_max_pooling_between_qdq_pairs_runs_on_the_codes(same):
+    """DQ -> MaxPool -> Q of the same scale and zero point pools the codes (exactly the
+    definition's codes); with another scale it stays in float, as written."""
+    b = QBuilder(6)
+    x = b.q("x", 0.05, np.uint8(120))
+    pooled = b.node("MaxPool", [b.dq(x, np.float32(0.05), np.uint8(120))], kernel_shape=[3, 3],
+                    strides=[2, 2], pads=[1, 1, 1, 0], ceil_mode=1)
+    out = b.q(pooled, 0.05 if same else 0.06, np.uint8(120))
+    model = b.model([2, 3, 8, 9], out, out_dtype=np.uint8)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert ("QuantizeLinear" in _ops(net)[1:]) is not same
+    x = np.random.default_rng(6).standard_normal((2, 3, 8, 9)).astype(np.float32)
+    want = run_reference(model, {"x": x})[out]
+    for layout in ("NCHW", "NHWC"):
+        plan = net.plan({"x": x}, layouts={s.node.name: layout for s in net.steps})
+        assert plan.layouts.count(layout) >= 1
+        np.testing.assert_array_equal(net(x), want)
+
+
 def _qoperator_model(op, x_dtype=np.uint8, seed=0):
     """A one-node QLinearConv / ConvInteger model (3x3, stride 2, uneven pads)."""
     b = QBuilder(seed)

@@ -9,6 +9,7 @@ from guard import GUARD_PAGES, guarded_empty
 from thread_runs import in_threads
 
 import tilegemm
+from tilegemm.conv.qconv import PreparedQConv
 
 
 def _layer(seed=0, layout="NCHW", dtype=np.uint8):
@@ -70,6 +71,24 @@ def test_prepared_weights_give_the_same_result_and_are_read_only():
                           tilegemm.qconv2d(x, 0.02, cw, padding=1, x_zero_point=5))
     with pytest.raises(TypeError, match="4-D int8"):
         tilegemm.QConvWeights(w[0], 1.0)
+
+
+def test_a_prepared_layer_runs_into_its_output_and_checks_its_input():
+    """PreparedQConv (what networks keep per layer): the same codes as qconv2d, into a
+    given output when it fits, a new one when not, and a clear error for an input of
+    another shape or dtype than it was prepared for."""
+    x, w, ws = _layer(2)
+    cw = tilegemm.QConvWeights(w, ws)
+    options = dict(padding=1, x_zero_point=5, out_scale=0.3, out_zero_point=np.uint8(7))
+    want = tilegemm.qconv2d(x, 0.02, cw, **options)
+    conv = PreparedQConv(x.shape, x.dtype, 0.02, cw, **options)
+    out = np.empty(conv.output_shape, conv.out_dtype)
+    assert conv(x, out) is out and np.array_equal(out, want)
+    assert np.array_equal(conv(x, np.empty(conv.output_shape, np.int8)), want)
+    with pytest.raises(ValueError, match="prepared for uint8 inputs"):
+        conv(x[:1])
+    with pytest.raises(TypeError, match="unexpected options"):
+        PreparedQConv(x.shape, x.dtype, 0.02, cw, strides=2)
 
 
 def test_the_output_zero_point_s_type_gives_the_output_dtype():
