@@ -169,6 +169,24 @@ def plan_json(rows):
                  ms=round(seconds * 1e3, 4)) for n, seconds, layout, algorithm, flops in rows]
 
 
+def _compare(peers, x, ours, proto):
+    """Print each peer's largest difference from ``ours`` (and the top-1 agreement of a
+    classifier); 1 when onnxruntime's is past the tolerance, else 0."""
+    from tilegemm.tools.qmodel import is_quantized
+    tolerance = QUANTIZED_TOLERANCE if is_quantized(proto) else TOLERANCE
+    status = 0
+    for peer in peers:
+        out = peer(x)
+        diff = float(np.max(np.abs(out - ours)) / max(np.max(np.abs(out)), 1e-30))
+        agree = ""
+        if out.ndim == 2 and out.shape[1] > 1:
+            top = np.mean(np.argmax(out, axis=1) == np.argmax(ours, axis=1))
+            agree = f"; the same top-1 class in {top:.0%} of the batch"
+        print(f"max |tilegemm - {peer.name}| / max |{peer.name}| = {diff:.1e}{agree}")
+        status = 1 if peer.name == "onnxruntime" and not diff <= tolerance else status
+    return status
+
+
 def run(args):
     import tilegemm
     from tilegemm.tools.report import machine_info
@@ -216,18 +234,7 @@ def run(args):
         whole = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in plan.measured.items())
         print(f"whole runs at planning: {whole}; running the {plan.name} plan")
     peers, notes = _peers(args, data, net, threads)
-    status = 0
-    from tilegemm.tools.qmodel import is_quantized
-    tolerance = QUANTIZED_TOLERANCE if is_quantized(proto) else TOLERANCE
-    for peer in peers:
-        out = peer(x)
-        diff = float(np.max(np.abs(out - ours)) / max(np.max(np.abs(out)), 1e-30))
-        agree = ""
-        if out.ndim == 2 and out.shape[1] > 1:
-            top = np.mean(np.argmax(out, axis=1) == np.argmax(ours, axis=1))
-            agree = f"; the same top-1 class in {top:.0%} of the batch"
-        print(f"max |tilegemm - {peer.name}| / max |{peer.name}| = {diff:.1e}{agree}")
-        status = 1 if peer.name == "onnxruntime" and not diff <= tolerance else status
+    status = _compare(peers, x, ours, proto)
     parties = [("tilegemm", net)]
     if args.both_plans and net.layout_transform:
         for layout in ("NCHW", "NHWC"):
