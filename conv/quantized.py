@@ -73,8 +73,10 @@ def patches_nhwc(x, n, c0, cg, geom, zero, out):
                 if not 0 <= iy < H:
                     fill_bytes(of, at, zero, kw * cg)
                 elif whole_rows:
-                    lo, hi = max(0, -ix0), min(kw, W - ix0)
-                    hi = max(hi, lo)
+                    # taps [lo, hi) inside the row; a pad wider than the kernel can
+                    # leave none on either side
+                    lo = min(max(0, -ix0), kw)
+                    hi = max(min(kw, W - ix0), lo)
                     fill_bytes(of, at, zero, lo * cg)
                     copy_bytes(of, at + lo * cg, xf, ((n * H + iy) * W + ix0 + lo) * C,
                                (hi - lo) * cg)

@@ -13,7 +13,8 @@ from fuzz_settings import fuzz_settings  # noqa: E402
 from guard import GUARD_PAGES, guarded_empty  # noqa: E402
 from net_reference import run_reference  # noqa: E402
 from qdq_models import QBuilder, residual_block  # noqa: E402
-from tilegemm.net.quantized import dequantize_linear, quantize_linear  # noqa: E402
+from tilegemm.net.layers import pool2d  # noqa: E402
+from tilegemm.net.quantized import add_run, dequantize_linear, quantize_linear  # noqa: E402
 
 
 def _codes_close(got, want):
@@ -30,8 +31,8 @@ def _ops(net):
 
 def _layouts(net, x, layout):
     """The network's output with every step that can run in ``layout``."""
-    plan = net.plan({"x": x}, layouts={s.node.name: layout for s in net.steps
-                                      if s.node.op in ("QLinearConv", "QLinearAdd", "ConvInteger")})
+    plan = net.plan({"x": x}, layouts={s.node.name: layout for s in net.steps if s.node.op in
+                                       ("QLinearConv", "QLinearAdd", "ConvInteger", "MaxPool")})
     assert plan.layouts.count(layout) >= 1
     return net(x)
 
@@ -67,7 +68,7 @@ def _qdq_layers(draw):
                 H=H, W=W, bias=draw(st.sampled_from(["float", "int32", None])),
                 per_channel=draw(st.booleans()), act=draw(st.sampled_from([None, "Relu"])),
                 requant=draw(st.booleans()), signed=draw(st.booleans()), n=draw(st.integers(1, 2)),
-                seed=draw(st.integers(0, 2 ** 16)))
+                pool=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
 
 
 @fuzz_settings(scale=0.5)
@@ -75,10 +76,13 @@ def _qdq_layers(draw):
 def test_fuzz_qdq_conv_against_the_reference(case):
     """One QDQ conv of random geometry, weights per channel or not, three bias forms,
     int8 or uint8 codes, with or without a QuantizeLinear after it (float output),
-    in both layouts."""
+    after a max pooling of the codes (2x2, stride 1, padded, same size) or not, in
+    both layouts."""
     b = QBuilder(case["seed"])
     zero = np.int8(-5) if case["signed"] else np.uint8(131)
     x = b.qdq("x", 0.04, zero)
+    if case["pool"]:
+        x = b.qdq(b.node("MaxPool", [x], kernel_shape=[2, 2], pads=[1, 1, 0, 0]), 0.04, zero)
     y = b.conv(x, case["C"], case["K"], case["k"], groups=case["groups"], bias=case["bias"],
                per_channel=case["per_channel"], strides=case["strides"],
                dilations=case["dilations"], pads=case["pads"])
@@ -89,6 +93,7 @@ def test_fuzz_qdq_conv_against_the_reference(case):
                     out_dtype=np.uint8 if case["requant"] else np.float32)
     net = tilegemm.load_onnx(model, layout_transform=False)
     assert "QLinearConv" in _ops(net) and "Conv" not in _ops(net)
+    assert _ops(net).count("QuantizeLinear") == 1          # the input's: pooled codes
     x = np.random.default_rng(case["seed"]).standard_normal(
         (case["n"], case["C"], case["H"], case["W"])).astype(np.float32)
     want = run_reference(model, {"x": x})[out]
@@ -101,16 +106,22 @@ def test_fuzz_qdq_conv_against_the_reference(case):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("same", [True, False])
-def test_max_pooling_between_qdq_pairs_runs_on_the_codes(same):
-    """DQ -> MaxPool -> Q of the same scale and zero point pools the codes (exactly the
-    definition's codes); with another scale it stays in float, as written."""
+def _pooling(same):
+    """x -> Q -> DQ -> MaxPool (3x3, stride 2, uneven pads, ceil mode) -> Q, the last
+    quantizer of the same scale as the first or not."""
     b = QBuilder(6)
     x = b.q("x", 0.05, np.uint8(120))
     pooled = b.node("MaxPool", [b.dq(x, np.float32(0.05), np.uint8(120))], kernel_shape=[3, 3],
                     strides=[2, 2], pads=[1, 1, 1, 0], ceil_mode=1)
     out = b.q(pooled, 0.05 if same else 0.06, np.uint8(120))
-    model = b.model([2, 3, 8, 9], out, out_dtype=np.uint8)
+    return b.model([2, 3, 8, 9], out, out_dtype=np.uint8), out
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_max_pooling_between_qdq_pairs_runs_on_the_codes(same):
+    """DQ -> MaxPool -> Q of the same scale and zero point pools the codes (exactly the
+    definition's codes); with another scale it stays in float, as written."""
+    model, out = _pooling(same)
     net = tilegemm.load_onnx(model, layout_transform=False)
     assert ("QuantizeLinear" in _ops(net)[1:]) is not same
     x = np.random.default_rng(6).standard_normal((2, 3, 8, 9)).astype(np.float32)
@@ -207,19 +218,30 @@ def test_a_qoperator_conv_refuses_codes_of_the_other_signedness():
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 def test_quantized_passes_against_guard_pages():
-    """The QuantizeLinear, DequantizeLinear and QLinearAdd passes read no byte past
-    (or before) their operands."""
-    net = tilegemm.load_onnx(residual_block(C=3, H=5), layout_transform=False)
-    x_vals = np.random.default_rng(4).standard_normal((1, 3, 5, 5)).astype(np.float32)
-    want = net(x_vals)
+    """The QuantizeLinear, DequantizeLinear, QLinearAdd and code pooling passes read no
+    byte past (or before) their operands."""
+    for model, shape in ((residual_block(C=3, H=5), (1, 3, 5, 5)), (_pooling(True)[0],
+                                                                    (2, 3, 8, 9))):
+        net = tilegemm.load_onnx(model, layout_transform=False)
+        x_vals = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+        want = net(x_vals)
+        for where in ("after", "before"):
+            x = guarded_empty(x_vals.shape, np.float32, where=where)
+            x[...] = x_vals
+            np.testing.assert_array_equal(net(x), want)
+    codes = np.random.default_rng(5).integers(0, 256, (2, 5, 6, 3)).astype(np.uint8)
+    pooled = pool2d(codes, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), True, "max", layout="NHWC")
     for where in ("after", "before"):
-        x = guarded_empty(x_vals.shape, np.float32, where=where)
-        x[...] = x_vals
-        np.testing.assert_array_equal(net(x), want)
-        q = guarded_empty((7,), np.uint8, where=where)
-        q[...] = np.arange(7)
+        q = guarded_empty(codes.shape, np.uint8, where=where)
+        q[...] = codes
         np.testing.assert_array_equal(dequantize_linear(q, np.float32(2), np.uint8(1)),
-                                      (np.arange(7) - 1) * 2.0)
+                                      (codes.astype(np.float32) - 1) * 2)
+        np.testing.assert_array_equal(pool2d(q, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), True,
+                                             "max", layout="NHWC"), pooled)
+        out = np.empty(codes.size, np.uint8)
+        add_run(q.reshape(-1), q.reshape(-1), np.ones(3, np.float32), np.zeros(3, np.int64),
+                False, np.float32(0), np.float32(255), out)
+        np.testing.assert_array_equal(out, np.minimum(2 * codes.reshape(-1).astype(int), 255))
 
 
 def test_a_quantized_network_from_several_python_threads():
