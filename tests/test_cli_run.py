@@ -16,6 +16,16 @@ def _own_costs(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEGEMM_NET_COSTS", str(tmp_path / "net-costs.json"))
 
 
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """``run --threads T`` sets the process's thread count, as a command should; the
+    tests after these must find it as it was."""
+    import tilegemm
+    threads = tilegemm.get_num_threads()
+    yield
+    tilegemm.set_num_threads(threads)
+
+
 def _saved(tmp_path, name="resnet"):
     path = tmp_path / f"{name}.onnx"
     path.write_bytes(MODELS[name][0]().SerializeToString())
