@@ -19,9 +19,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import JIT, jit
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.ir import data_ptr
-from tilegemm.kernels.qgemm import qgemm_into
+from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.qgemm import SHARE_OPS, qgemm_into
 
 #: Activation codes of :func:`finish`.
 ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -52,42 +54,43 @@ def fill_bytes(typingctx, dst, dst_at, value, count):
 
 
 @jit
-def patches_nhwc(x, n, c0, cg, geom, zero, out):
-    """``out[oy*Wo + ox, (r*kw + s)*cg + c]``: the input value under tap (r, s) of output
-    pixel (oy, ox) in channel ``c0 + c`` of image ``n``, ``zero`` in the padding.  Each
-    tap's channels are a contiguous run of a row, copied from one input pixel (``x``
-    and ``out`` C-contiguous, read as flat views); with every channel taken and no
-    dilation along the row, a kernel row's taps are one run of the input (the stem's
-    3 channels: one copy of 21 bytes per kernel row instead of seven of 3)."""
+def patches_nhwc(x, n, c0, cg, geom, zero, p0, p1, out):
+    """``out[pix - p0, (r*kw + s)*cg + c]`` for output pixels ``p0 <= pix < p1`` (pix =
+    oy*Wo + ox): the input value under tap (r, s) of pixel (oy, ox) in channel
+    ``c0 + c`` of image ``n``, ``zero`` in the padding.  Each tap's channels are a
+    contiguous run of a row, copied from one input pixel (``x`` and ``out``
+    C-contiguous, read as flat views); with every channel taken and no dilation along
+    the row, a kernel row's taps are one run of the input (the stem's 3 channels: one
+    copy of 21 bytes per kernel row instead of seven of 3)."""
     H, W, Ho, Wo, kh, kw, sy, sx, py, px, dy, dx = geom
     C = x.shape[3]
     xf, of = x.reshape(-1), out.reshape(-1)
     depth = kh * kw * cg
     whole_rows = cg == C and dx == 1
-    for oy in range(Ho):
-        for ox in range(Wo):
-            ix0 = ox * sx - px
-            for r in range(kh):
-                iy = oy * sy - py + r * dy
-                at = (oy * Wo + ox) * depth + r * kw * cg
-                if not 0 <= iy < H:
-                    fill_bytes(of, at, zero, kw * cg)
-                elif whole_rows:
-                    # taps [lo, hi) inside the row; a pad wider than the kernel can
-                    # leave none on either side
-                    lo = min(max(0, -ix0), kw)
-                    hi = max(min(kw, W - ix0), lo)
-                    fill_bytes(of, at, zero, lo * cg)
-                    copy_bytes(of, at + lo * cg, xf, ((n * H + iy) * W + ix0 + lo) * C,
-                               (hi - lo) * cg)
-                    fill_bytes(of, at + hi * cg, zero, (kw - hi) * cg)
-                else:
-                    for s in range(kw):
-                        ix = ix0 + s * dx
-                        if 0 <= ix < W:
-                            copy_bytes(of, at + s * cg, xf, ((n * H + iy) * W + ix) * C + c0, cg)
-                        else:
-                            fill_bytes(of, at + s * cg, zero, cg)
+    for pix in range(p0, p1):
+        oy, ox = pix // Wo, pix % Wo
+        ix0 = ox * sx - px
+        for r in range(kh):
+            iy = oy * sy - py + r * dy
+            at = (pix - p0) * depth + r * kw * cg
+            if not 0 <= iy < H:
+                fill_bytes(of, at, zero, kw * cg)
+            elif whole_rows:
+                # taps [lo, hi) inside the row; a pad wider than the kernel can
+                # leave none on either side
+                lo = min(max(0, -ix0), kw)
+                hi = max(min(kw, W - ix0), lo)
+                fill_bytes(of, at, zero, lo * cg)
+                copy_bytes(of, at + lo * cg, xf, ((n * H + iy) * W + ix0 + lo) * C,
+                           (hi - lo) * cg)
+                fill_bytes(of, at + hi * cg, zero, (kw - hi) * cg)
+            else:
+                for s in range(kw):
+                    ix = ix0 + s * dx
+                    if 0 <= ix < W:
+                        copy_bytes(of, at + s * cg, xf, ((n * H + iy) * W + ix) * C + c0, cg)
+                    else:
+                        fill_bytes(of, at + s * cg, zero, cg)
 
 
 @numba.njit(inline="always", **JIT)
@@ -129,36 +132,60 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None):
     Both layouts compute channels-last: an NCHW input is copied to NHWC first (a
     pixel's channels are then a contiguous run of a patch row, and the GEMM has the
     pixels as its long side: 2x the rate of weights @ patches on ResNet-18 conv2_x),
-    and an NCHW output is written through one transposing copy per image and group.
+    and an NCHW output is written through one transposing copy per block.  Threads
+    take blocks of pixels (:func:`pixel_shares`), each its patches, product and
+    epilogue, the weights' panels shared.
     """
-    mult, bias, act, requant = epilogue
     if p.layout == "NCHW":
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-    zero = x.dtype.type(x_zero_point)
-    geom = p.geom()
     P = p.Ho * p.Wo
+    ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
+    threads = get_num_threads() if ops >= SHARE_OPS else 1
+    block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, panels)
+    run_shares(lambda part: _pixels(block, part), [(part,) for part in
+                                                   pixel_shares(p.N, P, threads)])
+    return out
+
+
+def pixel_shares(N, P, threads):
+    """Per thread, its ``(image, first pixel, end pixel)`` blocks: whole images when
+    there are at least as many as threads, else each image's pixels in equal runs."""
+    if N >= threads:
+        return [[(n, 0, P) for n in range(t, N, threads)] for t in range(threads)]
+    parts = max(1, min(threads, P))
+    cuts = [P * i // parts for i in range(parts + 1)]
+    return [[(n, a, b) for n in range(N)] for a, b in zip(cuts, cuts[1:])]
+
+
+def _pixels(block, part):
+    """Blocks ``part`` of pixels (:func:`pixel_shares`) on this thread: per group, the
+    patches, their product with the weights (one thread) and the epilogue."""
+    x, zero, weights, (mult, bias, act, requant), p, out, panels = block
+    P = p.Ho * p.Wo
+    rows_max = max((b - a for _, a, b in part), default=0)
     depth = p.Cg * p.kh * p.kw
-    acc, patches, rows = buffers(("qconv2d", x.dtype.str), (P * p.Kg, P * depth, P * p.Kg),
-                                 np.int32)
-    acc = acc[:P * p.Kg].reshape(P, p.Kg)
-    patches = patches.view(x.dtype)[:P * depth].reshape(P, depth)
-    # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
-    # (channel by channel, it read the sums a cache line per value: 2x slower).
-    rows = rows.view(out.dtype)[:P * p.Kg].reshape(P, p.Kg)
-    for n in range(p.N):
+    acc, patches, rows = buffers(("qconv2d", x.dtype.str), (rows_max * p.Kg, rows_max * depth,
+                                                            rows_max * p.Kg), np.int32)
+    geom = p.geom()
+    for n, p0, p1 in part:
+        m = p1 - p0
+        a_rows = patches.view(x.dtype)[:m * depth].reshape(m, depth)
+        sums = acc[:m * p.Kg].reshape(m, p.Kg)
+        # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
+        # (channel by channel, it read the sums a cache line per value: 2x slower).
+        staged = rows.view(out.dtype)[:m * p.Kg].reshape(m, p.Kg)
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
             if p.pointwise:        # the image is the patch matrix: read in place
-                a = x[n].reshape(P, p.C)[:, c0:c0 + p.Cg]
+                a = x[n].reshape(P, p.C)[p0:p1, c0:c0 + p.Cg]
             else:
-                patches_nhwc(x, n, c0, p.Cg, geom, zero, patches)
-                a = patches
-            qgemm_into(a, weights[g], acc, x_zero_point, 0,
+                patches_nhwc(x, n, c0, p.Cg, geom, zero, p0, p1, a_rows)
+                a = a_rows
+            qgemm_into(a, weights[g], sums, int(zero), 0, threads=1,
                        b_panels=None if panels is None else panels[g])
             scales = (mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant)
             if p.layout == "NCHW":
-                finish(acc, *scales, rows)
-                out[n, k0:k0 + p.Kg].reshape(p.Kg, P)[...] = rows.T
+                finish(sums, *scales, staged)
+                out[n, k0:k0 + p.Kg].reshape(p.Kg, P)[:, p0:p1] = staged.T
             else:
-                finish(acc, *scales, out[n].reshape(P, p.K)[:, k0:k0 + p.Kg])
-    return out
+                finish(sums, *scales, out[n].reshape(P, p.K)[p0:p1, k0:k0 + p.Kg])

@@ -25,9 +25,9 @@ import numpy as np
 
 from tilegemm.conv.qconv import PreparedQConv, QConvWeights
 from tilegemm.conv.quant import RANGES, qmatmul
-from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.ground.contracts import CACHE
 from tilegemm.ground.split import for_slices
+from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.net.ops import elementwise, first, writes_into
 from tilegemm.net.registry import operator, unsupported
 
@@ -184,7 +184,7 @@ def _dequantize_linear(node, const):
 @operator("QLinearAdd")
 def _qlinear_add(node, const):
     """``Q(DQ(a) + DQ(b))`` (a Relu between, when the passes fused one) in one pass:
-    what :func:`tilegemm.net.passes.fuse_qdq` makes of a QDQ model's residual sum
+    what :func:`tilegemm.net.passes.fuse_qdq_add` makes of a QDQ model's residual sum
     (com.microsoft's QLinearAdd has these inputs).  Operands of one shape."""
     params = [_scale_zero(node, const, node.inputs[i:i + 2], what)
               for i, what in ((1, "a"), (4, "b"), (6, "y"))]

@@ -137,3 +137,27 @@ def test_qconv2d_from_several_python_threads():
             assert np.array_equal(got, want)
 
     in_threads(work, 4)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_threads_share_pixel_blocks_or_images_alike(layout, batch, monkeypatch):
+    """With every layer shared (the threshold lowered), two threads take runs of one
+    image's pixels (batch 1) or whole images (batch 3) and give the one-thread codes;
+    grouped and 1x1 (read in place) layers too."""
+    from tilegemm.conv import quantized
+    assert quantized.pixel_shares(1, 10, 2) == [[(0, 0, 5)], [(0, 5, 10)]]
+    assert quantized.pixel_shares(3, 10, 2) == [[(0, 0, 10), (2, 0, 10)], [(1, 0, 10)]]
+    x, w, ws = _layer(4, layout)
+    x = np.concatenate([x] * 2)[:batch]
+    for weights, kwargs in ((w, dict(padding=1)), (w[:, :4], dict(groups=2, padding=1)),
+                            (w[:, :, :1, :1], dict(stride=2)), (w[:, :, :1, :1], {})):
+        qw = tilegemm.QConvWeights(np.ascontiguousarray(weights), ws)
+        options = dict(x_zero_point=5, out_scale=0.2, layout=layout, **kwargs)
+        with tilegemm.thread_limit(1):
+            want = tilegemm.qconv2d(x, 0.02, qw, **options)
+        monkeypatch.setattr(quantized, "SHARE_OPS", 0)
+        with tilegemm.thread_limit(2):
+            got = tilegemm.qconv2d(x, 0.02, qw, **options)
+        monkeypatch.undo()
+        assert np.array_equal(got, want), kwargs
