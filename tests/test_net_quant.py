@@ -18,11 +18,13 @@ from tilegemm.net.quantized import add_run, dequantize_linear, quantize_linear  
 
 
 def _codes_close(got, want):
-    """Codes equal but where the float rounding of the reference and of the fused
-    epilogue fall on either side of a tie (a neighbouring code, rarely)."""
+    """Codes equal but where the float rounding of the reference (float32 division, as
+    ONNX's QuantizeLinear of a float32 conv output) and of the fused epilogue (float64)
+    fall on either side of a tie: a neighbouring code, for a few in 10^5 values."""
     assert got.dtype == want.dtype and got.shape == want.shape
     diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
-    assert diff.max(initial=0) <= 1 and np.mean(diff > 0) <= 0.01, diff.max(initial=0)
+    assert diff.max(initial=0) <= 1, diff.max(initial=0)
+    assert np.count_nonzero(diff) <= max(2, diff.size // 1000), np.count_nonzero(diff)
 
 
 def _ops(net):
