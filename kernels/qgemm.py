@@ -177,8 +177,10 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
         adds = (128 if a.dtype == np.int8 else 0, _b_add(kind, b.dtype, b_zero_point))
     else:                # int16 values with the zero points taken off
         adds = (-int(a_zero_point), _b_add(kind, b.dtype, b_zero_point))
-    if b_panels is not None and not b_panels.serves(b, b_zero_point, (kind, bits)):
-        raise ValueError("qgemm_into: b_panels were packed from another B or for another kernel")
+    if b_panels is not None and not (b_panels.serves(b, b_zero_point, (kind, bits))
+                                     and b_panels.blocks == _blocks(kind, bits, 1, n, k)[::2]):
+        raise ValueError("qgemm_into: b_panels were packed for another shape, dtype, zero "
+                         "point or kernel than this B's")
     panels = _NO_PANELS if b_panels is None else b_panels.words
     alpha, beta = int(a_zero_point) + adds[0], -(int(b_zero_point) + adds[1])
     rc, cc = buffers(("int8 corrections", kind, bits), (m, n), np.int32)

@@ -161,13 +161,21 @@ def _codes_of(graph, producers, tensor, per_channel=False):
                     and (zero is None or not np.any(zero))) else None
 
 
+def _symmetric_int8(graph, dq):
+    """Whether DequantizeLinear ``dq`` reads constant int8 codes with no zero point
+    other than 0 (what the int8 kernels take as weights)."""
+    codes = graph.constants.get(dq.inputs[0])
+    zero = graph.constants.get(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else None
+    return codes is not None and codes.dtype == np.int8 and (zero is None or not np.any(zero))
+
+
 def _quantizer(graph, readers, tensor):
     """The QuantizeLinear that is the only reader of ``tensor``, when its scale and
     zero point are constant scalars, else None."""
     found = readers.get(tensor, [])
-    if len(found) != 1 or found[0].op != "QuantizeLinear" or tensor in graph.outputs:
+    q = found[0] if found else None
+    if q is None or q.op != "QuantizeLinear" or not _single_reader(graph, readers, tensor, q):
         return None
-    q = found[0]
     names = list(q.inputs) + [""]
     scale = graph.constants.get(names[1])
     zero = graph.constants.get(names[2]) if names[2] else None
@@ -206,9 +214,8 @@ def fuse_qdq(graph):
             continue
         x_dq = _codes_of(graph, producers, conv.inputs[0])
         w_dq = _codes_of(graph, producers, conv.inputs[1], per_channel=True)
-        if x_dq is None or w_dq is None or w_dq.inputs[0] not in graph.constants \
-                or graph.constants[w_dq.inputs[0]].dtype != np.int8:
-            continue
+        if x_dq is None or w_dq is None or not _symmetric_int8(graph, w_dq):
+            continue                  # left as written: the conv then runs in float
         bias = _qdq_bias(graph, producers, conv)
         if bias is None:
             continue
@@ -267,9 +274,7 @@ def fuse_qdq_add(graph):
 
 
 def _same_constants(graph, a, b):
-    """Whether tensor names ``a`` and ``b`` hold equal constants (both "": equal)."""
-    if not a or not b:
-        return a == b
+    """Whether tensor names ``a`` and ``b`` hold equal constants of one dtype."""
     x, y = graph.constants.get(a), graph.constants.get(b)
     return x is not None and y is not None and x.dtype == y.dtype and np.array_equal(x, y)
 
@@ -291,8 +296,10 @@ def fuse_qdq_maxpool(graph):
             continue
         dq = _codes_of(graph, producers, pool.inputs[0])
         q = None if dq is None else _quantizer(graph, readers, pool.outputs[0])
-        if q is None or not all(_same_constants(graph, a, b) for a, b in
-                                zip((list(dq.inputs) + [""])[1:3], (list(q.inputs) + [""])[1:3])):
+        # Zero points given on both sides: without one, QuantizeLinear writes uint8
+        # whatever the codes DequantizeLinear read.
+        if q is None or len(dq.inputs) < 3 or len(q.inputs) < 3 or not all(
+                a and _same_constants(graph, a, b) for a, b in zip(dq.inputs[1:3], q.inputs[1:3])):
             continue
         pool.inputs[0], pool.outputs = dq.inputs[0], list(q.outputs)
         pool.fused += ["DequantizeLinear", "QuantizeLinear"]

@@ -17,8 +17,9 @@ ONNX writes a quantized model in one of two forms, and both run here:
 The fused QLinearConv may carry two forms ONNX's does not: a float32 bias in the
 output's real units (a QDQ Conv's bias, where ONNX's is int32 in units of
 ``x_scale * w_scale``) and no ``y_scale`` (a float32 output, when no QuantizeLinear
-follows the conv).  Quantized weights must be int8 and symmetric (zero points 0),
-as ``quantize_static`` writes them by default; other forms are refused at load time.
+follows the conv).  The int8 kernels take symmetric int8 weights (zero points 0), as
+``quantize_static`` writes them by default: a QDQ conv with other weights stays in
+float, a QLinearConv or ConvInteger with them is refused at load time.
 """
 import numba
 import numpy as np
@@ -185,7 +186,8 @@ def _dequantize_linear(node, const):
 def _qlinear_add(node, const):
     """``Q(DQ(a) + DQ(b))`` (a Relu between, when the passes fused one) in one pass:
     what :func:`tilegemm.net.passes.fuse_qdq_add` makes of a QDQ model's residual sum
-    (com.microsoft's QLinearAdd has these inputs).  Operands of one shape."""
+    (com.microsoft's QLinearAdd has these inputs).  Operands that broadcast run the
+    three steps as written."""
     params = [_scale_zero(node, const, node.inputs[i:i + 2], what)
               for i, what in ((1, "a"), (4, "b"), (6, "y"))]
     scales = np.array([p[0] for p in params], np.float32)
@@ -194,10 +196,10 @@ def _qlinear_add(node, const):
     low, high = (np.float32(v) for v in RANGES[dtype])
     relu = node.epilogue.get("activation") == "relu"
 
-    def run(a, _a_scale, _a_zero, b, _b_scale, _b_zero, _y_scale, _y_zero=None, out=None):
-        if a.shape != b.shape:
-            raise ValueError(f"node {node.name!r} (QLinearAdd): operands of shapes {a.shape} "
-                             f"and {b.shape}; one shape expected")
+    def run(a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None, out=None):
+        if a.shape != b.shape:           # broadcast: the three steps as written
+            y = dequantize_linear(a, a_scale, a_zero) + dequantize_linear(b, b_scale, b_zero)
+            return (quantize_linear(np.maximum(y, 0) if relu else y, y_scale, y_zero),)
         result = _target(first(out), a.shape, dtype)
         bf = np.ascontiguousarray(b).reshape(-1)
         af, of = np.ascontiguousarray(a).reshape(-1), result.reshape(-1)
@@ -375,8 +377,13 @@ def _matmul_integer(node, const):
 def _qlinear_matmul(node, const):
     """The exact int32 product, then ``y = sums * a_scale * b_scale`` requantized to
     ``y_scale`` / ``y_zero_point`` (b's scale may be per column)."""
+    if np.size(const(node.inputs[1])) > 1:
+        raise unsupported(node, "a scale per row of a (one value expected)")
+
     def run(a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
         _check_codes(node, a, b)
+        if np.size(a_scale) != 1:
+            raise unsupported(node, "a scale per row of a (one value expected)")
         try:
             sums = qmatmul(a, b, a_zero_point=_zero_value(node, a_zero, "a"),
                            b_zero_point=_zero_value(node, b_zero, "b"))

@@ -108,6 +108,36 @@ def test_fuzz_qdq_conv_against_the_reference(case):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_with_a_zero_point_stay_in_float_and_stay_right():
+    """A DequantizeLinear of int8 weights with a nonzero zero point is no input for the
+    symmetric int8 kernels: the conv is left as written (float, the weights
+    dequantized at load), and still computes the definition."""
+    b = QBuilder(8)
+    x = b.qdq("x", 0.04, np.uint8(128))
+    w = b.const(b.rng.integers(-100, 100, (5, 3, 3, 3)).astype(np.int8))
+    y = b.node("Conv", [x, b.dq(w, np.float32(0.01), np.int8(3))], kernel_shape=[3, 3])
+    model = b.model([1, 3, 6, 6], y)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert "QLinearConv" not in _ops(net) and "Conv" in _ops(net)
+    x = np.random.default_rng(8).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(net(x), run_reference(model, {"x": x})[y], rtol=1e-5, atol=1e-5)
+
+
+def test_a_qdq_add_that_broadcasts_runs_as_written():
+    """Add(DQ(codes), DQ(per-channel constant codes)) -> Q: fused, the operands' shapes
+    differ, and the result is the definition's."""
+    b = QBuilder(9)
+    x = b.qdq("x", 0.04, np.uint8(128))
+    shift = b.dq(b.const(np.arange(4, dtype=np.uint8).reshape(4, 1, 1) * 20), np.float32(0.03),
+                 np.uint8(10))
+    out = b.q(b.node("Add", [x, shift]), 0.05, np.uint8(100))
+    model = b.model([2, 4, 3, 5], out, out_dtype=np.uint8)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert "QLinearAdd" in _ops(net)
+    x = np.random.default_rng(9).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    _codes_close(net(x), run_reference(model, {"x": x})[out])
+
+
 def _pooling(same):
     """x -> Q -> DQ -> MaxPool (3x3, stride 2, uneven pads, ceil mode) -> Q, the last
     quantizer of the same scale as the first or not."""
@@ -211,6 +241,18 @@ def test_unsupported_quantized_forms_are_named_at_load_time():
         tilegemm.load_onnx(model)
 
 
+def test_qlinear_matmul_refuses_a_scale_per_row():
+    b = QBuilder()
+    w = b.const(np.ones((3, 2), np.int8))
+    out = b.node("QLinearMatMul", ["x", b.const(np.full(4, 0.02, np.float32)),
+                                   b.const(np.uint8(0)), w, b.const(np.float32(0.01)),
+                                   b.const(np.int8(0)), b.const(np.float32(0.3)),
+                                   b.const(np.uint8(0))])
+    model = b.model([4, 3], out, x_dtype=np.uint8, out_dtype=np.uint8, rank=2)
+    with pytest.raises(NotImplementedError, match="QLinearMatMul.*per row"):
+        tilegemm.load_onnx(model)
+
+
 def test_a_qoperator_conv_refuses_codes_of_the_other_signedness():
     model, _ = _qoperator_model("QLinearConv", np.uint8)
     net = tilegemm.load_onnx(model, layout_transform=False)
@@ -247,10 +289,14 @@ def test_quantized_passes_against_guard_pages():
 
 
 def test_a_quantized_network_from_several_python_threads():
-    net = tilegemm.load_onnx(residual_block(seed=5), layout_transform=False)
+    """Threads that start on a freshly loaded network (each step planned by whichever
+    comes first) get what one thread gets from another copy."""
+    model = residual_block(seed=5)
     xs = [np.random.default_rng(i).standard_normal((1, 8, 9, 9)).astype(np.float32)
           for i in range(4)]
-    want = [net(x) for x in xs]
+    alone = tilegemm.load_onnx(model, layout_transform=False)
+    want = [alone(x) for x in xs]
+    net = tilegemm.load_onnx(model, layout_transform=False)
     errors = []
 
     def run(i):

@@ -158,6 +158,8 @@ def test_threads_share_pixel_blocks_or_images_alike(layout, batch, monkeypatch):
             want = tilegemm.qconv2d(x, 0.02, qw, **options)
         monkeypatch.setattr(quantized, "SHARE_OPS", 0)
         with tilegemm.thread_limit(2):
+            if tilegemm.get_num_threads() < 2:
+                pytest.skip("one thread here: nothing is shared")
             got = tilegemm.qconv2d(x, 0.02, qw, **options)
         monkeypatch.undo()
         assert np.array_equal(got, want), kwargs
