@@ -1,7 +1,5 @@
 """Quantized ONNX models: QDQ convolutions and residual sums fused onto the int8
 kernels, QOperator nodes, against the reference interpreter's definitions."""
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
@@ -13,6 +11,7 @@ from fuzz_settings import fuzz_settings  # noqa: E402
 from guard import GUARD_PAGES, guarded_empty  # noqa: E402
 from net_reference import run_reference  # noqa: E402
 from qdq_models import QBuilder, residual_block  # noqa: E402
+from thread_runs import in_threads  # noqa: E402
 from tilegemm.net.layers import pool2d  # noqa: E402
 from tilegemm.net.quantized import add_run, dequantize_linear, quantize_linear  # noqa: E402
 
@@ -297,17 +296,8 @@ def test_a_quantized_network_from_several_python_threads():
     alone = tilegemm.load_onnx(model, layout_transform=False)
     want = [alone(x) for x in xs]
     net = tilegemm.load_onnx(model, layout_transform=False)
-    errors = []
 
-    def run(i):
-        try:
-            for _ in range(5):
-                np.testing.assert_array_equal(net(xs[i]), want[i])
-        except Exception as err:          # reported below
-            errors.append(err)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    def work(i):
+        for _ in range(5):
+            np.testing.assert_array_equal(net(xs[i]), want[i])
+    in_threads(work, 4)
