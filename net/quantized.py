@@ -314,15 +314,11 @@ class QConvStep:
         return conv, width, zero
 
     def describe(self, layout, x_shape, *_):
-        """("qconv2d", operations) for an input of ``x_shape`` in ``layout``."""
-        n = x_shape[0]
-        ay, ax = SPATIAL[layout]
-        top, left, bottom, right = self.pads(x_shape[ay], x_shape[ax])
-        K, cg, kh, kw = self.weights.shape
-        ho, wo = ((size + a + b - d * (k - 1) - 1) // s + 1 for size, a, b, k, s, d in
-                  ((x_shape[ay], top, bottom, kh, self.strides[0], self.dilations[0]),
-                   (x_shape[ax], left, right, kw, self.strides[1], self.dilations[1])))
-        return "qconv2d", 2 * n * K * ho * wo * cg * kh * kw
+        """("qconv2d", operations) for an input of ``x_shape`` in ``layout``: those of
+        the layer :meth:`_prepare` makes for it (a stand-in input, no values)."""
+        dtype = np.uint8 if self.x_zero is None else self.x_zero.dtype
+        x = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(x_shape), (0,) * 4)
+        return "qconv2d", self._prepare(x, layout)[0].params.flops
 
     def function(self):
         """The NCHW run function, the NHWC one in ``fn.layouts``."""
