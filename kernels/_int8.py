@@ -211,3 +211,84 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
                              a_rs, a_gs, b_src, (jr // NR) * kg * NR,
                              c, c_off + (ic + ir) * ldc + jc + jr, ldc, first, rc, ic + ir,
                              cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))
+
+
+tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
+
+
+@jit
+def widen_rows(x, n, geom, zero, r0, r1, out):
+    """Rows ``r0:r1`` of image ``n`` of the NHWC input ``x`` zero padded, as int16 values
+    ``x - zero`` (the padding 0): ``out[((r - r0) * Wp + col) * C + c]`` for row ``r`` and
+    column ``col`` of the padded image (``geom = (py, px, Wp)``), the taps kernel's A.
+    Pairs of channels are its 32-bit words, so C is even."""
+    H, W, C = x.shape[1], x.shape[2], x.shape[3]
+    py, px, Wp = geom
+    for r in range(r0, r1):
+        row = out[(r - r0) * Wp * C:(r - r0 + 1) * Wp * C]
+        iy = r - py
+        if not 0 <= iy < H:
+            row[:] = 0
+            continue
+        row[:px * C] = 0
+        row[(px + W) * C:] = 0
+        src = x[n, iy].reshape(-1)
+        body = row[px * C:(px + W) * C]
+        for i in range(W * C):
+            body[i] = np.int16(src[i]) - zero
+
+
+@jit
+def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at):
+    """``C = acc`` of a convolution's output pixels read from the widened image in place.
+
+    ``xw``: :func:`widen_rows`'s rows as int32 words (a pair of channels each), its
+    first row the padded image's row ``row0``.  ``geom = (Wp, Cw, Wo, kh, kw, sy, sx,
+    dy, dx, row0)``: the padded width, words per pixel, output width, kernel, stride,
+    dilation.  ``channels = (c0w, cgw, n)``: the group's first word and words per
+    pixel, and its output channels.  ``b_panels``: the group's ``kh*kw*Cg x n``
+    weights ((r, s, c) rows) packed by :func:`pack_b_blocks` with ``blocks = (KC, MC,
+    NC)``.  ``c``: flat int32, ``n`` per pixel, from pixel ``pixels[0]`` to
+    ``pixels[1]``.  ``zeros``: at least ``max(MR, NR)`` zero int32 (no corrections: the
+    zero points are off both operands).  ``seg``: room for ``2 * (kh*kw + 1)`` int32;
+    ``a_at``: for ``pixels[1] - pixels[0]`` int32, each pixel's first word in ``xw``.
+    """
+    Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
+    c0w, cgw, n = channels
+    KC, MC, NC = blocks
+    p0, p1 = pixels
+    for q in range(p0, p1):
+        a_at[q - p0] = (((q // Wo) * sy - row0) * Wp + (q % Wo) * sx) * Cw
+    k_groups = kh * kw * cgw
+    at = 0                                    # the next block in b_panels, in words
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        for g0 in range(0, k_groups, KC // GROUP):
+            g1 = min(g0 + KC // GROUP, k_groups)
+            b_src = b_panels[at:]
+            at += (nc + NR - 1) // NR * NR * (g1 - g0)
+            segs = _tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            first = 1 if g0 == 0 else 0
+            for ic in range(0, p1 - p0, MC):
+                mc = min(MC, p1 - p0 - ic)
+                for jr in range(0, nc, NR):
+                    for ir in range(0, mc, MR):
+                        tile_taps(segs, seg, xw, a_at, ic + ir, b_src, (jr // NR) * (g1 - g0) * NR,
+                                  c, (ic + ir) * n + jc + jr, n, first, zeros, 0, zeros, 0,
+                                  min(MR, mc - ir), min(NR, nc - jr))
+
+
+@jit
+def _tap_runs(g0, g1, cgw, geom, c0w, seg):
+    """The runs of groups ``g0:g1`` of k (tap by tap, ``cgw`` groups each) as the taps
+    tile reads them: ``seg[2s]`` the run's first word relative to a pixel's, ``seg[2s+1]``
+    its groups.  Returns the number of runs."""
+    Wp, Cw, kw, dy, dx = geom
+    s = 0
+    for t in range(g0 // cgw, (g1 - 1) // cgw + 1):
+        lo, hi = max(g0, t * cgw), min(g1, (t + 1) * cgw)
+        r, q = t // kw, t % kw
+        seg[2 * s] = (r * dy * Wp + q * dx) * Cw + c0w + lo - t * cgw
+        seg[2 * s + 1] = hi - lo
+        s += 1
+    return s

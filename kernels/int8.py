@@ -48,10 +48,14 @@ TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
 #: the rest integers); see :func:`make_int8_tile`.
 ARGUMENTS = ("kg", "a", "a_off", "a_rs", "a_gs", "b", "b_off", "c", "c_off", "ldc", "first",
              "rc", "rc_off", "cc", "cc_off", "rows", "cols")
-ARRAYS = ("a", "b", "c", "rc", "cc")
+#: The taps tile's: ``segs`` runs of k described by the int32 array ``seg`` instead of
+#: ``kg`` groups at ``a_gs`` apart, and each row's place in A from the int32 array
+#: ``a_at`` instead of a row stride (see :func:`make_int8_tile`).
+TAPS_ARGUMENTS = ("segs", "seg", "a", "a_at", "a_at_off") + ARGUMENTS[5:]
+ARRAYS = ("a", "b", "c", "rc", "cc", "seg", "a_at")
 
 
-def make_int8_tile(kind, bits, mr, nr):
+def make_int8_tile(kind, bits, mr, nr, taps=False):
     """The intrinsic of one int8 ``mr x nr`` tile of the ``kind`` (see the module docstring).
 
     ``tile(kg, a, a_off, a_rs, a_gs, b, b_off, c, c_off, ldc, first, rc, rc_off, cc,
@@ -63,42 +67,52 @@ def make_int8_tile(kind, bits, mr, nr):
     ``first`` nonzero ``C = acc + rc[rc_off + i] + cc[cc_off + j]`` (C is not read),
     else ``C += acc``.  Nothing outside ``C[:rows, :cols]``, ``rc[rc_off:][:rows]``
     and ``cc[cc_off:][:cols]`` is read or written.
+
+    With ``taps`` the tile is ``tile(segs, seg, a, a_at, a_at_off, b, ...)`` (the rest
+    as above): k comes in ``segs`` runs, run s ``seg[2*s + 1]`` groups whose words for
+    row i are consecutive from ``a[a_at[a_at_off + i] + seg[2*s]]``, B's groups following
+    on in its panel: a convolution's kernel taps read from an image in place, each run
+    a tap's channels, all of them summed in registers before C is touched, and the
+    rows any output pixels (a tile may span the end of an image row).
     """
     lanes = bits // 32
     if nr % lanes or kind not in GROUP:
         raise ValueError(f"no int8 tile {mr}x{nr} of kind {kind!r} at {bits} bits")
+    names = TAPS_ARGUMENTS if taps else ARGUMENTS
 
     def emit(context, builder, sig, args):
-        _emit_tile(context, builder, sig, dict(zip(ARGUMENTS, args)), kind, bits, mr, nr)
+        _emit_tile(context, builder, sig, dict(zip(names, args)), kind, bits, (mr, nr))
         return context.get_dummy_value()
 
     def typing(typingctx, *args):
-        if len(args) != len(ARGUMENTS):
-            raise TypeError(f"the int8 tile takes {len(ARGUMENTS)} arguments "
-                            f"({', '.join(ARGUMENTS)}), got {len(args)}")
-        given = dict(zip(ARGUMENTS, args))
+        if len(args) != len(names):
+            raise TypeError(f"the int8 tile takes {len(names)} arguments "
+                            f"({', '.join(names)}), got {len(args)}")
+        given = dict(zip(names, args))
         for name in ARRAYS:
-            if not (isinstance(given[name], types.Array) and given[name].dtype == types.int32):
+            if name in given and not (isinstance(given[name], types.Array)
+                                      and given[name].dtype == types.int32):
                 raise TypeError(f"int8 tile: {name} must be an int32 array, got {given[name]}")
-        return types.void(*(given[n] if n in ARRAYS else types.intp for n in ARGUMENTS)), emit
+        return types.void(*(given[n] if n in ARRAYS else types.intp for n in names)), emit
 
     # Numba binds a call's arguments by the typing function's signature: spell it out.
     param = inspect.Parameter
     typing.__signature__ = inspect.Signature(
-        [param(n, param.POSITIONAL_OR_KEYWORD) for n in ("typingctx",) + ARGUMENTS])
+        [param(n, param.POSITIONAL_OR_KEYWORD) for n in ("typingctx",) + names])
     tile = intrinsic(typing)
-    tile.__name__ = f"int8_tile_{kind}{bits}_{mr}x{nr}"
+    tile.__name__ = f"int8_tile_{kind}{bits}_{mr}x{nr}" + ("_taps" if taps else "")
     return tile
 
 
-def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
-    """The k loop over groups, then the update of C (see :func:`make_int8_tile`)."""
+def _emit_tile(context, builder, sig, arg, kind, bits, shape):
+    """The k loop (over groups, or over the taps' runs of groups), then the update of C
+    (see :func:`make_int8_tile`)."""
+    mr, nr = shape
     lanes = bits // 32
     nv = nr // lanes
-    i32 = ir.IntType(32)
-    vec = ir.VectorType(i32, lanes)
+    vec = ir.VectorType(ir.IntType(32), lanes)
     intp = context.get_value_type(types.intp)
-    types_of = dict(zip(ARGUMENTS, sig.args))
+    types_of = dict(zip(arg, sig.args))
 
     def const(value):
         return ir.Constant(intp, value)
@@ -106,24 +120,48 @@ def _emit_tile(context, builder, sig, arg, kind, bits, mr, nr):
     def ptr(name):
         return data_ptr(context, builder, types_of[name], arg[name], arg[name + "_off"])
 
-    a_ptr, b_ptr, c_ptr, rc_ptr, cc_ptr = ptr("a"), ptr("b"), ptr("c"), ptr("rc"), ptr("cc")
+    b_ptr, c_ptr, rc_ptr, cc_ptr = ptr("b"), ptr("c"), ptr("rc"), ptr("cc")
     last = builder.sub(arg["rows"], const(1))
-    a_rows = [builder.gep(a_ptr, [builder.mul(builder.select(
-        builder.icmp_signed("<", const(i), arg["rows"]), const(i), last), arg["a_rs"])])
-        for i in range(mr)]
+    valid = [builder.select(builder.icmp_signed("<", const(i), arg["rows"]), const(i), last)
+             for i in range(mr)]
+    if "kg" in arg:
+        a_ptr = ptr("a")
+        a_rows = [builder.gep(a_ptr, [builder.mul(v, arg["a_rs"])]) for v in valid]
+    else:
+        a_ptr = data_ptr(context, builder, types_of["a"], arg["a"], const(0))
+        at_ptr = ptr("a_at")
+        a_rows = [builder.gep(a_ptr, [builder.sext(builder.load(builder.gep(at_ptr, [v])), intp)])
+                  for v in valid]
     acc = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(nv)]
            for _ in range(mr)]
-    with cgutils.for_range(builder, arg["kg"]) as loop:
-        g = loop.index
-        b_row = builder.mul(g, const(nr))
+
+    def group(b_group, a_word):
+        """One group of k: B's ``nr`` words of group ``b_group``, row i's word of A at
+        ``a_rows[i] + a_word``."""
+        b_row = builder.mul(b_group, const(nr))
         bv = [builder.load(vector_ptr(builder, b_ptr, builder.add(b_row, const(v * lanes)), vec),
                            align=4) for v in range(nv)]
-        a_col = builder.mul(g, arg["a_gs"])
         for i in range(mr):
-            aw = splat(builder, builder.load(builder.gep(a_rows[i], [a_col])), vec)
+            aw = splat(builder, builder.load(builder.gep(a_rows[i], [a_word])), vec)
             for v in range(nv):
                 builder.store(dot_step(builder, kind, bits, builder.load(acc[i][v]), aw, bv[v]),
                               acc[i][v])
+
+    if "kg" in arg:
+        with cgutils.for_range(builder, arg["kg"]) as loop:
+            group(loop.index, builder.mul(loop.index, arg["a_gs"]))
+    else:
+        seg_ptr = data_ptr(context, builder, types_of["seg"], arg["seg"], const(0))
+        done = cgutils.alloca_once_value(builder, const(0))    # B's groups so far
+        with cgutils.for_range(builder, arg["segs"]) as run:
+            at = builder.mul(run.index, const(2))
+            start = builder.sext(builder.load(builder.gep(seg_ptr, [at])), intp)
+            count = builder.sext(builder.load(builder.gep(seg_ptr, [builder.add(at, const(1))])),
+                                 intp)
+            b0 = builder.load(done)
+            with cgutils.for_range(builder, count) as loop:
+                group(builder.add(b0, loop.index), builder.add(start, loop.index))
+            builder.store(builder.add(b0, count), done)
     _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
 
 

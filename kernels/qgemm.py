@@ -257,3 +257,39 @@ def _words(a, kind):
         flat = np.lib.stride_tricks.as_strided(words, ((m - 1) * lda + k // 4,), (4,))
         return words, flat.view(np.int32), lda
     return _NO_WORDS
+
+
+def taps_serve(kind, cg):
+    """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
+    convolution of ``cg`` channels per group on the int8 kernel ``kind``: int16 pairs
+    (``madd``, ``generic``; ``vnni`` reads its patches in place already) of whole
+    pixels' channels (``cg`` even)."""
+    return GROUP[kind[0]] == 2 and cg % 2 == 0
+
+
+def widen_rows_into(x, n, geom, zero, rows, out, kind=None):
+    """Rows ``rows = (r0, r1)`` of image ``n`` of the NHWC int8/uint8 ``x``, zero padded
+    (``geom = (py, px, Wp)``), as int16 ``x - zero`` into the flat int16 ``out``: the
+    taps kernel's A (see ``kernels/_int8.py`` :func:`widen_rows`)."""
+    get_int8_kernel(*(kind or int8_kind())).widen_rows(x, n, geom, int(zero), rows[0], rows[1],
+                                                       out)
+
+
+def taps_into(xw, geom, channels, b_panels, c, pixels):
+    """``c`` = the int32 sums of a convolution's output pixels ``pixels = (p0, p1)``,
+    read by the taps kernel from :func:`widen_rows_into`'s rows ``xw`` (int32 words).
+
+    ``geom``, ``channels``: as ``kernels/_int8.py`` :func:`qconv_taps` takes them.
+    ``b_panels``: the group's :class:`PackedB` (zero point 0).  One thread.
+    """
+    kind, bits = b_panels.kind
+    mod = get_int8_kernel(kind, bits)
+    KC, NC = b_panels.blocks
+    MC = int8_blocking(kind, bits)[1]
+    kh, kw = geom[3], geom[4]
+    zeros, seg, a_at = buffers(("int8 taps", kind, bits), (
+        max(mod.MR, mod.NR), 2 * (kh * kw + 1), pixels[1] - pixels[0]), np.int32)
+    zeros[:] = 0
+    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, pixels, zeros, seg,
+                   a_at)
+    return c

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import tilegemm
 from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, pack_b_once, qgemm_into,
-                                     runnable_int8_kinds)
+                                     runnable_int8_kinds, taps_into, taps_serve,
+                                     widen_rows_into)
 
 DTYPES = (np.int8, np.uint8)
 LAYOUTS = ("C", "C", "F", "reversed", "offset", "step")
@@ -145,6 +146,64 @@ def test_every_int8_kernel_is_exact(kind, da, db):
             c = np.full((m, n), 99, np.int32)
             qgemm_into(a, b, c, 2, 1, kind, threads=3, b_panels=panels)
             assert np.array_equal(c, expected(a, b, 2, 1)), (kind, m, n, k, "threads")
+
+
+#: Layers for the taps kernel: (C, K, H, W, kernel, stride, (top, bottom, left, right),
+#: dilation, groups).  Output rows narrower than a tile, k over several KC blocks (a
+#: block ending inside a tap) and n over several NC blocks, asymmetric padding, groups.
+TAPS_LAYERS = [(6, 5, 7, 9, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+               (160, 400, 4, 5, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+               (4, 8, 9, 8, (3, 2), (2, 1), (2, 0, 1, 2), 2, 2),
+               (8, 6, 6, 7, (1, 1), (1, 2), (0, 0, 0, 0), 1, 1),
+               (2, 3, 5, 5, (5, 5), (1, 1), (3, 3, 3, 3), 1, 1)]
+
+
+def _taps_case(kind, layer, rng, where=None):
+    """The taps kernel's int32 sums of one layer (``TAPS_LAYERS``) over a run of output
+    pixels starting and ending inside an output row, against the int64 reference;
+    with ``where`` its widened rows end (or start) at a guard page."""
+    from guard import guarded_empty
+    from reference import reference_conv
+    C, K, H, W, (kh, kw), (sy, sx), pads, d, groups = layer
+    top, bottom, left, right = pads
+    Ho = (H + top + bottom - d * (kh - 1) - 1) // sy + 1
+    Wo = (W + left + right - d * (kw - 1) - 1) // sx + 1
+    dtype = (np.uint8, np.int8)[rng.integers(2)]
+    info = np.iinfo(dtype)
+    x = values(rng, (1, H, W, C), dtype, False)
+    zx = int(rng.integers(info.min, info.max + 1))
+    w = values(rng, (K, C // groups, kh, kw), np.int8, False)
+    want = reference_conv(x.transpose(0, 3, 1, 2).astype(np.float64) - zx, w, None, (sy, sx),
+                          pads, d, groups)[0].reshape(K, -1).T
+    p0, p1 = min(1, Ho * Wo - 1), max(Ho * Wo - 2, 2)
+    r0, r1 = (p0 // Wo) * sy, ((p1 - 1) // Wo) * sy + (kh - 1) * d + 1
+    Wp = left + W + right
+    size = (r1 - r0) * Wp * C // 2
+    xw = np.empty(size, np.int32) if where is None else guarded_empty((size,), np.int32, where=where)
+    widen_rows_into(x, 0, (top, left, Wp), zx, (r0, r1), xw.view(np.int16), kind)
+    Cg, Kg = C // groups, K // groups
+    geom = (Wp, C // 2, Wo, kh, kw, sy, sx, d, d, r0)
+    for g in range(groups):
+        mat = np.ascontiguousarray(w[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
+                                   .reshape(kh * kw * Cg, Kg))
+        sums = np.full((p1 - p0) * Kg, 99, np.int32)
+        taps_into(xw, geom, (g * Cg // 2, Cg // 2, Kg), pack_b_once(mat, 0, kind), sums, (p0, p1))
+        assert np.array_equal(sums.reshape(-1, Kg), want[p0:p1, g * Kg:(g + 1) * Kg]), (
+            kind, layer, g)
+
+
+TAPS_KINDS = [kind for kind in KINDS if taps_serve(kind, 2)]
+
+
+@pytest.mark.parametrize("kind", TAPS_KINDS, ids=lambda kb: f"{kb[0]}{kb[1]}")
+@pytest.mark.parametrize("layer", TAPS_LAYERS, ids=lambda layer: "x".join(map(str, layer[:2])))
+def test_every_int8_taps_kernel_is_exact(kind, layer):
+    """The taps kernel (the input widened once, every tap read in place) of every kind
+    that has one: exact int32 sums, and no read outside the rows it widened."""
+    from guard import GUARD_PAGES
+    rng = np.random.default_rng(len(layer) + layer[0])
+    for where in (None,) + (("after", "before") if GUARD_PAGES else ()):
+        _taps_case(kind, layer, rng, where)
 
 
 def test_panels_of_another_b_are_refused():

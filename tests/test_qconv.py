@@ -111,7 +111,9 @@ def test_qconv2d_float_output_propagates_nan_bias():
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_qconv2d_against_guard_pages(layout):
     """No read past the input or the weights when each ends (or starts) at a guard page;
-    3x3 with padding (patches) and 1x1 (the input read in place)."""
+    3x3 with padding and 1x1 (the input widened for the taps kernel, or patches and
+    the input read in place, by the host's int8 kernel; the taps kernel's own reads
+    are guarded in ``test_fuzz_int8.py``)."""
     x_vals, w_vals, ws = _layer(3, layout, np.int8)
     for kernel, padding in ((3, 1), (1, 0)):
         wk = np.ascontiguousarray(w_vals[:, :, :kernel, :kernel])
