@@ -225,9 +225,35 @@ def test_quantize_and_dequantize_linear_follow_onnx():
     np.testing.assert_array_equal(q8, [[-20, 0, 0, 2, 127, -128, -128, 0]])
     np.testing.assert_array_equal(dequantize_linear(q, np.float32(0.5), np.uint8(10)),
                                   (q.astype(np.float32) - 10) * 0.5)
+    # int32 codes: a zero point makes the difference wider than float32 holds exactly
+    big = np.array([2 ** 31 - 1, -2 ** 31, 2 ** 24 + 1, 7], np.int32)
+    for zero in (np.int32(0), np.int32(-3)):
+        np.testing.assert_array_equal(dequantize_linear(big, np.float32(0.5), zero),
+                                      (big.astype(np.int64) - zero).astype(np.float32)
+                                      * np.float32(0.5))
     per_axis = quantize_linear(np.ones((2, 3), np.float32), np.array([1, 0.5, 0.25], np.float32),
                                np.zeros(3, np.int8), axis=1)
     np.testing.assert_array_equal(per_axis, [[1, 2, 4], [1, 2, 4]])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_the_one_pass_add_is_the_three_float32_steps(dtype):
+    """QLinearAdd's pass over every pair of codes: bit-identical to DequantizeLinear,
+    Add (and Relu) and QuantizeLinear as float32 numpy computes them."""
+    info = np.iinfo(dtype)
+    codes = np.arange(info.min, info.max + 1).astype(dtype)
+    a, b = (v.reshape(-1) for v in np.meshgrid(codes, codes))
+    rng = np.random.default_rng(7)
+    for relu in (False, True):
+        scales = rng.uniform(1e-3, 0.1, 3).astype(np.float32)
+        zeros = rng.integers(info.min, info.max + 1, 3)
+        out = np.empty(a.size, dtype)
+        add_run(a, b, scales, zeros, relu, np.float32(info.min), np.float32(info.max), out)
+        y = ((a.astype(np.float32) - np.float32(zeros[0])) * scales[0]
+             + (b.astype(np.float32) - np.float32(zeros[1])) * scales[1])
+        y = np.maximum(y, np.float32(0)) if relu else y
+        want = np.clip(np.rint(y / scales[2]) + np.float32(zeros[2]), info.min, info.max)
+        np.testing.assert_array_equal(out, want.astype(dtype))
 
 
 def test_unsupported_quantized_forms_are_named_at_load_time():
