@@ -3,18 +3,19 @@
 Per image and group the int32 sums ``acc (Ho*Wo x Kg)`` of the channels-last input
 with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two ways:
 
-* **taps** (int16-pair kernels, ``madd`` and ``generic``, and an even ``Cg``): the
-  input rows a block of pixels reads are widened once to int16 ``x - zero_point``,
-  zero padded (:func:`_widen`), and the taps kernel reads every tap's channels from
-  them in place (``kernels/_int8.py`` ``qconv_taps``).  The patch matrix and its
-  packing into int16 panels -- nine times the input for a 3x3, and the GEMM's
-  largest cost when the layer has few output channels -- are not made: ResNet-18
-  conv2_x 3.0 -> 1.9 ms on one Zen 3 core.
+* **taps** (int16-pair kernels, ``madd`` and ``generic``, and an even ``Cg`` or one
+  group): the input rows a block of pixels reads are widened once to int16 ``x -
+  zero_point``, zero padded, an odd channel count with a zero channel
+  (:func:`_widen`), and the taps kernel reads every tap's channels from them in
+  place (``kernels/_int8.py`` ``qconv_taps``).  The patch matrix and its packing
+  into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
+  when the layer has few output channels -- are not made: ResNet-18 conv2_x 3.0 ->
+  1.9 ms on one Zen 3 core.
 * **patches** (otherwise: ``vnni``, which reads its patch rows in place as words,
-  and odd channel counts such as a 3-channel stem): im2col, one byte per value, the
-  padding filled with the input's zero point so that it adds nothing once the zero
-  point is taken off, into :func:`tilegemm.kernels.qgemm.qgemm_into`; a 1x1,
-  stride-1 layer without padding reads the image in place.
+  and groups of odd channel counts such as depthwise layers): im2col, one byte per
+  value, the padding filled with the input's zero point so that it adds nothing once
+  the zero point is taken off, into :func:`tilegemm.kernels.qgemm.qgemm_into`; a
+  1x1, stride-1 layer without padding reads the image in place.
 
 The epilogue (:func:`finish`) takes the int32 sums to ``acc * x_scale * w_scale[k] +
 bias[k]``, the activation, and then either float32 or a requantized code
@@ -33,8 +34,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.qgemm import (SHARE_OPS, int8_kind, qgemm_into, taps_into, taps_serve,
-                                     widen_rows_into)
+from tilegemm.kernels.qgemm import SHARE_OPS, qgemm_into, taps_into, widen_rows_into
 
 #: Activation codes of :func:`finish`.
 ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -130,7 +130,7 @@ def finish(acc, mult, bias, act, requant, out):
             out[p, k] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
 
 
-def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None):
+def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=None):
     """Run the quantized convolution of :class:`ConvParams` ``p`` into ``out``.
 
     ``x``: C-contiguous int8/uint8 input in ``p.layout``.  ``weights``: per group, the
@@ -139,6 +139,8 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None):
     :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
+    ``taps``: per group, the weights with each tap's channels padded to an even count,
+    packed once: the sums come from the taps kernel (``kernels.qgemm.taps_serve``).
 
     Both layouts compute channels-last: an NCHW input is copied to NHWC first (a
     pixel's channels are then a contiguous run of a patch row, and the GEMM has the
@@ -152,7 +154,7 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None):
     P = p.Ho * p.Wo
     ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
     threads = get_num_threads() if ops >= SHARE_OPS else 1
-    block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, panels)
+    block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, (panels, taps))
     run_shares(lambda part: _pixels(block, part), [(part,) for part in
                                                    pixel_shares(p.N, P, threads)])
     return out
@@ -172,11 +174,10 @@ def _pixels(block, part):
     """Blocks ``part`` of pixels (:func:`pixel_shares`) on this thread: per group, the
     sums of the weights with the patches (or, with the taps kernel, with the widened
     input read in place: :func:`_taps_sums`), then the epilogue."""
-    x, zero, weights, (mult, bias, act, requant), p, out, panels = block
+    x, zero, weights, (mult, bias, act, requant), p, out, (panels, taps) = block
     P = p.Ho * p.Wo
     rows_max = max((b - a for _, a, b in part), default=0)
     depth = p.Cg * p.kh * p.kw
-    taps = panels is not None and taps_serve(panels[0].kind, p.Cg)
     acc, patches, rows = buffers(("qconv2d", x.dtype.str), (
         rows_max * p.Kg, 0 if taps else rows_max * depth, rows_max * p.Kg), np.int32)
     geom = p.geom()
@@ -190,7 +191,7 @@ def _pixels(block, part):
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
             if taps:
-                _taps_sums(widened, p, g, panels[g], sums, (p0, p1))
+                _taps_sums(widened, p, g, taps[g], sums, (p0, p1))
             else:
                 if p.pointwise:        # the image is the patch matrix: read in place
                     a = x[n].reshape(P, p.C)[p0:p1, c0:c0 + p.Cg]
@@ -217,15 +218,16 @@ def _widen(x, n, zero, p, pixels):
     """The input rows the pixels read, padded and widened to int16 ``x - zero`` (one
     buffer per thread), as int32 words: the taps kernel's A."""
     r0, r1 = _taps_rows(p, pixels)
-    Wp = p.left + p.W + p.right
-    words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * p.C // 2,), np.int32)
-    widen_rows_into(x, n, (p.top, p.left, Wp), zero, (r0, r1), words.view(np.int16))
+    Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
+    words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * Cw,), np.int32)
+    widen_rows_into(x, n, (p.top, p.left, Wp, 2 * Cw), zero, (r0, r1), words.view(np.int16))
     return words
 
 
 def _taps_sums(widened, p, g, panels, sums, pixels):
     """``sums`` = group ``g``'s int32 sums of the output pixels ``pixels``, every tap
     read from the widened rows in place (``kernels.qgemm.taps_into``)."""
-    Wp, Cw = p.left + p.W + p.right, p.C // 2
+    Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
     geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, _taps_rows(p, pixels)[0])
-    taps_into(widened, geom, (g * p.Cg // 2, p.Cg // 2, p.Kg), panels, sums.reshape(-1), pixels)
+    taps_into(widened, geom, (g * p.Cg // 2, (p.Cg + 1) // 2, p.Kg), panels, sums.reshape(-1),
+              pixels)

@@ -219,23 +219,30 @@ tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
 @jit
 def widen_rows(x, n, geom, zero, r0, r1, out):
     """Rows ``r0:r1`` of image ``n`` of the NHWC input ``x`` zero padded, as int16 values
-    ``x - zero`` (the padding 0): ``out[((r - r0) * Wp + col) * C + c]`` for row ``r`` and
-    column ``col`` of the padded image (``geom = (py, px, Wp)``), the taps kernel's A.
-    Pairs of channels are its 32-bit words, so C is even."""
+    ``x - zero`` (the padding 0): ``out[((r - r0) * Wp + col) * Cp + c]`` for row ``r``
+    and column ``col`` of the padded image (``geom = (py, px, Wp, Cp)``), the taps
+    kernel's A.  Pairs of channels are its 32-bit words: ``Cp`` is C, or C + 1 with a
+    zero channel when C is odd."""
     H, W, C = x.shape[1], x.shape[2], x.shape[3]
-    py, px, Wp = geom
+    py, px, Wp, Cp = geom
     for r in range(r0, r1):
-        row = out[(r - r0) * Wp * C:(r - r0 + 1) * Wp * C]
+        row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
         iy = r - py
         if not 0 <= iy < H:
             row[:] = 0
             continue
-        row[:px * C] = 0
-        row[(px + W) * C:] = 0
+        row[:px * Cp] = 0
+        row[(px + W) * Cp:] = 0
         src = x[n, iy].reshape(-1)
-        body = row[px * C:(px + W) * C]
-        for i in range(W * C):
-            body[i] = np.int16(src[i]) - zero
+        body = row[px * Cp:(px + W) * Cp]
+        if Cp == C:     # one run: the loop vectorises
+            for i in range(W * C):
+                body[i] = np.int16(src[i]) - zero
+        else:
+            for j in range(W):
+                for c in range(C):
+                    body[j * Cp + c] = np.int16(src[j * C + c]) - zero
+                body[j * Cp + C:(j + 1) * Cp] = 0
 
 
 @jit
@@ -282,13 +289,19 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at
 def _tap_runs(g0, g1, cgw, geom, c0w, seg):
     """The runs of groups ``g0:g1`` of k (tap by tap, ``cgw`` groups each) as the taps
     tile reads them: ``seg[2s]`` the run's first word relative to a pixel's, ``seg[2s+1]``
-    its groups.  Returns the number of runs."""
+    its groups.  Taps whose words follow on (a kernel row's, all the channels taken,
+    no dilation) make one run: a 3-channel stem's 7x7 is 7 runs of 14 groups, not 49
+    of 2.  Returns the number of runs."""
     Wp, Cw, kw, dy, dx = geom
     s = 0
     for t in range(g0 // cgw, (g1 - 1) // cgw + 1):
         lo, hi = max(g0, t * cgw), min(g1, (t + 1) * cgw)
         r, q = t // kw, t % kw
-        seg[2 * s] = (r * dy * Wp + q * dx) * Cw + c0w + lo - t * cgw
-        seg[2 * s + 1] = hi - lo
-        s += 1
+        start = (r * dy * Wp + q * dx) * Cw + c0w + lo - t * cgw
+        if s > 0 and seg[2 * s - 2] + seg[2 * s - 1] == start:
+            seg[2 * s - 1] += hi - lo
+        else:
+            seg[2 * s] = start
+            seg[2 * s + 1] = hi - lo
+            s += 1
     return s

@@ -259,18 +259,19 @@ def _words(a, kind):
     return _NO_WORDS
 
 
-def taps_serve(kind, cg):
+def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
-    convolution of ``cg`` channels per group on the int8 kernel ``kind``: int16 pairs
-    (``madd``, ``generic``; ``vnni`` reads its patches in place already) of whole
-    pixels' channels (``cg`` even)."""
-    return GROUP[kind[0]] == 2 and cg % 2 == 0
+    convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
+    int16 pairs (``madd``, ``generic``; ``vnni`` reads its patches in place already)
+    of whole pixels' channels: ``cg`` even, or one group (a zero channel added)."""
+    return GROUP[kind[0]] == 2 and (cg % 2 == 0 or groups == 1)
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None):
     """Rows ``rows = (r0, r1)`` of image ``n`` of the NHWC int8/uint8 ``x``, zero padded
-    (``geom = (py, px, Wp)``), as int16 ``x - zero`` into the flat int16 ``out``: the
-    taps kernel's A (see ``kernels/_int8.py`` :func:`widen_rows`)."""
+    (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C or C + 1), as int16
+    ``x - zero`` into the flat int16 ``out``: the taps kernel's A (see
+    ``kernels/_int8.py`` :func:`widen_rows`)."""
     get_int8_kernel(*(kind or int8_kind())).widen_rows(x, n, geom, int(zero), rows[0], rows[1],
                                                        out)
 

@@ -150,8 +150,11 @@ def test_every_int8_kernel_is_exact(kind, da, db):
 
 #: Layers for the taps kernel: (C, K, H, W, kernel, stride, (top, bottom, left, right),
 #: dilation, groups).  Output rows narrower than a tile, k over several KC blocks (a
-#: block ending inside a tap) and n over several NC blocks, asymmetric padding, groups.
+#: block ending inside a tap) and n over several NC blocks, asymmetric padding, groups,
+#: odd channel counts (a zero channel added).
 TAPS_LAYERS = [(6, 5, 7, 9, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+               (3, 17, 11, 10, (7, 7), (2, 2), (3, 3, 3, 3), 1, 1),
+               (5, 4, 6, 5, (3, 1), (1, 1), (0, 2, 1, 0), 1, 1),
                (160, 400, 4, 5, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
                (4, 8, 9, 8, (3, 2), (2, 1), (2, 0, 1, 2), 2, 2),
                (8, 6, 6, 7, (1, 1), (1, 2), (0, 0, 0, 0), 1, 1),
@@ -177,22 +180,24 @@ def _taps_case(kind, layer, rng, where=None):
                           pads, d, groups)[0].reshape(K, -1).T
     p0, p1 = min(1, Ho * Wo - 1), max(Ho * Wo - 2, 2)
     r0, r1 = (p0 // Wo) * sy, ((p1 - 1) // Wo) * sy + (kh - 1) * d + 1
-    Wp = left + W + right
-    size = (r1 - r0) * Wp * C // 2
+    Wp, Cw = left + W + right, (C + 1) // 2      # an odd C gets a zero channel
+    size = (r1 - r0) * Wp * Cw
     xw = np.empty(size, np.int32) if where is None else guarded_empty((size,), np.int32, where=where)
-    widen_rows_into(x, 0, (top, left, Wp), zx, (r0, r1), xw.view(np.int16), kind)
+    widen_rows_into(x, 0, (top, left, Wp, 2 * Cw), zx, (r0, r1), xw.view(np.int16), kind)
     Cg, Kg = C // groups, K // groups
-    geom = (Wp, C // 2, Wo, kh, kw, sy, sx, d, d, r0)
+    geom = (Wp, Cw, Wo, kh, kw, sy, sx, d, d, r0)
+    padded = np.concatenate([w, np.zeros((K, Cg % 2, kh, kw), np.int8)], axis=1)
     for g in range(groups):
-        mat = np.ascontiguousarray(w[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
-                                   .reshape(kh * kw * Cg, Kg))
+        mat = np.ascontiguousarray(padded[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
+                                   .reshape(-1, Kg))
         sums = np.full((p1 - p0) * Kg, 99, np.int32)
-        taps_into(xw, geom, (g * Cg // 2, Cg // 2, Kg), pack_b_once(mat, 0, kind), sums, (p0, p1))
+        taps_into(xw, geom, (g * Cg // 2, (Cg + 1) // 2, Kg), pack_b_once(mat, 0, kind), sums,
+                  (p0, p1))
         assert np.array_equal(sums.reshape(-1, Kg), want[p0:p1, g * Kg:(g + 1) * Kg]), (
             kind, layer, g)
 
 
-TAPS_KINDS = [kind for kind in KINDS if taps_serve(kind, 2)]
+TAPS_KINDS = [kind for kind in KINDS if taps_serve(kind, 2, 1)]
 
 
 @pytest.mark.parametrize("kind", TAPS_KINDS, ids=lambda kb: f"{kb[0]}{kb[1]}")
