@@ -142,14 +142,15 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     ``taps``: per group, the weights with each tap's channels padded to an even count,
     packed once: the sums come from the taps kernel (``kernels.qgemm.taps_serve``).
 
-    Both layouts compute channels-last: an NCHW input is copied to NHWC first (a
-    pixel's channels are then a contiguous run of a patch row, and the GEMM has the
-    pixels as its long side: 2x the rate of weights @ patches on ResNet-18 conv2_x),
+    Both layouts compute channels-last: an NCHW input is copied to NHWC first, or with
+    ``taps`` its rows transposed as they are widened (a pixel's channels are then a
+    contiguous run, and the GEMM has the pixels as its long side: 2x the rate of
+    weights @ patches on ResNet-18 conv2_x),
     and an NCHW output is written through one transposing copy per block.  Threads
     take blocks of pixels (:func:`pixel_shares`), each its patches, product and
     epilogue, the weights' panels shared.
     """
-    if p.layout == "NCHW":
+    if p.layout == "NCHW" and taps is None:   # the taps kernel's rows are widened from NCHW
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     P = p.Ho * p.Wo
     ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
@@ -220,7 +221,8 @@ def _widen(x, n, zero, p, pixels):
     r0, r1 = _taps_rows(p, pixels)
     Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
     words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * Cw,), np.int32)
-    widen_rows_into(x, n, (p.top, p.left, Wp, 2 * Cw), zero, (r0, r1), words.view(np.int16))
+    widen_rows_into(x, n, (p.top, p.left, Wp, 2 * Cw), zero, (r0, r1), words.view(np.int16),
+                    layout=p.layout)
     return words
 
 

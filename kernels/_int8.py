@@ -246,6 +246,30 @@ def widen_rows(x, n, geom, zero, r0, r1, out):
 
 
 @jit
+def widen_rows_nchw(x, n, geom, zero, r0, r1, out):
+    """:func:`widen_rows` of an NCHW ``x``: the same channels-last rows, transposed while
+    widened (no channels-last copy of the input first)."""
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    py, px, Wp, Cp = geom
+    for r in range(r0, r1):
+        row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
+        iy = r - py
+        if not 0 <= iy < H:
+            row[:] = 0
+            continue
+        row[:px * Cp] = 0
+        row[(px + W) * Cp:] = 0
+        body = row[px * Cp:(px + W) * Cp]
+        for c in range(C):
+            src = x[n, c, iy]
+            for j in range(W):
+                body[j * Cp + c] = np.int16(src[j]) - zero
+        for c in range(C, Cp):
+            for j in range(W):
+                body[j * Cp + c] = 0
+
+
+@jit
 def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at):
     """``C = acc`` of a convolution's output pixels read from the widened image in place.
 

@@ -267,13 +267,14 @@ def taps_serve(kind, cg, groups):
     return GROUP[kind[0]] == 2 and (cg % 2 == 0 or groups == 1)
 
 
-def widen_rows_into(x, n, geom, zero, rows, out, kind=None):
-    """Rows ``rows = (r0, r1)`` of image ``n`` of the NHWC int8/uint8 ``x``, zero padded
-    (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C or C + 1), as int16
-    ``x - zero`` into the flat int16 ``out``: the taps kernel's A (see
-    ``kernels/_int8.py`` :func:`widen_rows`)."""
-    get_int8_kernel(*(kind or int8_kind())).widen_rows(x, n, geom, int(zero), rows[0], rows[1],
-                                                       out)
+def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
+    """Rows ``rows = (r0, r1)`` of image ``n`` of the int8/uint8 ``x`` (in ``layout``),
+    zero padded (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C or C + 1), as
+    channels-last int16 ``x - zero`` into the flat int16 ``out``: the taps kernel's A
+    (see ``kernels/_int8.py`` :func:`widen_rows`)."""
+    mod = get_int8_kernel(*(kind or int8_kind()))
+    widen = mod.widen_rows_nchw if layout == "NCHW" else mod.widen_rows
+    widen(x, n, geom, int(zero), rows[0], rows[1], out)
 
 
 def taps_into(xw, geom, channels, b_panels, c, pixels):

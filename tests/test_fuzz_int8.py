@@ -184,6 +184,10 @@ def _taps_case(kind, layer, rng, where=None):
     size = (r1 - r0) * Wp * Cw
     xw = np.empty(size, np.int32) if where is None else guarded_empty((size,), np.int32, where=where)
     widen_rows_into(x, 0, (top, left, Wp, 2 * Cw), zx, (r0, r1), xw.view(np.int16), kind)
+    from_nchw = np.full(size, 7, np.int32)    # the same rows widened from NCHW
+    widen_rows_into(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), 0, (top, left, Wp, 2 * Cw),
+                    zx, (r0, r1), from_nchw.view(np.int16), kind, layout="NCHW")
+    assert np.array_equal(from_nchw, xw)
     Cg, Kg = C // groups, K // groups
     geom = (Wp, Cw, Wo, kh, kw, sy, sx, d, d, r0)
     padded = np.concatenate([w, np.zeros((K, Cg % 2, kh, kw), np.int8)], axis=1)
