@@ -36,29 +36,31 @@ def test_int8_check_is_exact_and_marks_an_inexact_peer():
 def test_qconv_case_record_and_table():
     """One int8 convolution case end to end: exact codes, every party timed, a row."""
     from tilegemm.tools import qconv_suite
-    case = qconv_suite.QConvCase("resnet18_conv5_x", "NHWC", 1)
+    case = qconv_suite.QConvCase("resnet18_conv5_x", "NHWC", 1, batch=2)
     record = qconv_suite.run_qconv_case(case, reps=1, min_time=0.001, peers=())
     assert record["check"] == {"against": "float64 reference", "max_code_diff": 0, "ok": True}
     assert set(record["results"]) == {"tilegemm", "tilegemm float32"}
-    assert record["ops"] == 2 * 512 * 512 * 9 * 7 * 7
+    assert record["ops"] == 2 * 2 * 512 * 512 * 9 * 7 * 7
     title, headers, rows = qconv_suite.qconv_table([record])
-    assert len(rows[0]) == len(headers) and rows[0][:3] == ["resnet18_conv5_x",
-                                                            "512->512 3x3/s1 @7x7", "NHWC"]
-    assert "int8 conv resnet18_conv5_x NHWC" in qconv_suite.row_text(record)
+    assert len(rows[0]) == len(headers) and rows[0][:4] == ["resnet18_conv5_x",
+                                                            "512->512 3x3/s1 @7x7", "NHWC", 2]
+    assert "int8 conv resnet18_conv5_x NHWC batch 2" in qconv_suite.row_text(record)
+    assert {c.batch for c in qconv_suite.qconv_cases([1])} == set(qconv_suite.BATCHES)
     assert "onnxruntime" not in title  # no peer ran: the title names none
 
 
 def test_qconv_reference_and_check():
     """The float64 reference sums match a direct loop; the check counts code errors."""
     from tilegemm.tools import qconv_suite
-    case = qconv_suite.QConvCase("resnet18_3x3_s2", "NCHW", 1)
+    case = qconv_suite.QConvCase("resnet18_3x3_s2", "NCHW", 1, batch=2)
     q = qconv_suite.operands(case)
     ly = case.spec
     sums = qconv_suite.reference_sums(ly, q["x"], q["w"])
     xp = np.pad(q["x"].astype(np.int64) - qconv_suite.X_ZERO_POINT, ((0, 0), (0, 0), (1, 1), (1, 1)))
     k, i, j = 5, 3, 13  # one output by the definition: stride 2, padding 1
-    direct = (xp[0, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3] * q["w"][k].astype(np.int64)).sum()
-    assert sums[0, k, i, j] == direct
+    for n in range(2):
+        direct = (xp[n, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3] * q["w"][k].astype(np.int64)).sum()
+        assert sums[n, k, i, j] == direct
     assert q["expected"].std() > 10  # the output scale spreads the codes over the range
     wrong = q["expected"].copy()
     wrong[0, 1, 2, 3] ^= 4

@@ -1,8 +1,8 @@
 """The int8 convolution suite: ``qconv2d`` against our float32 ``conv2d`` and
 onnxruntime's QLinearConv.
 
-Each case is one layer of :data:`tilegemm.tools.conv_suite.LAYERS` at batch 1, in
-one layout, as a quantized network runs it: uint8 activations with a zero point,
+Each case is one layer of :data:`tilegemm.tools.conv_suite.LAYERS` at batch 1 or 8,
+in one layout, as a quantized network runs it: uint8 activations with a zero point,
 int8 weights with a scale per output channel (prepared once, :class:`QConvWeights`),
 a bias, and the output requantized to uint8 (ONNX's QLinearConv).  Parties,
 interleaved under the rules of :mod:`tilegemm.tools.timing`:
@@ -29,6 +29,8 @@ from tilegemm.tools.conv_suite import LAYERS
 QCONV_LAYERS = ("resnet18_conv2_x", "resnet18_conv3_x", "resnet18_conv4_x", "resnet18_conv5_x",
                 "resnet18_3x3_s2", "resnet50_1x1", "resnet18_stem")
 QUICK_LAYERS = ("resnet18_conv3_x",)
+#: Batch sizes of the full suite (``--quick``: the first).
+BATCHES = (1, 8)
 LAYOUTS = ("NCHW", "NHWC")
 #: The activations' zero point.
 X_ZERO_POINT = 3
@@ -41,6 +43,7 @@ class QConvCase:
     layer: str
     layout: str
     threads: int
+    batch: int = 1
 
     @property
     def spec(self):
@@ -50,18 +53,20 @@ class QConvCase:
     def ops(self):
         ly = self.spec
         ho, wo = ly.out_hw
-        return 2 * ly.k * (ly.c // ly.groups) * ly.kh * ly.kw * ho * wo
+        return 2 * self.batch * ly.k * (ly.c // ly.groups) * ly.kh * ly.kw * ho * wo
 
     def title(self):
-        return (f"int8 conv {self.layer} {self.layout} batch 1 "
+        return (f"int8 conv {self.layer} {self.layout} batch {self.batch} "
                 f"{timing.threads_text(self.threads)}")
 
 
 def qconv_cases(threads, quick=False):
-    """Every case: each layer in each layout for each thread count (``quick``: the
-    quick layers on the first thread count)."""
+    """Every case: each layer in each layout at each batch size for each thread count
+    (``quick``: the quick layers at batch 1 on the first thread count)."""
     names, threads = (QUICK_LAYERS, threads[:1]) if quick else (QCONV_LAYERS, threads)
-    return [QConvCase(name, layout, t) for t in threads for name in names for layout in LAYOUTS]
+    batches = BATCHES[:1] if quick else BATCHES
+    return [QConvCase(name, layout, t, b) for t in threads for b in batches for name in names
+            for layout in LAYOUTS]
 
 
 def reference_sums(ly, x, w):
@@ -71,13 +76,15 @@ def reference_sums(ly, x, w):
                 ((0, 0), (0, 0), (ly.padding,) * 2, (ly.padding,) * 2))
     ho, wo = ly.out_hw
     g, cg, kg = ly.groups, ly.c // ly.groups, ly.k // ly.groups
-    out = np.empty((1, ly.k, ho, wo))
-    for group in range(g):
-        taps = [xp[0, group * cg:(group + 1) * cg, i:i + ly.stride * ho:ly.stride,
-                   j:j + ly.stride * wo:ly.stride] for i in range(ly.kh) for j in range(ly.kw)]
-        patches = np.stack(taps, axis=1).reshape(cg * ly.kh * ly.kw, ho * wo)
-        wg = w[group * kg:(group + 1) * kg].astype(np.float64).reshape(kg, -1)
-        out[0, group * kg:(group + 1) * kg] = (wg @ patches).reshape(kg, ho, wo)
+    out = np.empty((x.shape[0], ly.k, ho, wo))
+    for n in range(x.shape[0]):
+        for group in range(g):
+            taps = [xp[n, group * cg:(group + 1) * cg, i:i + ly.stride * ho:ly.stride,
+                       j:j + ly.stride * wo:ly.stride]
+                    for i in range(ly.kh) for j in range(ly.kw)]
+            patches = np.stack(taps, axis=1).reshape(cg * ly.kh * ly.kw, ho * wo)
+            wg = w[group * kg:(group + 1) * kg].astype(np.float64).reshape(kg, -1)
+            out[n, group * kg:(group + 1) * kg] = (wg @ patches).reshape(kg, ho, wo)
     return out
 
 
@@ -86,7 +93,7 @@ def operands(case, seed=0):
     the output's scale and zero point, and the expected output codes (NCHW)."""
     ly = case.spec
     rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, (1, ly.c, ly.h, ly.w)).astype(np.uint8)
+    x = rng.integers(0, 256, (case.batch, ly.c, ly.h, ly.w)).astype(np.uint8)
     w = rng.integers(-127, 128, (ly.k, ly.c // ly.groups, ly.kh, ly.kw)).astype(np.int8)
     x_scale = np.float32(0.02)
     w_scale = rng.uniform(0.001, 0.004, ly.k).astype(np.float32)
@@ -121,8 +128,8 @@ def onnx_session(case, q):
                             pads=[ly.padding] * 4, group=ly.groups)
     graph = helper.make_graph(
         [node], "qlinearconv",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, ly.c, ly.h, ly.w])],
-        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, ly.k, ho, wo])],
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [case.batch, ly.c, ly.h, ly.w])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [case.batch, ly.k, ho, wo])],
         initializer=[numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
     return int8_suite.ort_session(
         ort, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), case.threads)
@@ -178,16 +185,17 @@ def run_qconv_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     q = operands(case)
     record, out = int8_suite.timed(lambda: qconv_parties(case, q, peers), case, reps, min_time)
     return dict({"op": "qconv", "layer": case.layer, "shape": case.spec.describe(),
-                 "layout": case.layout}, **record, check=check(case, out, q["expected"]))
+                 "layout": case.layout, "batch": case.batch}, **record, check=check(case, out, q["expected"]))
 
 
 def qconv_table(records):
     """``(title, headers, rows)`` of the int8 convolution cases."""
     others, party_header = int8_suite.party_headers(records)
-    headers = ["layer", "shape", "layout", "threads", "int8 GOPS", "% int8 peak"] + party_header
-    rows = [[r["layer"], r["shape"], r["layout"], r["threads"]]
+    headers = (["layer", "shape", "layout", "batch", "threads", "int8 GOPS", "% int8 peak"]
+               + party_header)
+    rows = [[r["layer"], r["shape"], r["layout"], r.get("batch", 1), r["threads"]]
             + int8_suite.party_cells(r, others) for r in records]
-    title = ("int8 convolution, batch 1 (uint8 input, int8 weights per channel, requantized "
+    title = ("int8 convolution (uint8 input, int8 weights per channel, requantized "
              "uint8 output): qconv2d against our float32 conv2d"
              + (" and onnxruntime's QLinearConv (NCHW input in both layouts)"
                 if "onnxruntime" in others else ""))
@@ -203,7 +211,7 @@ def row_text(record):
     parts = "; ".join(f"{name.replace('tilegemm', 'ours')} {row['gflops']:.0f}"
                       for name, row in res.items())
     check = record["check"]
-    return (f"int8 conv {record['layer']} {record['layout']} "
+    return (f"int8 conv {record['layer']} {record['layout']} batch {record.get('batch', 1)} "
             f"{timing.threads_text(record['threads'])} ({record['kernel']}): {parts} G(FL)OPS"
             + ("" if check["ok"] else f" WRONG RESULT (codes off by {check['max_code_diff']})")
             + ("" if check.get("onnxruntime_exact", True)
