@@ -34,6 +34,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.int8 import TILES
 from tilegemm.kernels.qgemm import SHARE_OPS, qgemm_into, taps_into, widen_rows_into
 
 #: Activation codes of :func:`finish`.
@@ -148,7 +149,8 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     weights @ patches on ResNet-18 conv2_x),
     and an NCHW output is written through one transposing copy per block.  Threads
     take blocks of pixels (:func:`pixel_shares`), each its patches, product and
-    epilogue, the weights' panels shared.
+    epilogue, the weights' panels shared; or, with ``taps`` on an image whose
+    weights outweigh its input, blocks of output channels (:func:`channel_shares`).
     """
     if p.layout == "NCHW" and taps is None:   # the taps kernel's rows are widened from NCHW
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
@@ -156,9 +158,21 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
     threads = get_num_threads() if ops >= SHARE_OPS else 1
     block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, (panels, taps))
-    run_shares(lambda part: _pixels(block, part), [(part,) for part in
-                                                   pixel_shares(p.N, P, threads)])
+    if taps is not None and p.N < threads and _weights_outweigh_input(p):
+        shares = channel_shares(p.N, P, p.Kg, threads, TILES[taps[0].kind][1])
+    else:
+        shares = [[(n, p0, p1, 0, p.Kg) for n, p0, p1 in part]
+                  for part in pixel_shares(p.N, P, threads)]
+    run_shares(lambda part: _pixels(block, part), [(part,) for part in shares])
     return out
+
+
+def _weights_outweigh_input(p):
+    """Whether a layer's int16 weights take more bytes than its padded, widened input
+    image: then threads that split the pixels would each stream all of them (ResNet-18
+    conv4_x at batch 1: 1.2 MB of weights, 0.13 MB of input; two threads on pixel
+    blocks ran 1.17x one)."""
+    return p.kh * p.kw * p.Cg * p.K > (p.top + p.H + p.bottom) * (p.left + p.W + p.right) * p.C
 
 
 def pixel_shares(N, P, threads):
@@ -171,18 +185,31 @@ def pixel_shares(N, P, threads):
     return [[(n, a, b) for n in range(N)] for a, b in zip(cuts, cuts[1:])]
 
 
+def channel_shares(N, P, Kg, threads, unit):
+    """Per thread, its ``(image, 0, P, first channel, end channel)`` blocks: every
+    image's pixels for an equal run of each group's output channels, cut at
+    multiples of ``unit`` (the kernel's NR) nearest an equal share."""
+    parts = max(1, min(threads, -(-Kg // unit)))
+    # each cut at the multiple of ``unit`` nearest an equal share
+    cuts = [min(Kg, (2 * Kg * i + parts * unit) // (2 * parts * unit) * unit)
+            for i in range(parts)] + [Kg]
+    return [[(n, 0, P, a, b) for n in range(N)] for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
 def _pixels(block, part):
-    """Blocks ``part`` of pixels (:func:`pixel_shares`) on this thread: per group, the
-    sums of the weights with the patches (or, with the taps kernel, with the widened
-    input read in place: :func:`_taps_sums`), then the epilogue."""
+    """Blocks ``part`` of pixels and output channels (``(image, first pixel, end
+    pixel, first channel, end channel)``, the channels of each group; only the taps
+    kernel takes fewer than all) on this thread: per group, the sums of the weights
+    with the patches (or, with the taps kernel, with the widened input read in place:
+    :func:`_taps_sums`), then the epilogue."""
     x, zero, weights, (mult, bias, act, requant), p, out, (panels, taps) = block
     P = p.Ho * p.Wo
-    rows_max = max((b - a for _, a, b in part), default=0)
+    rows_max = max((b - a for _, a, b, _, _ in part), default=0)
     depth = p.Cg * p.kh * p.kw
     acc, patches, rows = buffers(("qconv2d", x.dtype.str), (
         rows_max * p.Kg, 0 if taps else rows_max * depth, rows_max * p.Kg), np.int32)
     geom = p.geom()
-    for n, p0, p1 in part:
+    for n, p0, p1, j0, j1 in part:
         m = p1 - p0
         sums = acc[:m * p.Kg].reshape(m, p.Kg)
         # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
@@ -192,7 +219,7 @@ def _pixels(block, part):
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
             if taps:
-                _taps_sums(widened, p, g, taps[g], sums, (p0, p1))
+                _taps_sums(widened, p, g, taps[g], sums, (p0, p1, j0, j1))
             else:
                 if p.pointwise:        # the image is the patch matrix: read in place
                     a = x[n].reshape(P, p.C)[p0:p1, c0:c0 + p.Cg]
@@ -201,12 +228,13 @@ def _pixels(block, part):
                     patches_nhwc(x, n, c0, p.Cg, geom, zero, p0, p1, a)
                 qgemm_into(a, weights[g], sums, int(zero), 0, threads=1,
                            b_panels=None if panels is None else panels[g])
-            scales = (mult[k0:k0 + p.Kg], bias[k0:k0 + p.Kg], act, requant)
+            ks = slice(k0 + j0, k0 + j1)
+            scales = (mult[ks], bias[ks], act, requant)
             if p.layout == "NCHW":
-                finish(sums, *scales, staged)
-                out[n, k0:k0 + p.Kg].reshape(p.Kg, P)[:, p0:p1] = staged.T
+                finish(sums[:, j0:j1], *scales, staged[:, j0:j1])
+                out[n, ks].reshape(j1 - j0, P)[:, p0:p1] = staged[:, j0:j1].T
             else:
-                finish(sums, *scales, out[n].reshape(P, p.K)[p0:p1, k0:k0 + p.Kg])
+                finish(sums[:, j0:j1], *scales, out[n].reshape(P, p.K)[p0:p1, ks])
 
 
 def _taps_rows(p, pixels):
@@ -226,10 +254,11 @@ def _widen(x, n, zero, p, pixels):
     return words
 
 
-def _taps_sums(widened, p, g, panels, sums, pixels):
-    """``sums`` = group ``g``'s int32 sums of the output pixels ``pixels``, every tap
-    read from the widened rows in place (``kernels.qgemm.taps_into``)."""
+def _taps_sums(widened, p, g, panels, sums, part):
+    """``sums`` = group ``g``'s int32 sums of the output pixels and channels ``part =
+    (p0, p1, j0, j1)``, every tap read from the widened rows in place
+    (``kernels.qgemm.taps_into``)."""
     Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
-    geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, _taps_rows(p, pixels)[0])
+    geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, _taps_rows(p, part[:2])[0])
     taps_into(widened, geom, (g * p.Cg // 2, (p.Cg + 1) // 2, p.Kg), panels, sums.reshape(-1),
-              pixels)
+              part[:2], part[2:])

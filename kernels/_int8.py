@@ -272,7 +272,7 @@ def widen_rows_nchw(x, n, geom, zero, r0, r1, out):
 
 
 @jit
-def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at):
+def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, seg, a_at):
     """``C = acc`` of a convolution's output pixels read from the widened image in place.
 
     ``xw``: :func:`widen_rows`'s rows as int32 words (a pair of channels each), its
@@ -281,15 +281,17 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at
     dilation.  ``channels = (c0w, cgw, n)``: the group's first word and words per
     pixel, and its output channels.  ``b_panels``: the group's ``kh*kw*Cg x n``
     weights ((r, s, c) rows) packed by :func:`pack_b_blocks` with ``blocks = (KC, MC,
-    NC)``.  ``c``: flat int32, ``n`` per pixel, from pixel ``pixels[0]`` to
-    ``pixels[1]``.  ``zeros``: at least ``max(MR, NR)`` zero int32 (no corrections: the
-    zero points are off both operands).  ``seg``: room for ``2 * (kh*kw + 1)`` int32;
-    ``a_at``: for ``pixels[1] - pixels[0]`` int32, each pixel's first word in ``xw``.
+    NC)``.  ``part = (p0, p1, j0, j1)``: the output pixels ``p0:p1`` and channels
+    ``j0:j1`` (``j0`` a multiple of NR) to compute.  ``c``: flat int32, ``n`` per
+    pixel, from pixel ``p0``; only columns ``j0:j1`` are written.  ``zeros``: at least
+    ``max(MR, NR)`` zero int32 (no corrections: the zero points are off both
+    operands).  ``seg``: room for ``2 * (kh*kw + 1)`` int32; ``a_at``: for ``p1 - p0``
+    int32, each pixel's first word in ``xw``.
     """
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
     c0w, cgw, n = channels
     KC, MC, NC = blocks
-    p0, p1 = pixels
+    p0, p1, j0, j1 = part
     for q in range(p0, p1):
         a_at[q - p0] = (((q // Wo) * sy - row0) * Wp + (q % Wo) * sx) * Cw
     k_groups = kh * kw * cgw
@@ -304,11 +306,12 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, pixels, zeros, seg, a_at
             first = 1 if g0 == 0 else 0
             for ic in range(0, p1 - p0, MC):
                 mc = min(MC, p1 - p0 - ic)
-                for jr in range(0, nc, NR):
+                for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):
+                    cols = min(NR, j1 - jc - jr, nc - jr)
                     for ir in range(0, mc, MR):
                         tile_taps(segs, seg, xw, a_at, ic + ir, b_src, (jr // NR) * (g1 - g0) * NR,
                                   c, (ic + ir) * n + jc + jr, n, first, zeros, 0, zeros, 0,
-                                  min(MR, mc - ir), min(NR, nc - jr))
+                                  min(MR, mc - ir), cols)
 
 
 @jit

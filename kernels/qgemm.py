@@ -277,9 +277,11 @@ def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
     widen(x, n, geom, int(zero), rows[0], rows[1], out)
 
 
-def taps_into(xw, geom, channels, b_panels, c, pixels):
-    """``c`` = the int32 sums of a convolution's output pixels ``pixels = (p0, p1)``,
-    read by the taps kernel from :func:`widen_rows_into`'s rows ``xw`` (int32 words).
+def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None):
+    """``c`` = the int32 sums of a convolution's output pixels ``pixels = (p0, p1)``
+    (and output channels ``cols = (j0, j1)``, default all, ``j0`` a multiple of the
+    kernel's NR), read by the taps kernel from :func:`widen_rows_into`'s rows ``xw``
+    (int32 words).
 
     ``geom``, ``channels``: as ``kernels/_int8.py`` :func:`qconv_taps` takes them.
     ``b_panels``: the group's :class:`PackedB` (zero point 0).  One thread.
@@ -292,6 +294,9 @@ def taps_into(xw, geom, channels, b_panels, c, pixels):
     zeros, seg, a_at = buffers(("int8 taps", kind, bits), (
         max(mod.MR, mod.NR), 2 * (kh * kw + 1), pixels[1] - pixels[0]), np.int32)
     zeros[:] = 0
-    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, pixels, zeros, seg,
-                   a_at)
+    part = tuple(pixels) + (tuple(cols) if cols is not None else (0, channels[2]))
+    if part[2] % mod.NR:
+        raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "
+                         f"{mod.NR}")
+    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, seg, a_at)
     return c

@@ -165,3 +165,34 @@ def test_threads_share_pixel_blocks_or_images_alike(layout, batch, monkeypatch):
             got = tilegemm.qconv2d(x, 0.02, qw, **options)
         monkeypatch.undo()
         assert np.array_equal(got, want), kwargs
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layout, monkeypatch):
+    """A small image under many weights (as ResNet's last stages at batch 1): with the
+    taps kernel two threads take runs of each group's output channels, the last run
+    short of a whole tile, and give the one-thread codes; grouped too."""
+    from tilegemm.conv import quantized
+    from tilegemm.kernels.qgemm import int8_kind, taps_serve
+    if not taps_serve(int8_kind(), 8, 2):
+        pytest.skip("this host's int8 kernel has no taps kernel")
+    rng = np.random.default_rng(9)
+    shape = (1, 16, 5, 6) if layout == "NCHW" else (1, 5, 6, 16)
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    for groups in (1, 2):
+        w = rng.integers(-127, 128, (40, 16 // groups, 3, 3)).astype(np.int8)
+        qw = tilegemm.QConvWeights(w, rng.uniform(1e-3, 1e-2, 40))
+        options = dict(x_zero_point=7, padding=1, groups=groups, out_scale=0.3, layout=layout)
+        with tilegemm.thread_limit(1):
+            want = tilegemm.qconv2d(x, 0.02, qw, **options)
+        monkeypatch.setattr(quantized, "SHARE_OPS", 0)
+        shares = []
+        monkeypatch.setattr(quantized, "run_shares",
+                            lambda fn, parts: (shares.append(parts), [fn(*a) for a in parts]))
+        with tilegemm.thread_limit(2):
+            got = tilegemm.qconv2d(x, 0.02, qw, **options)
+        monkeypatch.undo()
+        if tilegemm.get_num_threads() >= 2:
+            assert [[part[3:] for part in share[0]] for share in shares[0]] == [
+                [(0, 16)], [(16, 40 // groups)]], shares
+        assert np.array_equal(got, want), groups
