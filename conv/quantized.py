@@ -158,8 +158,9 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
     threads = get_num_threads() if ops >= SHARE_OPS else 1
     block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, (panels, taps))
-    if taps is not None and p.N < threads and _weights_outweigh_input(p):
-        shares = channel_shares(p.N, P, p.Kg, threads, TILES[taps[0].kind][1])
+    nr = None if taps is None else TILES[taps[0].kind][1]
+    if taps is not None and p.N < threads <= -(-p.Kg // nr) and _weights_outweigh_input(p):
+        shares = channel_shares(p.N, P, p.Kg, threads, nr)
     else:
         shares = [[(n, p0, p1, 0, p.Kg) for n, p0, p1 in part]
                   for part in pixel_shares(p.N, P, threads)]
@@ -168,8 +169,8 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
 
 
 def _weights_outweigh_input(p):
-    """Whether a layer's int16 weights take more bytes than its padded, widened input
-    image: then threads that split the pixels would each stream all of them (ResNet-18
+    """Whether a layer's int16 weights outnumber the values of its padded, widened
+    input image: then threads that split the pixels would each stream all of them (ResNet-18
     conv4_x at batch 1: 1.2 MB of weights, 0.13 MB of input; two threads on pixel
     blocks ran 1.17x one)."""
     return p.kh * p.kw * p.Cg * p.K > (p.top + p.H + p.bottom) * (p.left + p.W + p.right) * p.C

@@ -285,8 +285,8 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, seg, a_at):
     ``j0:j1`` (``j0`` a multiple of NR) to compute.  ``c``: flat int32, ``n`` per
     pixel, from pixel ``p0``; only columns ``j0:j1`` are written.  ``zeros``: at least
     ``max(MR, NR)`` zero int32 (no corrections: the zero points are off both
-    operands).  ``seg``: room for ``2 * (kh*kw + 1)`` int32; ``a_at``: for ``p1 - p0``
-    int32, each pixel's first word in ``xw``.
+    operands).  ``seg``: room for ``2 * (kh*kw + 1)`` intp; ``a_at``: for ``p1 - p0``
+    intp, each pixel's first word in ``xw``.
     """
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
     c0w, cgw, n = channels

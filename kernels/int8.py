@@ -48,11 +48,13 @@ TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
 #: the rest integers); see :func:`make_int8_tile`.
 ARGUMENTS = ("kg", "a", "a_off", "a_rs", "a_gs", "b", "b_off", "c", "c_off", "ldc", "first",
              "rc", "rc_off", "cc", "cc_off", "rows", "cols")
-#: The taps tile's: ``segs`` runs of k described by the int32 array ``seg`` instead of
-#: ``kg`` groups at ``a_gs`` apart, and each row's place in A from the int32 array
-#: ``a_at`` instead of a row stride (see :func:`make_int8_tile`).
+#: The taps tile's: ``segs`` runs of k described by the intp array ``seg`` instead of
+#: ``kg`` groups at ``a_gs`` apart, and each row's place in A from the intp array
+#: ``a_at`` instead of a row stride (see :func:`make_int8_tile`).  Word offsets are
+#: intp: an image's widened rows may pass 2**31 words.
 TAPS_ARGUMENTS = ("segs", "seg", "a", "a_at", "a_at_off") + ARGUMENTS[5:]
-ARRAYS = ("a", "b", "c", "rc", "cc", "seg", "a_at")
+ARRAYS = {"a": types.int32, "b": types.int32, "c": types.int32, "rc": types.int32,
+          "cc": types.int32, "seg": types.intp, "a_at": types.intp}
 
 
 def make_int8_tile(kind, bits, mr, nr, taps=False):
@@ -89,10 +91,10 @@ def make_int8_tile(kind, bits, mr, nr, taps=False):
             raise TypeError(f"the int8 tile takes {len(names)} arguments "
                             f"({', '.join(names)}), got {len(args)}")
         given = dict(zip(names, args))
-        for name in ARRAYS:
+        for name, dtype in ARRAYS.items():
             if name in given and not (isinstance(given[name], types.Array)
-                                      and given[name].dtype == types.int32):
-                raise TypeError(f"int8 tile: {name} must be an int32 array, got {given[name]}")
+                                      and given[name].dtype == dtype):
+                raise TypeError(f"int8 tile: {name} must be an {dtype} array, got {given[name]}")
         return types.void(*(given[n] if n in ARRAYS else types.intp for n in names)), emit
 
     # Numba binds a call's arguments by the typing function's signature: spell it out.
@@ -130,8 +132,7 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
     else:
         a_ptr = data_ptr(context, builder, types_of["a"], arg["a"], const(0))
         at_ptr = ptr("a_at")
-        a_rows = [builder.gep(a_ptr, [builder.sext(builder.load(builder.gep(at_ptr, [v])), intp)])
-                  for v in valid]
+        a_rows = [builder.gep(a_ptr, [builder.load(builder.gep(at_ptr, [v]))]) for v in valid]
     acc = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(nv)]
            for _ in range(mr)]
 
@@ -155,9 +156,8 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
         done = cgutils.alloca_once_value(builder, const(0))    # B's groups so far
         with cgutils.for_range(builder, arg["segs"]) as run:
             at = builder.mul(run.index, const(2))
-            start = builder.sext(builder.load(builder.gep(seg_ptr, [at])), intp)
-            count = builder.sext(builder.load(builder.gep(seg_ptr, [builder.add(at, const(1))])),
-                                 intp)
+            start = builder.load(builder.gep(seg_ptr, [at]))
+            count = builder.load(builder.gep(seg_ptr, [builder.add(at, const(1))]))
             b0 = builder.load(done)
             with cgutils.for_range(builder, count) as loop:
                 group(builder.add(b0, loop.index), builder.add(start, loop.index))

@@ -291,9 +291,10 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None):
     KC, NC = b_panels.blocks
     MC = int8_blocking(kind, bits)[1]
     kh, kw = geom[3], geom[4]
-    zeros, seg, a_at = buffers(("int8 taps", kind, bits), (
-        max(mod.MR, mod.NR), 2 * (kh * kw + 1), pixels[1] - pixels[0]), np.int32)
+    zeros, = buffers(("int8 taps", kind, bits), (max(mod.MR, mod.NR),), np.int32)
     zeros[:] = 0
+    seg, a_at = buffers(("int8 taps offsets", kind, bits),
+                        (2 * (kh * kw + 1), pixels[1] - pixels[0]), np.intp)
     part = tuple(pixels) + (tuple(cols) if cols is not None else (0, channels[2]))
     if part[2] % mod.NR:
         raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "

@@ -84,14 +84,15 @@ def add_run(a, b, scales, zeros, relu, low, high, out):
     # far as LLVM knows, kept it scalar (5x slower).  Codes and zero points are
     # float32 exactly, and so their difference: float32 throughout lets the loop
     # vectorise (an integer difference is int64 in Numba, and int64 to float32 has
-    # no AVX2 instruction: 4x slower); the sum of two finite terms is never NaN, so
-    # min/max clip it.
+    # no AVX2 instruction: 4x slower).  Products near the float32 range can sum to
+    # inf - inf: NaN gets the lowest code, as QuantizeLinear gives it.
     sa, sb, sy = scales[0], scales[1], scales[2]
     za, zb, zy = np.float32(zeros[0]), np.float32(zeros[1]), np.float32(zeros[2])
     floor = np.float32(0) if relu else np.float32(-np.inf)
     for i in range(out.size):
         y = (np.float32(a[i]) - za) * sa + (np.float32(b[i]) - zb) * sb
-        out[i] = min(max(np.rint(max(y, floor) / sy) + zy, low), high)
+        v = np.rint(max(y, floor) / sy) + zy
+        out[i] = low if not v >= low else min(v, high)
 
 
 def _runs(fn, x, out, *args):

@@ -215,6 +215,28 @@ def test_every_int8_taps_kernel_is_exact(kind, layer):
         _taps_case(kind, layer, rng, where)
 
 
+def test_taps_kernel_word_offsets_past_2_to_the_31():
+    """Widened rows of more than 2**31 words (a 65536-wide image of 128 channels):
+    the pixels' and the runs' word offsets are intp, not wrapped to int32 (the pages
+    of the 8.6 GB of zeros are never touched but the few read)."""
+    C, K, Wp = 128, 16, 65536
+    try:
+        xw = np.zeros(513 * Wp * C // 2, np.int32)
+    except MemoryError:
+        pytest.skip("no 8.6 GB of address space here")
+    rng = np.random.default_rng(0)
+    vals = rng.integers(-200, 200, (4, C)).astype(np.int16)
+    at = 512 * Wp * C                  # pixel (512, 0): word 2**31
+    xw.view(np.int16)[at:at + 4 * C] = vals.reshape(-1)
+    w = values(rng, (C, K), np.int8, False)
+    c = np.full(4 * K, 99, np.int32)
+    p0 = 512 * Wp
+    for kind in TAPS_KINDS:
+        taps_into(xw, (Wp, C // 2, Wp, 1, 1, 1, 1, 1, 1, 0), (0, C // 2, K),
+                  pack_b_once(w, 0, kind), c, (p0, p0 + 4))
+        assert np.array_equal(c.reshape(4, K), vals.astype(np.int64) @ w.astype(np.int64)), kind
+
+
 def test_panels_of_another_b_are_refused():
     b = np.zeros((5, 6), np.int8)
     panels = pack_b_once(b)

@@ -254,6 +254,12 @@ def test_the_one_pass_add_is_the_three_float32_steps(dtype):
         y = np.maximum(y, np.float32(0)) if relu else y
         want = np.clip(np.rint(y / scales[2]) + np.float32(zeros[2]), info.min, info.max)
         np.testing.assert_array_equal(out, want.astype(dtype))
+    # products past float32's range: inf - inf is NaN, which gets the lowest code
+    out = np.empty(1, dtype)
+    add_run(np.array([info.max], dtype), np.array([info.min], dtype),
+            np.array([3e38, 3e38, 1], np.float32), np.array([info.min + 1, info.max - 1, 0]),
+            False, np.float32(info.min), np.float32(info.max), out)
+    assert out[0] == info.min
 
 
 def test_unsupported_quantized_forms_are_named_at_load_time():
