@@ -238,11 +238,10 @@ def widen_rows(x, n, geom, zero, r0, r1, out):
         if Cp == C:     # one run: the loop vectorises
             for i in range(W * C):
                 body[i] = np.int16(src[i]) - zero
-        else:
+        else:           # no slices per pixel: they cost more than the values
             for j in range(W):
-                for c in range(C):
-                    body[j * Cp + c] = np.int16(src[j * C + c]) - zero
-                body[j * Cp + C:(j + 1) * Cp] = 0
+                for c in range(Cp):
+                    body[j * Cp + c] = np.int16(src[j * C + c]) - zero if c < C else 0
 
 
 @jit
