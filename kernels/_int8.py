@@ -217,13 +217,14 @@ tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
 
 
 @jit
-def widen_rows(x, n, geom, zero, r0, r1, out):
-    """Rows ``r0:r1`` of image ``n`` of the NHWC input ``x`` zero padded, as int16 values
-    ``x - zero`` (the padding 0): ``out[((r - r0) * Wp + col) * Cp + c]`` for row ``r``
-    and column ``col`` of the padded image (``geom = (py, px, Wp, Cp)``), the taps
-    kernel's A.  Pairs of channels are its 32-bit words: ``Cp`` is C, or C + 1 with a
-    zero channel when C is odd."""
-    H, W, C = x.shape[1], x.shape[2], x.shape[3]
+def widen_rows(x, n, geom, zero, r0, r1, out, nchw):
+    """Rows ``r0:r1`` of image ``n`` of the input ``x`` (NCHW with ``nchw``, else NHWC)
+    zero padded, as channels-last int16 values ``x - zero`` (the padding 0):
+    ``out[((r - r0) * Wp + col) * Cp + c]`` for row ``r`` and column ``col`` of the
+    padded image (``geom = (py, px, Wp, Cp)``), the taps kernel's A.  Pairs of
+    channels are its 32-bit words: ``Cp`` is C, or C + 1 with a zero channel when C
+    is odd."""
+    H, W = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
     py, px, Wp, Cp = geom
     for r in range(r0, r1):
         row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
@@ -233,41 +234,39 @@ def widen_rows(x, n, geom, zero, r0, r1, out):
             continue
         row[:px * Cp] = 0
         row[(px + W) * Cp:] = 0
-        src = x[n, iy].reshape(-1)
         body = row[px * Cp:(px + W) * Cp]
-        if Cp == C:     # one run: the loop vectorises
-            for i in range(W * C):
-                body[i] = np.int16(src[i]) - zero
-        else:           # no slices per pixel: they cost more than the values
-            for j in range(W):
-                for c in range(Cp):
-                    body[j * Cp + c] = np.int16(src[j * C + c]) - zero if c < C else 0
+        if nchw:
+            _pixels_from_nchw(x, n, iy, zero, body, Cp)
+        else:
+            _pixels_from_nhwc(x[n, iy].reshape(-1), x.shape[3], zero, body, Cp)
 
 
 @jit
-def widen_rows_nchw(x, n, geom, zero, r0, r1, out):
-    """:func:`widen_rows` of an NCHW ``x``: the same channels-last rows, transposed while
-    widened (no channels-last copy of the input first)."""
-    C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    py, px, Wp, Cp = geom
-    for r in range(r0, r1):
-        row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
-        iy = r - py
-        if not 0 <= iy < H:
-            row[:] = 0
-            continue
-        row[:px * Cp] = 0
-        row[(px + W) * Cp:] = 0
-        body = row[px * Cp:(px + W) * Cp]
-        # pixel by pixel, its channels written in a run: the reads stride across the
-        # channels' planes, but each line read serves the next pixels (1.5x faster
-        # than channel by channel, whose writes stride)
-        for j in range(W):
-            pixel = body[j * Cp:(j + 1) * Cp]
-            for c in range(C):
-                pixel[c] = np.int16(x[n, c, iy, j]) - zero
-            for c in range(C, Cp):
-                pixel[c] = 0
+def _pixels_from_nhwc(src, C, zero, body, Cp):
+    """``body``: the ``C``-channel pixels of the run ``src``, ``Cp`` values apart."""
+    if Cp == C:     # one run: the loop vectorises
+        for i in range(src.size):
+            body[i] = np.int16(src[i]) - zero
+    else:           # no slices per pixel: they cost more than the values
+        for j in range(src.size // C):
+            for c in range(Cp):
+                body[j * Cp + c] = np.int16(src[j * C + c]) - zero if c < C else 0
+
+
+@jit
+def _pixels_from_nchw(x, n, iy, zero, body, Cp):
+    """``body``: the pixels of row ``iy`` of image ``n`` of the NCHW ``x``, transposed
+    while widened (no channels-last copy of the input first).  Pixel by pixel, its
+    channels written in a run: the reads stride across the channels' planes, but each
+    line read serves the next pixels (1.5x faster than channel by channel, whose
+    writes stride)."""
+    C, W = x.shape[1], x.shape[3]
+    for j in range(W):
+        pixel = body[j * Cp:(j + 1) * Cp]
+        for c in range(C):
+            pixel[c] = np.int16(x[n, c, iy, j]) - zero
+        for c in range(C, Cp):
+            pixel[c] = 0
 
 
 @jit

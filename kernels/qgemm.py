@@ -272,9 +272,8 @@ def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
     zero padded (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C or C + 1), as
     channels-last int16 ``x - zero`` into the flat int16 ``out``: the taps kernel's A
     (see ``kernels/_int8.py`` :func:`widen_rows`)."""
-    mod = get_int8_kernel(*(kind or int8_kind()))
-    widen = mod.widen_rows_nchw if layout == "NCHW" else mod.widen_rows
-    widen(x, n, geom, int(zero), rows[0], rows[1], out)
+    get_int8_kernel(*(kind or int8_kind())).widen_rows(x, n, geom, int(zero), rows[0], rows[1],
+                                                       out, layout == "NCHW")
 
 
 def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None):
