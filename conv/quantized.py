@@ -136,7 +136,7 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
 
     ``x``: C-contiguous int8/uint8 input in ``p.layout``.  ``weights``: per group, the
     ``kh*kw*Cg x Kg`` int8 matrix (rows in (r, s, c) order, see
-    :class:`tilegemm.QConvWeights`).  ``epilogue``: ``(mult, bias, act, requant)`` as
+    :class:`tilegemm.QConvWeights`); None with ``taps``.  ``epilogue``: ``(mult, bias, act, requant)`` as
     :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
@@ -238,17 +238,18 @@ def _pixels(block, part):
                 finish(sums[:, j0:j1], *scales, out[n].reshape(P, p.K)[p0:p1, ks])
 
 
-def _taps_rows(p, pixels):
-    """The padded input rows ``(r0, r1)`` the output pixels ``pixels`` read."""
+def _taps_geometry(p, pixels):
+    """The padded input rows ``(r0, r1)`` the output pixels ``pixels`` read, the padded
+    width and the 32-bit words of a widened pixel (pairs of channels, rounded up)."""
     oy0, oy1 = pixels[0] // p.Wo, (pixels[1] - 1) // p.Wo
-    return oy0 * p.sy, oy1 * p.sy + (p.kh - 1) * p.dy + 1
+    rows = (oy0 * p.sy, oy1 * p.sy + (p.kh - 1) * p.dy + 1)
+    return rows, p.left + p.W + p.right, (p.C + 1) // 2
 
 
 def _widen(x, n, zero, p, pixels):
     """The input rows the pixels read, padded and widened to int16 ``x - zero`` (one
     buffer per thread), as int32 words: the taps kernel's A."""
-    r0, r1 = _taps_rows(p, pixels)
-    Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
+    (r0, r1), Wp, Cw = _taps_geometry(p, pixels)
     words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * Cw,), np.int32)
     widen_rows_into(x, n, (p.top, p.left, Wp, 2 * Cw), zero, (r0, r1), words.view(np.int16),
                     layout=p.layout)
@@ -259,7 +260,7 @@ def _taps_sums(widened, p, g, panels, sums, part):
     """``sums`` = group ``g``'s int32 sums of the output pixels and channels ``part =
     (p0, p1, j0, j1)``, every tap read from the widened rows in place
     (``kernels.qgemm.taps_into``)."""
-    Wp, Cw = p.left + p.W + p.right, (p.C + 1) // 2
-    geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, _taps_rows(p, part[:2])[0])
+    (r0, _), Wp, Cw = _taps_geometry(p, part[:2])
+    geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, r0)
     taps_into(widened, geom, (g * p.Cg // 2, (p.Cg + 1) // 2, p.Kg), panels, sums.reshape(-1),
               part[:2], part[2:])
