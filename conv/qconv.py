@@ -9,7 +9,7 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import qconv2d_into
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
-from tilegemm.kernels.qgemm import int8_kind, pack_b_once, taps_serve
+from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
@@ -59,6 +59,15 @@ class QConvWeights:
         self.scales = _channel_scales(w_scale, w.shape[0], func)
         self._matrices = {}
         self._panels = {}
+        self._kind = None
+
+    @property
+    def kind(self):
+        """The ``(kind, bits)`` of the int8 kernel for these weights
+        (``kernels.qgemm.int8_kind_for``: 7-bit weights get ``maddubs`` on AVX2)."""
+        if self._kind is None:
+            self._kind = int8_kind_for(self.weight)
+        return self._kind
 
     @property
     def shape(self):
@@ -81,8 +90,8 @@ class QConvWeights:
         return self._matrices[key]
 
     def panels(self, groups, even=False):
-        """Per group, :meth:`matrices` packed for this host's int8 kernel (cached)."""
-        key = (groups, even, int8_kind())
+        """Per group, :meth:`matrices` packed for :attr:`kind`'s kernel (cached)."""
+        key = (groups, even, self.kind)
         if key not in self._panels:
             self._panels[key] = [pack_b_once(w, 0, key[2]) for w in self.matrices(groups, even)]
         return self._panels[key]
@@ -212,7 +221,7 @@ class PreparedQConv:
         if out.size == 0:
             return out
         p = self.params
-        if taps_serve(int8_kind(), p.Cg, p.groups):    # the taps kernel: no patches
+        if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return qconv2d_into(np.ascontiguousarray(x), self.zero, None, self.epilogue, p, out,
                                 taps=self.weights.panels(p.groups, even=True))
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),

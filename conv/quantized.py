@@ -228,7 +228,8 @@ def _pixels(block, part):
                 else:
                     a = patches.view(x.dtype)[:m * depth].reshape(m, depth)
                     patches_nhwc(x, n, c0, p.Cg, geom, zero, p0, p1, a)
-                qgemm_into(a, weights[g], sums, int(zero), 0, threads=1,
+                qgemm_into(a, weights[g], sums, int(zero), 0,
+                           None if panels is None else panels[g].kind, threads=1,
                            b_panels=None if panels is None else panels[g])
             ks = slice(k0 + j0, k0 + j1)
             scales = (mult[ks], bias[ks], act, requant)

@@ -9,9 +9,10 @@ module's machine code in its own file.
 pc, ic, jr, ir); the panels hold 32-bit words of ``GROUP`` consecutive k values
 (``kernels/int8.py``), zero past k's end and past the last row or column.  Each
 operand is packed as ``value + add``: for ``madd`` and ``generic`` the adds are
-minus the zero points, and the tile's int16 products need nothing more; for
-``vnni`` they make A unsigned and B signed bytes, and :func:`corrections` gives
-the per-row and per-column terms that turn ``A' @ B'`` back into the product.
+minus the zero points, and the tile's int16 products need nothing more; for the
+byte kinds (``vnni``, ``maddubs``) they make A unsigned and B signed bytes, and
+:func:`corrections` gives the per-row and per-column terms that turn ``A' @ B'``
+back into the product.
 """
 import numpy as np
 
@@ -50,7 +51,7 @@ def pack_a(a, i0, mc, p0, kc, a_add, out):
 
 @jit
 def pack_a_words(a_words, i0, mc, g0, kg, flip, out):
-    """:func:`pack_a` for ``vnni`` when A's rows are whole 32-bit words (k a multiple of 4,
+    """:func:`pack_a` for the byte kinds when A's rows are whole 32-bit words (k a multiple of 4,
     rows contiguous): ``a_words`` is A viewed as words, and a word of A is a word of the
     panel, ``^ flip`` (0x80808080 adds 128 to every byte of an int8 A).  Groups
     ``g0:g0+kg``; rows past ``mc`` are zero.  Three times faster than byte by byte."""
@@ -167,7 +168,7 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
     ``a_words``: ``(words, flat, lda)``: A as 32-bit words (2-D) for
     :func:`pack_a_words`, the same as one flat int32 view and its row stride in
-    words, read in place by the tile when A needs no flip (``vnni``, uint8 A); or an
+    words, read in place by the tile when A needs no flip (a byte kind, uint8 A); or an
     empty ``words``: A is packed a value at a time.  ``b_panels``: B's blocks packed
     by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
     packed here, block by block.
@@ -178,7 +179,7 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     KC, MC, NC = blocks
     apack, apack_values, bpack, bpack_values = packs
     words, a_flat, lda = a_words
-    # Only vnni passes words, and there adds[0] is 128 exactly when A is int8: its
+    # Only the byte kinds pass words, and there adds[0] is 128 exactly when A is int8: its
     # words are flipped into a panel; a uint8 A's are read where they lie.
     flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
     in_place = words.size > 0 and adds[0] == 0

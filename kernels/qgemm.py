@@ -3,8 +3,10 @@
 :func:`int8_kind` chooses from what the CPU has *and* what Numba's target lets LLVM
 emit (a process whose Numba target is forced to an older CPU must not get VNNI
 code): ``vnni`` at the ISA's width where available, else ``madd``, and
-``generic`` with ``TILEGEMM_ISA=generic``.  :func:`get_int8_kernel` writes one
-module per kind from ``kernels/_int8.py``; :func:`qgemm_into` runs it.
+``generic`` with ``TILEGEMM_ISA=generic``.  :func:`int8_kind_for` chooses per B:
+``maddubs`` instead of ``madd`` on AVX2 when B's values are proved to fit it.
+:func:`get_int8_kernel` writes one module per kind from ``kernels/_int8.py``;
+:func:`qgemm_into` runs it.
 """
 import functools
 import threading
@@ -17,7 +19,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels import tilelib
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.int8 import GROUP, TILES
+from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
 from tilegemm.tuning.machine import detect
 
 _TEMPLATE = __file__.replace("qgemm.py", "_int8.py")
@@ -58,21 +60,46 @@ def runnable_int8_kinds():
         if "avxvnni" in have or {"avx512vnni", "avx512vl"} <= have:
             out.append(("vnni", 256))
         out.append(("madd", 256))
+        out.append(("maddubs", 256))    # for a B proved to fit (int8_kind_for)
     out.append(("generic", 128))
     return tuple(out)
 
 
 def int8_kind():
-    """The ``(kind, bits)`` of this process's int8 kernel (see the module docstring)."""
+    """The ``(kind, bits)`` of this process's int8 kernel for any B (see the module
+    docstring)."""
     return runnable_int8_kinds()[0]
+
+
+def int8_kind_for(b, b_zero_point=0):
+    """The ``(kind, bits)`` of the int8 kernel for products with ``b`` (int8 or uint8):
+    :func:`int8_kind`, or ``maddubs`` where that is ``madd`` at 256 bits and every
+    value of B as ``maddubs`` packs it lies within +-``MADDUBS_B_LIMIT``, where its
+    saturating pair sums are exact (1.2x the pair products' peak on Zen 3, and half
+    their panel bytes)."""
+    kind = int8_kind()
+    if kind != ("madd", 256) or b.size == 0:
+        return kind
+    add = _b_add("maddubs", b.dtype, b_zero_point)
+    low, high = int(b.min()) + add, int(b.max()) + add
+    return ("maddubs", 256) if -MADDUBS_B_LIMIT <= low and high <= MADDUBS_B_LIMIT else kind
+
+
+def _check_maddubs(b, b_zero_point):
+    """A ValueError unless ``b`` fits ``maddubs`` (see :func:`int8_kind_for`)."""
+    add = _b_add("maddubs", b.dtype, b_zero_point)
+    if b.size and not (-MADDUBS_B_LIMIT <= int(b.min()) + add
+                       and int(b.max()) + add <= MADDUBS_B_LIMIT):
+        raise ValueError(f"the maddubs kernel needs B's values within +-{MADDUBS_B_LIMIT} "
+                         f"(after adding {add}); use int8_kind_for(b)")
 
 
 @functools.lru_cache(maxsize=None)
 def int8_blocking(kind, bits):
     """``(KC, MC, NC)`` for the int8 kernel: a KC x NR micro-panel of B of a third more
     than L1d (at most 2048 deep), an MC x KC block of A in a quarter of L2, a KC x NC
-    panel of B in about two L2s.  Packed values take a byte each with ``vnni`` and
-    two bytes otherwise.
+    panel of B in about two L2s.  Packed values take a byte each with
+    ``BYTE_KINDS`` and two bytes otherwise.
 
     The micro-panel outgrows L1 on purpose: each tile ends with its C update and
     corrections, and a deeper k spreads them; the panel streams from L2 as the
@@ -81,7 +108,7 @@ def int8_blocking(kind, bits):
     at 2048 (vnni), 2-14% for the other kinds.
     """
     mr, nr = TILES[(kind, bits)]
-    size = 1 if kind == "vnni" else 2
+    size = 1 if kind in BYTE_KINDS else 2
     m = detect()
     kc = max(16, min(2048, m.l1d_bytes * 4 // 3 // (nr * size)) // 16 * 16)
     mc = max(mr, m.l2_bytes // 4 // (kc * size) // mr * mr)
@@ -132,7 +159,7 @@ class PackedB:
 
 def _b_add(kind, b_dtype, b_zero_point):
     """What the packers add to B's values (see ``kernels/_int8.py``)."""
-    if kind == "vnni":
+    if kind in BYTE_KINDS:
         return -128 if b_dtype == np.uint8 else 0
     return -int(b_zero_point)
 
@@ -141,6 +168,8 @@ def pack_b_once(b, b_zero_point=0, kind=None):
     """:class:`PackedB` of ``b`` (k x n, int8 or uint8) for the kernel of ``kind``
     (default this host's), with the KC and NC every product with this B uses."""
     kind, bits = kind or int8_kind()
+    if kind == "maddubs":
+        _check_maddubs(b, b_zero_point)
     mod = get_int8_kernel(kind, bits)
     k, n = b.shape
     KC, _, NC = _blocks(kind, bits, 1, n, k)
@@ -148,7 +177,7 @@ def pack_b_once(b, b_zero_point=0, kind=None):
                 for jc in range(0, n, NC) for pc in range(0, k, KC))
     panels = np.zeros(max(words, 1), np.int32)
     mod.pack_b_blocks(b, KC, NC, _b_add(kind, b.dtype, b_zero_point),
-                      panels.view(np.int8 if kind == "vnni" else np.int16))
+                      panels.view(np.int8 if kind in BYTE_KINDS else np.int16))
     return PackedB((kind, bits), b.shape, b.dtype, int(b_zero_point), (KC, NC), panels)
 
 
@@ -173,7 +202,9 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
         return c
     kind, bits = kind or int8_kind()
     mod = get_int8_kernel(kind, bits)
-    if kind == "vnni":   # unsigned A, signed B for vpdpbusd
+    if kind == "maddubs" and b_panels is None:
+        _check_maddubs(b, b_zero_point)
+    if kind in BYTE_KINDS:   # unsigned A, signed B for vpdpbusd and vpmaddubsw
         adds = (128 if a.dtype == np.int8 else 0, _b_add(kind, b.dtype, b_zero_point))
     else:                # int16 values with the zero points taken off
         adds = (-int(a_zero_point), _b_add(kind, b.dtype, b_zero_point))
@@ -225,7 +256,7 @@ _local = threading.local()
 
 def _packs(kind, bits, blocks):
     """This thread's pack buffers for ``blocks``, each as int32 words and as its packed
-    values (unsigned and signed bytes for ``vnni``, int16 otherwise); the views are
+    values (unsigned and signed bytes for ``BYTE_KINDS``, int16 otherwise); the views are
     kept with the buffers, which grow when a product needs more."""
     KC, MC, NC = blocks
     group = GROUP[kind]
@@ -236,7 +267,7 @@ def _packs(kind, bits, blocks):
     packs = held.get((kind, bits))
     if packs is None or packs[0].size < need[0] or packs[2].size < need[1]:
         apack, bpack = buffers(("int8", kind, bits), need, np.int32)
-        a_type, b_type = (np.uint8, np.int8) if kind == "vnni" else (np.int16, np.int16)
+        a_type, b_type = (np.uint8, np.int8) if kind in BYTE_KINDS else (np.int16, np.int16)
         packs = held[(kind, bits)] = (apack, apack.view(a_type), bpack, bpack.view(b_type))
     return packs
 
@@ -246,11 +277,11 @@ _NO_WORDS = (np.zeros((1, 0), np.uint32), np.zeros(1, np.int32), 0)
 
 def _words(a, kind):
     """``(words, flat, lda)``: A as 32-bit words (2-D), as one flat int32 view from its
-    first word, and its row stride in words, when ``vnni`` can read it a word at a
-    time (rows contiguous, k and the row stride multiples of 4, rows in ascending
-    order); else no words."""
+    first word, and its row stride in words, when a byte kind (``vnni``, ``maddubs``)
+    can read it a word at a time (rows contiguous, k and the row stride multiples of
+    4, rows in ascending order); else no words."""
     m, k = a.shape
-    if (kind == "vnni" and k % 4 == 0 and k > 0 and a.strides[1] == 1 and a.strides[0] % 4 == 0
+    if (kind in BYTE_KINDS and k % 4 == 0 and k > 0 and a.strides[1] == 1 and a.strides[0] % 4 == 0
             and a.strides[0] > 0):
         words = a.view(np.uint32)     # may be unaligned: Numba then reads it as such
         lda = a.strides[0] // 4
@@ -262,7 +293,7 @@ def _words(a, kind):
 def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
     convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
-    int16 pairs (``madd``, ``generic``; ``vnni`` reads its patches in place already)
+    int16 pairs (``madd``, ``generic``; the byte kinds read their patches in place)
     of whole pixels' channels: ``cg`` even, or one group (a zero channel added)."""
     return GROUP[kind[0]] == 2 and (cg % 2 == 0 or groups == 1)
 

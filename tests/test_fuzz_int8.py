@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tilegemm
-from tilegemm.kernels.int8 import GROUP, TILES
-from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, pack_b_once, qgemm_into,
-                                     runnable_int8_kinds, taps_into, taps_serve,
+from tilegemm.kernels.int8 import GROUP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, int8_kind_for, pack_b_once,
+                                     qgemm_into, runnable_int8_kinds, taps_into, taps_serve,
                                      widen_rows_into)
 
 DTYPES = (np.int8, np.uint8)
@@ -39,11 +39,18 @@ def _edges():
 EDGES = _edges()
 
 
-def values(rng, shape, dtype, extremes):
+def values(rng, shape, dtype, extremes, seven=False):
+    """Random ``dtype`` values over the whole range, or its two ends only (``extremes``);
+    with ``seven`` the 7-bit range the ``maddubs`` kernel takes for B (within +-64 of
+    0, or of 128 for uint8), or its ends."""
     info = np.iinfo(dtype)
+    low, high = info.min, info.max
+    if seven:
+        low, high = (-MADDUBS_B_LIMIT, MADDUBS_B_LIMIT) if dtype == np.int8 else (
+            128 - MADDUBS_B_LIMIT, 128 + MADDUBS_B_LIMIT)
     if extremes:
-        return rng.choice(np.array([info.min, info.max], dtype), size=shape)
-    return rng.integers(info.min, info.max + 1, size=shape, endpoint=False).astype(dtype)
+        return rng.choice(np.array([low, high], dtype), size=shape)
+    return rng.integers(low, high + 1, size=shape, endpoint=False).astype(dtype)
 
 
 def laid_out(x, layout):
@@ -80,15 +87,16 @@ def test_qmatmul_matches_int64_numpy(data):
     batch_b = data.draw(st.sampled_from([(), (2,), (1, 2)]), label="batch of b")
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
     extremes = data.draw(st.booleans(), label="extremes only")
+    seven = data.draw(st.booleans(), label="7-bit b (maddubs on AVX2)")
     a = laid_out(values(rng, batch_a + (m, k), da, extremes),
                  data.draw(st.sampled_from(LAYOUTS), label="layout of a"))
-    b = laid_out(values(rng, batch_b + (k, n), db, extremes),
+    b = laid_out(values(rng, batch_b + (k, n), db, extremes, seven),
                  data.draw(st.sampled_from(LAYOUTS), label="layout of b"))
     vector = data.draw(st.sampled_from([None, "a", "b"]), label="1-D operand")
     if vector == "a" and not batch_a:
         a = a[0] if m else values(rng, (k,), da, extremes)
     if vector == "b" and not batch_b:
-        b = b[:, 0] if n else values(rng, (k,), db, extremes)
+        b = b[:, 0] if n else values(rng, (k,), db, extremes, seven)
     a0, b0 = a.copy(), b.copy()
     want = expected(a, b, za, zb)
     out_kind = data.draw(st.sampled_from([None, "C", "F"]), label="out")
@@ -127,12 +135,13 @@ def test_every_int8_kernel_is_exact(kind, da, db):
     kc = int8_blocking(*kind)[0]
     rng = np.random.default_rng(11)
     ia, ib = np.iinfo(da), np.iinfo(db)
+    seven = kind[0] == "maddubs"     # a B that kernel takes: within +-64 as packed
     # k a multiple of 4 over several KC blocks: a uint8 A is read in place with VNNI.
     for m, n, k in [(1, 1, 1), (mr, nr, GROUP[kind[0]]), (mr + 1, nr - 1, kc + 1),
                     (2 * mr - 1, 2 * nr + 1, 2 * kc - 3), (mr - 1, 1, 0), (3, nr + 1, 7),
                     (2 * mr + 1, nr + 3, 2 * kc + 8)]:
         for za, zb, extremes in [(0, 0, False), (ia.max, ib.min, True), (ia.min, ib.max, False)]:
-            a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes)
+            a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes, seven)
             want = expected(a, b, za, zb)
             # B packed here, and B's panels packed once beforehand (a layer's weights)
             for panels in (None, pack_b_once(b, zb, kind)):
@@ -141,7 +150,7 @@ def test_every_int8_kernel_is_exact(kind, da, db):
                 assert np.array_equal(c, want), (kind, m, n, k, za, zb, panels is None)
     # Shared among threads: blocks of rows (m >= n) and of columns; rows with panels.
     for m, n, k in [(4 * mr + 1, 2 * nr - 3, kc + 5), (mr + 2, 3 * nr + 1, 2 * kc)]:
-        a, b = values(rng, (m, k), da, False), values(rng, (k, n), db, False)
+        a, b = values(rng, (m, k), da, False), values(rng, (k, n), db, False, seven)
         for panels in (None, pack_b_once(b, 1, kind)):
             c = np.full((m, n), 99, np.int32)
             qgemm_into(a, b, c, 2, 1, kind, threads=3, b_panels=panels)
@@ -235,6 +244,32 @@ def test_taps_kernel_word_offsets_past_2_to_the_31():
         taps_into(xw, (Wp, C // 2, Wp, 1, 1, 1, 1, 1, 1, 0), (0, C // 2, K),
                   pack_b_once(w, 0, kind), c, (p0, p0 + 4))
         assert np.array_equal(c.reshape(4, K), vals.astype(np.int64) @ w.astype(np.int64)), kind
+
+
+@pytest.mark.skipif(("maddubs", 256) not in KINDS, reason="no AVX2 here")
+@pytest.mark.parametrize("db", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_maddubs_only_for_a_b_it_sums_exactly(db):
+    """``maddubs`` is chosen exactly when B's packed values lie within +-64 (its int16
+    pair sums cannot saturate), and refuses any other B rather than saturate."""
+    centre = 0 if db == np.int8 else 128
+    a = np.full((3, 4), 255, np.uint8)
+    for step, fits in [(MADDUBS_B_LIMIT, True), (MADDUBS_B_LIMIT + 1, False)]:
+        for sign in (1, -1):
+            b = np.full((4, 5), centre, db)
+            b[2, 3] = centre + sign * step
+            chosen = int8_kind_for(b, 9)
+            if int8_kind() == ("madd", 256):
+                assert (chosen == ("maddubs", 256)) == fits, (step, sign, chosen)
+            if fits:
+                c = np.empty((3, 5), np.int32)
+                qgemm_into(a, b, c, 1, 9, ("maddubs", 256))
+                assert np.array_equal(c, expected(a, b, 1, 9))
+            else:
+                for call in (lambda: pack_b_once(b, 9, ("maddubs", 256)),
+                             lambda: qgemm_into(a, b, np.empty((3, 5), np.int32), 1, 9,
+                                                ("maddubs", 256))):
+                    with pytest.raises(ValueError, match="maddubs kernel needs"):
+                        call()
 
 
 def test_panels_of_another_b_are_refused():
