@@ -9,6 +9,7 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import qconv2d_into
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
+from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
@@ -73,27 +74,28 @@ class QConvWeights:
     def shape(self):
         return self.weight.shape
 
-    def matrices(self, groups, even=False):
+    def matrices(self, groups, multiple=1):
         """Per group, the ``kh*kw*Cg x Kg`` int8 matrix the quantized GEMM takes, rows
-        in (r, s, c) order as the channels-last patches hold them (cached).  With
-        ``even`` an odd ``Cg`` gets a zero channel: the taps kernel's pairs of channels."""
-        key = (groups, even)
+        in (r, s, c) order as the channels-last patches hold them (cached).  Zero
+        channels round ``Cg`` up to a ``multiple``: the taps kernel's words of channels."""
+        key = (groups, multiple)
         if key not in self._matrices:
             K, Cg, kh, kw = self.weight.shape
             Kg = K // groups
             w = self.weight
-            if even and Cg % 2:
-                w = np.concatenate([w, np.zeros((K, 1, kh, kw), np.int8)], axis=1)
+            if Cg % multiple:
+                w = np.concatenate([w, np.zeros((K, -Cg % multiple, kh, kw), np.int8)], axis=1)
             self._matrices[key] = [
                 np.ascontiguousarray(w[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                      .reshape(-1, Kg)) for g in range(groups)]
         return self._matrices[key]
 
-    def panels(self, groups, even=False):
+    def panels(self, groups, multiple=1):
         """Per group, :meth:`matrices` packed for :attr:`kind`'s kernel (cached)."""
-        key = (groups, even, self.kind)
+        key = (groups, multiple, self.kind)
         if key not in self._panels:
-            self._panels[key] = [pack_b_once(w, 0, key[2]) for w in self.matrices(groups, even)]
+            self._panels[key] = [pack_b_once(w, 0, key[2])
+                                 for w in self.matrices(groups, multiple)]
         return self._panels[key]
 
     def __repr__(self):
@@ -223,7 +225,7 @@ class PreparedQConv:
         p = self.params
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return qconv2d_into(np.ascontiguousarray(x), self.zero, None, self.epilogue, p, out,
-                                taps=self.weights.panels(p.groups, even=True))
+                                taps=self.weights.panels(p.groups, GROUP[self.weights.kind[0]]))
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
                             self.epilogue, p, out, self.weights.panels(p.groups))
 

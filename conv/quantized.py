@@ -3,16 +3,18 @@
 Per image and group the int32 sums ``acc (Ho*Wo x Kg)`` of the channels-last input
 with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two ways:
 
-* **taps** (int16-pair kernels, ``madd`` and ``generic``, and an even ``Cg`` or one
-  group): the input rows a block of pixels reads are widened once to int16 ``x -
-  zero_point``, zero padded, an odd channel count with a zero channel
+* **taps** (every kernel but ``vnni``, and a ``Cg`` that fills whole words or one
+  group): the input rows a block of pixels reads are widened once -- to int16 ``x -
+  zero_point`` padded with 0 (``madd``, ``generic``), or to unsigned bytes padded
+  with the zero point's (``maddubs``; the padding comes off through the weights'
+  column sums) -- channels rounded up to whole words with zero channels
   (:func:`_widen`), and the taps kernel reads every tap's channels from them in
   place (``kernels/_int8.py`` ``qconv_taps``).  The patch matrix and its packing
   into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
   when the layer has few output channels -- are not made: ResNet-18 conv2_x 3.0 ->
   1.9 ms on one Zen 3 core.
 * **patches** (otherwise: ``vnni``, which reads its patch rows in place as words,
-  and groups of odd channel counts such as depthwise layers): im2col, one byte per
+  and groups of channel counts that split words, such as depthwise layers): im2col, one byte per
   value, the padding filled with the input's zero point so that it adds nothing once
   the zero point is taken off, into :func:`tilegemm.kernels.qgemm.qgemm_into`; a
   1x1, stride-1 layer without padding reads the image in place.
@@ -34,7 +36,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.int8 import TILES
+from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.qgemm import SHARE_OPS, qgemm_into, taps_into, widen_rows_into
 
 #: Activation codes of :func:`finish`.
@@ -140,8 +142,8 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
-    ``taps``: per group, the weights with each tap's channels padded to an even count,
-    packed once: the sums come from the taps kernel (``kernels.qgemm.taps_serve``).
+    ``taps``: per group, the weights with each tap's channels padded to whole words of
+    the kernel, packed once: the sums come from the taps kernel (``kernels.qgemm.taps_serve``).
 
     Both layouts compute channels-last: an NCHW input is copied to NHWC first, or with
     ``taps`` its rows transposed as they are widened (a pixel's channels are then a
@@ -217,7 +219,7 @@ def _pixels(block, part):
         # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
         # (channel by channel, it read the sums a cache line per value: 2x slower).
         staged = rows.view(out.dtype)[:m * p.Kg].reshape(m, p.Kg)
-        widened = _widen(x, n, zero, p, (p0, p1)) if taps else None
+        widened = _widen(x, n, zero, p, (p0, p1), taps[0].kind) if taps else None
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
             if taps:
@@ -240,29 +242,33 @@ def _pixels(block, part):
                 finish(sums[:, j0:j1], *scales, out[n].reshape(P, p.K)[p0:p1, ks])
 
 
-def _taps_geometry(p, pixels):
+def _taps_geometry(p, pixels, group):
     """The padded input rows ``(r0, r1)`` the output pixels ``pixels`` read, the padded
-    width and the 32-bit words of a widened pixel (pairs of channels, rounded up)."""
+    width and the 32-bit words of a widened pixel (``group`` channels a word, rounded
+    up)."""
     oy0, oy1 = pixels[0] // p.Wo, (pixels[1] - 1) // p.Wo
     rows = (oy0 * p.sy, oy1 * p.sy + (p.kh - 1) * p.dy + 1)
-    return rows, p.left + p.W + p.right, (p.C + 1) // 2
+    return rows, p.left + p.W + p.right, -(-p.C // group)
 
 
-def _widen(x, n, zero, p, pixels):
-    """The input rows the pixels read, padded and widened to int16 ``x - zero`` (one
-    buffer per thread), as int32 words: the taps kernel's A."""
-    (r0, r1), Wp, Cw = _taps_geometry(p, pixels)
+def _widen(x, n, zero, p, pixels, kind):
+    """The input rows the pixels read, padded and widened for the int8 kernel ``kind``
+    (one buffer per thread), as int32 words, and their padding value: the taps
+    kernel's A (``kernels.qgemm.widen_rows_into``)."""
+    group = GROUP[kind[0]]
+    (r0, r1), Wp, Cw = _taps_geometry(p, pixels, group)
     words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * Cw,), np.int32)
-    widen_rows_into(x, n, (p.top, p.left, Wp, 2 * Cw), zero, (r0, r1), words.view(np.int16),
-                    layout=p.layout)
-    return words
+    pad = widen_rows_into(x, n, (p.top, p.left, Wp, group * Cw), zero, (r0, r1), words, kind,
+                          p.layout)
+    return words, pad
 
 
 def _taps_sums(widened, p, g, panels, sums, part):
     """``sums`` = group ``g``'s int32 sums of the output pixels and channels ``part =
-    (p0, p1, j0, j1)``, every tap read from the widened rows in place
-    (``kernels.qgemm.taps_into``)."""
-    (r0, _), Wp, Cw = _taps_geometry(p, part[:2])
+    (p0, p1, j0, j1)``, every tap read from the widened rows ``widened = (words, pad)``
+    in place (``kernels.qgemm.taps_into``)."""
+    group = GROUP[panels.kind[0]]
+    (r0, _), Wp, Cw = _taps_geometry(p, part[:2], group)
     geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, r0)
-    taps_into(widened, geom, (g * p.Cg // 2, (p.Cg + 1) // 2, p.Kg), panels, sums.reshape(-1),
-              part[:2], part[2:])
+    taps_into(widened[0], geom, (g * p.Cg // group, -(-p.Cg // group), p.Kg), panels,
+              sums.reshape(-1), part[:2], part[2:], widened[1])

@@ -218,44 +218,47 @@ tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
 
 
 @jit
-def widen_rows(x, n, geom, zero, r0, r1, out, nchw):
+def widen_rows(x, n, geom, add, pad, r0, r1, out, nchw):
     """Rows ``r0:r1`` of image ``n`` of the input ``x`` (NCHW with ``nchw``, else NHWC)
-    zero padded, as channels-last int16 values ``x - zero`` (the padding 0):
+    padded with ``pad``, as channels-last values ``x + add`` of ``out``'s dtype:
     ``out[((r - r0) * Wp + col) * Cp + c]`` for row ``r`` and column ``col`` of the
-    padded image (``geom = (py, px, Wp, Cp)``), the taps kernel's A.  Pairs of
-    channels are its 32-bit words: ``Cp`` is C, or C + 1 with a zero channel when C
-    is odd."""
+    padded image (``geom = (py, px, Wp, Cp)``), the taps kernel's A.  GROUP channels
+    are its 32-bit words: ``Cp`` is C, or C rounded up to GROUP with zero channels.
+    int16 ``x - zero`` padded with 0 for the pair kinds; bytes ``x + 128`` (int8) or
+    ``x`` (uint8) padded with the zero point's byte for the byte kinds."""
     H, W = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
     py, px, Wp, Cp = geom
+    add = np.int16(add)
     for r in range(r0, r1):
         row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
         iy = r - py
         if not 0 <= iy < H:
-            row[:] = 0
+            row[:] = pad
             continue
-        row[:px * Cp] = 0
-        row[(px + W) * Cp:] = 0
+        row[:px * Cp] = pad
+        row[(px + W) * Cp:] = pad
         body = row[px * Cp:(px + W) * Cp]
         if nchw:
-            _pixels_from_nchw(x, n, iy, zero, body, Cp)
+            _pixels_from_nchw(x, n, iy, add, body, Cp)
         else:
-            _pixels_from_nhwc(x[n, iy].reshape(-1), x.shape[3], zero, body, Cp)
+            _pixels_from_nhwc(x[n, iy].reshape(-1), x.shape[3], add, body, Cp)
 
 
 @jit
-def _pixels_from_nhwc(src, C, zero, body, Cp):
-    """``body``: the ``C``-channel pixels of the run ``src``, ``Cp`` values apart."""
+def _pixels_from_nhwc(src, C, add, body, Cp):
+    """``body``: the ``C``-channel pixels of the run ``src`` plus ``add``, ``Cp``
+    values apart."""
     if Cp == C:     # one run: the loop vectorises
         for i in range(src.size):
-            body[i] = np.int16(src[i]) - zero
+            body[i] = np.int16(src[i]) + add
     else:           # no slices per pixel: they cost more than the values
         for j in range(src.size // C):
             for c in range(Cp):
-                body[j * Cp + c] = np.int16(src[j * C + c]) - zero if c < C else 0
+                body[j * Cp + c] = np.int16(src[j * C + c]) + add if c < C else 0
 
 
 @jit
-def _pixels_from_nchw(x, n, iy, zero, body, Cp):
+def _pixels_from_nchw(x, n, iy, add, body, Cp):
     """``body``: the pixels of row ``iy`` of image ``n`` of the NCHW ``x``, transposed
     while widened (no channels-last copy of the input first).  Pixel by pixel, its
     channels written in a run: the reads stride across the channels' planes, but each
@@ -265,16 +268,17 @@ def _pixels_from_nchw(x, n, iy, zero, body, Cp):
     for j in range(W):
         pixel = body[j * Cp:(j + 1) * Cp]
         for c in range(C):
-            pixel[c] = np.int16(x[n, c, iy, j]) - zero
+            pixel[c] = np.int16(x[n, c, iy, j]) + add
         for c in range(C, Cp):
             pixel[c] = 0
 
 
 @jit
-def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, seg, a_at):
-    """``C = acc`` of a convolution's output pixels read from the widened image in place.
+def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_at):
+    """``C = acc + cc[j]`` of a convolution's output pixels read from the widened image
+    in place.
 
-    ``xw``: :func:`widen_rows`'s rows as int32 words (a pair of channels each), its
+    ``xw``: :func:`widen_rows`'s rows as int32 words (GROUP channels each), its
     first row the padded image's row ``row0``.  ``geom = (Wp, Cw, Wo, kh, kw, sy, sx,
     dy, dx, row0)``: the padded width, words per pixel, output width, kernel, stride,
     dilation.  ``channels = (c0w, cgw, n)``: the group's first word and words per
@@ -283,9 +287,11 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, seg, a_at):
     NC)``.  ``part = (p0, p1, j0, j1)``: the output pixels ``p0:p1`` and channels
     ``j0:j1`` (``j0`` a multiple of NR) to compute.  ``c``: flat int32, ``n`` per
     pixel, from pixel ``p0``; only columns ``j0:j1`` are written.  ``zeros``: at least
-    ``max(MR, NR)`` zero int32 (no corrections: the zero points are off both
-    operands).  ``seg``: room for ``2 * (kh*kw + 1)`` intp; ``a_at``: for ``p1 - p0``
-    intp, each pixel's first word in ``xw``.
+    ``MR`` zero int32 (no row corrections: the weights' zero point is 0).  ``cc``: the
+    ``n`` column corrections (zero for the pair kinds, whose A is ``x - zero``; minus
+    the padding byte times each column's sum of B for the byte kinds).  ``seg``: room
+    for ``2 * (kh*kw + 1)`` intp; ``a_at``: for ``p1 - p0`` intp, each pixel's first
+    word in ``xw``.
     """
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
     c0w, cgw, n = channels
@@ -309,7 +315,7 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, seg, a_at):
                     cols = min(NR, j1 - jc - jr, nc - jr)
                     for ir in range(0, mc, MR):
                         tile_taps(segs, seg, xw, a_at, ic + ir, b_src, (jr // NR) * (g1 - g0) * NR,
-                                  c, (ic + ir) * n + jc + jr, n, first, zeros, 0, zeros, 0,
+                                  c, (ic + ir) * n + jc + jr, n, first, zeros, 0, cc, jc + jr,
                                   min(MR, mc - ir), cols)
 
 

@@ -147,9 +147,10 @@ class PackedB:
     ``kind``: every KC x NC block as :func:`qgemm_into` reads it, for a B that many
     products share (a quantized layer's weights).  From :func:`pack_b_once`."""
 
-    def __init__(self, kind, shape, dtype, b_zero_point, blocks, words):
+    def __init__(self, kind, shape, dtype, b_zero_point, blocks, words, col_sums):
         self.kind, self.shape, self.dtype = kind, shape, np.dtype(dtype)
         self.b_zero_point, self.blocks, self.words = b_zero_point, blocks, words
+        self.col_sums = col_sums     # per column, the sum of B's packed values (int64)
 
     def serves(self, b, b_zero_point, kind):
         """Whether these panels are ``b``'s (its shape and dtype) for ``kind``."""
@@ -176,9 +177,10 @@ def pack_b_once(b, b_zero_point=0, kind=None):
     words = sum(round_up(min(NC, n - jc), mod.NR) * cdiv(min(KC, k - pc), GROUP[kind])
                 for jc in range(0, n, NC) for pc in range(0, k, KC))
     panels = np.zeros(max(words, 1), np.int32)
-    mod.pack_b_blocks(b, KC, NC, _b_add(kind, b.dtype, b_zero_point),
-                      panels.view(np.int8 if kind in BYTE_KINDS else np.int16))
-    return PackedB((kind, bits), b.shape, b.dtype, int(b_zero_point), (KC, NC), panels)
+    add = _b_add(kind, b.dtype, b_zero_point)
+    mod.pack_b_blocks(b, KC, NC, add, panels.view(np.int8 if kind in BYTE_KINDS else np.int16))
+    col_sums = b.sum(axis=0, dtype=np.int64) + k * add
+    return PackedB((kind, bits), b.shape, b.dtype, int(b_zero_point), (KC, NC), panels, col_sums)
 
 
 _NO_PANELS = np.zeros(0, np.int32)
@@ -293,41 +295,55 @@ def _words(a, kind):
 def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
     convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
-    int16 pairs (``madd``, ``generic``; the byte kinds read their patches in place)
-    of whole pixels' channels: ``cg`` even, or one group (a zero channel added)."""
-    return GROUP[kind[0]] == 2 and (cg % 2 == 0 or groups == 1)
+    every kind but ``vnni`` (whose tile reads its patch rows in place as words),
+    with whole pixels' channels in its words: ``cg`` a multiple of the kind's GROUP,
+    or one group (zero channels added)."""
+    return kind[0] != "vnni" and (cg % GROUP[kind[0]] == 0 or groups == 1)
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
     """Rows ``rows = (r0, r1)`` of image ``n`` of the int8/uint8 ``x`` (in ``layout``),
-    zero padded (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C or C + 1), as
-    channels-last int16 ``x - zero`` into the flat int16 ``out``: the taps kernel's A
-    (see ``kernels/_int8.py`` :func:`widen_rows`)."""
-    get_int8_kernel(*(kind or int8_kind())).widen_rows(x, n, geom, int(zero), rows[0], rows[1],
-                                                       out, layout == "NCHW")
+    padded (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C rounded up to the
+    kind's GROUP), into the int32 words ``out``: the taps kernel's A (see
+    ``kernels/_int8.py`` :func:`widen_rows`), int16 ``x - zero`` padded with 0 for the
+    pair kinds, unsigned bytes padded with the zero point's for the byte kinds.
+    Returns the padding value, :func:`taps_into`'s ``pad``."""
+    kind, bits = kind or int8_kind()
+    if kind in BYTE_KINDS:    # unsigned bytes, as the packers make A
+        shift = 128 if x.dtype == np.int8 else 0
+        add, pad, values = shift, int(zero) + shift, out.view(np.uint8)
+    else:
+        add, pad, values = -int(zero), 0, out.view(np.int16)
+    get_int8_kernel(kind, bits).widen_rows(x, n, geom, add, pad, rows[0], rows[1], values,
+                                           layout == "NCHW")
+    return pad
 
 
-def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None):
+def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):
     """``c`` = the int32 sums of a convolution's output pixels ``pixels = (p0, p1)``
     (and output channels ``cols = (j0, j1)``, default all, ``j0`` a multiple of the
     kernel's NR), read by the taps kernel from :func:`widen_rows_into`'s rows ``xw``
     (int32 words).
 
     ``geom``, ``channels``: as ``kernels/_int8.py`` :func:`qconv_taps` takes them.
-    ``b_panels``: the group's :class:`PackedB` (zero point 0).  One thread.
+    ``b_panels``: the group's :class:`PackedB` (zero point 0).  ``pad``: what
+    :func:`widen_rows_into` returned, the widened value of a zero input, taken off
+    through B's column sums.  One thread.
     """
     kind, bits = b_panels.kind
     mod = get_int8_kernel(kind, bits)
     KC, NC = b_panels.blocks
     MC = int8_blocking(kind, bits)[1]
     kh, kw = geom[3], geom[4]
-    zeros, = buffers(("int8 taps", kind, bits), (max(mod.MR, mod.NR),), np.int32)
+    zeros, = buffers(("int8 taps", kind, bits), (mod.MR,), np.int32)
     zeros[:] = 0
+    cc = (-int(pad) * b_panels.col_sums).astype(np.int32)   # wraps as the sums do
     seg, a_at = buffers(("int8 taps offsets", kind, bits),
                         (2 * (kh * kw + 1), pixels[1] - pixels[0]), np.intp)
     part = tuple(pixels) + (tuple(cols) if cols is not None else (0, channels[2]))
     if part[2] % mod.NR:
         raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "
                          f"{mod.NR}")
-    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, seg, a_at)
+    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, cc, seg,
+                   a_at)
     return c
