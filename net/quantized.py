@@ -86,13 +86,24 @@ def add_run(a, b, scales, zeros, relu, low, high, out):
     # vectorise (an integer difference is int64 in Numba, and int64 to float32 has
     # no AVX2 instruction: 4x slower).  Products near the float32 range can sum to
     # inf - inf: NaN gets the lowest code, as QuantizeLinear gives it.
+    # The network writes a residual sum over one of its operands: LLVM's loop then
+    # fails its runtime check that out and a do not overlap and runs the scalar loop
+    # (0.57 against 0.085 ms on 200k codes).  Each block's sums go through a scratch
+    # run instead, which overlaps nothing: both loops vectorise (on the blocks as
+    # slices; indexed from i0 they did not).
     sa, sb, sy = scales[0], scales[1], scales[2]
     za, zb, zy = np.float32(zeros[0]), np.float32(zeros[1]), np.float32(zeros[2])
     floor = np.float32(0) if relu else np.float32(-np.inf)
-    for i in range(out.size):
-        y = (np.float32(a[i]) - za) * sa + (np.float32(b[i]) - zb) * sb
-        v = np.rint(max(y, floor) / sy) + zy
-        out[i] = low if not v >= low else min(v, high)
+    sums = np.empty(1024, np.float32)
+    for i0 in range(0, out.size, 1024):
+        count = min(1024, out.size - i0)
+        ab, bb, ob = a[i0:i0 + count], b[i0:i0 + count], out[i0:i0 + count]
+        for j in range(count):
+            y = (np.float32(ab[j]) - za) * sa + (np.float32(bb[j]) - zb) * sb
+            sums[j] = max(y, floor)
+        for j in range(count):
+            v = np.rint(sums[j] / sy) + zy
+            ob[j] = low if not v >= low else min(v, high)
 
 
 def _runs(fn, x, out, *args):

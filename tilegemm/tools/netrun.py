@@ -56,6 +56,9 @@ def build_parser():
                    help="quantize the model first (onnxruntime's quantize_static, QDQ: uint8 "
                         "activations, int8 weights per channel, calibrated on random inputs) "
                         "and run that")
+    p.add_argument("--reduce-range", action="store_true",
+                   help="with --int8: 7-bit weights (quantize_static's reduce_range, its advice "
+                        "for hosts without VNNI), which AVX2's vpmaddubsw sums exactly")
     p.add_argument("--scaling", action="store_true",
                    help="also time tilegemm on one thread (its own plan) in the same rounds, "
                         "and print the throughput ratio")
@@ -197,7 +200,8 @@ def run(args):
     if args.int8:
         from tilegemm.tools.qmodel import quantize_model
         plain = tilegemm.load_onnx(proto, layout_transform=False)
-        proto = quantize_model(proto, input_shape(plain, args.batch, args.input_shape))
+        proto = quantize_model(proto, input_shape(plain, args.batch, args.input_shape),
+                               reduce_range=args.reduce_range)
         data = proto.SerializeToString()
     if args.save:
         with open(args.save, "wb") as f:
