@@ -15,6 +15,21 @@ def test_int8_case_record_and_table():
     assert "int8 gemm n=64" in int8_suite.row_text(record)
 
 
+def test_int8_seven_bit_case_runs_the_kernel_its_weights_get():
+    """The 7-bit weights of the full suite: within [-64, 63], checked exact, and the
+    record names the kernel that ran (``maddubs`` where the host's is ``madd``)."""
+    from tilegemm.kernels.qgemm import int8_kind
+    case = int8_suite.Int8Case(48, 1, "7-bit")
+    a, b = int8_suite.operands(48, weights="7-bit")
+    assert b.min() == -64 and b.max() == 63
+    record = int8_suite.run_int8_case(case, reps=1, min_time=0.001, peers=())
+    assert record["check"]["ok"] and record["weights"] == "7-bit"
+    want = "maddubs 256-bit" if int8_kind() == ("madd", 256) else "{} {}-bit".format(*int8_kind())
+    assert record["kernel"] == want
+    assert {c.weights for c in int8_suite.int8_cases([1])} == set(int8_suite.WEIGHT_RANGES)
+    assert {c.weights for c in int8_suite.int8_cases([1], quick=True)} == {"int8"}
+
+
 def test_int8_check_is_exact_and_marks_an_inexact_peer():
     """Ours is checked against int64 numpy; a peer that differs is marked, not trusted."""
     a, b = int8_suite.operands(8)
@@ -30,7 +45,7 @@ def test_int8_check_is_exact_and_marks_an_inexact_peer():
               "results": {"tilegemm": {"gflops": 2.0, "pct_peak": 1.0},
                           "onnxruntime": {"gflops": 1.0, "ratio": 2.0}}}
     title, _, rows = int8_suite.int8_table([record])
-    assert "not the exact product" in title and rows[0][5] == "1*"
+    assert "not the exact product" in title and rows[0][6] == "1*"
 
 
 def test_qconv_case_record_and_table():

@@ -1,7 +1,10 @@
 """The int8 GEMM benchmark suite: ``qmatmul`` against our float32 GEMM and onnxruntime.
 
 Each case is a square product n x n x n of uint8 activations (zero point 3) by
-int8 weights, the form ONNX's MatMulInteger and quantized linear layers take.
+int8 weights, the form ONNX's MatMulInteger and quantized linear layers take: full
+range, and (the full suite) 7-bit as onnxruntime's ``reduce_range`` quantizes them
+for hosts without VNNI, which on AVX2 both onnxruntime's kernel and our ``maddubs``
+kernel sum exactly.
 Parties, interleaved under the rules of :mod:`tilegemm.tools.timing`:
 
 * ``tilegemm``: :func:`tilegemm.qmatmul` (int32 result);
@@ -29,30 +32,38 @@ SIZES = (256, 512, 1024, 2048)
 QUICK_SIZES = (256, 1024)
 #: The activations' zero point.
 A_ZERO_POINT = 3
+#: The weights' ranges: full int8, and 7-bit (``reduce_range``); ``--quick`` the first.
+WEIGHT_RANGES = {"int8": (-128, 127), "7-bit": (-64, 63)}
 
 
 @dataclass(frozen=True)
 class Int8Case:
     n: int
     threads: int
+    weights: str = "int8"
 
     @property
     def ops(self):
         return 2.0 * self.n ** 3
 
     def title(self):
-        return f"int8 gemm {self.n}x{self.n}x{self.n} {timing.threads_text(self.threads)}"
+        return (f"int8 gemm {self.n}x{self.n}x{self.n} {timing.threads_text(self.threads)}"
+                + ("" if self.weights == "int8" else f" {self.weights} b"))
 
 
 def int8_cases(threads, quick=False, sizes=None):
-    """Every case: each size for each thread count."""
-    return [Int8Case(n, t) for t in threads for n in (sizes or (QUICK_SIZES if quick else SIZES))]
+    """Every case: each size for each thread count and weight range (``quick``: full
+    range only)."""
+    ranges = list(WEIGHT_RANGES)[:1] if quick else list(WEIGHT_RANGES)
+    return [Int8Case(n, t, w) for w in ranges for t in threads
+            for n in (sizes or (QUICK_SIZES if quick else SIZES))]
 
 
-def operands(n, seed=0):
+def operands(n, seed=0, weights="int8"):
     rng = np.random.default_rng(seed)
+    low, high = WEIGHT_RANGES[weights]
     return (rng.integers(0, 256, (n, n)).astype(np.uint8),
-            rng.integers(-128, 128, (n, n)).astype(np.int8))
+            rng.integers(low, high + 1, (n, n)).astype(np.int8))
 
 
 def onnx_session(n, threads):
@@ -116,17 +127,21 @@ def check(out, a, b):
 def run_int8_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
     ``ratio`` (our int8 GOPS over each other party's) and the check."""
-    a, b = operands(case.n)
-    record, out = timed(lambda: int8_parties(case, a, b, peers), case, reps, min_time)
-    return dict({"op": "int8", "n": case.n}, **record, check=check(out, a, b))
+    from tilegemm.kernels.qgemm import int8_kind_for
+    a, b = operands(case.n, weights=case.weights)
+    record, out = timed(lambda: int8_parties(case, a, b, peers), case, reps, min_time,
+                        int8_kind_for(b))
+    return dict({"op": "int8", "n": case.n, "weights": case.weights}, **record,
+                check=check(out, a, b))
 
 
-def timed(make_parties, case, reps, min_time):
+def timed(make_parties, case, reps, min_time, kernel):
     """Time the parties ``make_parties()`` returns (with where they leave their
     results) on ``case.threads`` threads; returns the record's common fields and the
-    results: GOPS and % of the int8 peak per party, ``ratio`` (ours over each other)."""
+    results: GOPS and % of the int8 peak per party, ``ratio`` (ours over each other).
+    ``kernel``: the ``(kind, bits)`` our party runs on.  The peak is the host's
+    int8 kernel's (``maddubs`` runs above it)."""
     from tilegemm.kernels.peak import measured_int8_peak_gops
-    from tilegemm.kernels.qgemm import int8_kind
     with timing.pinned_threads(case.threads):
         parties, out = make_parties()
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
@@ -138,7 +153,7 @@ def timed(make_parties, case, reps, min_time):
     for name, row in results.items():
         if name != "tilegemm":
             row["ratio"] = ours / row["gflops"]
-    kind, bits = int8_kind()
+    kind, bits = kernel
     return {"threads": case.threads, "ops": case.ops, "kernel": f"{kind} {bits}-bit",
             "peak_gops": peak, "reps": reps, "results": results}, out
 
@@ -168,8 +183,9 @@ def party_cells(record, others):
 def int8_table(records):
     """``(title, headers, rows)`` of the int8 cases."""
     others, party_header = party_headers(records)
-    headers = ["n", "threads", "kernel", "int8 GOPS", "% int8 peak"] + party_header
-    rows = [[r["n"], r["threads"], r["kernel"]] + party_cells(r, others) for r in records]
+    headers = ["n", "weights", "threads", "kernel", "int8 GOPS", "% int8 peak"] + party_header
+    rows = [[r["n"], r.get("weights", "int8"), r["threads"], r["kernel"]] + party_cells(r, others)
+            for r in records]
     title = ("int8 GEMM (uint8 x int8 -> int32, exact): qmatmul against our float32 GEMM"
              + (" and onnxruntime's MatMulInteger" if "onnxruntime" in others else ""))
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):
@@ -183,7 +199,8 @@ def row_text(record):
     res = record["results"]
     parts = "; ".join(f"{name.replace('tilegemm', 'ours')} {row['gflops']:.0f}"
                       for name, row in res.items())
-    return (f"int8 gemm n={record['n']} {timing.threads_text(record['threads'])} "
+    return (f"int8 gemm n={record['n']} {record.get('weights', 'int8')} b "
+            f"{timing.threads_text(record['threads'])} "
             f"({record['kernel']}): {parts} G(FL)OPS"
             + ("" if record["check"]["ok"] else " WRONG RESULT")
             + ("" if record["check"].get("onnxruntime_exact", True)

@@ -44,6 +44,7 @@ class QConvCase:
     layout: str
     threads: int
     batch: int = 1
+    weights: str = "int8"
 
     @property
     def spec(self):
@@ -57,16 +58,19 @@ class QConvCase:
 
     def title(self):
         return (f"int8 conv {self.layer} {self.layout} batch {self.batch} "
-                f"{timing.threads_text(self.threads)}")
+                f"{timing.threads_text(self.threads)}"
+                + ("" if self.weights == "int8" else f" {self.weights} weights"))
 
 
 def qconv_cases(threads, quick=False):
     """Every case: each layer in each layout at each batch size for each thread count
-    (``quick``: the quick layers at batch 1 on the first thread count)."""
+    and weight range (``quick``: the quick layers at batch 1 on the first thread
+    count, full-range weights)."""
     names, threads = (QUICK_LAYERS, threads[:1]) if quick else (QCONV_LAYERS, threads)
     batches = BATCHES[:1] if quick else BATCHES
-    return [QConvCase(name, layout, t, b) for t in threads for b in batches for name in names
-            for layout in LAYOUTS]
+    ranges = list(int8_suite.WEIGHT_RANGES)[:1] if quick else list(int8_suite.WEIGHT_RANGES)
+    return [QConvCase(name, layout, t, b, w) for w in ranges for t in threads for b in batches
+            for name in names for layout in LAYOUTS]
 
 
 def reference_sums(ly, x, w):
@@ -94,7 +98,8 @@ def operands(case, seed=0):
     ly = case.spec
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (case.batch, ly.c, ly.h, ly.w)).astype(np.uint8)
-    w = rng.integers(-127, 128, (ly.k, ly.c // ly.groups, ly.kh, ly.kw)).astype(np.int8)
+    low, high = int8_suite.WEIGHT_RANGES[case.weights]
+    w = rng.integers(max(low, -127), high + 1, (ly.k, ly.c // ly.groups, ly.kh, ly.kw)).astype(np.int8)
     x_scale = np.float32(0.02)
     w_scale = rng.uniform(0.001, 0.004, ly.k).astype(np.float32)
     bias = rng.uniform(-1, 1, ly.k).astype(np.float32)
@@ -182,19 +187,22 @@ def check(case, out, expected):
 def run_qconv_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
     ``ratio`` (our int8 GOPS over each other party's) and the check."""
+    from tilegemm.kernels.qgemm import int8_kind_for
     q = operands(case)
-    record, out = int8_suite.timed(lambda: qconv_parties(case, q, peers), case, reps, min_time)
+    record, out = int8_suite.timed(lambda: qconv_parties(case, q, peers), case, reps, min_time,
+                                   int8_kind_for(q["w"]))
     return dict({"op": "qconv", "layer": case.layer, "shape": case.spec.describe(),
-                 "layout": case.layout, "batch": case.batch}, **record, check=check(case, out, q["expected"]))
+                 "layout": case.layout, "batch": case.batch, "weights": case.weights},
+                **record, check=check(case, out, q["expected"]))
 
 
 def qconv_table(records):
     """``(title, headers, rows)`` of the int8 convolution cases."""
     others, party_header = int8_suite.party_headers(records)
-    headers = (["layer", "shape", "layout", "batch", "threads", "int8 GOPS", "% int8 peak"]
-               + party_header)
-    rows = [[r["layer"], r["shape"], r["layout"], r.get("batch", 1), r["threads"]]
-            + int8_suite.party_cells(r, others) for r in records]
+    headers = (["layer", "shape", "layout", "batch", "weights", "threads", "kernel", "int8 GOPS",
+                "% int8 peak"] + party_header)
+    rows = [[r["layer"], r["shape"], r["layout"], r.get("batch", 1), r.get("weights", "int8"),
+             r["threads"], r["kernel"]] + int8_suite.party_cells(r, others) for r in records]
     title = ("int8 convolution (uint8 input, int8 weights per channel, requantized "
              "uint8 output): qconv2d against our float32 conv2d"
              + (" and onnxruntime's QLinearConv (NCHW input in both layouts)"
@@ -212,6 +220,7 @@ def row_text(record):
                       for name, row in res.items())
     check = record["check"]
     return (f"int8 conv {record['layer']} {record['layout']} batch {record.get('batch', 1)} "
+            f"{record.get('weights', 'int8')} weights "
             f"{timing.threads_text(record['threads'])} ({record['kernel']}): {parts} G(FL)OPS"
             + ("" if check["ok"] else f" WRONG RESULT (codes off by {check['max_code_diff']})")
             + ("" if check.get("onnxruntime_exact", True)
