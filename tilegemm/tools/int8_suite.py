@@ -139,15 +139,15 @@ def timed(make_parties, case, reps, min_time, kernel):
     """Time the parties ``make_parties()`` returns (with where they leave their
     results) on ``case.threads`` threads; returns the record's common fields and the
     results: GOPS and % of the int8 peak per party, ``ratio`` (ours over each other).
-    ``kernel``: the ``(kind, bits)`` our party runs on.  The peak is the host's
-    int8 kernel's (``maddubs`` runs above it)."""
+    ``kernel``: the ``(kind, bits)`` our party runs on, whose dot-product step's
+    peak the % of peak is against."""
     from tilegemm.kernels.peak import measured_int8_peak_gops
     with timing.pinned_threads(case.threads):
         parties, out = make_parties()
         timings = timing.interleaved(parties, reps=reps, min_time=min_time,
                                      settle=timing.settle_time(case.threads),
                                      ramp=timing.ramp_time(case.threads))
-        peak = measured_int8_peak_gops(case.threads)
+        peak = measured_int8_peak_gops(case.threads, kernel)
     results = timing.summarise(timings, case.ops, peak)
     ours = results["tilegemm"]["gflops"]
     for name, row in results.items():
