@@ -143,7 +143,9 @@ def _signature(step, args, layout):
     node = step.node
     shapes = [None if a is None else (np.shape(a), np.asarray(a).dtype.str) for a in args]
     attrs = sorted((k, repr(v)) for k, v in node.attrs.items())
-    return f"{node.op} {attrs} {sorted(node.epilogue.items())} {shapes} {layout}"
+    # a step whose kernel its constants choose (a quantized conv's 7-bit weights) says which
+    kernel = getattr(step.run, "kernel", "")
+    return f"{node.op} {attrs} {sorted(node.epilogue.items())} {shapes} {layout} {kernel}".rstrip()
 
 
 def _time_step(step, args, layout, constants, choice=None):

@@ -342,6 +342,7 @@ class QConvStep:
         fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
             x, layout, first(out)))(layout) for layout in LAYOUTS})
         fn.describe = self.describe
+        fn.kernel = "{} {}".format(*self.weights.kind)   # the weights' int8 kernel
         return writes_into(fn)
 
 

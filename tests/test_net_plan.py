@@ -142,3 +142,22 @@ def test_a_pointwise_residual_sums_in_its_epilogue_into_the_skip_buffer():
                           + skip, 0)
         assert conv(x2, skip, out=skip) is skip
         np.testing.assert_allclose(skip, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_steps_kernel_is_part_of_its_cost_signature():
+    """A quantized conv's weights choose its int8 kernel (7-bit weights: ``maddubs`` on
+    AVX2), so the disk cache of timed costs keys on it: the same shapes with other
+    weights are timed anew, not given the other kernel's cost."""
+    from types import SimpleNamespace
+
+    from tilegemm.net.planning import _signature
+
+    def step(kernel=None):
+        run = SimpleNamespace() if kernel is None else SimpleNamespace(kernel=kernel)
+        return SimpleNamespace(node=SimpleNamespace(op="QLinearConv", attrs={}, epilogue={}),
+                               run=run)
+    args = [np.zeros((1, 8, 9, 9), np.uint8), np.zeros((8, 8, 3, 3), np.int8)]
+    full, seven = _signature(step("madd 256"), args, "NHWC"), _signature(step("maddubs 256"),
+                                                                        args, "NHWC")
+    assert full != seven and full.endswith("madd 256") and seven.endswith("maddubs 256")
+    assert _signature(step(), args, "NHWC").endswith("NHWC")
