@@ -313,7 +313,8 @@ def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=Fals
            layout="NCHW", out=None):
     """Max or average pooling of ``x`` (4-D in ``layout``) into ``out`` (new if None);
     ``pads`` (top, left, bottom, right).  The kernels of :mod:`tilegemm.net.pooling`,
-    the threads taking slices of the batch or, for one image, of the channels."""
+    the threads taking slices of the batch or, for one image, of the output rows
+    (NHWC: each keeps whole pixels, one run of a row) or of the channels (NCHW)."""
     ay, ax = SPATIAL[layout]
     shape = list(x.shape)
     shape[ay], shape[ax] = (_pool_size(x.shape[a], pads[i], pads[i + 2], kernel[i], strides[i],
@@ -332,12 +333,20 @@ def pool2d(x, kernel, strides, dilations, pads, ceil_mode, kind, count_pads=Fals
     N, C = x.shape[0], x.shape[LAYOUTS[layout].index(1)]       # logical axis 1: C
     xf, of = x.reshape(-1), out.reshape(-1)
 
-    def part(s):                       # images s, or channels s of the one image
-        n0, n1, c0, c1 = (s.start, s.stop, 0, C) if N > 1 else (0, 1, s.start, s.stop)
-        bufs = np.empty((3, max(C, x.shape[ax])), x.dtype)
-        taps = np.empty(max(kernel[0] * kernel[1], kernel[0] + 3 * out.shape[ax]), np.intp)
-        run(xf, of, dims, geom, kind == "max", count_pads, (n0, n1, c0, c1), bufs, taps)
-    for_slices(part, N if N > 1 else C, x.size)
+    Ho = out.shape[ay]
+    rows = N == 1 and layout == "NHWC"
+
+    def part(s):                       # images s, or output rows or channels s of one image
+        if N > 1:
+            bounds = (s.start, s.stop, 0, C, 0, Ho)
+        else:
+            bounds = (0, 1, 0, C, s.start, s.stop) if rows else (0, 1, s.start, s.stop, 0, Ho)
+        # NHWC: rows of W pixels' channels; NCHW: rows of W values
+        width = x.shape[ax] * (C if layout == "NHWC" else 1)
+        bufs = np.empty((3, width), x.dtype)
+        taps = np.empty(max(kernel[0], kernel[1], kernel[0] + 3 * out.shape[ax]), np.intp)
+        run(xf, of, dims, geom, kind == "max", count_pads, bounds, bufs, taps)
+    for_slices(part, N if N > 1 else (Ho if rows else C), x.size)
     return out
 
 

@@ -139,7 +139,10 @@ def supported(step, args, outputs, constants):
     return tuple(layout for layout in LAYOUTS if layout in offered)
 
 
-def _signature(step, args, layout):
+def step_signature(step, args, layout):
+    """The key of ``step``'s timed cost in ``layout`` on ``args`` in the disk cache: its
+    operator, attributes, fused epilogue, operand shapes and dtypes, and the kernel
+    its constants choose, if any."""
     node = step.node
     shapes = [None if a is None else (np.shape(a), np.asarray(a).dtype.str) for a in args]
     attrs = sorted((k, repr(v)) for k, v in node.attrs.items())
@@ -185,7 +188,7 @@ def _step_cost(cache, step, args, layout, constants):
     """``(seconds, choice)``: the step's time in ``layout``; for a conv the fastest of
     the algorithms worth timing, and which."""
     def timed(choice):
-        key = _signature(step, args, layout) + ("" if choice is None else f" {choice}")
+        key = step_signature(step, args, layout) + ("" if choice is None else f" {choice}")
         return cache.seconds(key, lambda: _time_step(step, args, layout, constants, choice))
     if not hasattr(step.run, "choices"):
         return timed(None), None
@@ -282,7 +285,7 @@ def _problem(network, fed, values, cache):
     problem = Problem(ops, {n: "NCHW" for n in fed}, {n: "NCHW" for n in network.outputs},
                       op_cost, convert_cost)
     fingerprint = digest_text("".join(
-        _signature(step, [values[n] if n else None for n in step.inputs], "")
+        step_signature(step, [values[n] if n else None for n in step.inputs], "")
         for step in network.steps))
     return problem, choices, fingerprint
 

@@ -150,14 +150,14 @@ def test_a_steps_kernel_is_part_of_its_cost_signature():
     weights are timed anew, not given the other kernel's cost."""
     from types import SimpleNamespace
 
-    from tilegemm.net.planning import _signature
+    from tilegemm.net.planning import step_signature
 
     def step(kernel=None):
         run = SimpleNamespace() if kernel is None else SimpleNamespace(kernel=kernel)
         return SimpleNamespace(node=SimpleNamespace(op="QLinearConv", attrs={}, epilogue={}),
                                run=run)
     args = [np.zeros((1, 8, 9, 9), np.uint8), np.zeros((8, 8, 3, 3), np.int8)]
-    full, seven = _signature(step("madd 256"), args, "NHWC"), _signature(step("maddubs 256"),
-                                                                        args, "NHWC")
+    full = step_signature(step("madd 256"), args, "NHWC")
+    seven = step_signature(step("maddubs 256"), args, "NHWC")
     assert full != seven and full.endswith("madd 256") and seven.endswith("maddubs 256")
-    assert _signature(step(), args, "NHWC").endswith("NHWC")
+    assert step_signature(step(), args, "NHWC").endswith("NHWC")
