@@ -80,16 +80,20 @@ def int8_kind_for(b, b_zero_point=0):
     kind = int8_kind()
     if kind != ("madd", 256) or b.size == 0:
         return kind
+    return ("maddubs", 256) if _fits_maddubs(b, b_zero_point) else kind
+
+
+def _fits_maddubs(b, b_zero_point):
+    """Whether every value of ``b`` as ``maddubs`` packs it lies within +-MADDUBS_B_LIMIT."""
     add = _b_add("maddubs", b.dtype, b_zero_point)
-    low, high = int(b.min()) + add, int(b.max()) + add
-    return ("maddubs", 256) if -MADDUBS_B_LIMIT <= low and high <= MADDUBS_B_LIMIT else kind
+    return b.size == 0 or (-MADDUBS_B_LIMIT <= int(b.min()) + add
+                           and int(b.max()) + add <= MADDUBS_B_LIMIT)
 
 
 def _check_maddubs(b, b_zero_point):
     """A ValueError unless ``b`` fits ``maddubs`` (see :func:`int8_kind_for`)."""
     add = _b_add("maddubs", b.dtype, b_zero_point)
-    if b.size and not (-MADDUBS_B_LIMIT <= int(b.min()) + add
-                       and int(b.max()) + add <= MADDUBS_B_LIMIT):
+    if not _fits_maddubs(b, b_zero_point):
         raise ValueError(f"the maddubs kernel needs B's values within +-{MADDUBS_B_LIMIT} "
                          f"(after adding {add}); use int8_kind_for(b)")
 
