@@ -7,7 +7,8 @@ import numpy as np
 
 from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
-from tilegemm.conv.quantized import qconv2d_into
+from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
@@ -60,6 +61,7 @@ class QConvWeights:
         self.scales = _channel_scales(w_scale, w.shape[0], func)
         self._matrices = {}
         self._panels = {}
+        self._taps = {}
         self._kind = None
 
     @property
@@ -97,6 +99,14 @@ class QConvWeights:
             self._panels[key] = [pack_b_once(w, 0, key[2])
                                  for w in self.matrices(groups, multiple)]
         return self._panels[key]
+
+    def taps(self, groups):
+        """:meth:`panels` for the taps kernel (channels rounded up to its words), every
+        group's in one :class:`TapsPanels` (cached)."""
+        key = (groups, self.kind)
+        if key not in self._taps:
+            self._taps[key] = TapsPanels(self.panels(groups, GROUP[self.kind[0]]))
+        return self._taps[key]
 
     def __repr__(self):
         return f"QConvWeights(shape={self.shape})"
@@ -210,6 +220,7 @@ class PreparedQConv:
         self.params, self.weights, self.input_shape = p, weights, tuple(x_shape)
         self.output_shape = p.output_shape()
         self.epilogue = (mult, b, ACTIVATION_CODES[opt["activation"]], requant)
+        self._plans = {}
 
     def __call__(self, x, out=None):
         """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
@@ -224,10 +235,19 @@ class PreparedQConv:
             return out
         p = self.params
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
-            return qconv2d_into(np.ascontiguousarray(x), self.zero, None, self.epilogue, p, out,
-                                taps=self.weights.panels(p.groups, GROUP[self.weights.kind[0]]))
+            return self._taps_plan()(np.ascontiguousarray(x), out)
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
                             self.epilogue, p, out, self.weights.panels(p.groups))
+
+    def _taps_plan(self):
+        """The :class:`TapsPlan` of this layer for the current thread count (cached)."""
+        threads = get_num_threads()
+        plan = self._plans.get(threads)
+        if plan is None:
+            plan = self._plans[threads] = TapsPlan(self.params, self.x_dtype, self.zero,
+                                                   self.weights.taps(self.params.groups),
+                                                   self.epilogue, threads)
+        return plan
 
 
 #: :func:`qconv2d`'s keyword arguments and their defaults.

@@ -24,6 +24,8 @@ bias[k]``, the activation, and then either float32 or a requantized code
 ``clip(round(y / out_scale) + out_zero_point)``, written straight into the output's
 layout.
 """
+import threading
+
 import llvmlite.ir as ir
 import numba
 import numpy as np
@@ -33,14 +35,13 @@ from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import JIT, jit
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.ground.workspace import buffers
+from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.int8 import GROUP, TILES
-from tilegemm.kernels.qgemm import SHARE_OPS, qgemm_into, taps_into, widen_rows_into
-
-#: Activation codes of :func:`finish`.
-ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
+from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, TILES
+from tilegemm.kernels.qgemm import SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into
+from tilegemm.tuning.machine import detect
+from tilegemm.kernels.requant import ACTIVATIONS, finish  # noqa: F401 (ACTIVATIONS: qconv's codes)
 
 
 @intrinsic
@@ -107,30 +108,32 @@ def patches_nhwc(x, n, c0, cg, geom, zero, p0, p1, out):
                         fill_bytes(of, at + s * cg, zero, cg)
 
 
-@numba.njit(inline="always", **JIT)
-def _epilogue(total, mult, bias, act, requant):
-    """One output of :func:`finish`, as float64."""
-    scale, zero_point, low, high = requant
-    y = total * mult + bias
-    if act > 0 and y < 0.0:
-        y = 0.0
-    if act == 2 and y > 6.0:
-        y = 6.0
-    if scale > 0.0:
-        return min(max(np.rint(y / scale) + zero_point, low), high)
-    return y
+class TapsPanels:
+    """A layer's weights for the taps kernel: every group's panels (``kh*kw*Cg x Kg``,
+    each tap's channels padded to whole words, packed once by
+    ``kernels.qgemm.pack_b_once``) in one array, so that one jitted call reads any
+    group's (``kernels/_int8.py`` :func:`qconv_taps_blocks`).
 
+    Parameters
+    ----------
+    packed : list of PackedB
+        Per group, its panels (all of one shape and kernel).
+    """
 
-@jit
-def finish(acc, mult, bias, act, requant, out):
-    """``out = epilogue(acc)`` for ``acc`` and ``out`` pixels x channels: ``y = acc *
-    mult[k] + bias[k]``, relu or relu6 (``act`` 1 or 2), then with ``requant =
-    (scale, zero_point, low, high)`` and ``scale > 0`` the code ``clip(rint(y / scale)
-    + zero_point, low, high)``, else y itself; in float64."""
-    P, Kg = acc.shape
-    for p in range(P):
-        for k in range(Kg):
-            out[p, k] = _epilogue(acc[p, k], mult[k], bias[k], act, requant)
+    def __init__(self, packed):
+        self.kind, self.blocks = packed[0].kind, packed[0].blocks
+        self.starts = np.cumsum([0] + [b.words.size for b in packed]).astype(np.int64)
+        self.words = np.concatenate([b.words for b in packed])
+        self.col_sums = np.concatenate([b.col_sums for b in packed])
+        self._cc = {}
+
+    def corrections(self, pad):
+        """Each output channel's column correction for widened rows padded with ``pad``:
+        ``-pad`` times its sum of B, wrapping to int32 as the sums do (cached)."""
+        cc = self._cc.get(pad)
+        if cc is None:
+            cc = self._cc[pad] = (-int(pad) * self.col_sums).astype(np.int32)
+        return cc
 
 
 def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=None):
@@ -142,30 +145,27 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
-    ``taps``: per group, the weights with each tap's channels padded to whole words of
-    the kernel, packed once: the sums come from the taps kernel (``kernels.qgemm.taps_serve``).
+    ``taps``: :class:`TapsPanels`: the sums come from the taps kernel
+    (``kernels.qgemm.taps_serve``).
 
     Both layouts compute channels-last: an NCHW input is copied to NHWC first, or with
     ``taps`` its rows transposed as they are widened (a pixel's channels are then a
     contiguous run, and the GEMM has the pixels as its long side: 2x the rate of
     weights @ patches on ResNet-18 conv2_x),
-    and an NCHW output is written through one transposing copy per block.  Threads
+    and an NCHW output is written from pixel-major sums.  Threads
     take blocks of pixels (:func:`pixel_shares`), each its patches, product and
     epilogue, the weights' panels shared; or, with ``taps`` on an image whose
     weights outweigh its input, blocks of output channels (:func:`channel_shares`).
+    With ``taps`` this plans the call each time: :class:`TapsPlan` plans it once.
     """
-    if p.layout == "NCHW" and taps is None:   # the taps kernel's rows are widened from NCHW
-        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    if taps is not None:
+        return TapsPlan(p, x.dtype, x_zero_point, taps, epilogue, get_num_threads())(x, out)
     P = p.Ho * p.Wo
-    ops = 2 * p.N * P * p.K * p.Cg * p.kh * p.kw
-    threads = get_num_threads() if ops >= SHARE_OPS else 1
-    block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, (panels, taps))
-    nr = None if taps is None else TILES[taps[0].kind][1]
-    if taps is not None and p.N < threads <= -(-p.Kg // nr) and _weights_outweigh_input(p):
-        shares = channel_shares(p.N, P, p.Kg, threads, nr)
-    else:
-        shares = [[(n, p0, p1, 0, p.Kg) for n, p0, p1 in part]
-                  for part in pixel_shares(p.N, P, threads)]
+    threads = get_num_threads() if 2 * p.N * P * p.K * p.Cg * p.kh * p.kw >= SHARE_OPS else 1
+    if p.layout == "NCHW":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, panels)
+    shares = [[(n, p0, p1) for n, p0, p1 in part] for part in pixel_shares(p.N, P, threads)]
     run_shares(lambda part: _pixels(block, part), [(part,) for part in shares])
     return out
 
@@ -201,74 +201,125 @@ def channel_shares(N, P, Kg, threads, unit):
 
 
 def _pixels(block, part):
-    """Blocks ``part`` of pixels and output channels (``(image, first pixel, end
-    pixel, first channel, end channel)``, the channels of each group; only the taps
-    kernel takes fewer than all) on this thread: per group, the sums of the weights
-    with the patches (or, with the taps kernel, with the widened input read in place:
-    :func:`_taps_sums`), then the epilogue."""
-    x, zero, weights, (mult, bias, act, requant), p, out, (panels, taps) = block
+    """Blocks ``part`` of pixels (``(image, first pixel, end pixel)``) on this thread:
+    per group, the sums of the weights with the patches, then the epilogue."""
+    x, zero, weights, (mult, bias, act, requant), p, out, panels = block
     P = p.Ho * p.Wo
-    rows_max = max((b - a for _, a, b, _, _ in part), default=0)
+    rows_max = max((b - a for _, a, b in part), default=0)
     depth = p.Cg * p.kh * p.kw
     acc, patches, rows = buffers(("qconv2d", x.dtype.str), (
-        rows_max * p.Kg, 0 if taps else rows_max * depth, rows_max * p.Kg), np.int32)
+        rows_max * p.Kg, rows_max * depth, rows_max * p.Kg), np.int32)
     geom = p.geom()
-    for n, p0, p1, j0, j1 in part:
+    for n, p0, p1 in part:
         m = p1 - p0
         sums = acc[:m * p.Kg].reshape(m, p.Kg)
         # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
         # (channel by channel, it read the sums a cache line per value: 2x slower).
         staged = rows.view(out.dtype)[:m * p.Kg].reshape(m, p.Kg)
-        widened = _widen(x, n, zero, p, (p0, p1), taps[0].kind) if taps else None
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
-            if taps:
-                _taps_sums(widened, p, g, taps[g], sums, (p0, p1, j0, j1))
+            if p.pointwise:        # the image is the patch matrix: read in place
+                a = x[n].reshape(P, p.C)[p0:p1, c0:c0 + p.Cg]
             else:
-                if p.pointwise:        # the image is the patch matrix: read in place
-                    a = x[n].reshape(P, p.C)[p0:p1, c0:c0 + p.Cg]
-                else:
-                    a = patches.view(x.dtype)[:m * depth].reshape(m, depth)
-                    patches_nhwc(x, n, c0, p.Cg, geom, zero, p0, p1, a)
-                qgemm_into(a, weights[g], sums, int(zero), 0,
-                           None if panels is None else panels[g].kind, threads=1,
-                           b_panels=None if panels is None else panels[g])
-            ks = slice(k0 + j0, k0 + j1)
+                a = patches.view(x.dtype)[:m * depth].reshape(m, depth)
+                patches_nhwc(x, n, c0, p.Cg, geom, zero, p0, p1, a)
+            qgemm_into(a, weights[g], sums, int(zero), 0,
+                       None if panels is None else panels[g].kind, threads=1,
+                       b_panels=None if panels is None else panels[g])
+            ks = slice(k0, k0 + p.Kg)
             scales = (mult[ks], bias[ks], act, requant)
             if p.layout == "NCHW":
-                finish(sums[:, j0:j1], *scales, staged[:, j0:j1])
-                out[n, ks].reshape(j1 - j0, P)[:, p0:p1] = staged[:, j0:j1].T
+                finish(sums, *scales, staged)
+                out[n, ks].reshape(p.Kg, P)[:, p0:p1] = staged.T
             else:
-                finish(sums[:, j0:j1], *scales, out[n].reshape(P, p.K)[p0:p1, ks])
+                finish(sums, *scales, out[n].reshape(P, p.K)[p0:p1, ks])
 
 
-def _taps_geometry(p, pixels, group):
-    """The padded input rows ``(r0, r1)`` the output pixels ``pixels`` read, the padded
-    width and the 32-bit words of a widened pixel (``group`` channels a word, rounded
-    up)."""
-    oy0, oy1 = pixels[0] // p.Wo, (pixels[1] - 1) // p.Wo
-    rows = (oy0 * p.sy, oy1 * p.sy + (p.kh - 1) * p.dy + 1)
-    return rows, p.left + p.W + p.right, -(-p.C // group)
+class TapsPlan:
+    """A quantized convolution on the taps kernel, planned once for one layer and a
+    thread count: every argument of the jitted driver (``kernels/_int8.py``
+    :func:`qconv_taps_blocks`) but the input, the output and the scratch, so that
+    a call spends no Python on them (on a 2-core VM each line of Python after a
+    millisecond of kernel ran cold: 0.1-0.3 ms a call had gone to building them).
+
+    The input rows of each block are widened once, to int16 ``x - zero`` padded
+    with 0 for the pair kinds or to unsigned bytes padded with the zero point's byte
+    for the byte kinds (the padding then comes off through the weights' column
+    sums); its pixels then go in chunks whose sums stay in L2 until the epilogue
+    reads them.
+
+    Parameters
+    ----------
+    p : ConvParams
+    x_dtype : numpy.int8 or numpy.uint8
+    zero : int
+        The input's zero point.
+    taps : TapsPanels
+    epilogue : tuple
+        ``(mult, bias, act, requant)`` as :func:`finish` takes them.
+    threads : int
+    """
+
+    def __init__(self, p, x_dtype, zero, taps, epilogue, threads):
+        kind, bits = taps.kind
+        self.mod = get_int8_kernel(kind, bits)
+        group = GROUP[kind]
+        Wp, Cw = p.left + p.W + p.right, -(-p.C // group)
+        if kind in BYTE_KINDS:
+            shift = 128 if np.dtype(x_dtype) == np.int8 else 0
+            self.widening, self.wide = (shift, int(zero) + shift), np.uint8
+        else:
+            self.widening, self.wide = (-int(zero), 0), np.int16
+        self.conv = (p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
+                     p.layout == "NCHW")
+        KC, NC = taps.blocks
+        MC = int8_blocking(kind, bits)[1]
+        self.weights = (taps.words, taps.starts, p.Cg // group if p.groups > 1 else Cw,
+                        taps.corrections(self.widening[1]), (KC, MC, NC))
+        self.epilogue = epilogue
+        self.blocks = [np.array(part, np.int64).reshape(-1, 5)
+                       for part in _taps_shares(p, threads, TILES[taps.kind][1])]
+        rows = max(int((b[:, 2] - b[:, 1]).max()) for b in self.blocks)
+        # the sums of a chunk of pixels in a quarter of L2, whole MC blocks of them
+        self.chunk = min(rows, max(1, detect().l2_bytes // 16 // (p.Kg * MC)) * MC)
+        span = max(int(((b[:, 2] - 1) // p.Wo - b[:, 1] // p.Wo).max()) for b in self.blocks)
+        in_rows = span * p.sy + (p.kh - 1) * p.dy + 1
+        intp_words = np.dtype(np.intp).itemsize // 4
+        self.sizes = (in_rows * Wp * Cw, self.chunk * p.Kg, self.mod.MR,
+                      intp_words * (2 * (p.kh * p.kw + 1) + self.chunk))
+        self._local = threading.local()
+
+    def __call__(self, x, out):
+        """The convolution of the C-contiguous ``x`` into ``out`` (C-contiguous)."""
+        made = thread_buffers("qconv2d taps", len(self.blocks), self.sizes, np.int32)
+        local = self._local
+        if getattr(local, "made", None) is not made:
+            local.calls = [(blocks, self._scratch(made, t)) for t, blocks in enumerate(self.blocks)]
+            local.made = made
+        run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
+                                                 self.epilogue, out)
+        if len(local.calls) == 1:
+            blocks, scratch = local.calls[0]
+            run(x, blocks, *args, scratch)
+        else:
+            run_shares(lambda blocks, scratch: run(x, blocks, *args, scratch), local.calls)
+        return out
+
+    def _scratch(self, made, t):
+        """Share ``t``'s scratch (as :func:`qconv_taps_blocks` takes it) in ``made``."""
+        words, acc, zeros, offsets = (buf[t] for buf in made)
+        zeros[:] = 0
+        return (words, words.view(self.wide), acc, zeros, offsets.view(np.intp), self.chunk)
 
 
-def _widen(x, n, zero, p, pixels, kind):
-    """The input rows the pixels read, padded and widened for the int8 kernel ``kind``
-    (one buffer per thread), as int32 words, and their padding value: the taps
-    kernel's A (``kernels.qgemm.widen_rows_into``)."""
-    group = GROUP[kind[0]]
-    (r0, r1), Wp, Cw = _taps_geometry(p, pixels, group)
-    words, = buffers(("qconv2d taps", x.dtype.str), ((r1 - r0) * Wp * Cw,), np.int32)
-    pad = widen_rows_into(x, n, (p.top, p.left, Wp, group * Cw), zero, (r0, r1), words, kind,
-                          p.layout)
-    return words, pad
-
-
-def _taps_sums(widened, p, g, panels, sums, part):
-    """``sums`` = group ``g``'s int32 sums of the output pixels and channels ``part =
-    (p0, p1, j0, j1)``, every tap read from the widened rows ``widened = (words, pad)``
-    in place (``kernels.qgemm.taps_into``)."""
-    group = GROUP[panels.kind[0]]
-    (r0, _), Wp, Cw = _taps_geometry(p, part[:2], group)
-    geom = (Wp, Cw, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, r0)
-    taps_into(widened[0], geom, (g * p.Cg // group, -(-p.Cg // group), p.Kg), panels,
-              sums.reshape(-1), part[:2], part[2:], widened[1])
+def _taps_shares(p, threads, nr):
+    """Per thread, its blocks ``(image, p0, p1, j0, j1)`` of output pixels and each
+    group's output channels: runs of channels cut at multiples of the kernel's ``nr``
+    (:func:`channel_shares`) where the weights outweigh the input, else
+    :func:`pixel_shares`; one thread below ``SHARE_OPS`` operations."""
+    P = p.Ho * p.Wo
+    if 2 * p.N * P * p.K * p.Cg * p.kh * p.kw < SHARE_OPS:
+        threads = 1
+    if p.N < threads <= -(-p.Kg // nr) and _weights_outweigh_input(p):
+        return channel_shares(p.N, P, p.Kg, threads, nr)
+    return [[(n, p0, p1, 0, p.Kg) for n, p0, p1 in part] for part in pixel_shares(p.N, P, threads)]

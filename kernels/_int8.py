@@ -18,6 +18,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import jit
 from tilegemm.kernels.int8 import make_int8_tile
+from tilegemm.kernels.requant import finish, finish_planes
 
 # --- configuration ---
 KIND = "vnni"
@@ -339,3 +340,69 @@ def _tap_runs(g0, g1, cgw, geom, c0w, seg):
             seg[2 * s + 1] = hi - lo
             s += 1
     return s
+
+
+@jit
+def qconv_taps_blocks(x, blocks, conv, widening, weights, epilogue, out, scratch):
+    """A quantized convolution's blocks of output on the taps kernel, in one call: per
+    block, the input rows it reads widened once (:func:`widen_rows`), then per chunk
+    of its pixels each group's sums (:func:`qconv_taps`) and the epilogue into
+    ``out`` (``kernels/requant.py``) while the sums are in cache.  One thread's
+    share, run without the GIL from start to end.
+
+    ``blocks``: rows ``(image, p0, p1, j0, j1)``: output pixels ``p0:p1`` and each
+    group's output channels ``j0:j1``.  ``conv = (Wo, kh, kw, sy, sx, dy, dx, top,
+    left, Wp, Cw, nchw)``: output width, kernel, stride, dilation, padding, padded
+    width, words per widened pixel, whether ``x`` and ``out`` are NCHW.  ``widening
+    = (add, pad)`` of :func:`widen_rows`.  ``weights = (words, starts, cgw, cc,
+    (KC, MC, NC))``: every group's panels one after another, group ``g``'s from
+    ``starts[g]``, its words of channels per pixel, its column corrections
+    ``cc[g*Kg:(g+1)*Kg]``.  ``epilogue = (mult, bias, act, requant)`` as
+    :func:`finish` takes them.  ``scratch = (words, values, acc, zeros, offsets,
+    chunk)``: the widened rows as words and as values, room for the sums of
+    ``chunk`` pixels, and :func:`qconv_taps`'s buffers (``offsets``: its ``seg``
+    then its ``a_at``).
+    """
+    Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
+    words, values, acc, zeros, offsets, chunk = scratch
+    for b in range(blocks.shape[0]):
+        n, p0, p1 = blocks[b, 0], blocks[b, 1], blocks[b, 2]
+        r0 = (p0 // Wo) * sy
+        r1 = ((p1 - 1) // Wo) * sy + (kh - 1) * dy + 1
+        widen_rows(x, n, (top, left, Wp, GROUP * Cw), widening[0], widening[1], r0, r1,
+                   values, nchw)
+        for q0 in range(p0, p1, chunk):
+            _taps_chunk(words, (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4]),
+                        conv, r0, weights, epilogue, out, (acc, zeros, offsets))
+
+
+@jit
+def _taps_chunk(words, part, conv, r0, weights, epilogue, out, scratch):
+    """:func:`qconv_taps_blocks` on output pixels ``q0:q1`` of image ``n`` (``part =
+    (n, q0, q1, j0, j1)``) whose input rows are widened in ``words`` from row ``r0``:
+    every group's sums into ``acc``, then the epilogue."""
+    Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
+    panels, starts, cgw, cc, sizes = weights
+    mult, bias, act, requant = epilogue
+    acc, zeros, offsets = scratch
+    n, q0, q1, j0, j1 = part
+    groups = starts.size - 1
+    K = mult.size
+    Kg = K // groups
+    P = out.shape[2] * out.shape[3] if nchw else out.shape[1] * out.shape[2]
+    flat = out.reshape(-1)
+    m = q1 - q0
+    nseg = 2 * (kh * kw + 1)
+    sums = acc[:m * Kg]
+    for g in range(groups):
+        qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
+                   panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
+                   cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m])
+        k0, k1 = g * Kg + j0, g * Kg + j1
+        got = sums.reshape(m, Kg)[:, j0:j1]
+        if nchw:
+            finish_planes(got, mult[k0:k1], bias[k0:k1], act, requant, flat,
+                          (n * K + k0) * P + q0, P)
+        else:
+            finish(got, mult[k0:k1], bias[k0:k1], act, requant,
+                   flat[(n * P + q0) * K:(n * P + q1) * K].reshape(m, K)[:, k0:k1])

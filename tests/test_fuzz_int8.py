@@ -359,6 +359,30 @@ def test_qconv2d_matches_the_dequantized_math(data):
     QCONV_CHECKED.append(1)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("seven", [False, True])
+def test_qconv2d_block_of_several_chunks(layout, seven):
+    """A block of pixels longer than the taps driver's chunk (its sums in L2): every
+    chunk's sums and epilogue land at their pixels, in both layouts."""
+    from tilegemm.conv.qconv import PreparedQConv
+    from tilegemm.conv.quantized import TapsPlan
+    from tilegemm.kernels.qgemm import taps_serve
+    rng = np.random.default_rng(31)
+    shape = (1, 16, 24, 23) if layout == "NCHW" else (1, 24, 23, 16)
+    x = values(rng, shape, np.uint8, False)
+    w = values(rng, (256, 16, 3, 3), np.int8, False, seven)
+    qw = tilegemm.QConvWeights(w, 0.004)
+    if not taps_serve(qw.kind, 16, 1):
+        pytest.skip("this host's int8 kernel has no taps kernel")
+    kwargs = dict(x_zero_point=9, padding=1, layout=layout)
+    layer = PreparedQConv(x.shape, x.dtype, 0.02, qw, **kwargs)
+    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(1), layer.epilogue, 1)
+    assert plan.chunk < 24 * 23
+    want = qconv_reference(x, 9, w, 0.02, 0.004, None, (1, 1, 1, 1), None, layout)
+    got = plan(x, np.empty(layer.output_shape, np.float32))
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
 def test_zz_qconv2d_fuzz_checked_enough_layers():
     """The generated geometries mostly have outputs: the checks above ran, not the early exits."""
     assert len(QCONV_CHECKED) >= 50, len(QCONV_CHECKED)

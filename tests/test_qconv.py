@@ -129,14 +129,19 @@ def test_qconv2d_against_guard_pages(layout):
 
 
 def test_qconv2d_from_several_python_threads():
+    """One set of weights, and one prepared layer (its plan and scratch per Python
+    thread), called from four threads at once."""
     x, w, ws = _layer(4)
     cw = tilegemm.QConvWeights(w, ws)
     want = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
+    layer = PreparedQConv(x.shape, x.dtype, 0.02, cw, padding=1, out_scale=0.05,
+                          out_zero_point=100)
 
     def work(i):
         for _ in range(20):
             got = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
             assert np.array_equal(got, want)
+            assert np.array_equal(layer(x), want)
 
     in_threads(work, 4)
 
@@ -193,6 +198,8 @@ def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layo
             got = tilegemm.qconv2d(x, 0.02, qw, **options)
         monkeypatch.undo()
         if tilegemm.get_num_threads() >= 2:
-            assert [[part[3:] for part in share[0]] for share in shares[0]] == [
+            # each share's blocks (image, p0, p1, j0, j1): its output channels j0:j1
+            assert [[tuple(block[3:]) for block in np.asarray(share[0]).tolist()]
+                    for share in shares[0]] == [
                 [(0, 16)], [(16, 40 // groups)]], shares
         assert np.array_equal(got, want), groups
