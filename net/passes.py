@@ -201,25 +201,46 @@ def _qdq_bias(graph, producers, conv):
     return f"{conv.name}/bias"
 
 
+def _gemm_bias(graph, producers, gemm, w):
+    """:func:`_qdq_bias` of a Gemm of the constant codes ``w`` that the int8 kernels
+    can run (``transA = 0``, ``alpha = 1``, and a bias of one value per output column
+    with ``beta = 1``), its bias as a 1-D constant; else None."""
+    attrs = gemm.attrs
+    if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+        return None
+    name = _qdq_bias(graph, producers, gemm)
+    if not name:
+        return name
+    bias = graph.constants[name]
+    columns = w.shape[0 if attrs.get("transB", 0) else 1] if w is not None and w.ndim == 2 else -1
+    if attrs.get("beta", 1.0) != 1.0 or bias.size != columns or bias.ndim > 2:
+        return None
+    graph.constants[f"{gemm.name}/bias"] = bias.reshape(-1)
+    return f"{gemm.name}/bias"
+
+
 def fuse_qdq(graph):
     """Conv(DequantizeLinear(codes), DequantizeLinear(int8 weights), bias) becomes a
     QLinearConv on the codes (:mod:`tilegemm.net.quantized`), with a Relu or Clip(0, 6)
     after it in its epilogue and, when a QuantizeLinear is the only reader, its
-    requantization too: the activations between convs then stay int8.  The
-    DequantizeLinear nodes stay for any other reader."""
+    requantization too: the activations between convs then stay int8.  A Gemm of
+    the same form becomes a QGemm (com.microsoft's operator: the classifier of a
+    QDQ model on the int8 kernels).  The DequantizeLinear nodes stay for any other
+    reader."""
     readers, producers = graph.consumers(), graph.producers()
     dropped = set()
-    for i, conv in enumerate(graph.nodes):
-        if conv.op != "Conv" or conv.epilogue:
+    for i, node in enumerate(graph.nodes):
+        if node.op not in ("Conv", "Gemm") or node.epilogue:
             continue
-        x_dq = _codes_of(graph, producers, conv.inputs[0])
-        w_dq = _codes_of(graph, producers, conv.inputs[1], per_channel=True)
+        x_dq = _codes_of(graph, producers, node.inputs[0])
+        w_dq = _codes_of(graph, producers, node.inputs[1], per_channel=True)
         if x_dq is None or w_dq is None or not _symmetric_int8(graph, w_dq):
-            continue                  # left as written: the conv then runs in float
-        bias = _qdq_bias(graph, producers, conv)
+            continue                  # left as written: it then runs in float
+        bias = (_qdq_bias(graph, producers, node) if node.op == "Conv" else
+                _gemm_bias(graph, producers, node, graph.constants[w_dq.inputs[0]]))
         if bias is None:
             continue
-        chain, out = [], conv.outputs[0]
+        chain, out = [], node.outputs[0]
         after = readers.get(out, [])
         if len(after) == 1 and _activation_of(graph, after[0]) and out not in graph.outputs:
             chain.append(after[0])
@@ -229,9 +250,11 @@ def fuse_qdq(graph):
         y = (list(q.inputs) + [""])[1:3] if q is not None else ["", ""]
         codes = [x_dq.inputs[0], *(list(x_dq.inputs) + [""])[1:3],
                  w_dq.inputs[0], w_dq.inputs[1], ""]
-        fused = Node("QLinearConv", conv.name, codes + y + [bias], [chain[-1].outputs[0]
-                     if chain else out], dict(conv.attrs), fused=["DequantizeLinear", "Conv"]
-                     + [n.op for n in chain])
+        op, inputs = (("QLinearConv", codes + y + [bias]) if node.op == "Conv"
+                      else ("QGemm", codes + [bias] + y))
+        attrs = {k: v for k, v in node.attrs.items() if k != "beta"}    # 1 (QGemm has none)
+        fused = Node(op, node.name, inputs, [chain[-1].outputs[0] if chain else out],
+                     attrs, fused=["DequantizeLinear", node.op] + [n.op for n in chain])
         if chain and chain[0].op != "QuantizeLinear":
             fused.epilogue["activation"] = _activation_of(graph, chain[0])
         graph.nodes[i] = fused
@@ -279,38 +302,72 @@ def _same_constants(graph, a, b):
     return x is not None and y is not None and x.dtype == y.dtype and np.array_equal(x, y)
 
 
-def fuse_qdq_maxpool(graph):
-    """DequantizeLinear -> MaxPool -> QuantizeLinear with the same scale and zero point
-    becomes the MaxPool on the codes: dequantizing is monotonic and the quantizer gives
-    each dequantized code back, so the maximum's code is the codes' maximum.  Only where
-    every window holds an input value (no dilation, pads smaller than the kernel)."""
+#: Operators that move values without changing them: between a DequantizeLinear and a
+#: QuantizeLinear of the same scale and zero point they give the codes they read.
+REARRANGE = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+
+
+def _pools_codes(pool):
+    """Whether a MaxPool takes every window's maximum from input values (no
+    dilation, pads smaller than the kernel, no indices output)."""
+    if len(pool.outputs) > 1 and pool.outputs[1]:
+        return False
+    kernel = pool.attrs.get("kernel_shape", ())
+    pads = pool.attrs.get("pads", (0,) * 4)
+    return (all(d == 1 for d in pool.attrs.get("dilations", (1, 1))) and len(pads) == 4
+            and all(p < kernel[i % 2] for i, p in enumerate(pads)))
+
+
+def fuse_qdq_codes(graph):
+    """DequantizeLinear -> op -> QuantizeLinear with the same scale and zero point
+    becomes the op on the codes, for the ops that move values (:data:`REARRANGE`) and
+    MaxPool where every window holds an input value: dequantizing is monotonic and the
+    quantizer gives each dequantized code back, so the maximum's code is the codes'
+    maximum."""
     readers, producers = graph.consumers(), graph.producers()
     dropped = set()
-    for pool in graph.nodes:
-        if pool.op != "MaxPool" or len(pool.outputs) > 1 and pool.outputs[1]:
+    for node in graph.nodes:
+        if not (node.op in REARRANGE or node.op == "MaxPool" and _pools_codes(node)):
             continue
-        kernel = pool.attrs.get("kernel_shape", ())
-        pads = pool.attrs.get("pads", (0,) * 4)
-        if any(d != 1 for d in pool.attrs.get("dilations", (1, 1))) \
-                or len(pads) != 4 or any(p >= kernel[i % 2] for i, p in enumerate(pads)):
-            continue
-        dq = _codes_of(graph, producers, pool.inputs[0])
-        q = None if dq is None else _quantizer(graph, readers, pool.outputs[0])
+        dq = _codes_of(graph, producers, node.inputs[0])
+        q = None if dq is None else _quantizer(graph, readers, node.outputs[0])
         # Zero points given on both sides: without one, QuantizeLinear writes uint8
         # whatever the codes DequantizeLinear read.
         if q is None or len(dq.inputs) < 3 or len(q.inputs) < 3 or not all(
                 a and _same_constants(graph, a, b) for a, b in zip(dq.inputs[1:3], q.inputs[1:3])):
             continue
-        pool.inputs[0], pool.outputs = dq.inputs[0], list(q.outputs)
-        pool.fused += ["DequantizeLinear", "QuantizeLinear"]
+        node.inputs[0], node.outputs = dq.inputs[0], list(q.outputs)
+        node.fused += ["DequantizeLinear", "QuantizeLinear"]
+        dropped.add(id(q))
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    return graph
+
+
+def fuse_qdq_global_pool(graph):
+    """DequantizeLinear -> GlobalAveragePool -> QuantizeLinear, scales and zero points
+    constant scalars, becomes one QLinearGlobalAveragePool on the codes
+    (com.microsoft's operator: a QDQ classifier's pooling in one pass)."""
+    readers, producers = graph.consumers(), graph.producers()
+    dropped = set()
+    for i, pool in enumerate(graph.nodes):
+        if pool.op != "GlobalAveragePool":
+            continue
+        dq = _codes_of(graph, producers, pool.inputs[0])
+        q = None if dq is None else _quantizer(graph, readers, pool.outputs[0])
+        if q is None:
+            continue
+        graph.nodes[i] = Node("QLinearGlobalAveragePool", pool.name,
+                              (list(dq.inputs) + [""])[:3] + (list(q.inputs) + [""])[1:3],
+                              list(q.outputs), fused=["DequantizeLinear", "GlobalAveragePool",
+                                                      "QuantizeLinear"])
         dropped.add(id(q))
     graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
     return graph
 
 
 #: The passes :func:`optimize` runs, in order.
-PASSES = (fuse_qdq, fuse_qdq_add, fuse_qdq_maxpool, remove_dead, fold_constants, remove_dead,
-          fold_batchnorm, fuse_residual, fuse_activation)
+PASSES = (fuse_qdq, fuse_qdq_add, fuse_qdq_codes, fuse_qdq_global_pool, remove_dead,
+          fold_constants, remove_dead, fold_batchnorm, fuse_residual, fuse_activation)
 
 
 def optimize(graph):

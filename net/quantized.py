@@ -106,6 +106,30 @@ def add_run(a, b, scales, zeros, relu, low, high, out):
             ob[j] = low if not v >= low else min(v, high)
 
 
+@_exact
+def plane_means(x, by_rows, scaling, limits, out):
+    """``out[n, c] = clip(rint((sum - count * zx) * m) + zy)`` for ``scaling = (zx, m,
+    zy)``, ``sum`` the int64 sum of channel c's ``count`` codes in image n: ``x`` is
+    (N, count, C) with ``by_rows``, else (N, C, count)."""
+    zx, m, zy = scaling
+    N, C = out.shape
+    count = x.shape[1] if by_rows else x.shape[2]
+    sums = np.zeros(C, np.int64)
+    for n in range(N):
+        sums[:] = 0
+        if by_rows:
+            for p in range(count):
+                for c in range(C):
+                    sums[c] += x[n, p, c]
+        else:
+            for c in range(C):
+                for p in range(count):
+                    sums[c] += x[n, c, p]
+        for c in range(C):
+            y = np.rint((sums[c] - count * zx) * m) + zy
+            out[n, c] = min(max(y, limits[0]), limits[1])
+
+
 def _runs(fn, x, out, *args):
     """``fn(x run, *args, out run)`` over C-contiguous ``x`` and ``out`` flattened, the
     threads taking runs."""
@@ -226,6 +250,39 @@ def _qlinear_add(node, const):
     return writes_into(elementwise(run))
 
 
+@operator("QLinearGlobalAveragePool", ("channels_last",))
+def _qlinear_global_average_pool(node, const):
+    """``Q(mean(DQ(x)))`` over each channel's plane in one pass over the codes: what
+    :func:`tilegemm.net.passes.fuse_qdq_global_pool` makes of a QDQ model's pooling
+    (com.microsoft's operator, its input in the graph's NCHW: ``channels_last = 0``).
+    The codes' sum is exact (int64), the scaling and rounding in float64."""
+    if node.attrs.get("channels_last", 0):
+        raise unsupported(node, "channels_last=1 (NCHW input expected)")
+    x_scale, x_zero = _scale_zero(node, const, node.inputs[1:3], "x")
+    y_scale, y_zero = _scale_zero(node, const, node.inputs[3:5], "y")
+    zx, zy = (0 if z is None else int(z.reshape(())) for z in (x_zero, y_zero))
+    dtype = np.dtype(np.uint8) if y_zero is None else y_zero.dtype
+    low, high = RANGES[dtype]
+
+    def pooled(layout):
+        def run(x, *_, out=None):
+            if x.ndim != 4 or x.dtype not in RANGES:
+                raise TypeError(f"node {node.name!r} (QLinearGlobalAveragePool): 4-D int8 or "
+                                f"uint8 codes expected, got {x.ndim}-D {x.dtype}")
+            ay, ax = SPATIAL[layout]
+            count = x.shape[ay] * x.shape[ax]
+            shape = tuple(1 if a in (ay, ax) else d for a, d in enumerate(x.shape))
+            result = _target(first(out), shape, dtype)
+            n, c = x.shape[0], x.shape[3 if layout == "NHWC" else 1]
+            # (N, pixels, C) summed over its rows, or (N, C, pixels) over its columns
+            grid = np.ascontiguousarray(x).reshape((n, count, c) if layout == "NHWC" else (n, c, count))
+            plane_means(grid, layout == "NHWC", (zx, float(x_scale) / (count * float(y_scale)), zy),
+                        (low, high), result.reshape(n, c))
+            return (result,)
+        return run
+    return writes_into(in_layouts({layout: pooled(layout) for layout in LAYOUTS}))
+
+
 # --------------------------------------------------------------------------- convolutions
 def _int8_weights(node, const, name, zero_name):
     """The constant symmetric int8 weights of a quantized product or conv."""
@@ -240,13 +297,17 @@ def _int8_weights(node, const, name, zero_name):
 
 
 class QConvStep:
-    """A QLinearConv (or ConvInteger) of a network: weights prepared once
-    (:class:`~tilegemm.QConvWeights`), run by :func:`~tilegemm.qconv2d` in NCHW or
-    NHWC; the activation the passes fused in (``node.epilogue``) before rounding."""
+    """A QLinearConv (or ConvInteger, or with ``matrix`` a QGemm) of a network: weights
+    prepared once (:class:`~tilegemm.QConvWeights`), run by :func:`~tilegemm.qconv2d`
+    in NCHW or NHWC; the activation the passes fused in (``node.epilogue``) before
+    rounding.  A QGemm ``A @ B + C`` runs as the 1x1 convolution of A's rows as
+    pixels (:meth:`run_matrix`)."""
 
-    def __init__(self, node, const, integer=False):
+    def __init__(self, node, const, integer=False, matrix=False):
         names = list(node.inputs) + [""] * 9
-        self.node, self.integer = node, integer
+        if matrix:          # QGemm: A, a_scale, a_zero, B, b_scale, b_zero, C, y_scale, y_zero
+            names = names[:6] + names[7:9] + [names[6]]
+        self.node, self.integer, self.matrix = node, integer, matrix
         if integer:                     # ConvInteger: x, w, x_zero_point, w_zero_point
             w = _int8_weights(node, const, names[1], names[3])
             self.x_scale, self.x_zero = 1.0, const(names[2]) if names[2] else None
@@ -256,6 +317,7 @@ class QConvStep:
             self.bias = self.out_scale = self.out_zero = None
         else:
             w = _int8_weights(node, const, names[3], names[5])
+            w = _matrix_as_kernel(node, w) if matrix else w
             self.x_scale, self.x_zero = _scale_zero(node, const, names[1:3], "x")
             w_scale = const(names[4]) if names[4] else None
             if w_scale is None:
@@ -330,6 +392,17 @@ class QConvStep:
             conv.out_dtype = np.dtype(np.int32)
         return conv, width, zero
 
+    def run_matrix(self, a, out=None):
+        """The QGemm of the 2-D codes ``a`` (m x k): the 1x1 convolution of m pixels
+        of k channels, into ``out`` (m x n) when it fits."""
+        if a.ndim != 2:
+            raise ValueError(f"node {self.node.name!r} (QGemm): a 2-D A expected, got {a.ndim}-D")
+        m = a.shape[0]
+        n = self.weights.shape[0]
+        pixels = out.reshape(m, n, 1, 1) if out is not None and out.shape == (m, n) else None
+        return (self.run(np.ascontiguousarray(a).reshape(m, -1, 1, 1), "NCHW",
+                         pixels)[0].reshape(m, n),)
+
     def describe(self, layout, x_shape, *_):
         """("qconv2d", operations) for an input of ``x_shape`` in ``layout``: those of
         the layer :meth:`_prepare` makes for it (a stand-in input, no values)."""
@@ -338,10 +411,16 @@ class QConvStep:
         return "qconv2d", self._prepare(x, layout)[0].params.flops
 
     def function(self):
-        """The NCHW run function, the NHWC one in ``fn.layouts``."""
-        fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
-            x, layout, first(out)))(layout) for layout in LAYOUTS})
-        fn.describe = self.describe
+        """The NCHW run function, the NHWC one in ``fn.layouts`` (a QGemm's: one, of
+        2-D operands)."""
+        if self.matrix:
+            fn = lambda a, *_, out=None: self.run_matrix(a, first(out))   # noqa: E731
+            fn.describe = lambda layout, a_shape, *_: (
+                "qgemm", self.describe("NCHW", (*a_shape, 1, 1))[1])
+        else:
+            fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
+                x, layout, first(out)))(layout) for layout in LAYOUTS})
+            fn.describe = self.describe
         fn.kernel = "{} {}".format(*self.weights.kind)   # the weights' int8 kernel
         return writes_into(fn)
 
@@ -349,6 +428,24 @@ class QConvStep:
 @operator("QLinearConv", CONV_ATTRS)
 def _qlinear_conv(node, const):
     return QConvStep(node, const).function()
+
+
+@operator("QGemm", ("alpha", "transA", "transB"))
+def _qgemm(node, const):
+    """com.microsoft's QGemm (and what :func:`tilegemm.net.passes.fuse_qdq` makes of
+    a QDQ Gemm, its bias then float32 in real units)."""
+    return QConvStep(node, const, matrix=True).function()
+
+
+def _matrix_as_kernel(node, b):
+    """A QGemm's constant B (k x n, or n x k with ``transB``) as the weights of a
+    1x1 convolution (n, k, 1, 1)."""
+    attrs = node.attrs
+    if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+        raise unsupported(node, "only transA=0 and alpha=1 are supported")
+    if b.ndim != 2:
+        raise unsupported(node, f"a 2-D B expected, got {b.ndim}-D")
+    return np.ascontiguousarray(b if attrs.get("transB", 0) else b.T)[:, :, None, None]
 
 
 @operator("ConvInteger", CONV_ATTRS)

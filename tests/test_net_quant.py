@@ -13,7 +13,8 @@ from net_reference import run_reference  # noqa: E402
 from qdq_models import QBuilder, residual_block  # noqa: E402
 from thread_runs import in_threads  # noqa: E402
 from tilegemm.net.layers import pool2d  # noqa: E402
-from tilegemm.net.quantized import add_run, dequantize_linear, quantize_linear  # noqa: E402
+from tilegemm.net.quantized import (add_run, dequantize_linear, plane_means,  # noqa: E402
+                                    quantize_linear)
 
 
 def _codes_close(got, want):
@@ -293,10 +294,10 @@ def test_a_qoperator_conv_refuses_codes_of_the_other_signedness():
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 def test_quantized_passes_against_guard_pages():
-    """The QuantizeLinear, DequantizeLinear, QLinearAdd and code pooling passes read no
-    byte past (or before) their operands."""
+    """The QuantizeLinear, DequantizeLinear, QLinearAdd, code pooling, global average
+    pooling and QGemm steps read no byte past (or before) their operands."""
     for model, shape in ((residual_block(C=3, H=5), (1, 3, 5, 5)), (_pooling(True)[0],
-                                                                    (2, 3, 8, 9))):
+                         (2, 3, 8, 9)), (_classifier_head(True, True, "float")[0], (3, 6, 5, 4))):
         net = tilegemm.load_onnx(model, layout_transform=False)
         x_vals = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
         want = net(x_vals)
@@ -317,6 +318,11 @@ def test_quantized_passes_against_guard_pages():
         add_run(q.reshape(-1), q.reshape(-1), np.ones(3, np.float32), np.zeros(3, np.int64),
                 False, np.float32(0), np.float32(255), out)
         np.testing.assert_array_equal(out, np.minimum(2 * codes.reshape(-1).astype(int), 255))
+        for grid, axis in ((q.reshape(2, 30, 3), 1), (q.reshape(2, 5, 18), 2)):
+            means = np.empty((2, grid.shape[3 - axis]), np.uint8)
+            plane_means(grid, axis == 1, (1, 0.5, 2), (0, 255), means)
+            sums = grid.astype(np.int64).sum(axis) - grid.shape[axis]
+            np.testing.assert_array_equal(means, np.clip(np.rint(sums * 0.5) + 2, 0, 255))
 
 
 def test_a_quantized_network_from_several_python_threads():
@@ -333,3 +339,102 @@ def test_a_quantized_network_from_several_python_threads():
         for _ in range(5):
             np.testing.assert_array_equal(net(xs[i]), want[i])
     in_threads(work, 4)
+
+
+def _classifier_head(trans_b, per_channel, bias, seed=0):
+    """x -> Q/DQ -> GlobalAveragePool -> Q/DQ -> Flatten -> Q/DQ (the same scale) ->
+    Gemm (int8 weights behind a DequantizeLinear) -> Q: a QDQ classifier as
+    quantize_static writes it."""
+    b = QBuilder(seed)
+    x = b.qdq("x", 0.05, np.uint8(3))
+    pooled = b.qdq(b.node("GlobalAveragePool", [x]), 0.02, np.uint8(5))
+    flat = b.qdq(b.node("Flatten", [pooled], axis=1), 0.02, np.uint8(5))
+    w = b.rng.integers(-127, 128, (10, 6) if trans_b else (6, 10)).astype(np.int8)
+    scale = (b.rng.uniform(0.002, 0.02, 10).astype(np.float32) if per_channel
+             else np.float32(0.01))
+    zero = np.zeros(10, np.int8) if per_channel else np.int8(0)
+    inputs = [flat, b.dq(b.const(w), scale, zero, **(dict(axis=0) if per_channel else {}))]
+    if bias == "float":
+        inputs.append(b.const(b.rng.normal(0, 0.3, 10).astype(np.float32)))
+    elif bias == "int32":
+        inputs.append(b.dq(b.const(b.rng.integers(-2000, 2000, 10).astype(np.int32)),
+                           np.float32(2e-4), np.int32(0)))
+    out = b.q(b.node("Gemm", inputs, transB=int(trans_b)), 0.03, np.uint8(128))
+    return b.model([3, 6, 5, 4], out, out_dtype=np.uint8, rank=2), out
+
+
+@pytest.mark.parametrize("trans_b, per_channel, bias", [
+    (True, True, "float"), (False, False, None), (True, False, "int32")])
+def test_a_qdq_classifier_head_runs_on_the_codes(trans_b, per_channel, bias):
+    """The pooling, the flattening and the Gemm of a QDQ classifier each run in one
+    step on the codes (QLinearGlobalAveragePool, Flatten, QGemm on the int8 kernels),
+    in both layouts, with the reference's codes."""
+    model, out = _classifier_head(trans_b, per_channel, bias)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert _ops(net) == ["QuantizeLinear", "QLinearGlobalAveragePool", "Flatten", "QGemm"]
+    x = np.random.default_rng(3).standard_normal((3, 6, 5, 4)).astype(np.float32)
+    want = run_reference(model, {"x": x})[out]
+    for layout in ("NCHW", "NHWC"):
+        plan = net.plan({"x": x}, layouts={s.node.name: layout for s in net.steps
+                                           if s.node.op == "QLinearGlobalAveragePool"})
+        assert layout in plan.layouts
+        _codes_close(net(x), want)
+
+
+@fuzz_settings(scale=0.3)
+@given(st.data())
+def test_fuzz_qdq_pooling_and_gemm_on_the_codes(data):
+    """A QDQ global average pooling (then Flatten) of random shape and zero points, or
+    a QDQ Gemm of random shape, weights per column or not, B transposed or not, three
+    bias forms, requantized or float: each on the codes, the reference's result."""
+    draw = data.draw
+    b = QBuilder(draw(st.integers(0, 2 ** 16), label="seed"))
+    zero = np.int8(draw(st.integers(-128, 127))) if draw(st.booleans()) else np.uint8(
+        draw(st.integers(0, 255)))
+    requant = draw(st.booleans(), label="requantized")
+    if draw(st.booleans(), label="pooling"):
+        shape = [draw(st.integers(1, 3)), draw(st.integers(1, 9)), draw(st.integers(1, 6)),
+                 draw(st.integers(1, 6))]
+        y = b.qdq(b.node("GlobalAveragePool", [b.qdq("x", 0.05, zero)]), 0.011, zero)
+        y, ops, requant = b.node("Flatten", [y]), {"QLinearGlobalAveragePool"}, False
+    else:
+        shape = [draw(st.integers(1, 9)), draw(st.integers(1, 40))]
+        n, trans_b = draw(st.integers(1, 20)), draw(st.booleans())
+        per_column = trans_b and draw(st.booleans())
+        w = b.rng.integers(-127, 128, (n, shape[1]) if trans_b else (shape[1], n)).astype(np.int8)
+        scale = (b.rng.uniform(0.002, 0.02, n).astype(np.float32) if per_column
+                 else np.float32(0.01))
+        inputs = [b.qdq("x", 0.05, zero), b.dq(b.const(w), scale, np.zeros_like(scale, np.int8),
+                                                **(dict(axis=0) if per_column else {}))]
+        bias = draw(st.sampled_from(["float", "int32", None]), label="bias")
+        if bias == "float":
+            inputs.append(b.const(b.rng.normal(0, 0.3, n).astype(np.float32)))
+        elif bias == "int32":
+            inputs.append(b.dq(b.const(b.rng.integers(-2000, 2000, n).astype(np.int32)),
+                               np.float32(2e-4), np.int32(0)))
+        y, ops = b.node("Gemm", inputs, transB=int(trans_b)), {"QGemm"}
+    out = b.q(y, 0.03, np.uint8(128)) if requant else y
+    model = b.model(shape, out, out_dtype=np.uint8 if requant else np.float32, rank=2)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert ops <= set(_ops(net)) and not {"Gemm", "GlobalAveragePool"} & set(_ops(net))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    want = run_reference(model, {"x": x})[out]
+    if requant:
+        _codes_close(net(x), want)
+    else:
+        np.testing.assert_allclose(net(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_qdq_gemm_the_int8_kernels_do_not_take_stays_in_float():
+    """A QDQ Gemm with transA (or alpha, or a bias per row) is left as written: the
+    float Gemm on the dequantized codes, with the reference's codes."""
+    b = QBuilder(4)
+    x = b.qdq("x", 0.05, np.uint8(3))
+    w = b.dq(b.const(b.rng.integers(-127, 128, (10, 6)).astype(np.int8)), np.float32(0.01),
+             np.int8(0))
+    out = b.q(b.node("Gemm", [x, w], transA=1, transB=1), 0.03, np.uint8(128))
+    model = b.model([6, 4], out, out_dtype=np.uint8, rank=2)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert "Gemm" in _ops(net) and "QGemm" not in _ops(net)
+    x = np.random.default_rng(5).standard_normal((6, 4)).astype(np.float32)
+    _codes_close(net(x), run_reference(model, {"x": x})[out])
