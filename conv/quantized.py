@@ -19,7 +19,7 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   the zero point is taken off, into :func:`tilegemm.kernels.qgemm.qgemm_into`; a
   1x1, stride-1 layer without padding reads the image in place.
 
-The epilogue (:func:`finish`) takes the int32 sums to ``acc * x_scale * w_scale[k] +
+The epilogue (``kernels/requant.py``) takes the int32 sums to ``acc * x_scale * w_scale[k] +
 bias[k]``, the activation, and then either float32 or a requantized code
 ``clip(round(y / out_scale) + out_zero_point)``, written straight into the output's
 layout.
@@ -41,7 +41,7 @@ from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, TILES
 from tilegemm.kernels.qgemm import SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into
 from tilegemm.tuning.machine import detect
-from tilegemm.kernels.requant import ACTIVATIONS, finish  # noqa: F401 (ACTIVATIONS: qconv's codes)
+from tilegemm.kernels.requant import ACTIVATIONS, finish_planes, finish_rows  # noqa: F401
 
 
 @intrinsic
@@ -142,7 +142,7 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     ``x``: C-contiguous int8/uint8 input in ``p.layout``.  ``weights``: per group, the
     ``kh*kw*Cg x Kg`` int8 matrix (rows in (r, s, c) order, see
     :class:`tilegemm.QConvWeights`); None with ``taps``.  ``epilogue``: ``(mult, bias, act, requant)`` as
-    :func:`finish` takes them, ``mult`` and ``bias`` float64 per output channel.
+    ``kernels/requant.py`` takes them, ``mult`` and ``bias`` float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
     ``taps``: :class:`TapsPanels`: the sums come from the taps kernel
@@ -203,19 +203,17 @@ def channel_shares(N, P, Kg, threads, unit):
 def _pixels(block, part):
     """Blocks ``part`` of pixels (``(image, first pixel, end pixel)``) on this thread:
     per group, the sums of the weights with the patches, then the epilogue."""
-    x, zero, weights, (mult, bias, act, requant), p, out, panels = block
+    x, zero, weights, epilogue, p, out, panels = block
     P = p.Ho * p.Wo
     rows_max = max((b - a for _, a, b in part), default=0)
     depth = p.Cg * p.kh * p.kw
-    acc, patches, rows = buffers(("qconv2d", x.dtype.str), (
-        rows_max * p.Kg, rows_max * depth, rows_max * p.Kg), np.int32)
+    acc, patches = buffers(("qconv2d", x.dtype.str), (rows_max * p.Kg, rows_max * depth),
+                           np.int32)
     geom = p.geom()
+    flat = out.reshape(-1)
     for n, p0, p1 in part:
         m = p1 - p0
         sums = acc[:m * p.Kg].reshape(m, p.Kg)
-        # NCHW: the epilogue writes pixel-major rows here, then one transposing copy
-        # (channel by channel, it read the sums a cache line per value: 2x slower).
-        staged = rows.view(out.dtype)[:m * p.Kg].reshape(m, p.Kg)
         for g in range(p.groups):
             c0, k0 = g * p.Cg, g * p.Kg
             if p.pointwise:        # the image is the patch matrix: read in place
@@ -226,13 +224,12 @@ def _pixels(block, part):
             qgemm_into(a, weights[g], sums, int(zero), 0,
                        None if panels is None else panels[g].kind, threads=1,
                        b_panels=None if panels is None else panels[g])
-            ks = slice(k0, k0 + p.Kg)
-            scales = (mult[ks], bias[ks], act, requant)
             if p.layout == "NCHW":
-                finish(sums, *scales, staged)
-                out[n, ks].reshape(p.Kg, P)[:, p0:p1] = staged.T
+                finish_planes(acc, p.Kg, epilogue, k0, flat, (n * p.K + k0) * P + p0, P,
+                              (m, p.Kg))
             else:
-                finish(sums, *scales, out[n].reshape(P, p.K)[p0:p1, ks])
+                finish_rows(acc, 0, p.Kg, epilogue, k0, flat, (n * P + p0) * p.K + k0, p.K,
+                            (m, p.Kg))
 
 
 class TapsPlan:
@@ -256,7 +253,7 @@ class TapsPlan:
         The input's zero point.
     taps : TapsPanels
     epilogue : tuple
-        ``(mult, bias, act, requant)`` as :func:`finish` takes them.
+        ``(mult, bias, act, requant)`` as ``kernels/requant.py`` takes them.
     threads : int
     """
 

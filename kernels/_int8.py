@@ -18,7 +18,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import jit
 from tilegemm.kernels.int8 import make_int8_tile
-from tilegemm.kernels.requant import finish, finish_planes
+from tilegemm.kernels.requant import finish_planes, finish_rows
 
 # --- configuration ---
 KIND = "vnni"
@@ -358,7 +358,7 @@ def qconv_taps_blocks(x, blocks, conv, widening, weights, epilogue, out, scratch
     (KC, MC, NC))``: every group's panels one after another, group ``g``'s from
     ``starts[g]``, its words of channels per pixel, its column corrections
     ``cc[g*Kg:(g+1)*Kg]``.  ``epilogue = (mult, bias, act, requant)`` as
-    :func:`finish` takes them.  ``scratch = (words, values, acc, zeros, offsets,
+    ``kernels/requant.py`` takes them.  ``scratch = (words, values, acc, zeros, offsets,
     chunk)``: the widened rows as words and as values, room for the sums of
     ``chunk`` pixels, and :func:`qconv_taps`'s buffers (``offsets``: its ``seg``
     then its ``a_at``).
@@ -383,11 +383,10 @@ def _taps_chunk(words, part, conv, r0, weights, epilogue, out, scratch):
     every group's sums into ``acc``, then the epilogue."""
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
     panels, starts, cgw, cc, sizes = weights
-    mult, bias, act, requant = epilogue
     acc, zeros, offsets = scratch
     n, q0, q1, j0, j1 = part
     groups = starts.size - 1
-    K = mult.size
+    K = epilogue[0].size
     Kg = K // groups
     P = out.shape[2] * out.shape[3] if nchw else out.shape[1] * out.shape[2]
     flat = out.reshape(-1)
@@ -398,11 +397,10 @@ def _taps_chunk(words, part, conv, r0, weights, epilogue, out, scratch):
         qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
                    panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
                    cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m])
-        k0, k1 = g * Kg + j0, g * Kg + j1
-        got = sums.reshape(m, Kg)[:, j0:j1]
+        k0 = g * Kg + j0
         if nchw:
-            finish_planes(got, mult[k0:k1], bias[k0:k1], act, requant, flat,
-                          (n * K + k0) * P + q0, P)
+            finish_planes(sums[j0:], Kg, epilogue, k0, flat, (n * K + k0) * P + q0, P,
+                          (m, j1 - j0))
         else:
-            finish(got, mult[k0:k1], bias[k0:k1], act, requant,
-                   flat[(n * P + q0) * K:(n * P + q1) * K].reshape(m, K)[:, k0:k1])
+            finish_rows(sums, j0, Kg, epilogue, k0, flat, (n * P + q0) * K + k0, K,
+                        (m, j1 - j0))

@@ -4,19 +4,25 @@
 itself (float output) or the code ``clip(rint(y / scale) + zero_point, low, high)``
 (round half to even, saturating), as ONNX's QLinearConv defines it.  Shared by the
 patch path (``conv/quantized.py``) and the taps drivers (``kernels/_int8.py``).
+
+Both writers take flat arrays and offsets (one signature for every caller: a 2-D
+slice of a block of pixels and a run of channels is an array of unknown strides to
+Numba) and index row views by their loops' counters, which vectorises.
 """
 import numba
 import numpy as np
 
 from tilegemm.ground.contracts import JIT, jit
 
-#: Activation codes of :func:`finish`.
+#: Activation codes of the epilogue.
 ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
 
 
 @numba.njit(inline="always", **JIT)
 def requantize(total, mult, bias, act, requant):
-    """One output of :func:`finish`, as float64."""
+    """One output: ``y = total * mult + bias``, relu or relu6 (``act`` 1 or 2), then
+    with ``requant = (scale, zero_point, low, high)`` and ``scale > 0`` the code
+    ``clip(rint(y / scale) + zero_point, low, high)``, else y itself; in float64."""
     scale, zero_point, low, high = requant
     y = total * mult + bias
     if act > 0 and y < 0.0:
@@ -29,33 +35,40 @@ def requantize(total, mult, bias, act, requant):
 
 
 @jit
-def finish(acc, mult, bias, act, requant, out):
-    """``out = epilogue(acc)`` for ``acc`` and ``out`` pixels x channels: ``y = acc *
-    mult[k] + bias[k]``, relu or relu6 (``act`` 1 or 2), then with ``requant =
-    (scale, zero_point, low, high)`` and ``scale > 0`` the code ``clip(rint(y / scale)
-    + zero_point, low, high)``, else y itself; in float64."""
-    P, Kg = acc.shape
-    for p in range(P):
-        for k in range(Kg):
-            out[p, k] = requantize(acc[p, k], mult[k], bias[k], act, requant)
+def finish_rows(acc, a_at, a_stride, scales, k0, out, o_at, o_stride, shape):
+    """The epilogue of ``shape = (rows, cols)`` sums into channels-last rows:
+    ``out[o_at + r*o_stride + k] = requantize(acc[a_at + r*a_stride + k])`` with
+    channel ``k0 + k``'s ``scales = (mult, bias, act, requant)``; flat 1-D arrays."""
+    mult, bias, act, requant = scales
+    rows, cols = shape
+    m, b = mult[k0:k0 + cols], bias[k0:k0 + cols]
+    for r in range(rows):
+        # row views indexed by the loop's counter: no index of unknown sign, so the
+        # loop vectorises (flat offsets in the loop did not)
+        a, o = a_at + r * a_stride, o_at + r * o_stride
+        src, dst = acc[a:a + cols], out[o:o + cols]
+        for k in range(cols):
+            dst[k] = requantize(src[k], m[k], b[k], act, requant)
 
 
-#: Pixels per block of :func:`finish_planes`: their sums (``PLANE_BLOCK x Kg`` int32)
-#: stay in L1 while every channel's run of them is written.
+#: Pixels per block of :func:`finish_planes`: their sums stay in L1 while every
+#: channel's run of them is written.
 PLANE_BLOCK = 16
 
 
 @jit
-def finish_planes(acc, mult, bias, act, requant, out, at, plane):
-    """:func:`finish` into channel planes: the sums ``acc`` (pixels x channels) of
-    consecutive pixels, written to the flat ``out`` at ``out[at + k * plane + p]``
-    (an NCHW output).  Pixels go in blocks of ``PLANE_BLOCK`` so that each channel's
-    run is a contiguous write and the block's sums are read from L1 (channel by
-    channel over all the pixels, each value read cost a cache line: 2x slower)."""
-    P, Kg = acc.shape
+def finish_planes(acc, a_stride, scales, k0, out, o_at, plane, shape):
+    """The epilogue of ``shape = (pixels, cols)`` sums (``acc[p*a_stride + k]``) into
+    channel planes, ``out[o_at + k*plane + p]`` (an NCHW output).  Pixels go in blocks
+    of ``PLANE_BLOCK`` so that each channel's run is a contiguous write and the
+    block's sums are read from L1 (channel by channel over all the pixels, each value
+    read cost a cache line: 2x slower)."""
+    mult, bias, act, requant = scales
+    P, cols = shape
     for p0 in range(0, P, PLANE_BLOCK):
-        p1 = min(p0 + PLANE_BLOCK, P)
-        for k in range(Kg):
-            base = at + k * plane
-            for p in range(p0, p1):
-                out[base + p] = requantize(acc[p, k], mult[k], bias[k], act, requant)
+        n = min(PLANE_BLOCK, P - p0)
+        for k in range(cols):
+            dst = out[o_at + k * plane + p0:o_at + k * plane + p0 + n]
+            src = acc[p0 * a_stride + k:]
+            for i in range(n):
+                dst[i] = requantize(src[i * a_stride], mult[k0 + k], bias[k0 + k], act, requant)
