@@ -15,7 +15,7 @@ from tilegemm.conv.params import ACTIVATIONS, ALGORITHMS, conv_params
 from tilegemm.conv.plan import choose
 from tilegemm.ground.contracts import EPI_RELU, EPI_RELU6
 from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
-from tilegemm.ground.split import for_slices
+from tilegemm.kernels.pool import for_slices
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array
 

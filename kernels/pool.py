@@ -26,6 +26,7 @@ import time
 import numba
 import numpy as np
 
+from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import aligned_empty
 from tilegemm.kernels import sync
 from tilegemm.kernels.native import call_share, run_share
@@ -414,3 +415,30 @@ def launch(run, threads):
         return
     # The counter tells the spinning pool that a worker has begun.
     run_shares(run, [(t, counter) for t in range(threads)], gate=counter)
+
+
+#: A slice of fewer elements is not worth a share (:func:`for_slices`): a Python share
+#: costs its thread tens of microseconds to take the GIL, about what a memory-bound
+#: pass spends on a few hundred thousand elements.  On the 2-vCPU Zen 3 a 200k-code
+#: residual sum ran 77 us on one thread, 78-103 on two; 1.6M codes 580 and 390.
+MIN_ELEMENTS = 1 << 19
+
+
+def for_slices(fn, length, elements):
+    """``fn(slice)`` for consecutive slices covering ``range(length)``, one per thread
+    (:func:`tilegemm.get_num_threads`, fewer for a pass of few ``elements``); the
+    caller runs the first and returns when all are done.  ``fn`` must write only
+    what its slice owns.
+
+    For memory-bound passes (layout conversions, pooling, residual sums, quantizing)
+    in numpy or jitted loops that release the GIL.  The slices go to the spinning
+    pool like any other shares (on a queue-based executor each pass woke a sleeping
+    thread: a 200k-code residual sum took 0.17-0.35 ms on two threads against 0.10
+    on one, a 2-vCPU VM).
+    """
+    parts = min(get_num_threads(), length, max(1, elements // MIN_ELEMENTS))
+    if parts <= 1:
+        fn(slice(0, length))
+        return
+    bounds = [length * i // parts for i in range(parts + 1)]
+    run_shares(fn, [(slice(a, b),) for a, b in zip(bounds, bounds[1:])])

@@ -10,7 +10,7 @@ import numpy as np
 
 from tilegemm.conv import ConvWeights, PreparedConv, conv2d, conv_plan
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_RELU, EPI_RELU6
-from tilegemm.ground.split import for_slices
+from tilegemm.kernels.pool import for_slices
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.net import pooling, reorder
 from tilegemm.net.ops import clip, first, relu, writes_into

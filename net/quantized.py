@@ -27,7 +27,7 @@ import numpy as np
 from tilegemm.conv.qconv import PreparedQConv, QConvWeights
 from tilegemm.conv.quant import RANGES, qmatmul
 from tilegemm.ground.contracts import CACHE
-from tilegemm.ground.split import for_slices
+from tilegemm.kernels.pool import for_slices
 from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.net.ops import elementwise, first, writes_into
 from tilegemm.net.registry import operator, unsupported
