@@ -7,9 +7,9 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   group): the input rows a block of pixels reads are widened once -- to int16 ``x -
   zero_point`` padded with 0 (``madd``, ``generic``), or to unsigned bytes padded
   with the zero point's (``maddubs``; the padding comes off through the weights'
-  column sums) -- channels rounded up to whole words with zero channels
-  (:func:`_widen`), and the taps kernel reads every tap's channels from them in
-  place (``kernels/_int8.py`` ``qconv_taps``).  The patch matrix and its packing
+  column sums) -- channels rounded up to whole words with zero channels, and the
+  taps kernel reads every tap's channels from them in place; one jitted call per
+  thread (``kernels/_int8.py`` ``qconv_taps_blocks``, planned by :class:`TapsPlan`).  The patch matrix and its packing
   into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
   when the layer has few output channels -- are not made: ResNet-18 conv2_x 3.0 ->
   1.9 ms on one Zen 3 core.

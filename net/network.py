@@ -90,11 +90,13 @@ class Network:
         return chosen
 
     def _plan_for(self, fed):
-        """The plan that runs these inputs (planning a new shape first); None: all NCHW."""
-        if not self.layout_transform:
-            return None
+        """The plan that runs these inputs: the one :meth:`plan` made for their shape,
+        else (planning a new shape first) the layout DP's, or None (all NCHW) without
+        ``layout_transform``."""
         key = _shape_key(fed)
         plan = self._plans.get(key)
+        if plan is None and not self.layout_transform:
+            return None
         if plan is None:
             with self._planning:
                 plan = self._plans.get(key)

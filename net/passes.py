@@ -143,10 +143,10 @@ def fuse_activation(graph):
 
 
 # --------------------------------------------------------------------------- QDQ models
-def _codes_of(graph, producers, tensor, per_channel=False):
+def _codes_of(graph, producers, tensor, per_channel=False, axis=0):
     """The DequantizeLinear writing ``tensor``, when it dequantizes int8/uint8 codes
     with a constant scale and zero point (one each, or with ``per_channel`` one per
-    index of axis 0 and zero points 0), else None."""
+    index of ``axis`` and zero points 0), else None."""
     node = producers.get(tensor)
     if node is None or node.op != "DequantizeLinear":
         return None
@@ -157,7 +157,7 @@ def _codes_of(graph, producers, tensor, per_channel=False):
         return None
     if scale.size == 1 and (zero is None or zero.size == 1):
         return node
-    return node if (per_channel and node.attrs.get("axis", 1) == 0 and scale.ndim == 1
+    return node if (per_channel and node.attrs.get("axis", 1) == axis and scale.ndim == 1
                     and (zero is None or not np.any(zero))) else None
 
 
@@ -212,8 +212,9 @@ def _gemm_bias(graph, producers, gemm, w):
     if not name:
         return name
     bias = graph.constants[name]
-    columns = w.shape[0 if attrs.get("transB", 0) else 1] if w is not None and w.ndim == 2 else -1
-    if attrs.get("beta", 1.0) != 1.0 or bias.size != columns or bias.ndim > 2:
+    columns = w.shape[0 if attrs.get("transB", 0) else 1] if w.ndim == 2 else -1
+    # (n,) or (1, n): a row added to every row ((n, 1) would broadcast down the rows)
+    if attrs.get("beta", 1.0) != 1.0 or bias.shape not in ((columns,), (1, columns)):
         return None
     graph.constants[f"{gemm.name}/bias"] = bias.reshape(-1)
     return f"{gemm.name}/bias"
@@ -233,7 +234,10 @@ def fuse_qdq(graph):
         if node.op not in ("Conv", "Gemm") or node.epilogue:
             continue
         x_dq = _codes_of(graph, producers, node.inputs[0])
-        w_dq = _codes_of(graph, producers, node.inputs[1], per_channel=True)
+        # per output channel: axis 0 of a Conv's weights, of B (n x k) with transB, of
+        # B (k x n) without it: axis 1
+        w_dq = _codes_of(graph, producers, node.inputs[1], per_channel=True,
+                         axis=0 if node.op == "Conv" or node.attrs.get("transB", 0) else 1)
         if x_dq is None or w_dq is None or not _symmetric_int8(graph, w_dq):
             continue                  # left as written: it then runs in float
         bias = (_qdq_bias(graph, producers, node) if node.op == "Conv" else
@@ -354,7 +358,8 @@ def fuse_qdq_global_pool(graph):
             continue
         dq = _codes_of(graph, producers, pool.inputs[0])
         q = None if dq is None else _quantizer(graph, readers, pool.outputs[0])
-        if q is None:
+        # a zero point says the codes are int8 or uint8 (without one they may be int32)
+        if q is None or len(dq.inputs) < 3 or not dq.inputs[2]:
             continue
         graph.nodes[i] = Node("QLinearGlobalAveragePool", pool.name,
                               (list(dq.inputs) + [""])[:3] + (list(q.inputs) + [""])[1:3],

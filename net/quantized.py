@@ -266,17 +266,18 @@ def _qlinear_global_average_pool(node, const):
 
     def pooled(layout):
         def run(x, *_, out=None):
-            if x.ndim != 4 or x.dtype not in RANGES:
-                raise TypeError(f"node {node.name!r} (QLinearGlobalAveragePool): 4-D int8 or "
-                                f"uint8 codes expected, got {x.ndim}-D {x.dtype}")
-            ay, ax = SPATIAL[layout]
-            count = x.shape[ay] * x.shape[ax]
-            shape = tuple(1 if a in (ay, ax) else d for a, d in enumerate(x.shape))
+            nhwc = layout == "NHWC"
+            if x.ndim < 3 or nhwc and x.ndim != 4 or x.dtype not in RANGES:
+                raise TypeError(f"node {node.name!r} (QLinearGlobalAveragePool): int8 or uint8 "
+                                f"codes of at least 3 dimensions (4 in NHWC) expected, got "
+                                f"{x.ndim}-D {x.dtype}")
+            n, c = x.shape[0], x.shape[3 if nhwc else 1]
+            count = x.size // max(n * c, 1)
+            shape = (n, 1, 1, c) if nhwc else (n, c) + (1,) * (x.ndim - 2)
             result = _target(first(out), shape, dtype)
-            n, c = x.shape[0], x.shape[3 if layout == "NHWC" else 1]
             # (N, pixels, C) summed over its rows, or (N, C, pixels) over its columns
-            grid = np.ascontiguousarray(x).reshape((n, count, c) if layout == "NHWC" else (n, c, count))
-            plane_means(grid, layout == "NHWC", (zx, float(x_scale) / (count * float(y_scale)), zy),
+            grid = np.ascontiguousarray(x).reshape((n, count, c) if nhwc else (n, c, count))
+            plane_means(grid, nhwc, (zx, float(x_scale) / (count * float(y_scale)), zy),
                         (low, high), result.reshape(n, c))
             return (result,)
         return run
@@ -399,8 +400,11 @@ class QConvStep:
             raise ValueError(f"node {self.node.name!r} (QGemm): a 2-D A expected, got {a.ndim}-D")
         m = a.shape[0]
         n = self.weights.shape[0]
-        pixels = out.reshape(m, n, 1, 1) if out is not None and out.shape == (m, n) else None
-        return (self.run(np.ascontiguousarray(a).reshape(m, -1, 1, 1), "NCHW",
+        # one NHWC image of m pixels (A's and the output's memory as they are): its
+        # threads share the pixels, each streaming the weights once (as m images of
+        # one pixel each, every pixel streamed them: 4.7x slower at m = 32)
+        pixels = out.reshape(1, m, 1, n) if out is not None and out.shape == (m, n) else None
+        return (self.run(np.ascontiguousarray(a).reshape(1, m, 1, -1), "NHWC",
                          pixels)[0].reshape(m, n),)
 
     def describe(self, layout, x_shape, *_):
@@ -416,7 +420,7 @@ class QConvStep:
         if self.matrix:
             fn = lambda a, *_, out=None: self.run_matrix(a, first(out))   # noqa: E731
             fn.describe = lambda layout, a_shape, *_: (
-                "qgemm", self.describe("NCHW", (*a_shape, 1, 1))[1])
+                "qgemm", self.describe("NHWC", (1, a_shape[0], 1, a_shape[1]))[1])
         else:
             fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
                 x, layout, first(out)))(layout) for layout in LAYOUTS})

@@ -361,25 +361,38 @@ def test_qconv2d_matches_the_dequantized_math(data):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("seven", [False, True])
-def test_qconv2d_block_of_several_chunks(layout, seven):
-    """A block of pixels longer than the taps driver's chunk (its sums in L2): every
-    chunk's sums and epilogue land at their pixels, in both layouts."""
+@pytest.mark.parametrize("threads, geometry", [(1, dict(padding=1)), (2, dict(padding=1)),
+                                               (2, dict(stride=2, groups=2)),
+                                               (1, dict(dilation=2, padding=2))])
+def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monkeypatch):
+    """Blocks of pixels longer than the taps driver's chunk (its sums in a quarter of
+    L2, here a 64 KiB one): every chunk's sums and epilogue land at their pixels, in
+    both layouts, one block or one per thread, grouped, strided, dilated."""
+    import dataclasses
+    from tilegemm.conv import quantized
     from tilegemm.conv.qconv import PreparedQConv
     from tilegemm.conv.quantized import TapsPlan
     from tilegemm.kernels.qgemm import taps_serve
+    small_l2 = dataclasses.replace(quantized.detect(), l2_bytes=64 << 10)
+    monkeypatch.setattr(quantized, "detect", lambda: small_l2)
+    monkeypatch.setattr(quantized, "SHARE_OPS", 0)
     rng = np.random.default_rng(31)
-    shape = (1, 16, 24, 23) if layout == "NCHW" else (1, 24, 23, 16)
+    shape = (1, 16, 40, 41) if layout == "NCHW" else (1, 40, 41, 16)
     x = values(rng, shape, np.uint8, False)
-    w = values(rng, (256, 16, 3, 3), np.int8, False, seven)
+    groups = geometry.get("groups", 1)
+    w = values(rng, (64, 16 // groups, 3, 3), np.int8, False, seven)
     qw = tilegemm.QConvWeights(w, 0.004)
-    if not taps_serve(qw.kind, 16, 1):
+    if not taps_serve(qw.kind, 16 // groups, groups):
         pytest.skip("this host's int8 kernel has no taps kernel")
-    kwargs = dict(x_zero_point=9, padding=1, layout=layout)
-    layer = PreparedQConv(x.shape, x.dtype, 0.02, qw, **kwargs)
-    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(1), layer.epilogue, 1)
-    assert plan.chunk < 24 * 23
-    want = qconv_reference(x, 9, w, 0.02, 0.004, None, (1, 1, 1, 1), None, layout)
-    got = plan(x, np.empty(layer.output_shape, np.float32))
+    layer = PreparedQConv(x.shape, x.dtype, 0.02, qw, x_zero_point=9, layout=layout, **geometry)
+    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups), layer.epilogue, threads)
+    pixels = int(np.prod(layer.output_shape)) // 64
+    assert len(plan.blocks) == threads and plan.chunk < pixels // threads
+    want = qconv_reference(x, 9, w, 0.02, 0.004, None, (geometry.get("stride", 1),
+                           geometry.get("padding", 0), geometry.get("dilation", 1), groups),
+                           None, layout)
+    with tilegemm.thread_limit(threads):
+        got = plan(x, np.empty(layer.output_shape, np.float32))
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 

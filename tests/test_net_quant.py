@@ -305,6 +305,15 @@ def test_quantized_passes_against_guard_pages():
             x = guarded_empty(x_vals.shape, np.float32, where=where)
             x[...] = x_vals
             np.testing.assert_array_equal(net(x), want)
+    head = tilegemm.load_onnx(_classifier_head(True, True, "float")[0], layout_transform=False)
+    steps = {s.node.op: s.run for s in head.steps}
+    for op, shape in (("QLinearGlobalAveragePool", (3, 6, 5, 4)), ("QGemm", (3, 6))):
+        codes = np.random.default_rng(7).integers(0, 256, shape).astype(np.uint8)
+        want = steps[op](codes)[0]
+        for where in ("after", "before"):
+            q = guarded_empty(shape, np.uint8, where=where)
+            q[...] = codes
+            np.testing.assert_array_equal(steps[op](q)[0], want)
     codes = np.random.default_rng(5).integers(0, 256, (2, 5, 6, 3)).astype(np.uint8)
     pooled = pool2d(codes, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), True, "max", layout="NHWC")
     for where in ("after", "before"):
@@ -385,8 +394,10 @@ def test_a_qdq_classifier_head_runs_on_the_codes(trans_b, per_channel, bias):
 @given(st.data())
 def test_fuzz_qdq_pooling_and_gemm_on_the_codes(data):
     """A QDQ global average pooling (then Flatten) of random shape and zero points, or
-    a QDQ Gemm of random shape, weights per column or not, B transposed or not, three
-    bias forms, requantized or float: each on the codes, the reference's result."""
+    a QDQ Gemm of random shape, B transposed or not, weight scales per output column,
+    per row of B or one, bias forms of every broadcast, requantized or float: on the
+    codes where the int8 kernels compute it (in float otherwise), the reference's
+    result."""
     draw = data.draw
     b = QBuilder(draw(st.integers(0, 2 ** 16), label="seed"))
     zero = np.int8(draw(st.integers(-128, 127))) if draw(st.booleans()) else np.uint8(
@@ -400,23 +411,30 @@ def test_fuzz_qdq_pooling_and_gemm_on_the_codes(data):
     else:
         shape = [draw(st.integers(1, 9)), draw(st.integers(1, 40))]
         n, trans_b = draw(st.integers(1, 20)), draw(st.booleans())
-        per_column = trans_b and draw(st.booleans())
         w = b.rng.integers(-127, 128, (n, shape[1]) if trans_b else (shape[1], n)).astype(np.int8)
-        scale = (b.rng.uniform(0.002, 0.02, n).astype(np.float32) if per_column
-                 else np.float32(0.01))
+        # weight scales per output column (axis 0 of n x k, 1 of k x n), or per row of
+        # B (the other axis: stays in float), or one
+        axis = draw(st.sampled_from([None, 0, 1]), label="weight scale axis")
+        scale = (np.float32(0.01) if axis is None else
+                 b.rng.uniform(0.002, 0.02, w.shape[axis]).astype(np.float32))
         inputs = [b.qdq("x", 0.05, zero), b.dq(b.const(w), scale, np.zeros_like(scale, np.int8),
-                                                **(dict(axis=0) if per_column else {}))]
-        bias = draw(st.sampled_from(["float", "int32", None]), label="bias")
-        if bias == "float":
-            inputs.append(b.const(b.rng.normal(0, 0.3, n).astype(np.float32)))
+                                                **({} if axis is None else dict(axis=axis)))]
+        bias = draw(st.sampled_from(["float", "row", "column", "int32", None]), label="bias")
+        shape_b = {"float": (n,), "row": (1, n), "column": (shape[0], 1)}.get(bias)
+        if shape_b:                 # (n,), (1, n): per column; (m, 1): per row of the output
+            inputs.append(b.const(b.rng.normal(0, 0.3, shape_b).astype(np.float32)))
         elif bias == "int32":
             inputs.append(b.dq(b.const(b.rng.integers(-2000, 2000, n).astype(np.int32)),
                                np.float32(2e-4), np.int32(0)))
-        y, ops = b.node("Gemm", inputs, transB=int(trans_b)), {"QGemm"}
+        # one scale is one scale, whatever its axis
+        fused = ((axis is None or axis == 1 - trans_b or w.shape[axis] == 1)
+                 and shape_b in (None, (n,), (1, n)))
+        y, ops = b.node("Gemm", inputs, transB=int(trans_b)), {"QGemm" if fused else "Gemm"}
     out = b.q(y, 0.03, np.uint8(128)) if requant else y
     model = b.model(shape, out, out_dtype=np.uint8 if requant else np.float32, rank=2)
     net = tilegemm.load_onnx(model, layout_transform=False)
-    assert ops <= set(_ops(net)) and not {"Gemm", "GlobalAveragePool"} & set(_ops(net))
+    assert ops <= set(_ops(net)) and not {"GlobalAveragePool", "QGemm" if "Gemm" in ops
+                                          else "Gemm"} & set(_ops(net))
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     want = run_reference(model, {"x": x})[out]
     if requant:
