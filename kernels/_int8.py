@@ -14,10 +14,11 @@ byte kinds (``vnni``, ``maddubs``) they make A unsigned and B signed bytes, and
 :func:`corrections` gives the per-row and per-column terms that turn ``A' @ B'``
 back into the product.
 """
+import numba
 import numpy as np
 
-from tilegemm.ground.contracts import jit
-from tilegemm.kernels.int8 import make_int8_tile
+from tilegemm.ground.contracts import JIT, jit
+from tilegemm.kernels.int8 import load_u64, make_int8_tile, store_u64
 from tilegemm.kernels.requant import finish_planes, finish_rows
 
 # --- configuration ---
@@ -261,17 +262,70 @@ def _pixels_from_nhwc(src, C, add, body, Cp):
 @jit
 def _pixels_from_nchw(x, n, iy, add, body, Cp):
     """``body``: the pixels of row ``iy`` of image ``n`` of the NCHW ``x``, transposed
-    while widened (no channels-last copy of the input first).  Pixel by pixel, its
-    channels written in a run: the reads stride across the channels' planes, but each
-    line read serves the next pixels (1.5x faster than channel by channel, whose
-    writes stride)."""
+    while widened (no channels-last copy of the input first).  Bytes (the byte kinds)
+    go as 8 x 8 blocks of 64-bit words (:func:`_bytes_from_nchw`: ResNet-50's 1x1
+    input, 256 x 56 x 56, 0.43 -> 0.1 ms); the rest pixel by pixel, its channels
+    written in a run (the reads stride across the channels' planes, but each line
+    read serves the next pixels: 1.5x faster than channel by channel)."""
     C, W = x.shape[1], x.shape[3]
+    j8, c8 = (W // 8 * 8, C // 8 * 8) if body.itemsize == 1 else (0, 0)
+    if j8 > 0 and c8 > 0:
+        _bytes_from_nchw(x, n, iy, add != 0, body, Cp, (j8, c8))
+    else:
+        j8 = 0
     for j in range(W):
         pixel = body[j * Cp:(j + 1) * Cp]
-        for c in range(C):
+        for c in range(c8 if j < j8 else 0, C):
             pixel[c] = np.int16(x[n, c, iy, j]) + add
         for c in range(C, Cp):
             pixel[c] = 0
+
+
+@numba.njit(inline="always", **JIT)
+def _swap(a, b, mask, shift):
+    """One swap of an 8 x 8 byte transpose: the ``mask`` bytes of ``b`` with those of
+    ``a`` ``shift`` bits up."""
+    t = ((a >> shift) ^ b) & mask
+    return a ^ (t << shift), b ^ t
+
+
+@jit
+def _bytes_from_nchw(x, n, iy, flip, body, Cp, extent):
+    """``body[j*Cp + c] = x[n, c, iy, j] (^ 0x80 with flip)`` for pixels and channels
+    below ``extent = (j8, c8)`` (multiples of 8), uint8 ``body``: each block of 8
+    channels x 8 pixels read as eight 64-bit words (a channel's 8 pixels each),
+    transposed in registers by three rounds of swaps (bytes, pairs, quads between
+    words 1, 2 and 4 apart) into each pixel's 8 channels, written as eight words."""
+    j8, c8 = extent
+    W = x.shape[3]
+    plane = x.shape[2] * W
+    src = x.reshape(-1)
+    base = (n * x.shape[1] * x.shape[2] + iy) * W
+    flips = np.uint64(0x8080808080808080) if flip else np.uint64(0)
+    m1, m2, m4 = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF), np.uint64(0xFFFFFFFF)
+    s1, s2, s4 = np.uint64(8), np.uint64(16), np.uint64(32)
+    for c0 in range(0, c8, 8):
+        at = base + c0 * plane
+        for j0 in range(0, j8, 8):
+            w0, w1 = load_u64(src, at + j0), load_u64(src, at + plane + j0)
+            w2, w3 = load_u64(src, at + 2 * plane + j0), load_u64(src, at + 3 * plane + j0)
+            w4, w5 = load_u64(src, at + 4 * plane + j0), load_u64(src, at + 5 * plane + j0)
+            w6, w7 = load_u64(src, at + 6 * plane + j0), load_u64(src, at + 7 * plane + j0)
+            w0, w1 = _swap(w0, w1, m1, s1)
+            w2, w3 = _swap(w2, w3, m1, s1)
+            w4, w5 = _swap(w4, w5, m1, s1)
+            w6, w7 = _swap(w6, w7, m1, s1)
+            w0, w2 = _swap(w0, w2, m2, s2)
+            w1, w3 = _swap(w1, w3, m2, s2)
+            w4, w6 = _swap(w4, w6, m2, s2)
+            w5, w7 = _swap(w5, w7, m2, s2)
+            w0, w4 = _swap(w0, w4, m4, s4)
+            w1, w5 = _swap(w1, w5, m4, s4)
+            w2, w6 = _swap(w2, w6, m4, s4)
+            w3, w7 = _swap(w3, w7, m4, s4)
+            out = j0 * Cp + c0
+            for i, w in enumerate((w0, w1, w2, w3, w4, w5, w6, w7)):
+                store_u64(body, out + i * Cp, w ^ flips)
 
 
 @jit

@@ -247,3 +247,24 @@ def _store_rows(builder, arg, acc, c_ptr, masks, const, extra, read_c):
                 if read_c:
                     r = builder.add(r, load_vector(builder, ptr, 4, masks[v]))
                 store_vector(builder, r, ptr, 4, masks[v])
+
+
+@intrinsic
+def load_u64(typingctx, array, at):
+    """The 8 bytes ``array[at:at + 8]`` of a 1-D byte array as one uint64 (little
+    endian), read at any alignment."""
+    def emit(context, builder, sig, args):
+        ptr = data_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+    return types.uint64(array, types.intp), emit
+
+
+@intrinsic
+def store_u64(typingctx, array, at, value):
+    """``array[at:at + 8]`` = the 8 bytes of the uint64 ``value`` (little endian), at any
+    alignment."""
+    def emit(context, builder, sig, args):
+        ptr = data_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+        return context.get_dummy_value()
+    return types.void(array, types.intp, types.uint64), emit

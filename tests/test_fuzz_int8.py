@@ -160,14 +160,17 @@ def test_every_int8_kernel_is_exact(kind, da, db):
 #: Layers for the taps kernel: (C, K, H, W, kernel, stride, (top, bottom, left, right),
 #: dilation, groups).  Output rows narrower than a tile, k over several KC blocks (a
 #: block ending inside a tap) and n over several NC blocks, asymmetric padding, groups,
-#: odd channel counts (a zero channel added).
+#: odd channel counts (a zero channel added); bytes widened from NCHW in 8 x 8 blocks
+#: with channels and pixels left over, and with none.
 TAPS_LAYERS = [(6, 5, 7, 9, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
                (3, 17, 11, 10, (7, 7), (2, 2), (3, 3, 3, 3), 1, 1),
                (5, 4, 6, 5, (3, 1), (1, 1), (0, 2, 1, 0), 1, 1),
                (160, 400, 4, 5, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
                (4, 8, 9, 8, (3, 2), (2, 1), (2, 0, 1, 2), 2, 2),
                (8, 6, 6, 7, (1, 1), (1, 2), (0, 0, 0, 0), 1, 1),
-               (2, 3, 5, 5, (5, 5), (1, 1), (3, 3, 3, 3), 1, 1)]
+               (2, 3, 5, 5, (5, 5), (1, 1), (3, 3, 3, 3), 1, 1),
+               (20, 9, 5, 19, (3, 3), (1, 1), (1, 1, 1, 1), 1, 1),
+               (16, 5, 3, 16, (1, 1), (1, 1), (0, 0, 0, 0), 1, 1)]
 
 
 def _taps_case(kind, layer, rng, where=None):
