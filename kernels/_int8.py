@@ -282,11 +282,16 @@ def _pixels_from_nchw(x, n, iy, add, body, Cp):
 
 
 @numba.njit(inline="always", **JIT)
-def _swap(a, b, mask, shift):
-    """One swap of an 8 x 8 byte transpose: the ``mask`` bytes of ``b`` with those of
-    ``a`` ``shift`` bits up."""
-    t = ((a >> shift) ^ b) & mask
-    return a ^ (t << shift), b ^ t
+def _swap_pairs(w, mask, shift):
+    """One round of an 8 x 8 byte transpose on the 8 words ``w``: in each pair (w[0],
+    w[1]), (w[2], w[3]), ..., the ``mask`` bytes of the second swapped with those of
+    the first ``shift`` bits up."""
+    t0 = ((w[0] >> shift) ^ w[1]) & mask
+    t1 = ((w[2] >> shift) ^ w[3]) & mask
+    t2 = ((w[4] >> shift) ^ w[5]) & mask
+    t3 = ((w[6] >> shift) ^ w[7]) & mask
+    return (w[0] ^ (t0 << shift), w[1] ^ t0, w[2] ^ (t1 << shift), w[3] ^ t1,
+            w[4] ^ (t2 << shift), w[5] ^ t2, w[6] ^ (t3 << shift), w[7] ^ t3)
 
 
 @jit
@@ -311,18 +316,10 @@ def _bytes_from_nchw(x, n, iy, flip, body, Cp, extent):
             w2, w3 = load_u64(src, at + 2 * plane + j0), load_u64(src, at + 3 * plane + j0)
             w4, w5 = load_u64(src, at + 4 * plane + j0), load_u64(src, at + 5 * plane + j0)
             w6, w7 = load_u64(src, at + 6 * plane + j0), load_u64(src, at + 7 * plane + j0)
-            w0, w1 = _swap(w0, w1, m1, s1)
-            w2, w3 = _swap(w2, w3, m1, s1)
-            w4, w5 = _swap(w4, w5, m1, s1)
-            w6, w7 = _swap(w6, w7, m1, s1)
-            w0, w2 = _swap(w0, w2, m2, s2)
-            w1, w3 = _swap(w1, w3, m2, s2)
-            w4, w6 = _swap(w4, w6, m2, s2)
-            w5, w7 = _swap(w5, w7, m2, s2)
-            w0, w4 = _swap(w0, w4, m4, s4)
-            w1, w5 = _swap(w1, w5, m4, s4)
-            w2, w6 = _swap(w2, w6, m4, s4)
-            w3, w7 = _swap(w3, w7, m4, s4)
+            # bytes between words 1 apart, pairs 2 apart, quads 4 apart
+            w0, w1, w2, w3, w4, w5, w6, w7 = _swap_pairs((w0, w1, w2, w3, w4, w5, w6, w7), m1, s1)
+            w0, w2, w1, w3, w4, w6, w5, w7 = _swap_pairs((w0, w2, w1, w3, w4, w6, w5, w7), m2, s2)
+            w0, w4, w1, w5, w2, w6, w3, w7 = _swap_pairs((w0, w4, w1, w5, w2, w6, w3, w7), m4, s4)
             out = j0 * Cp + c0
             for i, w in enumerate((w0, w1, w2, w3, w4, w5, w6, w7)):
                 store_u64(body, out + i * Cp, w ^ flips)
