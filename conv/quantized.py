@@ -9,8 +9,8 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   with the zero point's (``maddubs``; the padding comes off through the weights'
   column sums) -- channels rounded up to whole words with zero channels, and the
   taps kernel reads every tap's channels from them in place; one jitted call per
-  thread (``kernels/_int8.py`` ``qconv_taps_blocks``, planned by :class:`TapsPlan`).  The patch matrix and its packing
-  into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
+  thread (``kernels/_int8.py`` ``qconv_taps_blocks``, planned by :class:`TapsPlan`).
+  The patch matrix and its packing into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
   when the layer has few output channels -- are not made: ResNet-18 conv2_x 3.0 ->
   1.9 ms on one Zen 3 core.
 * **patches** (otherwise: ``vnni``, which reads its patch rows in place as words,
@@ -19,8 +19,8 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   the zero point is taken off, into :func:`tilegemm.kernels.qgemm.qgemm_into`; a
   1x1, stride-1 layer without padding reads the image in place.
 
-The epilogue (``kernels/requant.py``) takes the int32 sums to ``acc * x_scale * w_scale[k] +
-bias[k]``, the activation, and then either float32 or a requantized code
+The epilogue (``kernels/requant.py``) takes the int32 sums to ``acc * x_scale *
+w_scale[k] + bias[k]``, the activation, and then either float32 or a requantized code
 ``clip(round(y / out_scale) + out_zero_point)``, written straight into the output's
 layout.
 """
@@ -40,8 +40,8 @@ from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, TILES
 from tilegemm.kernels.qgemm import SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into
-from tilegemm.tuning.machine import detect
 from tilegemm.kernels.requant import ACTIVATIONS, finish_planes, finish_rows  # noqa: F401
+from tilegemm.tuning.machine import detect
 
 
 @intrinsic
