@@ -10,9 +10,9 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   column sums) -- channels rounded up to whole words with zero channels, and the
   taps kernel reads every tap's channels from them in place; one jitted call per
   thread (``kernels/_int8.py`` ``qconv_taps_blocks``, planned by :class:`TapsPlan`).
-  The patch matrix and its packing into int16 panels -- nine times the input for a 3x3, and the GEMM's largest cost
-  when the layer has few output channels -- are not made: ResNet-18 conv2_x 3.0 ->
-  1.9 ms on one Zen 3 core.
+  The patch matrix and its packing into int16 panels -- nine times the input for a
+  3x3, and the GEMM's largest cost when the layer has few output channels -- are not
+  made: ResNet-18 conv2_x 3.0 -> 1.9 ms on one Zen 3 core.
 * **patches** (otherwise: ``vnni``, which reads its patch rows in place as words,
   and groups of channel counts that split words, such as depthwise layers): im2col, one byte per
   value, the padding filled with the input's zero point so that it adds nothing once
