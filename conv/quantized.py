@@ -38,8 +38,9 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, TILES
-from tilegemm.kernels.qgemm import SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into
+from tilegemm.kernels.int8 import GROUP, TILES
+from tilegemm.kernels.qgemm import (SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into,
+                                     widening)
 from tilegemm.kernels.requant import ACTIVATIONS, finish_planes, finish_rows  # noqa: F401
 from tilegemm.tuning.machine import detect
 
@@ -262,11 +263,7 @@ class TapsPlan:
         self.mod = get_int8_kernel(kind, bits)
         group = GROUP[kind]
         Wp, Cw = p.left + p.W + p.right, -(-p.C // group)
-        if kind in BYTE_KINDS:
-            shift = 128 if np.dtype(x_dtype) == np.int8 else 0
-            self.widening, self.wide = (shift, int(zero) + shift), np.uint8
-        else:
-            self.widening, self.wide = (-int(zero), 0), np.int16
+        self.widening, self.wide = widening(kind, x_dtype, zero)
         self.conv = (p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
                      p.layout == "NCHW")
         KC, NC = taps.blocks

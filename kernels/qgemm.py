@@ -313,14 +313,21 @@ def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
     pair kinds, unsigned bytes padded with the zero point's for the byte kinds.
     Returns the padding value, :func:`taps_into`'s ``pad``."""
     kind, bits = kind or int8_kind()
-    if kind in BYTE_KINDS:    # unsigned bytes, as the packers make A
-        shift = 128 if x.dtype == np.int8 else 0
-        add, pad, values = shift, int(zero) + shift, out.view(np.uint8)
-    else:
-        add, pad, values = -int(zero), 0, out.view(np.int16)
-    get_int8_kernel(kind, bits).widen_rows(x, n, geom, add, pad, rows[0], rows[1], values,
-                                           layout == "NCHW")
+    (add, pad), wide = widening(kind, x.dtype, zero)
+    get_int8_kernel(kind, bits).widen_rows(x, n, geom, add, pad, rows[0], rows[1],
+                                           out.view(wide), layout == "NCHW")
     return pad
+
+
+def widening(kind, x_dtype, zero):
+    """``((add, pad), dtype)``: how the taps kernel's A widens an int8/uint8 input of
+    zero point ``zero`` for the kernel ``kind``: unsigned bytes ``x + 128`` (int8) or
+    ``x`` (uint8) padded with the zero point's byte, as the packers make A, for the
+    byte kinds; int16 ``x - zero`` padded with 0 for the pair kinds."""
+    if kind in BYTE_KINDS:
+        shift = 128 if np.dtype(x_dtype) == np.int8 else 0
+        return (shift, int(zero) + shift), np.dtype(np.uint8)
+    return (-int(zero), 0), np.dtype(np.int16)
 
 
 def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):

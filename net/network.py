@@ -95,13 +95,12 @@ class Network:
         ``layout_transform``."""
         key = _shape_key(fed)
         plan = self._plans.get(key)
-        if plan is None and not self.layout_transform:
-            return None
-        if plan is None:
-            with self._planning:
-                plan = self._plans.get(key)
-                if plan is None:
-                    plan = self._plans[key] = planning.plan_layouts(self, fed)
+        if plan is not None or not self.layout_transform:
+            return plan
+        with self._planning:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = planning.plan_layouts(self, fed)
         return plan
 
     def execute(self, fed, plan=None, profile=None, keep=False, memory=None, trace=None):
