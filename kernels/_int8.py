@@ -76,15 +76,16 @@ def pack_b(b, p0, kc, j0, nc, b_add, out):
     NR columns: per group of GROUP k values, NR words, column j's values in word j."""
     kg = (kc + GROUP - 1) // GROUP
     whole = kc // GROUP
+    full = nc // NR                    # panels of NR columns
+    stride = kg * NR * GROUP           # values from one panel to the next
+    for g in range(whole):             # the common case: whole groups of whole panels
+        _interleave_rows(b, p0 + g * GROUP, j0, full, b_add, out[g * NR * GROUP:], stride)
     for jr in range(0, nc, NR):
-        base = (jr // NR) * kg * NR * GROUP
+        base = (jr // NR) * stride
         width = min(NR, nc - jr)
-        for g in range(kg):
-            at = base + g * NR * GROUP
-            if g < whole and width == NR:   # the common case: the group's rows, interleaved
-                _interleave_rows(b, p0 + g * GROUP, j0 + jr, b_add, out[at:at + NR * GROUP])
-            else:   # B's columns are the lines: its transpose, as A's rows
-                _edge_group(b.T, j0 + jr, p0, NR, width, kc, g, b_add, out, at)
+        for g in range(whole if width == NR else 0, kg):
+            # B's columns are the lines: its transpose, as A's rows
+            _edge_group(b.T, j0 + jr, p0, NR, width, kc, g, b_add, out, base + g * NR * GROUP)
 
 
 @jit
@@ -115,24 +116,33 @@ def _edge_group(m, r0, k0, lines, valid, kc, g, add, out, at):
 
 
 @jit
-def _interleave_rows(b, p, j, add, out):
-    """``out[q * GROUP + t] = b[p + t, j + q] + add`` for the NR columns from ``j``.
+def _interleave_rows(b, p, j, panels, add, out, stride):
+    """One group of rows of ``panels`` whole panels: ``out[q * stride + i * GROUP + t] =
+    b[p + t, j + q * NR + i] + add``.
 
-    The GROUP rows are read in one loop: each is a contiguous run (vector loads)
-    and the stores interleave them, which LLVM does with shuffles; one row at a time
-    (strided stores) or an element at a time ran 4-7x slower."""
-    r0, r1 = b[p, j:j + NR], b[p + 1, j:j + NR]
+    The GROUP rows are sliced once for every panel (slices per panel cost more than
+    the panel's values) and each panel's words are built from them in registers
+    (shifts and ors of the widened values, a loop LLVM vectorises); interleaving
+    values by stores, or a row at a time, ran 2-7x slower."""
+    width = panels * NR
+    words = out.view(np.uint32)
+    r0, r1 = b[p, j:j + width], b[p + 1, j:j + width]
     if GROUP == 4:
-        r2, r3 = b[p + 2, j:j + NR], b[p + 3, j:j + NR]
-        for q in range(NR):
-            out[4 * q] = r0[q] + add
-            out[4 * q + 1] = r1[q] + add
-            out[4 * q + 2] = r2[q] + add
-            out[4 * q + 3] = r3[q] + add
+        r2, r3 = b[p + 2, j:j + width], b[p + 3, j:j + width]
+        for q in range(panels):
+            o = words[q * stride // GROUP:q * stride // GROUP + NR]
+            s0, s1, s2, s3 = r0[q * NR:], r1[q * NR:], r2[q * NR:], r3[q * NR:]
+            for i in range(NR):
+                o[i] = (np.uint32(np.uint8(s0[i] + add)) | (np.uint32(np.uint8(s1[i] + add)) << 8)
+                        | (np.uint32(np.uint8(s2[i] + add)) << 16)
+                        | (np.uint32(np.uint8(s3[i] + add)) << 24))
     else:
-        for q in range(NR):
-            out[2 * q] = r0[q] + add
-            out[2 * q + 1] = r1[q] + add
+        for q in range(panels):
+            o = words[q * stride // GROUP:q * stride // GROUP + NR]
+            s0, s1 = r0[q * NR:], r1[q * NR:]
+            for i in range(NR):
+                o[i] = (np.uint32(np.uint16(s0[i] + add))
+                        | (np.uint32(np.uint16(s1[i] + add)) << 16))
 
 
 @jit
