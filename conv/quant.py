@@ -100,7 +100,7 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     b_b = np.broadcast_to(b2, batch + (k, n))
     kind = int8_kind_for(b2, zb)    # one range check for every batch's B
     for at in np.ndindex(*batch):
-        qgemm_into(a_b[at], b_b[at], result[at], za, zb, kind)
+        qgemm_into(a_b[at], b_b[at], result[at], za, zb, kind, proved=True)
     if dest is None:
         return target
     if target is not dest:
@@ -120,7 +120,8 @@ def _plain_2d(a, b, a_zero_point, b_zero_point):
         raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
                          f"{k} (last dim of a) != {k2} (dim -2 of b)")
     check_bound(k, a.dtype, za, b.dtype, zb)
-    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb, int8_kind_for(b, zb))
+    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb, int8_kind_for(b, zb),
+                      proved=True)
 
 
 def check_bound(k, a_dtype, za, b_dtype, zb, func="qmatmul"):

@@ -178,9 +178,9 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     A and B.  ``blocks``: ``(KC, MC, NC)``, KC a multiple of GROUP.  ``packs``:
     ``(apack, apack_values, bpack, bpack_values)``, each buffer as int32 words and as
     its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
-    ``a_words``: ``(words, flat, lda)``: A as 32-bit words (2-D) for
-    :func:`pack_a_words`, the same as one flat int32 view and its row stride in
-    words, read in place by the tile when A needs no flip (a byte kind, uint8 A); or an
+    ``a_words``: ``(words, signed, lda)``: A as 32-bit words (2-D) for
+    :func:`pack_a_words`, the same as int32 and its row stride in words, read in
+    place by the tile (from the data pointer, ``lda`` words a row) when A needs no flip (a byte kind, uint8 A); or an
     empty ``words``: A is packed a value at a time.  ``b_panels``: B's blocks packed
     by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
     packed here, block by block.
@@ -210,20 +210,32 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
             first = 1 if pc == 0 else 0
             for ic in range(0, m, MC):
                 mc = min(MC, m - ic)
+                c_block = (c_off + ic * ldc + jc, ldc, first, ic, jc)
                 if in_place:     # A's words are the tile's: no packing
-                    a_src, a_at, a_rs, a_gs = a_flat, ic * lda + pc // GROUP, lda, 1
+                    _macro(kg, (a_flat, ic * lda + pc // GROUP, lda, 1), b_src, c, c_block,
+                           rc, cc, mc, nc)
                 else:
                     if words.size > 0:
                         pack_a_words(words, ic, mc, pc // GROUP, kg, flip, apack)
                     else:
                         pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
-                    a_src, a_at, a_rs, a_gs = apack, 0, 1, MR
-                for jr in range(0, nc, NR):
-                    for ir in range(0, mc, MR):
-                        tile(kg, a_src, a_at + (ir * a_rs if in_place else (ir // MR) * kg * MR),
-                             a_rs, a_gs, b_src, (jr // NR) * kg * NR,
-                             c, c_off + (ic + ir) * ldc + jc + jr, ldc, first, rc, ic + ir,
-                             cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))
+                    _macro(kg, (apack, 0, 1, MR), b_src, c, c_block, rc, cc, mc, nc)
+
+
+@jit
+def _macro(kg, a_src, b_src, c, c_block, rc, cc, mc, nc):
+    """The tiles of one mc x nc block of C (the jr and ir loops) over ``kg`` groups of
+    k: A from ``a_src = (a, at, rs, gs)`` (its packed panels, ``rs = 1, gs = MR``, or
+    its words in place, ``rs`` = the row stride, ``gs = 1``), B's panels from
+    ``b_src``; ``c_block = (offset, ldc, first, ic, jc)``: the block's first value in
+    ``c``, as the tile takes them, and its first row and column for the corrections."""
+    a, a_at, a_rs, a_gs = a_src
+    c_at, ldc, first, ic, jc = c_block
+    for jr in range(0, nc, NR):
+        for ir in range(0, mc, MR):
+            tile(kg, a, a_at + (ir * a_rs if a_gs == 1 else (ir // MR) * kg * MR), a_rs, a_gs,
+                 b_src, (jr // NR) * kg * NR, c, c_at + ir * ldc + jr, ldc, first, rc, ic + ir,
+                 cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))
 
 
 tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
