@@ -27,6 +27,7 @@ def test_qconv2d_rejects_bad_input():
         (TypeError, "dtype int16", dict(w=w.astype(np.int16))),
         (TypeError, "4-D int8 array", dict(w=w.astype(np.uint8))),
         (TypeError, "w_scale is required", dict(w_scale=None)),
+        (TypeError, "their own scales", dict(w=tilegemm.QConvWeights(w, ws))),
         (ValueError, r"shape \(6,\)", dict(w_scale=np.ones(5))),
         (ValueError, "positive and finite", dict(w_scale=np.zeros(6))),
         (ValueError, "positive and finite", dict(x_scale=-1.0)),
@@ -89,6 +90,35 @@ def test_a_prepared_layer_runs_into_its_output_and_checks_its_input():
         conv(x[:1])
     with pytest.raises(TypeError, match="unexpected options"):
         PreparedQConv(x.shape, x.dtype, 0.02, cw, strides=2)
+
+
+def test_prepared_weights_keep_calls_only_for_equal_arguments():
+    """QConvWeights keeps each qconv2d call's checks and plan: a call whose arguments
+    differ in any value or type (a bias changed in place, an int8 zero point against
+    an int one, another input shape) must not reuse another's."""
+    x, w, ws = _layer(6)
+    cw = tilegemm.QConvWeights(w, ws)
+    bias = np.linspace(-1, 1, 6)
+    base = dict(padding=1, x_zero_point=5, out_scale=0.05, out_zero_point=3)
+
+    def both(xx, b, **options):
+        kw = dict(base, **options)
+        fresh = tilegemm.qconv2d(xx, 0.02, w, ws, bias=b, **kw)
+        kept = tilegemm.qconv2d(xx, 0.02, cw, bias=b, **kw)
+        assert kept.dtype == fresh.dtype and np.array_equal(kept, fresh)
+        return kept
+
+    first = both(x, bias)
+    assert np.array_equal(both(x, bias), first)
+    bias[1] += 0.5                                   # the same array, other values
+    assert not np.array_equal(both(x, bias), first)
+    assert both(x, bias, out_zero_point=np.int8(3)).dtype == np.int8
+    assert both(x, bias, out_zero_point=3).dtype == np.uint8
+    assert both(x[:1], bias).shape[0] == 1
+    both(x, bias, stride=[2, 1], activation="relu")  # unhashable geometry: not kept
+    for extra in range(20):                          # more calls than are kept
+        both(x, bias, x_zero_point=extra)
+    assert len(cw._calls) <= 16
 
 
 def test_the_output_zero_point_s_type_gives_the_output_dtype():
