@@ -416,12 +416,16 @@ def _tap_runs(g0, g1, cgw, geom, c0w, seg):
 
 
 @jit
-def qconv_taps_blocks(x, blocks, conv, widening, weights, epilogue, out, scratch):
+def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, scratch):
     """A quantized convolution's blocks of output on the taps kernel, in one call: per
     block, the input rows it reads widened once (:func:`widen_rows`), then per chunk
     of its pixels each group's sums (:func:`qconv_taps`) and the epilogue into
     ``out`` (``kernels/requant.py``) while the sums are in cache.  One thread's
     share, run without the GIL from start to end.
+
+    ``x_words``: ``x`` as int32 words when its rows are already what widening would
+    make (a uint8 NHWC input of whole words, no padding, a byte kind): the rows are
+    read where they lie; else empty.
 
     ``blocks``: rows ``(image, p0, p1, j0, j1)``: output pixels ``p0:p1`` and each
     group's output channels ``j0:j1``.  ``conv = (Wo, kh, kw, sy, sx, dy, dx, top,
@@ -442,10 +446,14 @@ def qconv_taps_blocks(x, blocks, conv, widening, weights, epilogue, out, scratch
         n, p0, p1 = blocks[b, 0], blocks[b, 1], blocks[b, 2]
         r0 = (p0 // Wo) * sy
         r1 = ((p1 - 1) // Wo) * sy + (kh - 1) * dy + 1
-        widen_rows(x, n, (top, left, Wp, GROUP * Cw), widening[0], widening[1], r0, r1,
-                   values, nchw)
+        if x_words.size > 0:
+            rows = x_words[(n * x.shape[1] + r0) * Wp * Cw:]
+        else:
+            widen_rows(x, n, (top, left, Wp, GROUP * Cw), widening[0], widening[1], r0, r1,
+                       values, nchw)
+            rows = words
         for q0 in range(p0, p1, chunk):
-            _taps_chunk(words, (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4]),
+            _taps_chunk(rows, (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4]),
                         conv, r0, weights, epilogue, out, (acc, zeros, offsets))
 
 

@@ -366,11 +366,13 @@ def test_qconv2d_matches_the_dequantized_math(data):
 @pytest.mark.parametrize("seven", [False, True])
 @pytest.mark.parametrize("threads, geometry", [(1, dict(padding=1)), (2, dict(padding=1)),
                                                (2, dict(stride=2, groups=2)),
-                                               (1, dict(dilation=2, padding=2))])
+                                               (1, dict(dilation=2, padding=2)),
+                                               (1, dict()), (2, dict(stride=2))])
 def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monkeypatch):
     """Blocks of pixels longer than the taps driver's chunk (its sums in a quarter of
     L2, here a 64 KiB one): every chunk's sums and epilogue land at their pixels, in
-    both layouts, one block or one per thread, grouped, strided, dilated."""
+    both layouts, one block or one per thread, grouped, strided, dilated, and with
+    no padding (an NHWC input then read in place by the byte kinds)."""
     import dataclasses
     from tilegemm.conv import quantized
     from tilegemm.conv.qconv import PreparedQConv
@@ -391,6 +393,8 @@ def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monk
     plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups), layer.epilogue, threads)
     pixels = int(np.prod(layer.output_shape)) // 64
     assert len(plan.blocks) == threads and plan.chunk < pixels // threads
+    in_place = layout == "NHWC" and "padding" not in geometry and qw.kind[0] == "maddubs"
+    assert plan.in_place == in_place
     want = qconv_reference(x, 9, w, 0.02, 0.004, None, (geometry.get("stride", 1),
                            geometry.get("padding", 0), geometry.get("dilation", 1), groups),
                            None, layout)

@@ -142,20 +142,24 @@ def test_qconv2d_float_output_propagates_nan_bias():
 def test_qconv2d_against_guard_pages(layout):
     """No read past the input or the weights when each ends (or starts) at a guard page;
     3x3 with padding and 1x1 (the input widened for the taps kernel, or patches and
-    the input read in place, by the host's int8 kernel; the taps kernel's own reads
-    are guarded in ``test_fuzz_int8.py``)."""
-    x_vals, w_vals, ws = _layer(3, layout, np.int8)
-    for kernel, padding in ((3, 1), (1, 0)):
-        wk = np.ascontiguousarray(w_vals[:, :, :kernel, :kernel])
-        want = tilegemm.qconv2d(x_vals, 0.02, wk, ws, padding=padding, layout=layout,
-                                x_zero_point=-3, out_scale=0.05)
-        for where in ("after", "before"):
-            x = guarded_empty(x_vals.shape, np.int8, where=where)
-            w = guarded_empty(wk.shape, np.int8, where=where)
-            x[...], w[...] = x_vals, wk
-            got = tilegemm.qconv2d(x, 0.02, w, ws, padding=padding, layout=layout,
-                                   x_zero_point=-3, out_scale=0.05)
-            assert np.array_equal(got, want), (kernel, where)
+    the input read in place, by the host's int8 kernel: a uint8 NHWC input with no
+    padding is read where it lies by the byte kinds; the taps kernel's own reads are
+    guarded in ``test_fuzz_int8.py``)."""
+    for dtype, zero in ((np.int8, -3), (np.uint8, 3)):
+        x_vals, w_vals, ws = _layer(3, layout, dtype)
+        if dtype == np.uint8:    # 7-bit: maddubs on AVX2, the byte kind read in place
+            w_vals = w_vals // 2
+        for kernel, padding in ((3, 1), (1, 0), (3, 0)):
+            wk = np.ascontiguousarray(w_vals[:, :, :kernel, :kernel])
+            want = tilegemm.qconv2d(x_vals, 0.02, wk, ws, padding=padding, layout=layout,
+                                    x_zero_point=zero, out_scale=0.05)
+            for where in ("after", "before"):
+                x = guarded_empty(x_vals.shape, dtype, where=where)
+                w = guarded_empty(wk.shape, np.int8, where=where)
+                x[...], w[...] = x_vals, wk
+                got = tilegemm.qconv2d(x, 0.02, w, ws, padding=padding, layout=layout,
+                                       x_zero_point=zero, out_scale=0.05)
+                assert np.array_equal(got, want), (dtype, kernel, where)
 
 
 def test_qconv2d_from_several_python_threads():
