@@ -14,6 +14,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
+from tilegemm.kernels.requant import fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
@@ -114,9 +115,11 @@ class QConvWeights:
 
     def prepared(self, key, make):
         """The :class:`PreparedQConv` :func:`qconv2d` keeps for the call ``key``, made by
-        ``make()`` on first use; the last :data:`KEPT_CALLS` are kept."""
+        ``make()`` on first use; the :data:`KEPT_CALLS` most recently used are kept."""
         with self._lock:
-            call = self._calls.get(key)
+            call = self._calls.pop(key, None)
+            if call is not None:            # the most recently used last
+                self._calls[key] = call
         if call is None:
             call = make()
             with self._lock:
@@ -137,23 +140,31 @@ KEPT_CALLS = 16
 def _call_key(x, x_scale, bias, options):
     """A hashable key of everything a :func:`qconv2d` call's :class:`PreparedQConv`
     depends on (values with their types: an int8 zero point and an int one give
-    different outputs), or None when an argument has no such key."""
-    try:
-        key = (x.shape, x.dtype.str, _value_key(x_scale), _value_key(bias),
-               tuple(_value_key(options[name]) for name in QCONV_OPTIONS))
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    different outputs), or None when an argument is not a plain value (an array-like
+    object may change its values without changing its identity)."""
+    parts = (_value_key(x_scale), _value_key(bias)) + tuple(_value_key(options[name])
+                                                           for name in QCONV_OPTIONS)
+    return None if None in parts else (x.shape, x.dtype.str) + parts
+
+
+#: Argument types whose values (and type) make a key.
+_PLAIN = (int, float, bool, str, np.integer, np.floating, np.bool_)
 
 
 def _value_key(value):
-    """``value`` as a hashable key that compares equal only for equal values of one type."""
+    """``value`` as a hashable key equal only for equal values of one type, or None."""
+    if value is None:
+        return ("none",)
     if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            return None
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(_value_key(v) for v in value)
-    return (type(value), value)
+        parts = tuple(_value_key(v) for v in value)
+        return None if None in parts else (type(value).__name__,) + parts
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    return None
 
 
 def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1, padding=0,
@@ -276,7 +287,11 @@ class PreparedQConv:
                                           b, func)
         self.params, self.weights, self.input_shape = p, weights, tuple(x_shape)
         self.output_shape = p.output_shape()
-        self.epilogue = (mult, b, ACTIVATION_CODES[opt["activation"]], requant)
+        act = ACTIVATION_CODES[opt["activation"]]
+        # |sum| <= the products per sum x 255 x 128 (uint8 codes less their zero point
+        # by int8 weights)
+        folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
+        self.epilogue = (mult, b, act, requant, _NOT_FOLDED if folded is None else folded)
         self._plans = {}
 
     def __call__(self, x, out=None):
@@ -306,6 +321,10 @@ class PreparedQConv:
                                                    self.epilogue, threads)
         return plan
 
+
+_NO_FLOATS = np.zeros(0, np.float32)
+#: The epilogue's ``folded`` when the codes are computed in float64 (see ``kernels/requant.py``).
+_NOT_FOLDED = (_NO_FLOATS, _NO_FLOATS, _NO_FLOATS)
 
 #: :func:`qconv2d`'s keyword arguments and their defaults.
 QCONV_OPTIONS = dict(x_zero_point=0, stride=1, padding=0, dilation=1, groups=1, activation=None,

@@ -142,8 +142,9 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
 
     ``x``: C-contiguous int8/uint8 input in ``p.layout``.  ``weights``: per group, the
     ``kh*kw*Cg x Kg`` int8 matrix (rows in (r, s, c) order, see
-    :class:`tilegemm.QConvWeights`); None with ``taps``.  ``epilogue``: ``(mult, bias, act, requant)`` as
-    ``kernels/requant.py`` takes them, ``mult`` and ``bias`` float64 per output channel.
+    :class:`tilegemm.QConvWeights`); None with ``taps``.  ``epilogue``: ``(mult, bias,
+    act, requant, folded)`` as ``kernels/requant.py`` takes them, ``mult`` and ``bias``
+    float64 per output channel.
     ``out``: C-contiguous output (float32, int8, uint8 or int32) in ``p.layout``.
     ``panels``: per group, ``weights`` packed once (``kernels.qgemm.pack_b_once``), or None.
     ``taps``: :class:`TapsPanels`: the sums come from the taps kernel
@@ -254,7 +255,7 @@ class TapsPlan:
         The input's zero point.
     taps : TapsPanels
     epilogue : tuple
-        ``(mult, bias, act, requant)`` as ``kernels/requant.py`` takes them.
+        ``(mult, bias, act, requant, folded)`` as ``kernels/requant.py`` takes them.
     threads : int
     """
 
@@ -275,6 +276,9 @@ class TapsPlan:
         self.weights = (taps.words, taps.starts, p.Cg // group if p.groups > 1 else Cw,
                         taps.corrections(self.widening[1]), (KC, MC, NC))
         self.epilogue = epilogue
+        # the tiles write an NHWC output's codes from their registers where the
+        # epilogue is folded into float32 (its sums then never go to memory)
+        self.codes = p.layout == "NHWC" and epilogue[4][0].size > 0
         self.blocks = [np.array(part, np.int64).reshape(-1, 5)
                        for part in _taps_shares(p, threads, TILES[taps.kind][1])]
         rows = max(int((b[:, 2] - b[:, 1]).max()) for b in self.blocks)
@@ -294,8 +298,9 @@ class TapsPlan:
         if getattr(local, "made", None) is not made:
             local.calls = [(blocks, self._scratch(made, t)) for t, blocks in enumerate(self.blocks)]
             local.made = made
+        codes = (out.reshape(-1) if self.codes else _NO_CODES,) + self.epilogue[4]
         run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
-                                                 self.epilogue, out)
+                                                 self.epilogue, out, codes)
         x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
         if len(local.calls) == 1:
             blocks, scratch = local.calls[0]
@@ -313,6 +318,7 @@ class TapsPlan:
 
 
 _NO_WORDS = np.zeros(0, np.int32)
+_NO_CODES = np.zeros(0, np.uint8)
 
 
 def _taps_shares(p, threads, nr):

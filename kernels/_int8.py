@@ -239,6 +239,7 @@ def _macro(kg, a_src, b_src, c, c_block, rc, cc, mc, nc):
 
 
 tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
+tile_codes = make_int8_tile(KIND, BITS, MR, NR, taps=True, codes=True)
 
 
 @jit
@@ -348,9 +349,9 @@ def _bytes_from_nchw(x, n, iy, flip, body, Cp, extent):
 
 
 @jit
-def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_at):
+def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_at, codes):
     """``C = acc + cc[j]`` of a convolution's output pixels read from the widened image
-    in place.
+    in place; or, where k is one block and ``codes`` names an output, their codes.
 
     ``xw``: :func:`widen_rows`'s rows as int32 words (GROUP channels each), its
     first row the padded image's row ``row0``.  ``geom = (Wp, Cw, Wo, kh, kw, sy, sx,
@@ -365,15 +366,21 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
     ``n`` column corrections (zero for the pair kinds, whose A is ``x - zero``; minus
     the padding byte times each column's sum of B for the byte kinds).  ``seg``: room
     for ``2 * (kh*kw + 1)`` intp; ``a_at``: for ``p1 - p0`` intp, each pixel's first
-    word in ``xw``.
+    word in ``xw``.  ``codes = (o, o_at, ldo, mult, bias, lim)``: an int8 or uint8
+    output, pixel ``p``'s channel ``j`` at ``o[o_at + (p - p0)*ldo + j]``, and the
+    group's requantization as the codes tile takes it, or an empty ``o``.  Returns
+    whether the codes were written (``o`` given and k in one block: the tiles write
+    them from their registers, ``c`` untouched), else the sums were.
     """
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
     c0w, cgw, n = channels
     KC, MC, NC = blocks
     p0, p1, j0, j1 = part
+    o, o_at, ldo, mult, bias, lim = codes
     for q in range(p0, p1):
         a_at[q - p0] = (((q // Wo) * sy - row0) * Wp + (q % Wo) * sx) * Cw
     k_groups = kh * kw * cgw
+    direct = o.size > 0 and k_groups <= KC // GROUP
     at = 0                                    # the next block in b_panels, in words
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
@@ -388,9 +395,16 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
                 for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):
                     cols = min(NR, j1 - jc - jr, nc - jr)
                     for ir in range(0, mc, MR):
-                        tile_taps(segs, seg, xw, a_at, ic + ir, b_src, (jr // NR) * (g1 - g0) * NR,
-                                  c, (ic + ir) * n + jc + jr, n, first, zeros, 0, cc, jc + jr,
-                                  min(MR, mc - ir), cols)
+                        b_at = (jr // NR) * (g1 - g0) * NR
+                        if direct:
+                            tile_codes(segs, seg, xw, a_at, ic + ir, b_src, b_at, o,
+                                       o_at + (ic + ir) * ldo + jc + jr, ldo, first, zeros, 0,
+                                       cc, jc + jr, min(MR, mc - ir), cols, mult, bias, lim)
+                        else:
+                            tile_taps(segs, seg, xw, a_at, ic + ir, b_src, b_at, c,
+                                      (ic + ir) * n + jc + jr, n, first, zeros, 0, cc, jc + jr,
+                                      min(MR, mc - ir), cols)
+    return direct
 
 
 @jit
@@ -416,7 +430,8 @@ def _tap_runs(g0, g1, cgw, geom, c0w, seg):
 
 
 @jit
-def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, scratch):
+def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, codes,
+                      scratch):
     """A quantized convolution's blocks of output on the taps kernel, in one call: per
     block, the input rows it reads widened once (:func:`widen_rows`), then per chunk
     of its pixels each group's sums (:func:`qconv_taps`) and the epilogue into
@@ -434,8 +449,11 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     = (add, pad)`` of :func:`widen_rows`.  ``weights = (words, starts, cgw, cc,
     (KC, MC, NC))``: every group's panels one after another, group ``g``'s from
     ``starts[g]``, its words of channels per pixel, its column corrections
-    ``cc[g*Kg:(g+1)*Kg]``.  ``epilogue = (mult, bias, act, requant)`` as
-    ``kernels/requant.py`` takes them.  ``scratch = (words, values, acc, zeros, offsets,
+    ``cc[g*Kg:(g+1)*Kg]``.  ``epilogue = (mult, bias, act, requant, folded)`` as
+    ``kernels/requant.py`` takes them.  ``codes = (o, mult, bias, lim)``: ``out`` as
+    one run of codes and the requantization as the codes tile takes it (per channel),
+    written by the tiles wherever a group's k is one block; an empty ``o`` (float or
+    NCHW outputs) leaves it to the epilogue.  ``scratch = (words, values, acc, zeros, offsets,
     chunk)``: the widened rows as words and as values, room for the sums of
     ``chunk`` pixels, and :func:`qconv_taps`'s buffers (``offsets``: its ``seg``
     then its ``a_at``).
@@ -454,16 +472,18 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
             rows = words
         for q0 in range(p0, p1, chunk):
             _taps_chunk(rows, (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4]),
-                        conv, r0, weights, epilogue, out, (acc, zeros, offsets))
+                        conv, r0, weights, (epilogue, codes), out, (acc, zeros, offsets))
 
 
 @jit
-def _taps_chunk(words, part, conv, r0, weights, epilogue, out, scratch):
+def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
     """:func:`qconv_taps_blocks` on output pixels ``q0:q1`` of image ``n`` (``part =
     (n, q0, q1, j0, j1)``) whose input rows are widened in ``words`` from row ``r0``:
-    every group's sums into ``acc``, then the epilogue."""
+    every group's sums into ``acc``, then the epilogue; or the codes written by the
+    tiles (``finish = (epilogue, codes)``)."""
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
     panels, starts, cgw, cc, sizes = weights
+    epilogue, (o, mult, bias, lim) = finish
     acc, zeros, offsets = scratch
     n, q0, q1, j0, j1 = part
     groups = starts.size - 1
@@ -475,9 +495,12 @@ def _taps_chunk(words, part, conv, r0, weights, epilogue, out, scratch):
     nseg = 2 * (kh * kw + 1)
     sums = acc[:m * Kg]
     for g in range(groups):
-        qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
-                   panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
-                   cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m])
+        group = (o, (n * P + q0) * K + g * Kg, K, mult[g * Kg:(g + 1) * Kg],
+                 bias[g * Kg:(g + 1) * Kg], lim)
+        if qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
+                      panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
+                      cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m], group):
+            continue
         k0 = g * Kg + j0
         if nchw:
             finish_planes(sums[j0:], Kg, epilogue, k0, flat, (n * K + k0) * P + q0, P,

@@ -68,11 +68,17 @@ ARGUMENTS = ("kg", "a", "a_off", "a_rs", "a_gs", "b", "b_off", "c", "c_off", "ld
 #: ``a_at`` instead of a row stride (see :func:`make_int8_tile`).  Word offsets are
 #: intp: an image's widened rows may pass 2**31 words.
 TAPS_ARGUMENTS = ("segs", "seg", "a", "a_at", "a_at_off") + ARGUMENTS[5:]
+#: The codes tile's: the taps tile's, C holding int8 or uint8 codes, and the
+#: requantization: per column a float32 multiplier and bias (the output scale folded
+#: in), ``lim`` five float32 (zero point, lowest and highest code, the activation's
+#: upper and lower clip over the scale), as ``kernels/requant.py`` :func:`code`.
+CODES_ARGUMENTS = TAPS_ARGUMENTS + ("mult", "bias", "lim")
 ARRAYS = {"a": types.int32, "b": types.int32, "c": types.int32, "rc": types.int32,
-          "cc": types.int32, "seg": types.intp, "a_at": types.intp}
+          "cc": types.int32, "seg": types.intp, "a_at": types.intp, "mult": types.float32,
+          "bias": types.float32, "lim": types.float32}
 
 
-def make_int8_tile(kind, bits, mr, nr, taps=False):
+def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
     """The intrinsic of one int8 ``mr x nr`` tile of the ``kind`` (see the module docstring).
 
     ``tile(kg, a, a_off, a_rs, a_gs, b, b_off, c, c_off, ldc, first, rc, rc_off, cc,
@@ -91,11 +97,18 @@ def make_int8_tile(kind, bits, mr, nr, taps=False):
     on in its panel: a convolution's kernel taps read from an image in place, each run
     a tap's channels, all of them summed in registers before C is touched, and the
     rows any output pixels (a tile may span the end of an image row).
+
+    With ``codes`` (a taps tile whose k is whole: ``first`` is ignored) C holds int8
+    or uint8 codes, written from the registers: ``C = code(acc + rc[i] + cc[j])``
+    with ``tile(..., mult, bias, lim)`` as :data:`CODES_ARGUMENTS` describes, the same
+    float32 operations as ``kernels/requant.py`` :func:`code`, so the codes equal
+    the epilogue's; the sums never go to memory.
     """
     lanes = bits // 32
     if nr % lanes or kind not in GROUP:
         raise ValueError(f"no int8 tile {mr}x{nr} of kind {kind!r} at {bits} bits")
-    names = TAPS_ARGUMENTS if taps else ARGUMENTS
+    names = CODES_ARGUMENTS if codes else TAPS_ARGUMENTS if taps else ARGUMENTS
+    byte_c = (types.int8, types.uint8) if codes else (types.int32,)
 
     def emit(context, builder, sig, args):
         _emit_tile(context, builder, sig, dict(zip(names, args)), kind, bits, (mr, nr))
@@ -107,9 +120,11 @@ def make_int8_tile(kind, bits, mr, nr, taps=False):
                             f"({', '.join(names)}), got {len(args)}")
         given = dict(zip(names, args))
         for name, dtype in ARRAYS.items():
+            want = byte_c if name == "c" else (dtype,)
             if name in given and not (isinstance(given[name], types.Array)
-                                      and given[name].dtype == dtype):
-                raise TypeError(f"int8 tile: {name} must be an {dtype} array, got {given[name]}")
+                                      and given[name].dtype in want):
+                raise TypeError(f"int8 tile: {name} must be an array of "
+                                f"{' or '.join(map(str, want))}, got {given[name]}")
         return types.void(*(given[n] if n in ARRAYS else types.intp for n in names)), emit
 
     # Numba binds a call's arguments by the typing function's signature: spell it out.
@@ -117,7 +132,8 @@ def make_int8_tile(kind, bits, mr, nr, taps=False):
     typing.__signature__ = inspect.Signature(
         [param(n, param.POSITIONAL_OR_KEYWORD) for n in ("typingctx",) + names])
     tile = intrinsic(typing)
-    tile.__name__ = f"int8_tile_{kind}{bits}_{mr}x{nr}" + ("_taps" if taps else "")
+    tile.__name__ = (f"int8_tile_{kind}{bits}_{mr}x{nr}" + ("_taps" if taps else "")
+                     + ("_codes" if codes else ""))
     return tile
 
 
@@ -177,7 +193,10 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
             with cgutils.for_range(builder, count) as loop:
                 group(builder.add(b0, loop.index), builder.add(start, loop.index))
             builder.store(builder.add(b0, count), done)
-    _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
+    if "lim" in arg:
+        _store_codes(context, builder, (arg, types_of), (c_ptr, rc_ptr, cc_ptr), acc, const)
+    else:
+        _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
 
 
 def dot_step(builder, kind, bits, acc, a, b):
@@ -233,6 +252,63 @@ def _update_c(builder, arg, ptrs, acc, vec, const):
                     builder.gep(rc_ptr, [const(i)])), vec))), read_c=False)
         with then_add:
             _store_rows(builder, arg, acc, c_ptr, masks, const, lambda i, v, c: c, read_c=True)
+
+
+def _store_codes(context, builder, args, ptrs, acc, const):
+    """``C[:rows, :cols]`` = the codes of acc + row and column corrections: per vector,
+    float32 ``sums * mult + bias`` clipped by the activation, rounded half to even,
+    plus the zero point, clipped to the codes' range (the order of ``kernels/requant.py``
+    :func:`code`), then each row's codes narrowed to bytes and stored as one run."""
+    arg, types_of = args
+    c_ptr, rc_ptr, cc_ptr = ptrs
+    vec = acc[0][0].type.pointee
+    lanes, nv = vec.count, len(acc[0])
+    f32 = ir.VectorType(ir.FloatType(), lanes)
+    intp = const(0).type
+    lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
+    cols = splat(builder, arg["cols"], lane.type)
+    masks = [builder.icmp_signed("<", builder.add(lane, splat(builder, const(v * lanes), lane.type)),
+                                 cols) for v in range(nv)]
+
+    def columns(name, vtype):
+        base = data_ptr(context, builder, types_of[name], arg[name], arg["cc_off"])
+        return [load_vector(builder, vector_ptr(builder, base, const(v * lanes), vtype), 4,
+                            masks[v]) for v in range(nv)]
+
+    col_corr, mult, bias = columns("cc", vec), columns("mult", f32), columns("bias", f32)
+    lim_ptr = data_ptr(context, builder, types_of["lim"], arg["lim"], const(0))
+    zero, low, high, top, bottom = (splat(builder, builder.load(builder.gep(lim_ptr, [const(i)])),
+                                          f32) for i in range(5))
+    rint = builder.module.declare_intrinsic(f"llvm.rint.v{lanes}f32", fnty=ir.FunctionType(f32, [f32]))
+
+    def clip(y, lo, hi):
+        y = builder.select(builder.fcmp_ordered("<", y, lo), lo, y)
+        return builder.select(builder.fcmp_ordered(">", y, hi), hi, y)
+
+    byte = ir.IntType(8)
+    width = nv * lanes
+    row_mask = builder.icmp_signed("<", ir.Constant(ir.VectorType(intp, width), list(range(width))),
+                                   splat(builder, arg["cols"], ir.VectorType(intp, width)))
+    for i in range(len(acc)):
+        with builder.if_then(builder.icmp_signed("<", const(i), arg["rows"])):
+            row_corr = splat(builder, builder.load(builder.gep(rc_ptr, [const(i)])), vec)
+            parts = []
+            for v in range(nv):
+                sums = builder.add(builder.load(acc[i][v]), builder.add(col_corr[v], row_corr))
+                y = builder.fadd(builder.fmul(builder.sitofp(sums, f32), mult[v]), bias[v])
+                y = builder.fadd(builder.call(rint, [clip(y, bottom, top)]), zero)
+                parts.append(builder.trunc(builder.fptosi(clip(y, low, high), vec),
+                                           ir.VectorType(byte, lanes)))
+            while len(parts) > 1:      # concatenated pairwise into one run of bytes
+                n = parts[0].type.count
+                parts = [builder.shuffle_vector(parts[k], parts[k + 1],
+                                                ir.Constant(ir.VectorType(ir.IntType(32), 2 * n),
+                                                            list(range(2 * n))))
+                         for k in range(0, len(parts), 2)]
+            ptr = builder.bitcast(builder.gep(builder.bitcast(c_ptr, byte.as_pointer()),
+                                              [builder.mul(const(i), arg["ldc"])]),
+                                  parts[0].type.as_pointer())
+            store_vector(builder, parts[0], ptr, 1, row_mask)
 
 
 def _store_rows(builder, arg, acc, c_ptr, masks, const, extra, read_c):

@@ -365,5 +365,10 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):
         raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "
                          f"{mod.NR}")
     mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, cc, seg,
-                   a_at)
+                   a_at, NO_CODES)
     return c
+
+
+_NO_FLOATS = np.zeros(0, np.float32)
+#: :func:`qconv_taps`'s ``codes`` when it writes sums (see ``kernels/_int8.py``).
+NO_CODES = (np.zeros(0, np.uint8), 0, 0, _NO_FLOATS, _NO_FLOATS, _NO_FLOATS)

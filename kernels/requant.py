@@ -3,7 +3,8 @@
 ``y = acc * mult[k] + bias[k]``, then relu or relu6, then either y itself (float
 output, computed in float64) or the code ``clip(rint(y / scale) + zero_point, low,
 high)`` (round half to even, saturating), as ONNX's QLinearConv defines it
-(computed in float32, the scale folded into mult and bias).  Shared by the
+(computed in float32, the scale folded into mult and bias, where float32 holds
+every term to well within a code: :func:`fold`; else in float64).  Shared by the
 patch path (``conv/quantized.py``) and the taps drivers (``kernels/_int8.py``).
 
 Both writers take flat arrays and offsets (one signature for every caller: a 2-D
@@ -34,49 +35,78 @@ def real_value(total, mult, bias, act):
 @numba.njit(inline="always", **JIT)
 def code(total, mult, bias, limits):
     """One requantized output in float32, the scale folded into ``mult`` and ``bias``
-    (:func:`finish_rows`): ``clip(rint(total * mult + bias) + zero_point, low, high)``,
-    ``limits = (zero_point, low, high, top)``, ``top`` the activation's upper clip
-    over the scale (relu6), or infinite; the lower clip is ``-zero_point`` or
-    ``-inf`` likewise."""
+    (:func:`fold`): ``clip(rint(clip(total * mult + bias, bottom, top)) + zero_point,
+    low, high)`` with ``limits = (zero_point, low, high, top, bottom)``: the
+    activation's clips over the scale (0 and 6 / scale for relu6), infinite where it
+    has none."""
     zero_point, low, high, top, bottom = limits
     y = min(max(np.float32(total) * mult + bias, bottom), top)
     return min(max(np.rint(y) + zero_point, low), high)
+
+
+#: :func:`fold` keeps float32 only while every term stays below this: float32's
+#: rounding then moves y / scale by well under half a code.
+FOLD_LIMIT = 2.0 ** 22
+
+
+def fold(mult, bias, act, requant, sums_bound):
+    """``(mult, bias, lim)`` in float32 with the output scale folded in (for
+    :func:`code` and the taps kernel's codes tile), or None: float output, or terms
+    that float32 would not hold to within a code (``sums_bound`` bounds |sum|; the
+    float64 path with a division runs instead)."""
+    scale, zero_point, low, high = requant
+    if not scale > 0.0:
+        return None
+    with np.errstate(over="ignore"):
+        m, b = (mult / scale).astype(np.float32), (bias / scale).astype(np.float32)
+    largest = sums_bound * float(np.abs(m).max(initial=0)) + float(np.abs(b).max(initial=0))
+    if not (np.isfinite(m).all() and np.isfinite(b).all() and largest < FOLD_LIMIT):
+        return None
+    lim = np.array([zero_point, low, high, 6.0 / scale if act == 2 else np.inf,
+                    0.0 if act > 0 else -np.inf], np.float32)
+    return m, b, lim
 
 
 @jit
 def finish_rows(acc, a_at, a_stride, scales, k0, out, o_at, o_stride, shape):
     """The epilogue of ``shape = (rows, cols)`` sums into channels-last rows:
     ``out[o_at + r*o_stride + k]`` = the output of ``acc[a_at + r*a_stride + k]`` with
-    channel ``k0 + k``'s ``scales = (mult, bias, act, requant)``; flat 1-D arrays.
+    channel ``k0 + k``'s ``scales = (mult, bias, act, requant, folded)``; flat 1-D
+    arrays.
 
-    Codes are computed in float32 with the output scale folded into each channel's
-    multiplier and bias, as onnxruntime requantizes (twice as fast as float64 with a
-    division, 0.11 -> 0.05 ms for 3136 x 64 outputs here): the code can differ from
-    float64's by one where y / scale lies within float32's rounding of a half.
-    Float outputs stay in float64 until stored."""
-    mult, bias, act, requant = scales
+    Codes are computed in float32 when :func:`fold` gave ``folded = (mult, bias,
+    lim)`` (the scale folded in, as onnxruntime requantizes: eight lanes and no
+    division, 0.11 -> 0.05 ms for 3136 x 64 outputs here); a code can then differ
+    from float64's by one where y / scale lies within float32's rounding of a half.
+    Otherwise (empty ``folded`` arrays), and for float outputs, float64."""
+    mult, bias, act, requant, (m32, b32, lim) = scales
     rows, cols = shape
     scale, zero_point, low, high = requant
-    if scale > 0.0:
-        m = (mult[k0:k0 + cols] / scale).astype(np.float32)
-        b = (bias[k0:k0 + cols] / scale).astype(np.float32)
-        inf = np.float32(np.inf)
-        limits = (np.float32(zero_point), np.float32(low), np.float32(high),
-                  np.float32(6.0 / scale) if act == 2 else inf, np.float32(0.0) if act > 0 else -inf)
+    # Each mode its own loops (a test per row in one loop kept them scalar).
+    if m32.size > 0:
+        # in locals: loads from ``lim`` in the loop, which might alias ``out`` as far as
+        # LLVM knows, would keep it scalar
+        limits = (lim[0], lim[1], lim[2], lim[3], lim[4])
+        m, b = m32[k0:k0 + cols], b32[k0:k0 + cols]
         for r in range(rows):
-            # row views indexed by the loop's counter: no index of unknown sign, so the
-            # loop vectorises (flat offsets in the loop did not)
-            a, o = a_at + r * a_stride, o_at + r * o_stride
-            src, dst = acc[a:a + cols], out[o:o + cols]
+            # row views indexed by the loop's counter: no index of unknown sign, so
+            # the loop vectorises (flat offsets in the loop did not)
+            src = acc[a_at + r * a_stride:a_at + r * a_stride + cols]
+            dst = out[o_at + r * o_stride:o_at + r * o_stride + cols]
             for k in range(cols):
                 dst[k] = code(src[k], m[k], b[k], limits)
         return
     m, b = mult[k0:k0 + cols], bias[k0:k0 + cols]
     for r in range(rows):
-        a, o = a_at + r * a_stride, o_at + r * o_stride
-        src, dst = acc[a:a + cols], out[o:o + cols]
-        for k in range(cols):
-            dst[k] = real_value(src[k], m[k], b[k], act)
+        src = acc[a_at + r * a_stride:a_at + r * a_stride + cols]
+        dst = out[o_at + r * o_stride:o_at + r * o_stride + cols]
+        if scale > 0.0:
+            for k in range(cols):
+                y = real_value(src[k], m[k], b[k], act)
+                dst[k] = min(max(np.rint(y / scale) + zero_point, low), high)
+        else:
+            for k in range(cols):
+                dst[k] = real_value(src[k], m[k], b[k], act)
 
 
 #: Pixels per block of :func:`finish_planes`: a block's values are computed row by row

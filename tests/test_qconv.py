@@ -10,6 +10,7 @@ from thread_runs import in_threads
 
 import tilegemm
 from tilegemm.conv.qconv import PreparedQConv
+from tilegemm.kernels.requant import fold
 
 
 def _layer(seed=0, layout="NCHW", dtype=np.uint8):
@@ -115,10 +116,50 @@ def test_prepared_weights_keep_calls_only_for_equal_arguments():
     assert both(x, bias, out_zero_point=np.int8(3)).dtype == np.int8
     assert both(x, bias, out_zero_point=3).dtype == np.uint8
     assert both(x[:1], bias).shape[0] == 1
-    both(x, bias, stride=[2, 1], activation="relu")  # unhashable geometry: not kept
+    both(x, bias, stride=[2, 1], activation="relu")  # a list: kept by its values
+    both(x, bias.tolist())                           # a list of floats, as the array's values
+
+    class Bias:                                      # an array-like: never kept
+        def __init__(self):
+            self.values = bias.copy()
+
+        def __array__(self, dtype=None, copy=None):
+            return self.values
+
+    odd = Bias()
+    before = both(x, odd)
+    odd.values[0] += 3.0                             # the same object, other values
+    assert not np.array_equal(both(x, odd), before)
+    kept = len(cw._calls)
+    tilegemm.qconv2d(x, 0.02, cw, bias=bias, **base)
+    assert len(cw._calls) == kept                    # a repeated call: no new entry
     for extra in range(20):                          # more calls than are kept
         both(x, bias, x_zero_point=extra)
-    assert len(cw._calls) <= 16
+    assert len(cw._calls) == 16
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_requantization_in_float64_where_float32_cannot_hold_it(layout):
+    """Codes are computed in float32 with the scale folded in only where float32 holds
+    every term; scales whose folded multipliers overflow it (or terms past 2**22) take
+    float64, so the codes stay within one step of the exact value's."""
+    x, w, ws = _layer(7)
+    x = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    w = w // 2                                       # 7-bit: maddubs (its codes tile) on AVX2
+    sums = tilegemm.qconv2d(x, 1.0, w, 1.0, padding=1, x_zero_point=5, layout=layout)
+    for x_scale, w_scale, out_scale in ((1e20, 1e20, 1.0), (0.02, 0.01, 1e-39),
+                                        (0.02, 1.0, 1e-3), (0.02, 0.01, 0.05)):
+        got = tilegemm.qconv2d(x, x_scale, w, w_scale, padding=1, x_zero_point=5,
+                               layout=layout, out_scale=out_scale, out_zero_point=np.uint8(100))
+        want = np.clip(np.rint(sums.astype(np.float64) * (x_scale * w_scale) / out_scale) + 100,
+                       0, 255)
+        assert np.abs(got.astype(np.int64) - want).max() <= 1, (x_scale, w_scale, out_scale)
+    sums_bound = 8 * 9 * 255 * 128
+    requant = (1.0, 100.0, 0.0, 255.0)
+    assert fold(np.full(6, 1e40), np.zeros(6), 0, requant, sums_bound) is None
+    assert fold(np.full(6, 1e-4), np.full(6, 3e6), 0, (0.5,) + requant[1:], sums_bound) is None
+    m, b, lim = fold(np.full(6, 1e-4), np.zeros(6), 2, (0.05,) + requant[1:], sums_bound)
+    assert m.dtype == np.float32 and lim[3] == np.float32(6.0 / 0.05) and lim[4] == 0
 
 
 def test_the_output_zero_point_s_type_gives_the_output_dtype():
@@ -151,8 +192,12 @@ def test_qconv2d_against_guard_pages(layout):
             w_vals = w_vals // 2
         for kernel, padding in ((3, 1), (1, 0), (3, 0)):
             wk = np.ascontiguousarray(w_vals[:, :, :kernel, :kernel])
-            want = tilegemm.qconv2d(x_vals, 0.02, wk, ws, padding=padding, layout=layout,
-                                    x_zero_point=zero, out_scale=0.05)
+            # expected codes from NCHW (widened, never read in place), as the layout
+            x_nchw = x_vals if layout == "NCHW" else np.ascontiguousarray(
+                x_vals.transpose(0, 3, 1, 2))
+            want = tilegemm.qconv2d(x_nchw, 0.02, wk, ws, padding=padding, x_zero_point=zero,
+                                    out_scale=0.05)
+            want = want if layout == "NCHW" else want.transpose(0, 2, 3, 1)
             for where in ("after", "before"):
                 x = guarded_empty(x_vals.shape, dtype, where=where)
                 w = guarded_empty(wk.shape, np.int8, where=where)
