@@ -339,7 +339,7 @@ def widening(kind, x_dtype, zero):
     return (-int(zero), 0), np.dtype(np.int16)
 
 
-def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):
+def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0, codes=None):
     """``c`` = the int32 sums of a convolution's output pixels ``pixels = (p0, p1)``
     (and output channels ``cols = (j0, j1)``, default all, ``j0`` a multiple of the
     kernel's NR), read by the taps kernel from :func:`widen_rows_into`'s rows ``xw``
@@ -348,7 +348,11 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):
     ``geom``, ``channels``: as ``kernels/_int8.py`` :func:`qconv_taps` takes them.
     ``b_panels``: the group's :class:`PackedB` (zero point 0).  ``pad``: what
     :func:`widen_rows_into` returned, the widened value of a zero input, taken off
-    through B's column sums.  One thread.
+    through B's column sums.  ``codes = (o, mult, bias, lim)``: the codes tile writes
+    the sums' codes (``kernels/requant.py`` :func:`code`, per column ``mult`` and
+    ``bias``) into the int8/uint8 ``o`` instead, ``n`` per pixel from ``p0``, where k
+    is one block.  One thread.  Returns whether the codes were written (always False
+    without ``codes``).
     """
     kind, bits = b_panels.kind
     mod = get_int8_kernel(kind, bits)
@@ -364,9 +368,9 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0):
     if part[2] % mod.NR:
         raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "
                          f"{mod.NR}")
-    mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, cc, seg,
-                   a_at, NO_CODES)
-    return c
+    written = NO_CODES if codes is None else (codes[0], 0, channels[2]) + tuple(codes[1:])
+    return mod.qconv_taps(xw, geom, channels, b_panels.words, (KC, MC, NC), c, part, zeros, cc,
+                          seg, a_at, written)
 
 
 _NO_FLOATS = np.zeros(0, np.float32)

@@ -208,13 +208,38 @@ def _taps_case(kind, layer, rng, where=None):
         mat = np.ascontiguousarray(padded[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                    .reshape(-1, Kg))
         sums = np.full((p1 - p0) * Kg, 99, np.int32)
-        taps_into(xw, geom, (g * Cg // group, -(-Cg // group), Kg), pack_b_once(mat, 0, kind),
-                  sums, (p0, p1), pad=pad)
-        assert np.array_equal(sums.reshape(-1, Kg), want[p0:p1, g * Kg:(g + 1) * Kg]), (
-            kind, layer, g)
+        panels = pack_b_once(mat, 0, kind)
+        channels = (g * Cg // group, -(-Cg // group), Kg)
+        taps_into(xw, geom, channels, panels, sums, (p0, p1), pad=pad)
+        exact = want[p0:p1, g * Kg:(g + 1) * Kg]
+        assert np.array_equal(sums.reshape(-1, Kg), exact), (kind, layer, g)
+        _check_codes(xw, geom, channels, panels, (p0, p1), pad, exact, rng)
+
+
+def _check_codes(xw, geom, channels, panels, pixels, pad, exact, rng):
+    """The codes tile on the same sums: the codes of ``exact`` (its float32 steps as
+    numpy takes them, in ``kernels/requant.py`` :func:`code`'s order), bit for bit,
+    wherever the kernel writes codes (k in one block); else nothing written."""
+    Kg = channels[2]
+    odtype = (np.uint8, np.int8)[rng.integers(2)]
+    info = np.iinfo(odtype)
+    mult = rng.uniform(1e-4, 1e-2, Kg).astype(np.float32)
+    bias = rng.uniform(-60, 60, Kg).astype(np.float32)
+    act = int(rng.integers(3))
+    zero = int(rng.integers(info.min, info.max + 1))
+    lim = np.array([zero, info.min, info.max, 6 / 0.05 if act == 2 else np.inf,
+                    0 if act else -np.inf], np.float32)
+    o = np.full(exact.size, 7, odtype)
+    written = taps_into(xw, geom, channels, panels, np.zeros(exact.size, np.int32), pixels,
+                        pad=pad, codes=(o, mult, bias, lim))
+    y = np.minimum(np.maximum(exact.astype(np.float32) * mult + bias, lim[4]), lim[3])
+    want = np.clip(np.rint(y) + lim[0], lim[1], lim[2]).astype(odtype)
+    assert np.array_equal(o.reshape(exact.shape), want if written else np.full_like(want, 7))
+    CODES_CHECKED.append(written)
 
 
 TAPS_KINDS = [kind for kind in KINDS if taps_serve(kind, 2, 1)]
+CODES_CHECKED = []
 
 
 @pytest.mark.parametrize("kind", TAPS_KINDS, ids=lambda kb: f"{kb[0]}{kb[1]}")
@@ -228,6 +253,12 @@ def test_every_int8_taps_kernel_is_exact(kind, layer):
     rng = np.random.default_rng(len(layer) + layer[0])
     for where in (None,) + (("after", "before") if GUARD_PAGES else ()):
         _taps_case(kind, layer, rng, where)
+
+
+def test_zz_the_codes_tile_was_checked():
+    """Most taps layers have k in one block: the codes tile wrote and was compared."""
+    if TAPS_KINDS:
+        assert sum(CODES_CHECKED) >= len(TAPS_KINDS) * (len(TAPS_LAYERS) - 2), CODES_CHECKED
 
 
 def test_taps_kernel_word_offsets_past_2_to_the_31():
