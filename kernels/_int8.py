@@ -180,8 +180,9 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     its packed values.  ``rc``/``cc``: m and n int32 corrections (:func:`corrections`).
     ``a_words``: ``(words, signed, lda)``: A as 32-bit words (2-D) for
     :func:`pack_a_words`, the same as int32 and its row stride in words, read in
-    place by the tile (from the data pointer, ``lda`` words a row) when A needs no flip (a byte kind, uint8 A); or an
-    empty ``words``: A is packed a value at a time.  ``b_panels``: B's blocks packed
+    place by the tile (from the data pointer, ``lda`` words a row) when A needs no
+    flip (a byte kind, uint8 A); or an empty ``words``: A is packed a value at a
+    time.  ``b_panels``: B's blocks packed
     by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
     packed here, block by block.
     """
@@ -453,8 +454,8 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     ``kernels/requant.py`` takes them.  ``codes = (o, mult, bias, lim)``: ``out`` as
     one run of codes and the requantization as the codes tile takes it (per channel),
     written by the tiles wherever a group's k is one block; an empty ``o`` (float or
-    NCHW outputs) leaves it to the epilogue.  ``scratch = (words, values, acc, zeros, offsets,
-    chunk)``: the widened rows as words and as values, room for the sums of
+    NCHW outputs) leaves it to the epilogue.  ``scratch = (words, values, acc, zeros,
+    offsets, chunk)``: the widened rows as words and as values, room for the sums of
     ``chunk`` pixels, and :func:`qconv_taps`'s buffers (``offsets``: its ``seg``
     then its ``a_at``).
     """

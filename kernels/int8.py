@@ -237,11 +237,7 @@ def _update_c(builder, arg, ptrs, acc, vec, const):
     c_ptr, rc_ptr, cc_ptr = ptrs
     lanes = vec.count
     mr, nv = len(acc), len(acc[0])
-    intp = const(0).type
-    lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
-    cols = splat(builder, arg["cols"], lane.type)
-    masks = [builder.icmp_signed("<", builder.add(lane, splat(builder, const(v * lanes), lane.type)),
-                                 cols) for v in range(nv)]
+    masks = _column_masks(builder, arg["cols"], lanes, nv, const)
     first = builder.icmp_signed("!=", arg["first"], const(0))
     with builder.if_else(first) as (then_first, then_add):
         with then_first:
@@ -264,11 +260,7 @@ def _store_codes(context, builder, args, ptrs, acc, const):
     vec = acc[0][0].type.pointee
     lanes, nv = vec.count, len(acc[0])
     f32 = ir.VectorType(ir.FloatType(), lanes)
-    intp = const(0).type
-    lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
-    cols = splat(builder, arg["cols"], lane.type)
-    masks = [builder.icmp_signed("<", builder.add(lane, splat(builder, const(v * lanes), lane.type)),
-                                 cols) for v in range(nv)]
+    masks = _column_masks(builder, arg["cols"], lanes, nv, const)
 
     def columns(name, vtype):
         base = data_ptr(context, builder, types_of[name], arg[name], arg["cc_off"])
@@ -279,16 +271,15 @@ def _store_codes(context, builder, args, ptrs, acc, const):
     lim_ptr = data_ptr(context, builder, types_of["lim"], arg["lim"], const(0))
     zero, low, high, top, bottom = (splat(builder, builder.load(builder.gep(lim_ptr, [const(i)])),
                                           f32) for i in range(5))
-    rint = builder.module.declare_intrinsic(f"llvm.rint.v{lanes}f32", fnty=ir.FunctionType(f32, [f32]))
+    rint = builder.module.declare_intrinsic(f"llvm.rint.v{lanes}f32",
+                                            fnty=ir.FunctionType(f32, [f32]))
 
     def clip(y, lo, hi):
         y = builder.select(builder.fcmp_ordered("<", y, lo), lo, y)
         return builder.select(builder.fcmp_ordered(">", y, hi), hi, y)
 
     byte = ir.IntType(8)
-    width = nv * lanes
-    row_mask = builder.icmp_signed("<", ir.Constant(ir.VectorType(intp, width), list(range(width))),
-                                   splat(builder, arg["cols"], ir.VectorType(intp, width)))
+    row_mask, = _column_masks(builder, arg["cols"], nv * lanes, 1, const)
     for i in range(len(acc)):
         with builder.if_then(builder.icmp_signed("<", const(i), arg["rows"])):
             row_corr = splat(builder, builder.load(builder.gep(rc_ptr, [const(i)])), vec)
@@ -309,6 +300,16 @@ def _store_codes(context, builder, args, ptrs, acc, const):
                                               [builder.mul(const(i), arg["ldc"])]),
                                   parts[0].type.as_pointer())
             store_vector(builder, parts[0], ptr, 1, row_mask)
+
+
+def _column_masks(builder, cols, lanes, count, const):
+    """Per vector ``v`` of ``count`` (``lanes`` columns each), the mask of its columns
+    below ``cols``."""
+    intp = const(0).type
+    lane = ir.Constant(ir.VectorType(intp, lanes), list(range(lanes)))
+    limit = splat(builder, cols, lane.type)
+    return [builder.icmp_signed("<", builder.add(lane, splat(builder, const(v * lanes), lane.type)),
+                                limit) for v in range(count)]
 
 
 def _store_rows(builder, arg, acc, c_ptr, masks, const, extra, read_c):
