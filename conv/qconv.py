@@ -66,7 +66,7 @@ class QConvWeights:
         self._panels = {}
         self._taps = {}
         self._kind = None
-        self._calls = {}             # qconv2d's PreparedQConv per call key, oldest first
+        self._calls = {}             # qconv2d's PreparedQConv per call key, least recent first
         self._lock = threading.Lock()
 
     @property
