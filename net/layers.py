@@ -63,6 +63,12 @@ def convert(x, src, dst, out=None):
     perm = to_logical[list(LAYOUTS[dst])]
     if out is None:
         out = np.empty(converted_shape(x.shape, src, dst), x.dtype)
+    moved = [a for a in perm if x.shape[a] > 1]
+    if moved == sorted(moved) and x.flags.c_contiguous and out.flags.c_contiguous:
+        # the axes that move have length 1 (a pooled 1 x 1 image, a single channel):
+        # the same values in the same order, one copy
+        np.copyto(out, x.reshape(out.shape))
+        return out
     channels = x.shape[LAYOUTS[src].index(1)]
     if channels <= reorder.MAX_CHANNELS and x.flags.c_contiguous and out.flags.c_contiguous:
         return _few_channels(x, src, out, channels)

@@ -1,6 +1,7 @@
 """Layout conversions of tensors with few channels (the jitted planes-at-a-time copies
 of ``net/reorder.py``): every channel count they serve, both directions, one and two
-threads, batches, and guard pages around input and output."""
+threads, batches, and guard pages around input and output; and those whose moving
+axes all have length 1 (one copy)."""
 import numba
 import numpy as np
 import pytest
@@ -17,12 +18,14 @@ def test_few_channels_convert_both_ways(dtype, threads):
     saved = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
+        # (3, 1, 4, 9), (4, 2, 1, 1) and (2, 600, 1, 1): only axes of length 1 move,
+        # the values keep their order (one copy)
         for shape in [(1, 3, 7, 5), (3, 1, 4, 9), (2, MAX_CHANNELS, 6, 6),
-                      (2, MAX_CHANNELS + 1, 5, 3), (4, 2, 1, 1), (0, 3, 2, 2)]:
+                      (2, MAX_CHANNELS + 1, 5, 3), (4, 2, 1, 1), (0, 3, 2, 2), (2, 600, 1, 1)]:
             x = (rng.standard_normal(shape) * 100).astype(dtype)
             nhwc = convert(x, "NCHW", "NHWC")
             np.testing.assert_array_equal(nhwc, x.transpose(0, 2, 3, 1))
-            assert nhwc.flags.c_contiguous
+            assert nhwc.flags.c_contiguous and not np.shares_memory(nhwc, x)
             np.testing.assert_array_equal(convert(nhwc, "NHWC", "NCHW"), x)
     finally:
         numba.set_num_threads(saved)
