@@ -14,7 +14,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
-from tilegemm.kernels.requant import fold
+from tilegemm.kernels.requant import NOT_FOLDED, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
@@ -291,7 +291,7 @@ class PreparedQConv:
         # |sum| <= the products per sum x 255 x 128 (uint8 codes less their zero point
         # by int8 weights)
         folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
-        self.epilogue = (mult, b, act, requant, _NOT_FOLDED if folded is None else folded)
+        self.epilogue = (mult, b, act, requant, NOT_FOLDED if folded is None else folded)
         self._plans = {}
 
     def __call__(self, x, out=None):
@@ -321,10 +321,6 @@ class PreparedQConv:
                                                    self.epilogue, threads)
         return plan
 
-
-_NO_FLOATS = np.zeros(0, np.float32)
-#: The epilogue's ``folded`` when the codes are computed in float64 (see ``kernels/requant.py``).
-_NOT_FOLDED = (_NO_FLOATS, _NO_FLOATS, _NO_FLOATS)
 
 #: :func:`qconv2d`'s keyword arguments and their defaults.
 QCONV_OPTIONS = dict(x_zero_point=0, stride=1, padding=0, dilation=1, groups=1, activation=None,

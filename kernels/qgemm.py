@@ -19,6 +19,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels import tilelib
 from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.requant import NOT_FOLDED
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
 from tilegemm.tuning.machine import detect
 
@@ -373,6 +374,5 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0, codes=N
                           seg, a_at, written)
 
 
-_NO_FLOATS = np.zeros(0, np.float32)
 #: :func:`qconv_taps`'s ``codes`` when it writes sums (see ``kernels/_int8.py``).
-NO_CODES = (np.zeros(0, np.uint8), 0, 0, _NO_FLOATS, _NO_FLOATS, _NO_FLOATS)
+NO_CODES = (np.zeros(0, np.uint8), 0, 0) + NOT_FOLDED

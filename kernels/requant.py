@@ -49,6 +49,12 @@ def code(total, mult, bias, limits):
 FOLD_LIMIT = 2.0 ** 22
 
 
+#: The epilogue's ``folded`` where the codes are computed in float64 (and of a float
+#: output): empty arrays, :func:`fold`'s None as the jitted code takes it.
+_EMPTY = np.zeros(0, np.float32)
+NOT_FOLDED = (_EMPTY, _EMPTY, _EMPTY)
+
+
 def fold(mult, bias, act, requant, sums_bound):
     """``(mult, bias, lim)`` in float32 with the output scale folded in (for
     :func:`code` and the taps kernel's codes tile), or None: float output, or terms
