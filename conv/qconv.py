@@ -4,6 +4,7 @@ int8 weights per output channel, an int8 or uint8 input with a zero point, int32
 sums on the exact int8 GEMM and one fused epilogue (``conv/quantized.py``).
 """
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
-from tilegemm.kernels.requant import NOT_FOLDED, fold
+from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
 
@@ -260,6 +261,11 @@ class PreparedQConv:
         :func:`qconv2d`'s keyword arguments (``x_zero_point``, ``stride``,
         ``padding``, ``dilation``, ``groups``, ``activation``, ``out_scale``,
         ``out_zero_point``, ``layout``).
+    residual : QuantizedSum, optional
+        A QDQ model's residual sum after the conv: calls then take the residual's
+        codes and give ``Q(act(DQ(conv codes) + DQ(residual)))``, the codes of
+        ``out_scale`` summed while in cache (NHWC on the taps kernel), bit for bit
+        as the three steps (:func:`tilegemm.kernels.requant.add_codes`).
 
     Raises
     ------
@@ -267,7 +273,8 @@ class PreparedQConv:
         As :func:`qconv2d`.
     """
 
-    def __init__(self, x_shape, x_dtype, x_scale, weights, bias=None, **options):
+    def __init__(self, x_shape, x_dtype, x_scale, weights, bias=None, *, residual=None,
+                 **options):
         func = "qconv2d"
         unknown = sorted(set(options) - set(QCONV_OPTIONS))
         if unknown:
@@ -293,33 +300,117 @@ class PreparedQConv:
         folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
         self.epilogue = (mult, b, act, requant, NOT_FOLDED if folded is None else folded)
         self._plans = {}
+        self.codes_dtype, self.summed = self.out_dtype, None
+        if residual is not None:
+            if requant[0] == 0.0:
+                raise ValueError(f"{func}: a residual sum needs the conv's codes: give out_scale")
+            self.out_dtype, self.residual_dtype, self.summed = _summed(
+                QuantizedSum(*residual), requant, self.out_dtype, func)
 
-    def __call__(self, x, out=None):
+    def __call__(self, x, out=None, residual=None):
         """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
-        ``out`` when it is a C-contiguous array of the output's shape and dtype."""
+        ``out`` when it is a C-contiguous array of the output's shape and dtype; with a
+        residual sum, summed with ``residual`` (the residual's codes, output-shaped)."""
         if x.shape != self.input_shape or x.dtype != self.x_dtype:
             raise ValueError(f"qconv2d: prepared for {self.x_dtype} inputs of shape "
                              f"{self.input_shape}, got {x.dtype} {x.shape}")
+        if (residual is None) != (self.summed is None):
+            raise TypeError("qconv2d: a residual is " + ("missing: prepared with a residual sum"
+                            if residual is None else "given to a layer prepared without one"))
         if not (out is not None and out.shape == self.output_shape and out.dtype == self.out_dtype
                 and out.flags.c_contiguous and out.flags.writeable):
             out = np.empty(self.output_shape, self.out_dtype)
         if out.size == 0:
             return out
+        if residual is not None:
+            return self._summed_into(x, residual, out)
         p = self.params
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
                             self.epilogue, p, out, self.weights.panels(p.groups))
 
+    def _summed_into(self, x, residual, out):
+        """``out`` = the residual sum of the conv of ``x``: in the taps kernel's chunks
+        (NHWC), else the conv's codes whole, then the sum."""
+        if not isinstance(residual, np.ndarray) or residual.shape != self.output_shape \
+                or residual.dtype != self.residual_dtype:
+            raise ValueError(f"qconv2d: the residual must be {self.residual_dtype} codes of shape "
+                             f"{self.output_shape}, got {getattr(residual, 'dtype', None)} "
+                             f"{np.shape(residual)}")
+        residual = np.ascontiguousarray(residual)
+        p = self.params
+        if p.layout == "NHWC" and taps_serve(self.weights.kind, p.Cg, p.groups):
+            return self._taps_plan()(np.ascontiguousarray(x), out, residual)
+        codes = np.empty(self.output_shape, self.codes_dtype)
+        if taps_serve(self.weights.kind, p.Cg, p.groups):
+            self._taps_plan()(np.ascontiguousarray(x), codes)
+        else:
+            qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
+                         self.epilogue, p, codes, self.weights.panels(p.groups))
+        ordered = (codes, residual) if self.summed[5] else (residual, codes)
+        add_codes(ordered[0].reshape(-1), ordered[1].reshape(-1), *self.summed[:5],
+                  out.reshape(-1))
+        return out
+
     def _taps_plan(self):
         """The :class:`TapsPlan` of this layer for the current thread count (cached)."""
         threads = get_num_threads()
         plan = self._plans.get(threads)
         if plan is None:
+            summed = None if self.params.layout != "NHWC" or self.summed is None \
+                else self.summed + (self.codes_dtype,)
             plan = self._plans[threads] = TapsPlan(self.params, self.x_dtype, self.zero,
                                                    self.weights.taps(self.params.groups),
-                                                   self.epilogue, threads)
+                                                   self.epilogue, threads, summed)
         return plan
+
+
+class QuantizedSum(NamedTuple):
+    """A QDQ residual sum after a quantized conv (:class:`PreparedQConv`'s
+    ``residual``): ``Q(act(DQ(conv codes) + DQ(residual)))``, ONNX's DequantizeLinear,
+    Add, [Relu,] QuantizeLinear on the conv's codes and the residual's.
+
+    Attributes
+    ----------
+    scale, zero_point : float, int
+        The residual's quantization (its codes' dtype: ``zero_point``'s when it is a
+        numpy int8 or uint8 scalar, else uint8).
+    out_scale, out_zero_point : float, int
+        The sum's, likewise.
+    activation : None or "relu"
+        Applied to the sum before it is quantized.
+    conv_first : bool
+        Whether the conv's codes are the Add's first operand (the float32 sum is the
+        same either way; kept as the model writes it).
+    """
+    scale: float
+    zero_point: int
+    out_scale: float
+    out_zero_point: int
+    activation: object = None
+    conv_first: bool = True
+
+
+def _summed(s, requant, codes_dtype, func):
+    """``(sum dtype, residual dtype, summed)`` of :class:`QuantizedSum` ``s`` after codes
+    of ``requant``: ``summed = (scales, zeros, relu, low, high, conv_first)`` as
+    :func:`tilegemm.kernels.requant.add_codes` takes them (conv's operand first)."""
+    check_choice(s.activation, (None, "relu"), "residual activation", func)
+    dtypes = [np.dtype(type(z)) if isinstance(z, np.integer) and np.dtype(type(z)) in INT8_DTYPES
+              else np.dtype(np.uint8) for z in (s.zero_point, s.out_zero_point)]
+    zeros = [zero_point(z, d, name, func) for z, d, name in
+             ((s.zero_point, dtypes[0], "the residual's zero point"),
+              (s.out_zero_point, dtypes[1], "the sum's zero point"))]
+    scales = [requant[0], _positive(s.scale, "the residual's scale", func),
+              _positive(s.out_scale, "the sum's scale", func)]
+    zs = [int(requant[1])] + zeros
+    order = [0, 1, 2] if s.conv_first else [1, 0, 2]
+    low, high = RANGES[dtypes[1]]
+    return dtypes[1], dtypes[0], (np.array([scales[i] for i in order], np.float32),
+                                  np.array([zs[i] for i in order], np.int64),
+                                  s.activation == "relu", np.float32(low), np.float32(high),
+                                  bool(s.conv_first))
 
 
 #: :func:`qconv2d`'s keyword arguments and their defaults.

@@ -259,7 +259,7 @@ class TapsPlan:
     threads : int
     """
 
-    def __init__(self, p, x_dtype, zero, taps, epilogue, threads):
+    def __init__(self, p, x_dtype, zero, taps, epilogue, threads, summed=None):
         kind, bits = taps.kind
         self.mod = get_int8_kernel(kind, bits)
         group = GROUP[kind]
@@ -279,6 +279,9 @@ class TapsPlan:
         # the tiles write an NHWC output's codes from their registers where the
         # epilogue is folded into float32 (its sums then never go to memory)
         self.codes = p.layout == "NHWC" and epilogue[4][0].size > 0
+        if summed is not None and p.layout != "NHWC":
+            raise ValueError("TapsPlan: a residual sum needs the NHWC layout")
+        self.summed = summed
         self.blocks = [np.array(part, np.int64).reshape(-1, 5)
                        for part in _taps_shares(p, threads, TILES[taps.kind][1])]
         rows = max(int((b[:, 2] - b[:, 1]).max()) for b in self.blocks)
@@ -287,38 +290,51 @@ class TapsPlan:
         span = max(int(((b[:, 2] - 1) // p.Wo - b[:, 1] // p.Wo).max()) for b in self.blocks)
         in_rows = span * p.sy + (p.kh - 1) * p.dy + 1
         intp_words = np.dtype(np.intp).itemsize // 4
+        # with a residual sum, a chunk's codes wait in a buffer of their own
         self.sizes = (in_rows * Wp * Cw, self.chunk * p.Kg, self.mod.MR,
-                      intp_words * (2 * (p.kh * p.kw + 1) + self.chunk))
+                      intp_words * (2 * (p.kh * p.kw + 1) + self.chunk),
+                      0 if summed is None else -(-self.chunk * p.K // 4))
         self._local = threading.local()
 
-    def __call__(self, x, out):
-        """The convolution of the C-contiguous ``x`` into ``out`` (C-contiguous)."""
+    def __call__(self, x, out, residual=None):
+        """The convolution of the C-contiguous ``x`` into ``out`` (C-contiguous); with
+        a residual sum (``summed``), ``out`` is its sum with ``residual``'s codes
+        (C-contiguous, ``out``'s shape)."""
         made = thread_buffers("qconv2d taps", len(self.blocks), self.sizes, np.int32)
         local = self._local
         if getattr(local, "made", None) is not made:
             local.calls = [(blocks, self._scratch(made, t)) for t, blocks in enumerate(self.blocks)]
             local.made = made
-        codes = (out.reshape(-1) if self.codes else _NO_CODES,) + self.epilogue[4]
-        run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
-                                                 self.epilogue, out, codes)
-        x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
-        if len(local.calls) == 1:
-            blocks, scratch = local.calls[0]
-            run(x, x_words, blocks, *args, scratch)
+        if self.summed is None:
+            summed, dest = (_NO_CODES,) + _NO_SUM, out.reshape(-1)
         else:
-            run_shares(lambda blocks, scratch: run(x, x_words, blocks, *args, scratch),
-                       local.calls)
+            summed, dest = (residual.reshape(-1),) + self.summed[:-1], None
+        run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
+                                                 self.epilogue, out, self.epilogue[4], summed)
+        x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
+
+        def share(blocks, scratch):
+            mid = scratch[-1].view(self.summed[-1]) if dest is None else dest
+            run(x, x_words, blocks, *args, scratch[:-1] + (mid, mid if self.codes else _NO_CODES))
+        if len(local.calls) == 1:
+            share(*local.calls[0])
+        else:
+            run_shares(share, local.calls)
         return out
 
     def _scratch(self, made, t):
-        """Share ``t``'s scratch (as :func:`qconv_taps_blocks` takes it) in ``made``."""
-        words, acc, zeros, offsets = (buf[t] for buf in made)
+        """Share ``t``'s scratch (as :func:`qconv_taps_blocks` takes it, the codes'
+        buffer last) in ``made``."""
+        words, acc, zeros, offsets, mid = (buf[t] for buf in made)
         zeros[:] = 0
-        return (words, words.view(self.wide), acc, zeros, offsets.view(np.intp), self.chunk)
+        return (words, words.view(self.wide), acc, zeros, offsets.view(np.intp), self.chunk, mid)
 
 
 _NO_WORDS = np.zeros(0, np.int32)
 _NO_CODES = np.zeros(0, np.uint8)
+#: ``summed``'s quantization when there is no residual.
+_NO_SUM = (np.ones(3, np.float32), np.zeros(3, np.int64), False, np.float32(0), np.float32(0),
+           True)
 
 
 def _taps_shares(p, threads, nr):

@@ -19,7 +19,7 @@ import numpy as np
 
 from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import load_u64, make_int8_tile, store_u64
-from tilegemm.kernels.requant import finish_planes, finish_rows
+from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
 
 # --- configuration ---
 KIND = "vnni"
@@ -431,7 +431,7 @@ def _tap_runs(g0, g1, cgw, geom, c0w, seg):
 
 
 @jit
-def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, codes,
+def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, codes, summed,
                       scratch):
     """A quantized convolution's blocks of output on the taps kernel, in one call: per
     block, the input rows it reads widened once (:func:`widen_rows`), then per chunk
@@ -451,16 +451,22 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     (KC, MC, NC))``: every group's panels one after another, group ``g``'s from
     ``starts[g]``, its words of channels per pixel, its column corrections
     ``cc[g*Kg:(g+1)*Kg]``.  ``epilogue = (mult, bias, act, requant, folded)`` as
-    ``kernels/requant.py`` takes them.  ``codes = (o, mult, bias, lim)``: ``out`` as
-    one run of codes and the requantization as the codes tile takes it (per channel),
-    written by the tiles wherever a group's k is one block; an empty ``o`` (float or
-    NCHW outputs) leaves it to the epilogue.  ``scratch = (words, values, acc, zeros,
-    offsets, chunk)``: the widened rows as words and as values, room for the sums of
-    ``chunk`` pixels, and :func:`qconv_taps`'s buffers (``offsets``: its ``seg``
-    then its ``a_at``).
+    ``kernels/requant.py`` takes them.  ``codes = (mult, bias, lim)``: the
+    requantization as the codes tile takes it (per channel), for the tiles to write the
+    codes wherever a group's k is one block (an NHWC output, the requantization
+    folded), else the epilogue does.  ``summed = (residual, scales, zeros, relu, low, high,
+    conv_first)``: an NHWC ``residual``'s codes (flat) and a QDQ sum's
+    quantization as :func:`~tilegemm.kernels.requant.add_codes` takes it: each
+    chunk's codes go to ``dest``, then ``out`` = their sum with the residual's,
+    the conv's operand first with ``conv_first``; an empty ``residual``: none.
+    ``scratch = (words, values, acc, zeros, offsets, chunk, dest, tiles)``: the
+    widened rows as words and as values, room for the sums of ``chunk`` pixels,
+    :func:`qconv_taps`'s buffers (``offsets``: its ``seg`` then its ``a_at``), where
+    the codes go (``out`` flat, or with a residual room for a chunk's codes), and
+    ``dest`` again where the tiles write the codes, else an empty byte array.
     """
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
-    words, values, acc, zeros, offsets, chunk = scratch
+    words, values, acc, zeros, offsets, chunk, dest, tiles = scratch
     for b in range(blocks.shape[0]):
         n, p0, p1 = blocks[b, 0], blocks[b, 1], blocks[b, 2]
         r0 = (p0 // Wo) * sy
@@ -472,8 +478,11 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
                        values, nchw)
             rows = words
         for q0 in range(p0, p1, chunk):
-            _taps_chunk(rows, (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4]),
-                        conv, r0, weights, (epilogue, codes), out, (acc, zeros, offsets))
+            part = (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4])
+            _taps_chunk(rows, part, conv, r0, weights, (epilogue, codes, summed[0].size > 0), out,
+                        (acc, zeros, offsets, dest, tiles))
+            if summed[0].size > 0:
+                _add_residual(dest, part, weights[1].size - 1, summed, out)
 
 
 @jit
@@ -481,11 +490,14 @@ def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
     """:func:`qconv_taps_blocks` on output pixels ``q0:q1`` of image ``n`` (``part =
     (n, q0, q1, j0, j1)``) whose input rows are widened in ``words`` from row ``r0``:
     every group's sums into ``acc``, then the epilogue; or the codes written by the
-    tiles (``finish = (epilogue, codes)``)."""
+    tiles (``finish = (epilogue, codes, apart)``).  The codes go to ``dest``
+    (``scratch = (acc, zeros, offsets, dest, tiles)``, ``tiles`` ``dest`` where the
+    tiles write them, else empty): ``out`` flat, or with ``apart`` a chunk of NHWC
+    pixels from its start."""
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
     panels, starts, cgw, cc, sizes = weights
-    epilogue, (o, mult, bias, lim) = finish
-    acc, zeros, offsets = scratch
+    epilogue, (mult, bias, lim), apart = finish
+    acc, zeros, offsets, dest, tiles = scratch
     n, q0, q1, j0, j1 = part
     groups = starts.size - 1
     K = epilogue[0].size
@@ -495,9 +507,10 @@ def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
     m = q1 - q0
     nseg = 2 * (kh * kw + 1)
     sums = acc[:m * Kg]
+    base = 0 if apart else (n * P + q0) * K
     for g in range(groups):
-        group = (o, (n * P + q0) * K + g * Kg, K, mult[g * Kg:(g + 1) * Kg],
-                 bias[g * Kg:(g + 1) * Kg], lim)
+        group = (tiles, base + g * Kg, K, mult[g * Kg:(g + 1) * Kg], bias[g * Kg:(g + 1) * Kg],
+                 lim)
         if qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
                       panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
                       cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m], group):
@@ -507,5 +520,26 @@ def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
             finish_planes(sums[j0:], Kg, epilogue, k0, flat, (n * K + k0) * P + q0, P,
                           (m, j1 - j0))
         else:
-            finish_rows(sums, j0, Kg, epilogue, k0, flat, (n * P + q0) * K + k0, K,
-                        (m, j1 - j0))
+            finish_rows(sums, j0, Kg, epilogue, k0, dest, base + k0, K, (m, j1 - j0))
+
+
+@jit
+def _add_residual(codes, part, groups, summed, out):
+    """``out`` = the QDQ sum (:func:`~tilegemm.kernels.requant.add_codes`) of a chunk's
+    codes (NHWC pixels ``q0:q1`` of image ``n`` from ``codes``'s start, each group's
+    channels ``j0:j1``; ``part = (n, q0, q1, j0, j1)``) and the residual's, both NHWC."""
+    residual, scales, zeros, relu, low, high, conv_first = summed
+    n, q0, q1, j0, j1 = part
+    K = out.shape[3]
+    Kg = K // groups
+    at = (n * out.shape[1] * out.shape[2] + q0) * K
+    flat = out.reshape(-1)
+    # whole pixels: one run; else each pixel's run of each group's channels
+    runs, width = ((1, (q1 - q0) * K) if j1 - j0 == Kg else ((q1 - q0) * groups, j1 - j0))
+    for r in range(runs):
+        c = r * K if j1 - j0 == Kg else (r // groups) * K + (r % groups) * Kg + j0
+        mine, other = codes[c:c + width], residual[at + c:at + c + width]
+        if conv_first:
+            add_codes(mine, other, scales, zeros, relu, low, high, flat[at + c:at + c + width])
+        else:
+            add_codes(other, mine, scales, zeros, relu, low, high, flat[at + c:at + c + width])

@@ -2,11 +2,12 @@
 
 :func:`optimize` runs them in order: a quantized model's convolutions, residual sums
 and max pooling onto the int8 codes (before constant folding would dequantize the
-weights), dead-node removal, constant folding, BatchNorm folded into the conv before
-it, the residual Add fused into a conv's epilogue, then the activation (relu, relu6)
-fused into a conv's or Gemm's.  A conv
-summing a residual applies the activation after the sum, so the residual is fused
-first: Conv -> BatchNormalization -> Add -> Relu becomes one conv.
+weights), dead-node removal, a quantized residual sum into the epilogue of the conv
+whose codes it sums, constant folding, BatchNorm folded into the conv before it, the
+residual Add fused into a conv's epilogue, then the activation (relu, relu6) fused
+into a conv's or Gemm's.  A conv summing a residual applies the activation after the
+sum, so the residual is fused first: Conv -> BatchNormalization -> Add -> Relu
+becomes one conv.
 """
 import numpy as np
 
@@ -300,6 +301,50 @@ def fuse_qdq_add(graph):
     return graph
 
 
+def fuse_qconv_sum(graph):
+    """A QLinearAdd of a QLinearConv's codes, which nothing else reads, becomes that
+    conv with the sum in its epilogue (``epilogue["sum"]``; inputs: the conv's nine,
+    then the residual, its scale and zero point, the sum's): the conv's codes are
+    summed while in cache (:class:`tilegemm.conv.qconv.QuantizedSum`), bit for bit as
+    the QLinearAdd.  The conv moves to the Add's place, where the residual is known to be
+    computed; when both operands are such convs the later one takes the sum."""
+    readers, producers = graph.consumers(), graph.producers()
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    for add in list(graph.nodes):
+        if add.op != "QLinearAdd" or add.inputs[0] == add.inputs[3]:
+            continue
+        candidates = [(order[id(producers[add.inputs[i]])], i) for i in (0, 3)
+                      if _sums_codes(graph, readers, producers, add, i)]
+        if not candidates:
+            continue
+        i = max(candidates)[1]
+        conv = producers[add.inputs[i]]
+        other = 3 - i
+        conv.inputs = (list(conv.inputs) + [""] * 9)[:9] + add.inputs[other:other + 3] \
+            + (list(add.inputs) + [""] * 8)[6:8]
+        conv.outputs = list(add.outputs)
+        conv.epilogue["sum"] = {"activation": add.epilogue.get("activation"),
+                                "conv_first": i == 0}
+        conv.fused += add.fused
+        graph.nodes[graph.nodes.index(add)] = conv
+        graph.nodes.remove(conv)              # the first occurrence: its old place
+    return graph
+
+
+def _sums_codes(graph, readers, producers, add, i):
+    """Whether a QLinearAdd's operand ``i`` (0 or 3) is the codes of a QLinearConv that
+    can take the sum: read by the Add alone, dequantized by the scale and zero point
+    the conv quantized them with, no sum fused yet."""
+    conv = producers.get(add.inputs[i])
+    if conv is None or conv.op != "QLinearConv" or "sum" in conv.epilogue \
+            or not _single_reader(graph, readers, add.inputs[i], add):
+        return False
+    mine = (list(conv.inputs) + [""] * 8)[6:8]
+    theirs = (list(add.inputs) + [""] * 8)[i + 1:i + 3]
+    return bool(mine[0]) and all(a == b or a and b and _same_constants(graph, a, b)
+                                 for a, b in zip(mine, theirs))
+
+
 def _same_constants(graph, a, b):
     """Whether tensor names ``a`` and ``b`` hold equal constants of one dtype."""
     x, y = graph.constants.get(a), graph.constants.get(b)
@@ -372,7 +417,8 @@ def fuse_qdq_global_pool(graph):
 
 #: The passes :func:`optimize` runs, in order.
 PASSES = (fuse_qdq, fuse_qdq_add, fuse_qdq_codes, fuse_qdq_global_pool, remove_dead,
-          fold_constants, remove_dead, fold_batchnorm, fuse_residual, fuse_activation)
+          fuse_qconv_sum, fold_constants, remove_dead, fold_batchnorm, fuse_residual,
+          fuse_activation)
 
 
 def optimize(graph):

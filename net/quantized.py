@@ -24,10 +24,11 @@ float, a QLinearConv or ConvInteger with them is refused at load time.
 import numba
 import numpy as np
 
-from tilegemm.conv.qconv import PreparedQConv, QConvWeights
+from tilegemm.conv.qconv import PreparedQConv, QConvWeights, QuantizedSum
 from tilegemm.conv.quant import RANGES, qmatmul
 from tilegemm.ground.contracts import CACHE
 from tilegemm.kernels.pool import for_slices
+from tilegemm.kernels.requant import add_codes as add_run
 from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.net.ops import elementwise, first, writes_into
 from tilegemm.net.registry import operator, unsupported
@@ -49,7 +50,7 @@ def along(value, x, axis):
 
 #: Without fastmath: ``x / scale`` must divide (not multiply by a reciprocal) to round
 #: as ONNX's QuantizeLinear does, and NaN must be seen.
-_exact = numba.njit(nogil=True, cache=CACHE)
+_exact = numba.njit(nogil=True, cache=CACHE, fastmath=False)
 
 
 @_exact
@@ -73,37 +74,6 @@ def dequantize_run(q, scale, zero, out):
     zf = np.float32(zero)
     for i in range(q.size):
         out[i] = (np.float32(q[i]) - zf) * scale
-
-
-@_exact
-def add_run(a, b, scales, zeros, relu, low, high, out):
-    """``out = Q(DQ(a) + DQ(b))`` over 1-D runs, exactly as the three float32 steps
-    compute it: ``scales = (a, b, out)`` and ``zeros`` likewise; ``relu`` between the
-    sum and the rounding."""
-    # In locals: loads from the arrays inside the loop, which might alias ``out`` as
-    # far as LLVM knows, kept it scalar (5x slower).  Codes and zero points are
-    # float32 exactly, and so their difference: float32 throughout lets the loop
-    # vectorise (an integer difference is int64 in Numba, and int64 to float32 has
-    # no AVX2 instruction: 4x slower).  Products near the float32 range can sum to
-    # inf - inf: NaN gets the lowest code, as QuantizeLinear gives it.
-    # The network writes a residual sum over one of its operands: LLVM's loop then
-    # fails its runtime check that out and a do not overlap and runs the scalar loop
-    # (0.57 against 0.085 ms on 200k codes).  Each block's sums go through a scratch
-    # run instead, which overlaps nothing: both loops vectorise (on the blocks as
-    # slices; indexed from i0 they did not).
-    sa, sb, sy = scales[0], scales[1], scales[2]
-    za, zb, zy = np.float32(zeros[0]), np.float32(zeros[1]), np.float32(zeros[2])
-    floor = np.float32(0) if relu else np.float32(-np.inf)
-    sums = np.empty(1024, np.float32)
-    for i0 in range(0, out.size, 1024):
-        count = min(1024, out.size - i0)
-        ab, bb, ob = a[i0:i0 + count], b[i0:i0 + count], out[i0:i0 + count]
-        for j in range(count):
-            y = (np.float32(ab[j]) - za) * sa + (np.float32(bb[j]) - zb) * sb
-            sums[j] = max(y, floor)
-        for j in range(count):
-            v = np.rint(sums[j] / sy) + zy
-            ob[j] = low if not v >= low else min(v, high)
 
 
 @_exact
@@ -332,7 +302,22 @@ class QConvStep:
         self.strides, self.dilations, self.pads = window(node, self.kernel)
         self.groups = int(node.attrs.get("group", 1))
         self.act = node.epilogue.get("activation")
-        self.calls = {}        # (input shape, dtype, layout) -> what _prepare returns
+        self.sum = self._sum(const, names[9:14]) if "sum" in node.epilogue else None
+        # a constant residual is given as written, NCHW (the network converts activations)
+        self.constant_residual = self.sum is not None and const(names[9]) is not None
+        self.calls = {}        # (input shape, dtype, layout, summed) -> what _prepare returns
+
+    def _sum(self, const, names):
+        """The :class:`~tilegemm.conv.qconv.QuantizedSum` of a residual sum the passes
+        fused in (:func:`tilegemm.net.passes.fuse_qconv_sum`): inputs residual,
+        its scale and zero point, the sum's."""
+        (r_scale, r_zero), (s_scale, s_zero) = (
+            _scale_zero(self.node, const, names[i:i + 2], what)
+            for i, what in ((1, "the residual"), (3, "the sum")))
+        typed = [np.uint8(0) if z is None else z.reshape(())[()] for z in (r_zero, s_zero)]
+        epilogue = self.node.epilogue["sum"]
+        return QuantizedSum(r_scale, typed[0], s_scale, typed[1], epilogue["activation"],
+                            epilogue["conv_first"])
 
     def _bias(self, const, name):
         """The bias in the output's real units: ONNX's int32 one scaled by x_scale *
@@ -348,20 +333,44 @@ class QConvStep:
             return b.astype(np.float64)
         raise unsupported(self.node, f"a bias of dtype {b.dtype} (int32 or float expected)")
 
-    def run(self, x, layout, out=None):
+    def run(self, x, layout, out=None, residual=None):
         """The output codes (or float32 / int32 values) for input codes ``x``, into
-        ``out`` when it fits (checked and planned once per input shape)."""
-        key = (x.shape, x.dtype, layout)
+        ``out`` when it fits (checked and planned once per input shape); with a fused
+        sum, summed with ``residual``'s codes."""
+        if self.constant_residual and layout == "NHWC":
+            residual = np.asarray(residual)
+            residual = residual.reshape((1,) * (4 - residual.ndim) + residual.shape).transpose(
+                0, 2, 3, 1)
+        # a residual that broadcasts: the conv's codes, then the three steps as written
+        summed = residual is not None and residual.shape == self._output_shape(x, layout)
+        key = (x.shape, x.dtype, layout, summed)
         call = self.calls.get(key)
         if call is None:
-            call = self.calls[key] = self._prepare(x, layout)
+            call = self.calls[key] = self._prepare(x, layout, summed)
         conv, width, zero = call
         if width is not None:                     # uneven pads: the zero point padded
             x = np.pad(x, width, constant_values=zero)
-        return (conv(x, out),)
+        if summed:
+            return (conv(x, out, residual),)
+        if residual is None:
+            return (conv(x, out),)
+        s = self.sum
+        mine = dequantize_linear(conv(x), np.float32(self.out_scale), self.out_zero)
+        other = dequantize_linear(residual, np.float32(s.scale), np.asarray(s.zero_point))
+        y = mine + other if s.conv_first else other + mine
+        return (quantize_linear(np.maximum(y, 0) if s.activation == "relu" else y,
+                                np.float32(s.out_scale), np.asarray(s.out_zero_point)),)
 
-    def _prepare(self, x, layout):
-        """``(PreparedQConv, padding widths or None, zero point)`` for inputs like ``x``."""
+    def _output_shape(self, x, layout):
+        """The conv's output shape for input ``x`` in ``layout`` (of its plain call)."""
+        key = (x.shape, x.dtype, layout, False)
+        if key not in self.calls:
+            self.calls[key] = self._prepare(x, layout, False)
+        return self.calls[key][0].output_shape
+
+    def _prepare(self, x, layout, summed=False):
+        """``(PreparedQConv, padding widths or None, zero point)`` for inputs like ``x``
+        (with ``summed``, its residual sum fused in)."""
         node = self.node
         zero = 0 if self.x_zero is None else self.x_zero.reshape(()).item()
         if self.x_zero is not None and x.dtype != self.x_zero.dtype:
@@ -386,7 +395,7 @@ class QConvStep:
             options.update(activation=self.act, out_scale=self.out_scale, out_zero_point=out_zero)
         try:
             conv = PreparedQConv(tuple(shape), x.dtype, self.x_scale, self.weights, self.bias,
-                                 **options)
+                                 residual=self.sum if summed else None, **options)
         except (TypeError, ValueError) as err:
             raise type(err)(f"node {node.name!r} ({node.op}): {err}") from err
         if self.integer:   # ConvInteger: unit scales and no bias write the sums themselves
@@ -422,8 +431,10 @@ class QConvStep:
             fn.describe = lambda layout, a_shape, *_: (
                 "qgemm", self.describe("NHWC", (1, a_shape[0], 1, a_shape[1]))[1])
         else:
-            fn = in_layouts({layout: (lambda layout: lambda x, *_, out=None: self.run(
-                x, layout, first(out)))(layout) for layout in LAYOUTS})
+            # a fused sum's residual is input 9, after the conv's nine
+            fn = in_layouts({layout: (lambda layout: lambda x, *rest, out=None: self.run(
+                x, layout, first(out), rest[8] if self.sum else None))(layout)
+                for layout in LAYOUTS})
             fn.describe = self.describe
         fn.kernel = "{} {}".format(*self.weights.kind)   # the weights' int8 kernel
         return writes_into(fn)

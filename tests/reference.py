@@ -1,4 +1,5 @@
-"""float64 references the tests compare tilegemm with, written from the definitions."""
+"""References the tests compare tilegemm with, written from the definitions (float64,
+or float32 where the definition is float32 steps)."""
 import numpy as np
 
 
@@ -44,3 +45,19 @@ def reference_activation(y, activation):
     if activation == "relu6":
         y = np.where(y > 6, 6, y)
     return y
+
+
+def qdq_sum(codes, residual, conv_quant, s):
+    """ONNX's DequantizeLinear of a conv's codes (``conv_quant = (scale, zero point)``)
+    and of a residual's, Add (in the model's operand order), [Relu], QuantizeLinear,
+    as numpy float32 computes them: what a residual sum
+    (:class:`tilegemm.conv.qconv.QuantizedSum` ``s``) fused into a conv must equal bit for bit."""
+    def dq(q, scale, zero):
+        return (q.astype(np.float32) - np.float32(zero)) * np.float32(scale)
+    mine, other = dq(codes, *conv_quant), dq(residual, s.scale, s.zero_point)
+    y = mine + other if s.conv_first else other + mine
+    if s.activation == "relu":
+        y = np.maximum(y, np.float32(0))
+    info = np.iinfo(np.asarray(s.out_zero_point).dtype)
+    q = np.rint(y / np.float32(s.out_scale)) + np.float32(s.out_zero_point)
+    return np.clip(q, info.min, info.max).astype(info.dtype)

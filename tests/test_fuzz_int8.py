@@ -321,6 +321,8 @@ def test_panels_of_another_b_are_refused():
 # --------------------------------------------------------------------------- qconv2d
 
 QCONV_CHECKED = []
+#: Layers whose residual sum was checked (see :func:`_check_sum`).
+SUM_CHECKED = []
 
 def qconv_reference(x, zx, w, x_scale, w_scale, bias, geometry, activation, layout):
     """float64 of the dequantized math: conv2d(x - zx, w) * x_scale * w_scale[k] + bias[k]."""
@@ -389,8 +391,33 @@ def test_qconv2d_matches_the_dequantized_math(data):
     low, high = np.iinfo(out_dtype).min, np.iinfo(out_dtype).max
     codes = np.clip(np.rint(want / 0.03) + oz, low, high)
     assert q.dtype == out_dtype and np.abs(q.astype(np.int64) - codes).max(initial=0) <= 1
+    if draw(st.booleans(), label="a residual sum fused in"):
+        _check_sum(draw, rng, x, weights if weights is not w else tilegemm.QConvWeights(w, w_scale),
+                   bias, dict(kwargs, out_scale=0.03, out_zero_point=np.dtype(out_dtype).type(oz)),
+                   q)
     assert np.array_equal(x, x0)
     QCONV_CHECKED.append(1)
+
+
+def _check_sum(draw, rng, x, weights, bias, options, codes):
+    """The layer with a QDQ residual sum fused in: bit for bit the float32 steps on its
+    ``codes`` (:func:`reference.qdq_sum`)."""
+    from reference import qdq_sum
+    from tilegemm.conv.qconv import PreparedQConv, QuantizedSum
+    r_dtype, s_dtype = (draw(st.sampled_from(DTYPES), label=f"{what} dtype")
+                        for what in ("residual", "sum"))
+    zr, zs = (draw(st.integers(np.iinfo(d).min, np.iinfo(d).max), label=f"{what} zero point")
+              for d, what in ((r_dtype, "residual"), (s_dtype, "sum")))
+    s = QuantizedSum(float(rng.uniform(0.01, 0.1)), np.dtype(r_dtype).type(zr),
+                     float(rng.uniform(0.01, 0.1)), np.dtype(s_dtype).type(zs),
+                     draw(st.sampled_from([None, "relu"]), label="sum activation"),
+                     draw(st.booleans(), label="conv first"))
+    layer = PreparedQConv(x.shape, x.dtype, 0.02, weights, bias, residual=s, **options)
+    residual = values(rng, layer.output_shape, r_dtype, False)
+    got = layer(x, residual=residual)
+    want = qdq_sum(codes, residual, (options["out_scale"], options["out_zero_point"]), s)
+    assert got.dtype == s_dtype and np.array_equal(got, want)
+    SUM_CHECKED.append(1)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -437,3 +464,4 @@ def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monk
 def test_zz_qconv2d_fuzz_checked_enough_layers():
     """The generated geometries mostly have outputs: the checks above ran, not the early exits."""
     assert len(QCONV_CHECKED) >= 50, len(QCONV_CHECKED)
+    assert len(SUM_CHECKED) >= 15, len(SUM_CHECKED)

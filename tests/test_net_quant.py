@@ -39,11 +39,29 @@ def _layouts(net, x, layout):
     return net(x)
 
 
-def test_a_qdq_residual_block_runs_on_the_int8_kernels():
+def _summed(net):
+    """The QLinearConv steps with a residual sum fused in."""
+    return [s.node for s in net.steps if s.node.op == "QLinearConv" and "sum" in s.node.epilogue]
+
+
+def _unfused(model, monkeypatch):
+    """``model`` loaded without :func:`~tilegemm.net.passes.fuse_qconv_sum` (its sums
+    as QLinearAdd steps)."""
+    from tilegemm.net import passes
+    with monkeypatch.context() as m:
+        m.setattr(passes, "PASSES", tuple(p for p in passes.PASSES
+                                          if p is not passes.fuse_qconv_sum))
+        return tilegemm.load_onnx(model, layout_transform=False)
+
+
+def test_a_qdq_residual_block_runs_on_the_int8_kernels(monkeypatch):
     model = residual_block()
     net = tilegemm.load_onnx(model, layout_transform=False)
-    assert _ops(net).count("QLinearConv") == 2 and "QLinearAdd" in _ops(net)
+    assert _ops(net).count("QLinearConv") == 2 and "QLinearAdd" not in _ops(net)
+    assert len(_summed(net)) == 1              # the second conv sums the shortcut
     assert "Conv" not in _ops(net) and "Add" not in _ops(net)
+    plain = _unfused(model, monkeypatch)
+    assert "QLinearAdd" in _ops(plain) and not _summed(plain)
     x = np.random.default_rng(1).standard_normal((1, 8, 9, 9)).astype(np.float32)
     want = run_reference(model, {"x": x})[model.graph.output[0].name]
     got = net(x)
@@ -54,6 +72,68 @@ def test_a_qdq_residual_block_runs_on_the_int8_kernels():
     assert np.mean(np.abs(got - want) > 1e-5) <= 0.05
     for layout in ("NCHW", "NHWC"):
         np.testing.assert_array_equal(_layouts(net, x, layout), got)
+        np.testing.assert_array_equal(_layouts(plain, x, layout), got)
+
+
+def _sum_block(seed, conv_first, relu, signed, shortcut):
+    """x -> conv -> Q/DQ, summed with a shortcut (the input's codes, a 1x1 conv's, or a
+    constant that broadcasts), the operands in either order, [Relu], Q/DQ."""
+    b = QBuilder(seed)
+    zero = np.int8(-6) if signed else np.uint8(128)
+    x = b.qdq("x", 0.05, zero)
+    y = b.qdq(b.conv(x, 8, 8, 3, pads=[1, 1, 1, 1]), 0.06, np.uint8(120))
+    if shortcut == "conv":
+        r = b.qdq(b.conv(x, 8, 8, 1), 0.05, np.int8(3))
+    elif shortcut == "constant":
+        r = b.dq(b.const(np.arange(8, dtype=np.uint8).reshape(8, 1, 1) * 30), np.float32(0.03),
+                 np.uint8(10))
+    else:
+        r = x
+    s = b.node("Add", [y, r] if conv_first else [r, y])
+    out = b.qdq(b.node("Relu", [s]) if relu else s, 0.07, np.int8(-2) if signed else np.uint8(0))
+    return b.model([2, 8, 7, 9], out)
+
+
+@pytest.mark.parametrize("shortcut", ["input", "conv", "constant"])
+@pytest.mark.parametrize("conv_first, relu, signed", [(True, True, False), (False, False, True),
+                                                      (False, True, False)])
+def test_a_sum_fused_into_its_conv_is_the_qlinearadd(shortcut, conv_first, relu, signed,
+                                                     monkeypatch):
+    """A QLinearAdd of a conv's codes becomes that conv's epilogue: bit for bit the
+    unfused network's, in both layouts; of two convs the later one takes it; a
+    constant shortcut broadcasts (the three steps after the conv)."""
+    model = _sum_block(3, conv_first, relu, signed, shortcut)
+    net, plain = tilegemm.load_onnx(model, layout_transform=False), _unfused(model, monkeypatch)
+    assert "QLinearAdd" not in _ops(net) and "QLinearAdd" in _ops(plain)
+    summed = _summed(net)
+    assert len(summed) == 1 and summed[0].epilogue["sum"] == {
+        "activation": "relu" if relu else None,
+        "conv_first": conv_first != (shortcut == "conv")}   # the later conv: the 1x1
+    x = np.random.default_rng(3).standard_normal((2, 8, 7, 9)).astype(np.float32)
+    want = plain(x)
+    ref = run_reference(model, {"x": x})[model.graph.output[0].name]
+    # dequantized codes: one output step (0.07) apart at most, where a tie fell the
+    # other way in a layer before
+    assert np.max(np.abs(want - ref)) <= 0.07 * 2 + 1e-6
+    assert np.mean(np.abs(want - ref) > 1e-5) <= 0.05
+    for layout in ("NCHW", "NHWC"):
+        np.testing.assert_array_equal(_layouts(net, x, layout), want)
+        if shortcut != "constant":        # a QLinearAdd that broadcasts runs NCHW only
+            np.testing.assert_array_equal(_layouts(plain, x, layout), want)
+
+
+def test_a_conv_output_read_twice_keeps_its_qlinearadd():
+    """A conv's codes that another step also reads are not summed in its epilogue."""
+    b = QBuilder(4)
+    x = b.qdq("x", 0.05, np.uint8(128))
+    y = b.q(b.conv(x, 4, 4, 3, pads=[1, 1, 1, 1]), 0.06, np.uint8(120))
+    s = b.node("Add", [b.dq(y, np.float32(0.06), np.uint8(120)), x])
+    out = b.node("Concat", [b.q(s, 0.07, np.uint8(0)), y], axis=1)
+    model = b.model([1, 4, 5, 5], out, out_dtype=np.uint8)
+    net = tilegemm.load_onnx(model, layout_transform=False)
+    assert "QLinearAdd" in _ops(net) and not _summed(net)
+    x = np.random.default_rng(4).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    _codes_close(net(x), run_reference(model, {"x": x})[out])
 
 
 @st.composite
