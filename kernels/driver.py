@@ -31,6 +31,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
+from tilegemm.kernels.tiny import TINY_CALLS, record_tiny
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
@@ -92,6 +93,7 @@ def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
     _plans.clear()
     SMALL_CALLS.clear()
+    TINY_CALLS.clear()
 
 
 #: Products up to this many rows and columns (batch items, small 2-D products) get a
@@ -324,6 +326,8 @@ def matmul_small(a, b, c):
     if call is None:
         call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
     call(a, b, c, UNPACKED_KC)
+    if 2 * a.shape[0] * a.shape[1] * c.shape[1] <= NEVER_SHARED_FLOPS:
+        record_tiny(call, a, b, c, UNPACKED_KC)
     return c
 
 

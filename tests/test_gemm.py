@@ -447,6 +447,9 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
             assert_close(got, expected, error_bound(a_vals, b_vals, k, dtype),
                          f"{shape} {where} call {call}")
             assert (np.dtype(dtype), np.dtype(dtype), m, n) in driver.SMALL_CALLS
+            # the tiniest from the second call on: the compiled entry point itself
+            assert ((m, k, k, n) in driver.TINY_CALLS) == (
+                2 * m * n * k <= driver.NEVER_SHARED_FLOPS)
             out[...] = np.nan
             assert tilegemm.matmul(a, b, out=out) is out
             assert_close(out, expected, error_bound(a_vals, b_vals, k, dtype),
