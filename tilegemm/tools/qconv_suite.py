@@ -10,8 +10,9 @@ interleaved under the rules of :mod:`tilegemm.tools.timing`:
 * ``tilegemm``: :func:`tilegemm.qconv2d` in the case's layout;
 * ``tilegemm float32``: :func:`tilegemm.conv2d` of the same values as float32, same
   layout (the float layer the int8 one replaces);
-* ``onnxruntime``: a one-node QLinearConv model (optional; its input is NCHW in
-  both layouts, the only one it takes).
+* ``onnxruntime``: a one-node QLinearConv model (optional): ONNX's NCHW operator
+  for NCHW cases, com.microsoft's ``channels_last`` one (what onnxruntime runs
+  inside an NHWC-transformed model) for NHWC cases.
 
 GOPS count a multiply and an add per product of the direct definition; % of peak
 is against :func:`tilegemm.kernels.peak.measured_int8_peak_gops`.  The check
@@ -114,11 +115,24 @@ def operands(case, seed=0):
 
 
 def onnx_session(case, q):
-    """An onnxruntime session of one QLinearConv node (NCHW) with the case's
-    quantization, or None when onnxruntime or onnx is missing."""
+    """An onnxruntime session of one QLinearConv node with the case's quantization:
+    NCHW for NCHW cases; for NHWC ones com.microsoft's QLinearConv with
+    ``channels_last=1``, the conv onnxruntime's NHWC transformer runs inside a model
+    (its ONNX QLinearConv would transpose an NHWC case's input and output: 0.91-0.99x
+    ours on ResNet layers against 1.02-1.12x). None when onnxruntime or onnx is
+    missing; the NCHW node where the channels-last one does not load."""
     ort, onnx = timing.optional_import("onnxruntime"), timing.optional_import("onnx")
     if ort is None or onnx is None:
         return None
+    if case.layout == "NHWC":
+        try:
+            return _ort_conv(ort, case, q, channels_last=True)
+        except Exception:  # an onnxruntime without the contrib op: the standard one
+            pass
+    return _ort_conv(ort, case, q, channels_last=False)
+
+
+def _ort_conv(ort, case, q, channels_last):
     from onnx import TensorProto, helper, numpy_helper
     ly = case.spec
     ho, wo = ly.out_hw
@@ -128,16 +142,23 @@ def onnx_session(case, q):
               "w": q["w"], "w_scale": q["w_scale"], "w_zero_point": np.zeros(ly.k, np.int8),
               "y_scale": q["out_scale"], "y_zero_point": q["out_zero_point"],
               "B": bias_q.astype(np.int32)}
+    extra = dict(domain="com.microsoft", channels_last=1) if channels_last else {}
     node = helper.make_node("QLinearConv", ["x"] + list(consts), ["y"],
                             kernel_shape=[ly.kh, ly.kw], strides=[ly.stride] * 2,
-                            pads=[ly.padding] * 4, group=ly.groups)
+                            pads=[ly.padding] * 4, group=ly.groups, **extra)
+    x_shape, y_shape = ((case.batch, ly.h, ly.w, ly.c), (case.batch, ho, wo, ly.k)) \
+        if channels_last else ((case.batch, ly.c, ly.h, ly.w), (case.batch, ly.k, ho, wo))
     graph = helper.make_graph(
         [node], "qlinearconv",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, [case.batch, ly.c, ly.h, ly.w])],
-        [helper.make_tensor_value_info("y", TensorProto.UINT8, [case.batch, ly.k, ho, wo])],
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, list(y_shape))],
         initializer=[numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
-    return int8_suite.ort_session(
-        ort, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), case.threads)
+    opsets = [helper.make_opsetid("", 13)] + (
+        [helper.make_opsetid("com.microsoft", 1)] if channels_last else [])
+    session = int8_suite.ort_session(ort, helper.make_model(graph, opset_imports=opsets),
+                                     case.threads)
+    session.channels_last = channels_last
+    return session
 
 
 def qconv_parties(case, q, peers=("onnxruntime",)):
@@ -162,7 +183,9 @@ def qconv_parties(case, q, peers=("onnxruntime",)):
                "tilegemm float32": lambda: tilegemm.conv2d(xf, wf, q["bias"], **geometry)}
     session = onnx_session(case, q) if "onnxruntime" in peers else None
     if session is not None:
-        feed = {"x": q["x"]}
+        feed = {"x": x if session.channels_last else q["x"]}
+        # its result as NCHW, for the check (a channels-last one transposed after timing)
+        out["onnxruntime channels last"] = session.channels_last
         parties["onnxruntime"] = lambda: out.__setitem__("onnxruntime",
                                                          session.run(None, feed)[0])
     return parties, out
@@ -178,7 +201,10 @@ def check(case, out, expected):
     result = {"against": "float64 reference", "max_code_diff": diff,
               "ok": ours.dtype == np.uint8 and diff <= CODE_TOLERANCE}
     if "onnxruntime" in out:
-        peer = int(np.abs(out["onnxruntime"].astype(np.int32) - expected).max())
+        theirs = out["onnxruntime"]
+        if out.get("onnxruntime channels last"):
+            theirs = theirs.transpose(0, 3, 1, 2)
+        peer = int(np.abs(theirs.astype(np.int32) - expected).max())
         result["onnxruntime_max_code_diff"] = peer
         result["onnxruntime_exact"] = peer <= CODE_TOLERANCE
     return result
@@ -205,7 +231,8 @@ def qconv_table(records):
              r["threads"], r["kernel"]] + int8_suite.party_cells(r, others) for r in records]
     title = ("int8 convolution (uint8 input, int8 weights per channel, requantized "
              "uint8 output): qconv2d against our float32 conv2d"
-             + (" and onnxruntime's QLinearConv (NCHW input in both layouts)"
+             + (" and onnxruntime's QLinearConv (NHWC cases: its channels-last conv, as "
+                "in a model)"
                 if "onnxruntime" in others else ""))
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):
         title += (f"; * onnxruntime's codes differ from the reference by more than "
