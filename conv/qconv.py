@@ -317,6 +317,8 @@ class PreparedQConv:
         if (residual is None) != (self.summed is None):
             raise TypeError("qconv2d: a residual is " + ("missing: prepared with a residual sum"
                             if residual is None else "given to a layer prepared without one"))
+        if residual is not None:
+            residual = self._checked_residual(residual)
         if not (out is not None and out.shape == self.output_shape and out.dtype == self.out_dtype
                 and out.flags.c_contiguous and out.flags.writeable):
             out = np.empty(self.output_shape, self.out_dtype)
@@ -330,15 +332,19 @@ class PreparedQConv:
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
                             self.epilogue, p, out, self.weights.panels(p.groups))
 
-    def _summed_into(self, x, residual, out):
-        """``out`` = the residual sum of the conv of ``x``: in the taps kernel's chunks
-        (NHWC), else the conv's codes whole, then the sum."""
+    def _checked_residual(self, residual):
+        """``residual`` as C-contiguous codes of the output's shape and the residual's
+        dtype (ValueError otherwise)."""
         if not isinstance(residual, np.ndarray) or residual.shape != self.output_shape \
                 or residual.dtype != self.residual_dtype:
             raise ValueError(f"qconv2d: the residual must be {self.residual_dtype} codes of shape "
                              f"{self.output_shape}, got {getattr(residual, 'dtype', None)} "
                              f"{np.shape(residual)}")
-        residual = np.ascontiguousarray(residual)
+        return np.ascontiguousarray(residual)
+
+    def _summed_into(self, x, residual, out):
+        """``out`` = the residual sum of the conv of ``x``: in the taps kernel's chunks
+        (NHWC), else the conv's codes whole, then the sum."""
         p = self.params
         if p.layout == "NHWC" and taps_serve(self.weights.kind, p.Cg, p.groups):
             return self._taps_plan()(np.ascontiguousarray(x), out, residual)

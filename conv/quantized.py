@@ -257,6 +257,11 @@ class TapsPlan:
     epilogue : tuple
         ``(mult, bias, act, requant, folded)`` as ``kernels/requant.py`` takes them.
     threads : int
+    summed : tuple, optional
+        A residual sum after the conv (NHWC only): ``(scales, zeros, relu, low, high,
+        conv_first, codes dtype)``, the quantization as
+        :func:`~tilegemm.kernels.requant.add_codes` takes it, whether the conv's codes
+        are the sum's first operand, and their dtype; calls then take the residual.
     """
 
     def __init__(self, p, x_dtype, zero, taps, epilogue, threads, summed=None):

@@ -1,18 +1,21 @@
 """The compiled entry points of tiny products, for ``tilegemm.matmul``'s shortest path.
 
 A Numba dispatcher matches a call's argument types against its compiled versions
-before it runs one; for a 4x4 product that took 0.6 of the call's 1.1 us.  A product
-:func:`tilegemm.kernels.driver.matmul_small` ran once is recorded here with the
-entry point of the version that ran it, and ``matmul`` calls that entry directly for
-operands of the same shapes, dtypes (by identity) and form.
+before it runs one; for a 4x4 product that took 0.6 of the call's 1.1 us.  A tiny
+product that ran on the one-call path (``driver.matmul_small``, or ``matmul``'s
+lookup of it by shape) is recorded here with the entry point of the version that ran
+it, and ``matmul`` calls that entry directly for operands of the same shapes, dtypes
+(by identity) and form.
 """
 import numba
 
-#: ``a.shape + b.shape -> (entry, a dtype, b dtype)``: the small products on one
-#: thread whatever the thread count (up to ``driver.NEVER_SHARED_FLOPS``) that
-#: ``matmul_small`` ran; ``entry(a, b, c, kc)`` is the compiled version's own entry
-#: point for C-contiguous, aligned 2-D operands of those dtypes.  The key is the
-#: shapes alone, the dtypes checked by identity: a key with them had cost 0.8 us.
+#: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype)``: the small
+#: products on one thread whatever the thread count (up to
+#: ``driver.NEVER_SHARED_FLOPS``) that ran on their one-call path; ``entry(a, b, c,
+#: kc)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
+#: operands of those dtypes.  The key is the shapes and the item size (float32 and
+#: float64 products of one shape each have theirs), the dtypes checked by identity:
+#: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
 
 
@@ -27,4 +30,4 @@ def record_tiny(call, a, b, c, kc):
     sig = tuple(numba.typeof(x) for x in (a, b, c)) + (numba.typeof(kc),)
     compiled = call.overloads.get(sig)
     if compiled is not None:
-        TINY_CALLS[a.shape + b.shape] = (compiled.entry_point, a.dtype, b.dtype)
+        TINY_CALLS[a.shape + b.shape + (a.itemsize,)] = (compiled.entry_point, a.dtype, b.dtype)

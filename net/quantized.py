@@ -305,7 +305,8 @@ class QConvStep:
         self.sum = self._sum(const, names[9:14]) if "sum" in node.epilogue else None
         # a constant residual is given as written, NCHW (the network converts activations)
         self.constant_residual = self.sum is not None and const(names[9]) is not None
-        self.calls = {}        # (input shape, dtype, layout, summed) -> what _prepare returns
+        # (input shape, dtype, layout, the residual's dtype or None) -> what _prepare returns
+        self.calls = {}
 
     def _sum(self, const, names):
         """The :class:`~tilegemm.conv.qconv.QuantizedSum` of a residual sum the passes
@@ -314,10 +315,20 @@ class QConvStep:
         (r_scale, r_zero), (s_scale, s_zero) = (
             _scale_zero(self.node, const, names[i:i + 2], what)
             for i, what in ((1, "the residual"), (3, "the sum")))
-        typed = [np.uint8(0) if z is None else z.reshape(())[()] for z in (r_zero, s_zero)]
+        # no zero point: the residual's codes are of its own dtype, the sum's uint8 (ONNX)
+        typed = [None if r_zero is None else r_zero.reshape(())[()],
+                 np.uint8(0) if s_zero is None else s_zero.reshape(())[()]]
         epilogue = self.node.epilogue["sum"]
         return QuantizedSum(r_scale, typed[0], s_scale, typed[1], epilogue["activation"],
                             epilogue["conv_first"])
+
+    def _sum_for(self, dtype):
+        """The :class:`~tilegemm.conv.qconv.QuantizedSum` for a residual of ``dtype``
+        (None: no sum), its zero point that dtype's 0 where the model gives none."""
+        if dtype is None:
+            return None
+        s = self.sum
+        return s if s.zero_point is not None else s._replace(zero_point=dtype.type(0))
 
     def _bias(self, const, name):
         """The bias in the output's real units: ONNX's int32 one scaled by x_scale *
@@ -343,10 +354,10 @@ class QConvStep:
                 0, 2, 3, 1)
         # a residual that broadcasts: the conv's codes, then the three steps as written
         summed = residual is not None and residual.shape == self._output_shape(x, layout)
-        key = (x.shape, x.dtype, layout, summed)
+        key = (x.shape, x.dtype, layout, residual.dtype if summed else None)
         call = self.calls.get(key)
         if call is None:
-            call = self.calls[key] = self._prepare(x, layout, summed)
+            call = self.calls[key] = self._prepare(x, layout, residual.dtype if summed else None)
         conv, width, zero = call
         if width is not None:                     # uneven pads: the zero point padded
             x = np.pad(x, width, constant_values=zero)
@@ -356,21 +367,22 @@ class QConvStep:
             return (conv(x, out),)
         s = self.sum
         mine = dequantize_linear(conv(x), np.float32(self.out_scale), self.out_zero)
-        other = dequantize_linear(residual, np.float32(s.scale), np.asarray(s.zero_point))
+        other = dequantize_linear(residual, np.float32(s.scale),
+                                  None if s.zero_point is None else np.asarray(s.zero_point))
         y = mine + other if s.conv_first else other + mine
         return (quantize_linear(np.maximum(y, 0) if s.activation == "relu" else y,
                                 np.float32(s.out_scale), np.asarray(s.out_zero_point)),)
 
     def _output_shape(self, x, layout):
         """The conv's output shape for input ``x`` in ``layout`` (of its plain call)."""
-        key = (x.shape, x.dtype, layout, False)
+        key = (x.shape, x.dtype, layout, None)
         if key not in self.calls:
-            self.calls[key] = self._prepare(x, layout, False)
+            self.calls[key] = self._prepare(x, layout)
         return self.calls[key][0].output_shape
 
-    def _prepare(self, x, layout, summed=False):
+    def _prepare(self, x, layout, summed=None):
         """``(PreparedQConv, padding widths or None, zero point)`` for inputs like ``x``
-        (with ``summed``, its residual sum fused in)."""
+        (with ``summed``, the residual's dtype, its residual sum fused in)."""
         node = self.node
         zero = 0 if self.x_zero is None else self.x_zero.reshape(()).item()
         if self.x_zero is not None and x.dtype != self.x_zero.dtype:
@@ -395,7 +407,7 @@ class QConvStep:
             options.update(activation=self.act, out_scale=self.out_scale, out_zero_point=out_zero)
         try:
             conv = PreparedQConv(tuple(shape), x.dtype, self.x_scale, self.weights, self.bias,
-                                 residual=self.sum if summed else None, **options)
+                                 residual=self._sum_for(summed), **options)
         except (TypeError, ValueError) as err:
             raise type(err)(f"node {node.name!r} ({node.op}): {err}") from err
         if self.integer:   # ConvInteger: unit scales and no bias write the sums themselves

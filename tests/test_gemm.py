@@ -448,7 +448,7 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
                          f"{shape} {where} call {call}")
             assert (np.dtype(dtype), np.dtype(dtype), m, n) in driver.SMALL_CALLS
             # the tiniest from the second call on: the compiled entry point itself
-            assert ((m, k, k, n) in driver.TINY_CALLS) == (
+            assert ((m, k, k, n, np.dtype(dtype).itemsize) in driver.TINY_CALLS) == (
                 2 * m * n * k <= driver.NEVER_SHARED_FLOPS)
             out[...] = np.nan
             assert tilegemm.matmul(a, b, out=out) is out

@@ -122,6 +122,25 @@ def test_a_sum_fused_into_its_conv_is_the_qlinearadd(shortcut, conv_first, relu,
             np.testing.assert_array_equal(_layouts(plain, x, layout), want)
 
 
+@pytest.mark.parametrize("residual_dtype", [np.int8, np.uint8])
+def test_a_fused_sum_whose_residual_has_no_zero_point(residual_dtype, monkeypatch):
+    """A residual dequantized without a zero point (ONNX: 0 of the codes' own dtype):
+    the fused conv takes the residual's dtype from the tensor, as the QLinearAdd did."""
+    b = QBuilder(5)
+    x = b.qdq("x", 0.05, np.uint8(128))
+    y = b.qdq(b.conv(x, 8, 8, 3, pads=[1, 1, 1, 1]), 0.06, np.uint8(120))
+    codes = b.q(b.conv(x, 8, 8, 1), 0.05, residual_dtype(0))
+    r = b.node("DequantizeLinear", [codes, b.const(np.float32(0.05))])
+    out = b.qdq(b.node("Add", [r, y]), 0.07, np.uint8(0))
+    model = b.model([1, 8, 7, 9], out)
+    net, plain = tilegemm.load_onnx(model, layout_transform=False), _unfused(model, monkeypatch)
+    assert len(_summed(net)) == 1
+    x = np.random.default_rng(5).standard_normal((1, 8, 7, 9)).astype(np.float32)
+    want = plain(x)
+    for layout in ("NCHW", "NHWC"):
+        np.testing.assert_array_equal(_layouts(net, x, layout), want)
+
+
 def test_a_conv_output_read_twice_keeps_its_qlinearadd():
     """A conv's codes that another step also reads are not summed in its epilogue."""
     b = QBuilder(4)

@@ -204,6 +204,7 @@ def check(case, out, expected):
         theirs = out["onnxruntime"]
         if out.get("onnxruntime channels last"):
             theirs = theirs.transpose(0, 3, 1, 2)
+        result["onnxruntime_channels_last"] = bool(out.get("onnxruntime channels last"))
         peer = int(np.abs(theirs.astype(np.int32) - expected).max())
         result["onnxruntime_max_code_diff"] = peer
         result["onnxruntime_exact"] = peer <= CODE_TOLERANCE
@@ -234,6 +235,9 @@ def qconv_table(records):
              + (" and onnxruntime's QLinearConv (NHWC cases: its channels-last conv, as "
                 "in a model)"
                 if "onnxruntime" in others else ""))
+    if any(r["layout"] == "NHWC" and not r["check"].get("onnxruntime_channels_last", True)
+           for r in records):
+        title += "; its channels-last conv did not load here: NHWC cases against its NCHW one"
     if any(not r["check"].get("onnxruntime_exact", True) for r in records):
         title += (f"; * onnxruntime's codes differ from the reference by more than "
                   f"{CODE_TOLERANCE} on this host")
