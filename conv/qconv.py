@@ -326,6 +326,10 @@ class PreparedQConv:
             return out
         if residual is not None:
             return self._summed_into(x, residual, out)
+        return self._into(x, out)
+
+    def _into(self, x, out):
+        """The conv's own output (codes, or float32 / int32 values) of ``x`` into ``out``."""
         p = self.params
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)
@@ -348,12 +352,7 @@ class PreparedQConv:
         p = self.params
         if p.layout == "NHWC" and taps_serve(self.weights.kind, p.Cg, p.groups):
             return self._taps_plan()(np.ascontiguousarray(x), out, residual)
-        codes = np.empty(self.output_shape, self.codes_dtype)
-        if taps_serve(self.weights.kind, p.Cg, p.groups):
-            self._taps_plan()(np.ascontiguousarray(x), codes)
-        else:
-            qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
-                         self.epilogue, p, codes, self.weights.panels(p.groups))
+        codes = self._into(x, np.empty(self.output_shape, self.codes_dtype))
         ordered = (codes, residual) if self.summed[5] else (residual, codes)
         add_codes(ordered[0].reshape(-1), ordered[1].reshape(-1), *self.summed[:5],
                   out.reshape(-1))
