@@ -31,7 +31,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
-from tilegemm.kernels.tiny import TINY_CALLS, record_tiny
+from tilegemm.kernels.tiny import TINY_CALLS, TINY_FLOPS, record_tiny
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
@@ -279,7 +279,7 @@ def small_call_shape(dtype, m, n, k):
 
 #: Below :func:`serial_flops` on any core that runs these kernels (80 us of a core
 #: of 1 GFLOPS nominal peak is 80 000 flops): no product this small is ever shared.
-NEVER_SHARED_FLOPS = 2 * 32 ** 3
+NEVER_SHARED_FLOPS = TINY_FLOPS
 
 
 #: (a's dtype, b's dtype, m, n) -> :func:`small_call`'s function, filled by
@@ -326,8 +326,7 @@ def matmul_small(a, b, c):
     if call is None:
         call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
     call(a, b, c, UNPACKED_KC)
-    if 2 * a.shape[0] * a.shape[1] * c.shape[1] <= NEVER_SHARED_FLOPS:
-        record_tiny(call, a, b, c, UNPACKED_KC)
+    record_tiny(call, a, b, c, UNPACKED_KC)
     return c
 
 

@@ -10,24 +10,31 @@ it, and ``matmul`` calls that entry directly for operands of the same shapes, dt
 import numba
 
 #: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype)``: the small
-#: products on one thread whatever the thread count (up to
-#: ``driver.NEVER_SHARED_FLOPS``) that ran on their one-call path; ``entry(a, b, c,
+#: products on one thread whatever the thread count (up to :data:`TINY_FLOPS`)
+#: that ran on their one-call path; ``entry(a, b, c,
 #: kc)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
 #: operands of those dtypes.  The key is the shapes and the item size (float32 and
 #: float64 products of one shape each have theirs), the dtypes checked by identity:
 #: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
+#: The largest product (2·m·n·k flops) recorded: one thread runs it whatever the
+#: thread count (``driver.NEVER_SHARED_FLOPS`` is this limit).
+TINY_FLOPS = 2 * 32 ** 3
 
 
 def record_tiny(call, a, b, c, kc):
     """Keep in ``TINY_CALLS`` the entry point ``call`` (a dispatcher) just ran
     ``call(a, b, c, kc)`` on, when the operands are of the form the entry is called
     with (C-contiguous, aligned, writeable: the entry's argument types are exactly
-    theirs)."""
+    theirs), up to :data:`TINY_FLOPS` and once per key (the checks below cost a
+    ``matmul(..., out=)`` that takes the one-call path each time)."""
+    key = a.shape + b.shape + (a.itemsize,)
+    if key in TINY_CALLS or 2 * a.shape[0] * a.shape[1] * c.shape[1] > TINY_FLOPS:
+        return
     if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
                for x in (a, b, c)):
         return
     sig = tuple(numba.typeof(x) for x in (a, b, c)) + (numba.typeof(kc),)
     compiled = call.overloads.get(sig)
     if compiled is not None:
-        TINY_CALLS[a.shape + b.shape + (a.itemsize,)] = (compiled.entry_point, a.dtype, b.dtype)
+        TINY_CALLS[key] = (compiled.entry_point, a.dtype, b.dtype)

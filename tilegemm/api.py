@@ -12,8 +12,8 @@ from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
                                       overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
-from tilegemm.kernels.driver import (NEVER_SHARED_FLOPS, SMALL_CALLS, UNPACKED_KC, gemm_into,
-                                     matmul_small, small_call_shape, small_product)
+from tilegemm.kernels.driver import (SMALL_CALLS, UNPACKED_KC, gemm_into, matmul_small,
+                                     small_call_shape, small_product)
 from tilegemm.kernels.matvec import matvec_into
 from tilegemm.kernels.tiny import TINY_CALLS, record_tiny
 
@@ -141,8 +141,7 @@ def fast_small_matmul(a, b, out):
               and out.flags.c_contiguous and out.flags.writeable):
         return None
     call(a, b, out, UNPACKED_KC)
-    if 2 * m * n * k <= NEVER_SHARED_FLOPS:
-        record_tiny(call, a, b, out, UNPACKED_KC)
+    record_tiny(call, a, b, out, UNPACKED_KC)
     return out
 
 
