@@ -193,6 +193,14 @@ def _dequantize_linear(node, const):
     return writes_into(elementwise(run)) if _per_tensor(node, const) else run
 
 
+def qdq_add(a, a_q, b, b_q, relu, y_q):
+    """ONNX's DequantizeLinear of ``a`` and of ``b``, Add (broadcasting), [Relu] and
+    QuantizeLinear, as written; ``a_q``, ``b_q``, ``y_q``: ``(scale, zero point or
+    None)``."""
+    y = dequantize_linear(a, *a_q) + dequantize_linear(b, *b_q)
+    return quantize_linear(np.maximum(y, 0) if relu else y, *y_q)
+
+
 @operator("QLinearAdd")
 def _qlinear_add(node, const):
     """``Q(DQ(a) + DQ(b))`` (a Relu between, when the passes fused one) in one pass:
@@ -209,8 +217,8 @@ def _qlinear_add(node, const):
 
     def run(a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None, out=None):
         if a.shape != b.shape:           # broadcast: the three steps as written
-            y = dequantize_linear(a, a_scale, a_zero) + dequantize_linear(b, b_scale, b_zero)
-            return (quantize_linear(np.maximum(y, 0) if relu else y, y_scale, y_zero),)
+            return (qdq_add(a, (a_scale, a_zero), b, (b_scale, b_zero), relu,
+                            (y_scale, y_zero)),)
         result = _target(first(out), a.shape, dtype)
         bf = np.ascontiguousarray(b).reshape(-1)
         af, of = np.ascontiguousarray(a).reshape(-1), result.reshape(-1)
@@ -366,12 +374,12 @@ class QConvStep:
         if residual is None:
             return (conv(x, out),)
         s = self.sum
-        mine = dequantize_linear(conv(x), np.float32(self.out_scale), self.out_zero)
-        other = dequantize_linear(residual, np.float32(s.scale),
-                                  None if s.zero_point is None else np.asarray(s.zero_point))
-        y = mine + other if s.conv_first else other + mine
-        return (quantize_linear(np.maximum(y, 0) if s.activation == "relu" else y,
-                                np.float32(s.out_scale), np.asarray(s.out_zero_point)),)
+        operands = [(conv(x), (np.float32(self.out_scale), self.out_zero)),
+                    (residual, (np.float32(s.scale), None if s.zero_point is None
+                                else np.asarray(s.zero_point)))]
+        (a, a_q), (b, b_q) = operands if s.conv_first else operands[::-1]
+        return (qdq_add(a, a_q, b, b_q, s.activation == "relu",
+                        (np.float32(s.out_scale), np.asarray(s.out_zero_point))),)
 
     def _output_shape(self, x, layout):
         """The conv's output shape for input ``x`` in ``layout`` (of its plain call)."""
