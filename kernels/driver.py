@@ -31,14 +31,16 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
-from tilegemm.kernels.tiny import TINY_CALLS, TINY_FLOPS, record_tiny
+from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
-#: pool thread costs more than it saves (figures in docs/kernels.md, Threads).
+#: pool thread costs more than it saves (figures in docs/kernels.md, Threads).  Changed
+#: after products ran (as tests do), call :func:`reset_plans`: ``tilegemm.matmul`` calls
+#: the small products it saw run on one thread straight (``kernels.small.one_thread_flops``).
 SERIAL_FLOPS = 2 * 176 ** 3
 #: ... or below this many seconds of one core at its nominal peak, when that is fewer
 #: flops: the handoff costs the same time on a slower core, so it shares smaller products.
@@ -250,84 +252,6 @@ def serial_flops(dtype):
 
 
 _nominal_peaks = {}   # per dtype: the machine's, fixed (and a few microseconds to ask)
-
-
-#: Products up to this many flops may take :func:`matmul_small`.
-SMALL_CALL_FLOPS = 2 * 160 ** 3
-
-
-def small_product(a, b):
-    """Whether ``a @ b`` (2-D, C-contiguous, same dtype) is small enough for :func:`matmul_small`."""
-    m, k = a.shape
-    n = b.shape[1]
-    return m > 1 and n > 1 and k > 0 and small_call_shape(a.dtype, m, n, k)
-
-
-def small_call_shape(dtype, m, n, k):
-    """Whether an m x n x k product of ``dtype`` takes the one-call path: up to
-    ``SMALL_CALL_FLOPS``, unless it is worth sharing (from :func:`serial_flops`, as
-    :func:`gemm_into` decides) and this thread may use more than one thread (float64
-    128^3 on a Zen 3, one process: 118 us on the one-call path, 94 us on two threads,
-    numpy's two threads 59 us)."""
-    flops = 2 * m * n * k
-    if flops > SMALL_CALL_FLOPS:
-        return False
-    if flops <= NEVER_SHARED_FLOPS:      # the calls whose every microsecond shows
-        return True
-    return flops < serial_flops(dtype) or get_num_threads() == 1
-
-
-#: Below :func:`serial_flops` on any core that runs these kernels (80 us of a core
-#: of 1 GFLOPS nominal peak is 80 000 flops): no product this small is ever shared.
-NEVER_SHARED_FLOPS = TINY_FLOPS
-
-
-#: (a's dtype, b's dtype, m, n) -> :func:`small_call`'s function, filled by
-#: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
-#: general checks.  Cleared with the kernel choices (:func:`reset_plans`).
-SMALL_CALLS = {}
-
-
-def small_kernel(dtype, m, n):
-    """The kernel of a one-call small product of m x n (:func:`matmul_small`).
-
-    Up to ``SMALL_ITEM`` rows and columns, the tile chosen for the shape
-    (:func:`item_kernel`).  More than ``SMALL_ITEM`` columns, not a multiple of the
-    GEMM tile's NR: a tile two vectors wide and up to 8 rows high: the GEMM tile would leave its last
-    column panel to the edge kernels, whose packed panels cost a product this small up
-    to a quarter of its time (float32 80^3 and 96^3 on AVX-512, docs/kernels.md).
-    With 16 registers that tile is the GEMM's own (6x16 float32 on AVX2).
-    """
-    if m <= SMALL_ITEM and n <= SMALL_ITEM:
-        return item_kernel(dtype, m, n)
-    kern, blk = kernel_for(dtype, n)
-    if not derived_tile(blk) or n <= SMALL_ITEM or n % blk.nr == 0:
-        return kern, blk                # narrow products keep kernel_for's narrow tile
-    mr = min(8, (detect().vector_registers - 3) // 2)
-    return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
-
-
-def small_call(dtype, m, n):
-    """The jitted ``matmul_small(a, b, c, KC)`` for m x n products (see below)."""
-    return small_kernel(dtype, m, n)[0].module.matmul_small
-
-
-def matmul_small(a, b, c):
-    """``c = a @ b`` on one thread through a single jitted call; see :func:`small_product`.
-
-    The general entry spends several microseconds in Python deciding paths and
-    describing strides; a small C-contiguous product has only one sensible path, on
-    the register tile chosen for its shape (:func:`small_kernel`; figures in
-    docs/kernels.md).  Records the call in ``SMALL_CALLS`` for ``tilegemm.matmul``'s
-    fast path.
-    """
-    key = (a.dtype, b.dtype, c.shape[0], c.shape[1])
-    call = SMALL_CALLS.get(key)
-    if call is None:
-        call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
-    call(a, b, c, UNPACKED_KC)
-    record_tiny(call, a, b, c, UNPACKED_KC)
-    return c
 
 
 _UNIT_SCALARS = {np.dtype(t): (t(1), t(0)) for t in (np.float32, np.float64)}

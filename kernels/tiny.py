@@ -1,35 +1,41 @@
-"""The compiled entry points of tiny products, for ``tilegemm.matmul``'s shortest path.
+"""The compiled entry points of small one-thread products, for ``tilegemm.matmul``'s
+shortest path.
 
 A Numba dispatcher matches a call's argument types against its compiled versions
-before it runs one; for a 4x4 product that took 0.6 of the call's 1.1 us.  A tiny
-product that ran on the one-call path (``driver.matmul_small``, or ``matmul``'s
-lookup of it by shape) is recorded here with the entry point of the version that ran
-it, and ``matmul`` calls that entry directly for operands of the same shapes, dtypes
-(by identity) and form.
+before it runs one; for a 4x4 product that took 0.6 of the call's 1.1 us.  A small
+product that ran on the one-call path (``kernels.small.matmul_small``, or ``matmul``'s
+lookup of it by shape) and that runs on one thread whatever the thread count is
+recorded here with the entry point of the version that ran it, and ``matmul`` calls
+that entry directly for operands of the same shapes, dtypes (by identity) and form.
 """
 import numba
 
 #: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype)``: the small
-#: products on one thread whatever the thread count (up to :data:`TINY_FLOPS`)
-#: that ran on their one-call path; ``entry(a, b, c,
+#: products that ran on their one-call path and run on one thread whatever the thread
+#: count (up to the caller's limit, at least :data:`TINY_FLOPS`); ``entry(a, b, c,
 #: kc)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
 #: operands of those dtypes.  The key is the shapes and the item size (float32 and
 #: float64 products of one shape each have theirs), the dtypes checked by identity:
 #: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
-#: The largest product (2·m·n·k flops) recorded: one thread runs it whatever the
-#: thread count (``driver.NEVER_SHARED_FLOPS`` is this limit).
+#: (a's dtype, b's dtype, m, n) -> ``kernels.small.small_call``'s function, filled by
+#: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
+#: general checks.  Cleared with the kernel choices (``driver.reset_plans``).
+SMALL_CALLS = {}
+#: Products (2·m·n·k flops) up to this size run on one thread whatever the thread
+#: count and the sharing rule (``kernels.small.NEVER_SHARED_FLOPS`` is this limit).
 TINY_FLOPS = 2 * 32 ** 3
 
 
-def record_tiny(call, a, b, c, kc):
+def record_tiny(call, a, b, c, kc, limit):
     """Keep in ``TINY_CALLS`` the entry point ``call`` (a dispatcher) just ran
     ``call(a, b, c, kc)`` on, when the operands are of the form the entry is called
     with (C-contiguous, aligned, writeable: the entry's argument types are exactly
-    theirs), up to :data:`TINY_FLOPS` and once per key (the checks below cost a
+    theirs), the product has at most ``limit(c.dtype)`` flops (the caller's bound of
+    products that never take a second thread) and once per key (the checks below cost a
     ``matmul(..., out=)`` that takes the one-call path each time)."""
     key = a.shape + b.shape + (a.itemsize,)
-    if key in TINY_CALLS or 2 * a.shape[0] * a.shape[1] * c.shape[1] > TINY_FLOPS:
+    if key in TINY_CALLS or 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
         return
     if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
                for x in (a, b, c)):

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm
-from tilegemm.kernels import driver
+from tilegemm.kernels import driver, small
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.tuning.blocking import blocking
 
@@ -447,9 +447,10 @@ def test_small_call_fast_path_against_guard_pages(dtype, shape):
             assert_close(got, expected, error_bound(a_vals, b_vals, k, dtype),
                          f"{shape} {where} call {call}")
             assert (np.dtype(dtype), np.dtype(dtype), m, n) in driver.SMALL_CALLS
-            # the tiniest from the second call on: the compiled entry point itself
+            # those on one thread whatever the thread count, from the second call on:
+            # the compiled entry point itself
             assert ((m, k, k, n, np.dtype(dtype).itemsize) in driver.TINY_CALLS) == (
-                2 * m * n * k <= driver.NEVER_SHARED_FLOPS)
+                2 * m * n * k <= small.one_thread_flops(np.dtype(dtype)))
             out[...] = np.nan
             assert tilegemm.matmul(a, b, out=out) is out
             assert_close(out, expected, error_bound(a_vals, b_vals, k, dtype),

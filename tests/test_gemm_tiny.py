@@ -2,6 +2,7 @@
 operands of its recorded shapes, dtypes and form (``kernels/tiny.py``).  Its results
 against guard pages are checked in ``test_gemm.py``."""
 import numpy as np
+import pytest
 
 import tilegemm
 from tilegemm.kernels import driver
@@ -59,3 +60,55 @@ def test_the_tiny_call_path_from_several_python_threads():
 
     from thread_runs import in_threads
     in_threads(work, 4)
+
+
+def test_products_below_the_sharing_size_get_their_entry_and_lose_it_with_the_rule(monkeypatch):
+    """A product above the never-shared size but below the sharing size is recorded
+    too (it runs on one thread whatever the thread count); after the sharing size is
+    lowered and the plans reset, the same product is shared again, not called at the
+    recorded entry."""
+    from tilegemm.ground.threads import max_threads
+    from tilegemm.kernels import small
+    if max_threads() < 2:
+        pytest.skip("needs two threads")
+    driver.reset_plans()
+    rng = np.random.default_rng(15)
+    a, b = rng.random((48, 48), np.float32), rng.random((48, 48), np.float32)
+    assert small.NEVER_SHARED_FLOPS < 2 * 48 ** 3 <= small.one_thread_flops(a.dtype)
+    want = a.astype(np.float64) @ b
+    for _ in range(2):
+        np.testing.assert_allclose(tilegemm.matmul(a, b), want, rtol=1e-5)
+    assert (48, 48, 48, 48, 4) in driver.TINY_CALLS
+    monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)
+    driver.reset_plans()
+    shared = []
+    real_run = driver.run_native_shares
+    monkeypatch.setattr(driver, "run_native_shares",
+                        lambda address, blocks: (shared.append(len(blocks)), real_run(address, blocks)))
+    saved = tilegemm.get_num_threads()
+    tilegemm.set_num_threads(2)
+    try:
+        for _ in range(2):
+            np.testing.assert_allclose(tilegemm.matmul(a, b), want, rtol=1e-5)
+    finally:
+        tilegemm.set_num_threads(saved)
+    assert (48, 48, 48, 48, 4) not in driver.TINY_CALLS
+    assert shared and max(shared) == 2
+
+
+def test_one_call_products_past_32_take_the_gemm_tile_where_it_fits_snugly():
+    """One-call products with more than ``ONE_CALL_ITEM`` rows and columns run on the
+    GEMM's own (derived) tile when it pads at most a sixth of them; others keep the
+    tile chosen for their shape."""
+    from tilegemm.kernels import small
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        blk = driver.kernel_for(dtype)[1]
+        for m, n in ((64, 64), (48, 64), (33, 40), (16, 64), (64, 8), (40, 40)):
+            kern = small.small_kernel(dtype, m, n)[0]
+            narrow_kern = driver.kernel_for(dtype, n)[0]
+            snug = all(6 * -(-size // tile) * tile <= 7 * size
+                       for size, tile in ((m, narrow_kern.mr), (n, narrow_kern.nr)))
+            if min(m, n) > small.ONE_CALL_ITEM and snug and driver.derived_tile(blk):
+                assert kern is narrow_kern, (dtype, m, n)
+            else:
+                assert kern is driver.item_kernel(dtype, m, n)[0], (dtype, m, n)

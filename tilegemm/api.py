@@ -12,10 +12,11 @@ from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
                                       overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
-from tilegemm.kernels.driver import (SMALL_CALLS, UNPACKED_KC, gemm_into, matmul_small,
-                                     small_call_shape, small_product)
+from tilegemm.kernels.driver import UNPACKED_KC, gemm_into
 from tilegemm.kernels.matvec import matvec_into
-from tilegemm.kernels.tiny import TINY_CALLS, record_tiny
+from tilegemm.kernels.small import (matmul_small, one_thread_flops, small_call_shape,
+                                    small_product)
+from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS, record_tiny
 
 
 def _result_dtype(a, b):
@@ -58,7 +59,7 @@ def matmul(a, b, /, out=None):
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
     if type(a) is np.ndarray and type(b) is np.ndarray:
-        if out is None:          # a tiny product seen before: its compiled entry, nothing else
+        if out is None:          # a one-thread product seen before: its compiled entry, nothing else
             tiny = TINY_CALLS.get(a.shape + b.shape + (a.itemsize,))
             # the key's 4 lengths are 2-D by 2-D or 3-D by 1-D: ndim tells them apart
             if tiny is not None and a.ndim == 2 and a.dtype is tiny[1] and b.dtype is tiny[2]:
@@ -141,7 +142,7 @@ def fast_small_matmul(a, b, out):
               and out.flags.c_contiguous and out.flags.writeable):
         return None
     call(a, b, out, UNPACKED_KC)
-    record_tiny(call, a, b, out, UNPACKED_KC)
+    record_tiny(call, a, b, out, UNPACKED_KC, one_thread_flops)
     return out
 
 

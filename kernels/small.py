@@ -1,0 +1,117 @@
+"""The one-call path of small products: ``c = a @ b`` in a single jitted call.
+
+The general entry (:func:`~tilegemm.kernels.driver.gemm_into`) spends several
+microseconds in Python deciding paths and describing strides; a small C-contiguous
+product has one sensible path, the unpacked one on a register tile chosen for its
+shape, with its scratch allocated in the jitted call.  ``tilegemm.matmul`` finds the
+call by shape (``SMALL_CALLS``), and a product that never takes a second thread by
+its compiled entry point (``TINY_CALLS``, :mod:`tilegemm.kernels.tiny`).
+"""
+import math
+
+from tilegemm.ground.contracts import round_up
+from tilegemm.ground.threads import get_num_threads
+from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_KC, derived_tile, item_kernel,
+                                     kernel_for, serial_flops)
+from tilegemm.kernels.registry import get_kernel
+from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
+from tilegemm.tuning.blocking import blocking
+from tilegemm.tuning.machine import detect
+
+
+#: Products up to this many flops may take :func:`matmul_small`.
+SMALL_CALL_FLOPS = 2 * 160 ** 3
+
+
+def small_product(a, b):
+    """Whether ``a @ b`` (2-D, C-contiguous, same dtype) is small enough for :func:`matmul_small`."""
+    m, k = a.shape
+    n = b.shape[1]
+    return m > 1 and n > 1 and k > 0 and small_call_shape(a.dtype, m, n, k)
+
+
+def small_call_shape(dtype, m, n, k):
+    """Whether an m x n x k product of ``dtype`` takes the one-call path: up to
+    ``SMALL_CALL_FLOPS``, unless it is worth sharing (from :func:`serial_flops`, as
+    :func:`gemm_into` decides) and this thread may use more than one thread (float64
+    128^3 on a Zen 3, one process: 118 us on the one-call path, 94 us on two threads,
+    numpy's two threads 59 us)."""
+    flops = 2 * m * n * k
+    if flops > SMALL_CALL_FLOPS:
+        return False
+    if flops <= NEVER_SHARED_FLOPS:      # the calls whose every microsecond shows
+        return True
+    return flops < serial_flops(dtype) or get_num_threads() == 1
+
+
+#: Below :func:`serial_flops` on any core that runs these kernels (80 us of a core
+#: of 1 GFLOPS nominal peak is 80 000 flops): no product this small is ever shared.
+NEVER_SHARED_FLOPS = TINY_FLOPS
+
+
+
+
+#: One-call products with more rows and columns than this take the GEMM's tile where
+#: it pads at most a sixth of either (:func:`small_kernel`).  Its k loop keeps more
+#: independent sums than the tiles that fit such shapes exactly, which run at the FMA
+#: latency bound: on a Zen 3 (AVX2, one call, operands in cache), float32 4x16 took
+#: 1.12-1.6x 6x16's time at 40-64 (1.32-1.6x at 64^3, where 6x16 pads 2 of 64 rows),
+#: float64 4x8 1.13-1.53x 6x8's.  Batch items, whose operands come from memory,
+#: keep their shape's tile (there the two were within 5%).
+ONE_CALL_ITEM = 32
+
+
+def small_kernel(dtype, m, n):
+    """The kernel of a one-call small product of m x n (:func:`matmul_small`).
+
+    Up to ``SMALL_ITEM`` rows and columns, the tile chosen for the shape
+    (:func:`item_kernel`), unless both exceed ``ONE_CALL_ITEM`` and the GEMM's tile
+    pads at most a sixth of them.  More than ``SMALL_ITEM`` columns, not a multiple
+    of the GEMM tile's NR: a tile two vectors wide and up to 8 rows high: the GEMM
+    tile would leave its last column panel to the edge kernels, whose packed panels
+    cost a product this small up to a quarter of its time (float32 80^3 and 96^3 on
+    AVX-512, docs/kernels.md).  With 16 registers that tile is the GEMM's own (6x16
+    float32 on AVX2).
+    """
+    kern, blk = kernel_for(dtype, n)
+    if m <= SMALL_ITEM and n <= SMALL_ITEM:
+        snug = 6 * round_up(m, kern.mr) <= 7 * m and 6 * round_up(n, kern.nr) <= 7 * n
+        if min(m, n) <= ONE_CALL_ITEM or not snug or not derived_tile(blk):
+            return item_kernel(dtype, m, n)
+        return kern, blk
+    if not derived_tile(blk) or n <= SMALL_ITEM or n % blk.nr == 0:
+        return kern, blk                # narrow products keep kernel_for's narrow tile
+    mr = min(8, (detect().vector_registers - 3) // 2)
+    return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
+
+
+def small_call(dtype, m, n):
+    """The jitted ``matmul_small(a, b, c, KC)`` for m x n products (see below)."""
+    return small_kernel(dtype, m, n)[0].module.matmul_small
+
+
+def matmul_small(a, b, c):
+    """``c = a @ b`` on one thread through a single jitted call; see :func:`small_product`.
+
+    The general entry spends several microseconds in Python deciding paths and
+    describing strides; a small C-contiguous product has only one sensible path, on
+    the register tile chosen for its shape (:func:`small_kernel`; figures in
+    docs/kernels.md).  Records the call in ``SMALL_CALLS`` for ``tilegemm.matmul``'s
+    fast path.
+    """
+    key = (a.dtype, b.dtype, c.shape[0], c.shape[1])
+    call = SMALL_CALLS.get(key)
+    if call is None:
+        call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
+    call(a, b, c, UNPACKED_KC)
+    record_tiny(call, a, b, c, UNPACKED_KC, one_thread_flops)
+    return c
+
+
+def one_thread_flops(dtype):
+    """The largest product (2·m·n·k) that runs on one thread whatever the thread count:
+    at least ``NEVER_SHARED_FLOPS``, up to :func:`serial_flops` and ``SMALL_CALL_FLOPS``.
+    ``tilegemm.matmul`` calls those it has seen straight at their compiled entry
+    (``kernels/tiny.py``); after changing ``SERIAL_FLOPS`` or ``SERIAL_SECONDS``,
+    :func:`~tilegemm.kernels.driver.reset_plans` forgets them."""
+    return max(NEVER_SHARED_FLOPS, min(SMALL_CALL_FLOPS, math.ceil(serial_flops(dtype)) - 1))
