@@ -325,24 +325,31 @@ def overlap(x, y):
 
 
 @jit
-def matmul_small(a, b, c, KC):
+def matmul_small(a, b, c, plan):
     """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
 
-    The unpacked path with its scratch panels allocated here: for products of a
-    few microseconds the Python-side bookkeeping of the general entry costs more
-    than the arithmetic.  A C that shares memory with A or B is computed in a
-    temporary, then copied.  Assumes m, n >= 2 and matching shapes.
+    ``plan`` is ``(KC, MC, NC)``: MC 0 for the unpacked path (k blocks of KC), else
+    the five loops over packed panels with those blocks; the scratch panels are
+    allocated here.  For products of a few microseconds the Python-side bookkeeping
+    of the general entry costs more than the arithmetic.  A C that shares memory
+    with A or B is computed in a temporary, then copied.  Assumes m, n >= 2 and
+    matching shapes.
     """
     m, k = a.shape
     n = b.shape[1]
+    KC, MC, NC = plan
     kc = imax(1, imin(KC, k))
-    apack = np.empty(MR * kc, DTYPE)
-    bpack = np.empty(NR * kc, DTYPE)
     shared = overlap(c, a) or overlap(c, b)
     dst = np.empty((m, n), DTYPE) if shared else c
-    gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), (a.reshape(-1), (ZERO, k, UNIT)),
-               (b.reshape(-1), (ZERO, n, UNIT)), (dst.reshape(-1), (ZERO, n, UNIT)),
-               (NO_BIAS, ZERO), kc, (apack, bpack))
+    av, bv = (a.reshape(-1), (ZERO, k, UNIT)), (b.reshape(-1), (ZERO, n, UNIT))
+    cv = (dst.reshape(-1), (ZERO, n, UNIT))
+    if MC == 0:
+        packs = (np.empty(MR * kc, DTYPE), np.empty(NR * kc, DTYPE))
+        gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), kc, packs)
+    else:
+        packs = (np.empty(MC * kc, DTYPE), np.empty(NC * kc, DTYPE))
+        gemm_serial((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO),
+                    (kc, MC, NC), packs)
     if shared:
         flat, src = c.reshape(-1), dst.reshape(-1)
         for i in range(m * n):

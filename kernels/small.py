@@ -11,8 +11,8 @@ import math
 
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_KC, derived_tile, item_kernel,
-                                     kernel_for, serial_flops)
+from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_FEW_ROWS, UNPACKED_KC, derived_tile,
+                                     item_kernel, kernel_for, serial_flops)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
 from tilegemm.tuning.blocking import blocking
@@ -85,26 +85,55 @@ def small_kernel(dtype, m, n):
     return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)
 
 
-def small_call(dtype, m, n):
-    """The jitted ``matmul_small(a, b, c, KC)`` for m x n products (see below)."""
-    return small_kernel(dtype, m, n)[0].module.matmul_small
+def small_call(dtype, m, n, k):
+    """``(matmul_small, plan)``: the jitted ``matmul_small(a, b, c, plan)`` of the
+    kernel for m x n products (:func:`small_kernel`) and its plan for k (see
+    :func:`one_call_plan`)."""
+    kern, blk = small_kernel(dtype, m, n)
+    return kern.module.matmul_small, one_call_plan(kern, blk, m, n, k)
+
+
+#: One-call products pack A and B from this many columns of tiles (and rows as many
+#: NR) on: see :func:`one_call_plan`.
+ONE_CALL_PACKED_PANELS = 8
+
+
+def one_call_plan(kern, blk, m, n, k):
+    """``(KC, MC, NC)`` of a one-call product: MC 0 for the unpacked path, else the
+    packed five loops' blocks (whole MR and NR panels, the kernel's own tile).
+
+    The unpacked path reads A in place once per column of tiles; packing costs a
+    pass over A and B, less per flop the larger the product.  So the product packs
+    when both m and n are at least ``ONE_CALL_PACKED_PANELS`` times NR (and m more than
+    ``UNPACKED_FEW_ROWS``).  Measured on a Zen 3 (AVX2, 1 thread, matmul and the jitted
+    call alone, unpacked against packed, several runs): float64 (NR 8) gains from 64^3
+    (0.80-0.91x numpy -> 0.95-1.07x at 64-160^3); float32 (NR 16) breaks even at
+    112-160^3, the winner changing from run to run with the machine's load.
+    """
+    KC = max(1, min(UNPACKED_KC, k))
+    if min(m, n) < ONE_CALL_PACKED_PANELS * kern.nr or m <= UNPACKED_FEW_ROWS:
+        return KC, 0, 0
+    KC = max(1, min(blk.kc, k))
+    MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
+    NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
+    return KC, MC, NC
 
 
 def matmul_small(a, b, c):
     """``c = a @ b`` on one thread through a single jitted call; see :func:`small_product`.
 
     The general entry spends several microseconds in Python deciding paths and
-    describing strides; a small C-contiguous product has only one sensible path, on
-    the register tile chosen for its shape (:func:`small_kernel`; figures in
+    describing strides; a small C-contiguous product has one path for its shape,
+    on the register tile chosen for it (:func:`small_kernel`; figures in
     docs/kernels.md).  Records the call in ``SMALL_CALLS`` for ``tilegemm.matmul``'s
     fast path.
     """
-    key = (a.dtype, b.dtype, c.shape[0], c.shape[1])
+    key = (a.dtype, b.dtype, c.shape[0], c.shape[1], a.shape[1])
     call = SMALL_CALLS.get(key)
     if call is None:
-        call = SMALL_CALLS[key] = small_call(c.dtype, c.shape[0], c.shape[1])
-    call(a, b, c, UNPACKED_KC)
-    record_tiny(call, a, b, c, UNPACKED_KC, one_thread_flops)
+        call = SMALL_CALLS[key] = small_call(c.dtype, *key[2:])
+    call[0](a, b, c, call[1])
+    record_tiny(call, a, b, c, one_thread_flops)
     return c
 
 

@@ -10,15 +10,16 @@ that entry directly for operands of the same shapes, dtypes (by identity) and fo
 """
 import numba
 
-#: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype)``: the small
+#: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype, plan)``: the small
 #: products that ran on their one-call path and run on one thread whatever the thread
 #: count (up to the caller's limit, at least :data:`TINY_FLOPS`); ``entry(a, b, c,
-#: kc)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
+#: plan)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
 #: operands of those dtypes.  The key is the shapes and the item size (float32 and
 #: float64 products of one shape each have theirs), the dtypes checked by identity:
 #: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
-#: (a's dtype, b's dtype, m, n) -> ``kernels.small.small_call``'s function, filled by
+#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s
+#: ``(matmul_small, plan)``, filled by
 #: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
 #: general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
@@ -27,20 +28,21 @@ SMALL_CALLS = {}
 TINY_FLOPS = 2 * 32 ** 3
 
 
-def record_tiny(call, a, b, c, kc, limit):
-    """Keep in ``TINY_CALLS`` the entry point ``call`` (a dispatcher) just ran
-    ``call(a, b, c, kc)`` on, when the operands are of the form the entry is called
-    with (C-contiguous, aligned, writeable: the entry's argument types are exactly
-    theirs), the product has at most ``limit(c.dtype)`` flops (the caller's bound of
-    products that never take a second thread) and once per key (the checks below cost a
-    ``matmul(..., out=)`` that takes the one-call path each time)."""
+def record_tiny(call, a, b, c, limit):
+    """Keep in ``TINY_CALLS`` the entry point of ``call = (dispatcher, plan)`` that
+    just ran ``dispatcher(a, b, c, plan)``, when the operands are of the form the entry
+    is called with (C-contiguous, aligned, writeable: the entry's argument types are
+    exactly theirs), the product has at most ``limit(c.dtype)`` flops (the caller's
+    bound of products that never take a second thread) and once per key (the checks
+    below cost a ``matmul(..., out=)`` that takes the one-call path each time)."""
     key = a.shape + b.shape + (a.itemsize,)
     if key in TINY_CALLS or 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
         return
     if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
                for x in (a, b, c)):
         return
-    sig = tuple(numba.typeof(x) for x in (a, b, c)) + (numba.typeof(kc),)
-    compiled = call.overloads.get(sig)
+    dispatcher, plan = call
+    sig = tuple(numba.typeof(x) for x in (a, b, c, plan))
+    compiled = dispatcher.overloads.get(sig)
     if compiled is not None:
-        TINY_CALLS[key] = (compiled.entry_point, a.dtype, b.dtype)
+        TINY_CALLS[key] = (compiled.entry_point, a.dtype, b.dtype, plan)

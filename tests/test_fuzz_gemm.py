@@ -88,8 +88,8 @@ class PathRecorder:
     returns, so a recorded call runs exactly as an unrecorded one.  Labels: the
     route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
-    own block of C), ``matmul_small`` (also for ``api.fast_small_matmul``, the same
-    product without the general checks), ``gemv`` also for ``api.matvec_into`` (a
+    own block of C), ``matmul_small`` (also for ``api.fast_small_matmul`` and
+    ``api.recorded_entry_call``, the same product without the general checks), ``gemv`` also for ``api.matvec_into`` (a
     matrix-vector product without the plan), and the batched routes of
     ``kernels/batched.py`` (``batched.route``).
     """
@@ -97,10 +97,13 @@ class PathRecorder:
     WRAPPED = ((driver, "route"), (batched, "route"), (driver, "matmul_small"),
                # api imported matmul_small by name: its own binding is what it calls.
                (api, "matmul_small"),
-               # matmul's shortest path: the same product, None when it does not apply.
-               (api, "fast_small_matmul"),
+               # matmul's shortest paths: the same product, None when they do not apply.
+               (api, "fast_small_matmul"), (api, "recorded_entry_call"),
                # The matrix-vector product without the general path's plan (``gemv``).
                (api, "matvec_into"))
+
+    #: Wrapped paths that answer None where they do not apply.
+    MAY_DECLINE = ("fast_small_matmul", "recorded_entry_call")
 
     def __init__(self):
         self.log = []          # list.append is atomic: pool threads record too
@@ -120,7 +123,7 @@ class PathRecorder:
                 self.log.append(result)
             elif fn.__name__ == "matvec_into":
                 self.log.append("gemv")
-            elif fn.__name__ != "fast_small_matmul" or result is not None:
+            elif fn.__name__ not in self.MAY_DECLINE or result is not None:
                 self.log.append("matmul_small")
             return result
         return recorded

@@ -112,3 +112,23 @@ def test_one_call_products_past_32_take_the_gemm_tile_where_it_fits_snugly():
                 assert kern is narrow_kern, (dtype, m, n)
             else:
                 assert kern is driver.item_kernel(dtype, m, n)[0], (dtype, m, n)
+
+
+def test_one_call_plans_pack_large_enough_products():
+    """The one-call path reads A and B in place up to ``ONE_CALL_PACKED_PANELS`` times
+    NR rows or columns (or few rows) and packs them past that; both give the
+    product."""
+    from tilegemm.kernels import small
+    rng = np.random.default_rng(16)
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        for m, k, n in ((16, 16, 16), (40, 200, 120), (100, 110, 96), (150, 60, 130),
+                        (120, 130, 8)):
+            kern, blk = small.small_kernel(dtype, m, n)
+            plan = small.one_call_plan(kern, blk, m, n, k)
+            packed = min(m, n) >= small.ONE_CALL_PACKED_PANELS * kern.nr and m > 48
+            assert (plan[1] > 0) == packed, (dtype, m, k, n, plan)
+            a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+            driver.reset_plans()
+            for _ in range(2):           # the one-call path, then the recorded entry
+                np.testing.assert_allclose(tilegemm.matmul(a, b), a.astype(np.float64) @ b,
+                                           rtol=1e-4, atol=1e-4 * k)

@@ -12,7 +12,7 @@ from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
                                       overlaps, plain_float_array, real_scalar)
 from tilegemm.kernels.batched import batched_into
-from tilegemm.kernels.driver import UNPACKED_KC, gemm_into
+from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.matvec import matvec_into
 from tilegemm.kernels.small import (matmul_small, one_thread_flops, small_call_shape,
                                     small_product)
@@ -59,15 +59,13 @@ def matmul(a, b, /, out=None):
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
     if type(a) is np.ndarray and type(b) is np.ndarray:
-        if out is None:          # a one-thread product seen before: its compiled entry, nothing else
-            tiny = TINY_CALLS.get(a.shape + b.shape + (a.itemsize,))
-            # the key's 4 lengths are 2-D by 2-D or 3-D by 1-D: ndim tells them apart
-            if tiny is not None and a.ndim == 2 and a.dtype is tiny[1] and b.dtype is tiny[2]:
-                fa, fb = a.flags, b.flags
-                if fa.c_contiguous and fb.c_contiguous and fa.aligned and fb.aligned:
-                    c = np.empty((a.shape[0], b.shape[1]), tiny[1])
-                    tiny[0](a, b, c, UNPACKED_KC)
-                    return c
+        # a one-thread product seen before: its compiled entry, nothing else
+        tiny = TINY_CALLS.get(a.shape + b.shape + (a.itemsize,))
+        # the key's 4 lengths are 2-D by 2-D or 3-D by 1-D: ndim tells them apart
+        if tiny is not None and a.ndim == 2 and a.dtype is tiny[1] and b.dtype is tiny[2]:
+            c = recorded_entry_call(tiny, a, b, out)
+            if c is not None:
+                return c
         c = _short_path(a, b, out)
         if c is not None:
             return c
@@ -104,6 +102,27 @@ def matmul(a, b, /, out=None):
     return out
 
 
+def recorded_entry_call(tiny, a, b, out):
+    """``a @ b`` through the recorded entry ``tiny`` (``TINY_CALLS``) of their shapes
+    and dtypes, when a, b and ``out`` (None, or the result's exact ndarray) are of the
+    form it was compiled for: C-contiguous, aligned (and ``out`` writeable); else
+    None.  An ``out`` sharing memory with an operand is handled in the jitted call."""
+    fa, fb = a.flags, b.flags
+    if not (fa.c_contiguous and fb.c_contiguous and fa.aligned and fb.aligned):
+        return None
+    shape = (a.shape[0], b.shape[1])
+    if out is None:
+        out = np.empty(shape, tiny[1])
+    elif not (type(out) is np.ndarray and out.dtype is tiny[1] and out.shape == shape):
+        return None
+    else:
+        fo = out.flags
+        if not (fo.c_contiguous and fo.aligned and fo.writeable):
+            return None
+    tiny[0](a, b, out, tiny[3])
+    return out
+
+
 def _tensor_matmul(a, b, out):
     """:func:`matmul` of torch tensors (any of a, b, out): numpy views in, a tensor out."""
     r = matmul(numpy_view(a, "a", "matmul"), numpy_view(b, "b", "matmul"),
@@ -131,7 +150,7 @@ def fast_small_matmul(a, b, out):
     dtypes, shapes and layouts find no entry)."""
     m, k = a.shape
     n = b.shape[1]
-    call = SMALL_CALLS.get((a.dtype, b.dtype, m, n))
+    call = SMALL_CALLS.get((a.dtype, b.dtype, m, n, k))
     if (call is None or k != b.shape[0] or m < 2 or k < 1
             or not (a.flags.c_contiguous and b.flags.c_contiguous)
             or not small_call_shape(a.dtype, m, n, k)):
@@ -141,8 +160,8 @@ def fast_small_matmul(a, b, out):
     elif not (type(out) is np.ndarray and out.dtype == a.dtype and out.shape == (m, n)
               and out.flags.c_contiguous and out.flags.writeable):
         return None
-    call(a, b, out, UNPACKED_KC)
-    record_tiny(call, a, b, out, UNPACKED_KC, one_thread_flops)
+    call[0](a, b, out, call[1])
+    record_tiny(call, a, b, out, one_thread_flops)
     return out
 
 
