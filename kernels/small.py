@@ -95,20 +95,22 @@ def small_call(dtype, m, n, k):
 
 #: One-call products pack A and B from this many columns of tiles (and rows as many
 #: NR) on: see :func:`one_call_plan`.
-ONE_CALL_PACKED_PANELS = 8
+ONE_CALL_PACKED_PANELS = 12
 
 
 def one_call_plan(kern, blk, m, n, k):
     """``(KC, MC, NC)`` of a one-call product: MC 0 for the unpacked path, else the
     packed five loops' blocks (whole MR and NR panels, the kernel's own tile).
 
-    The unpacked path reads A in place once per column of tiles; packing costs a
-    pass over A and B, less per flop the larger the product.  So the product packs
-    when both m and n are at least ``ONE_CALL_PACKED_PANELS`` times NR (and m more than
-    ``UNPACKED_FEW_ROWS``).  Measured on a Zen 3 (AVX2, 1 thread, matmul and the jitted
-    call alone, unpacked against packed, several runs): float64 (NR 8) gains from 64^3
-    (0.80-0.91x numpy -> 0.95-1.07x at 64-160^3); float32 (NR 16) breaks even at
-    112-160^3, the winner changing from run to run with the machine's load.
+    The unpacked path reads A in place once per column of tiles (n / NR times);
+    packing costs a pass over A and B, less per flop the larger the product.  So
+    the product packs when both m and n are at least ``ONE_CALL_PACKED_PANELS`` times
+    NR (and m more than ``UNPACKED_FEW_ROWS``).  Measured on a Zen 3 (AVX2, 1 thread,
+    ``matmul(a, b, out=c)`` and the jitted call alone, in place against packed, four
+    to five runs, each alternated in one process): float64 (NR 8) packed ran 1.03-1.17x
+    faster at 96^3, 1.08-1.24x at 128^3, 1.03-1.31x at 160^3, and at 64^3 0.94-1.15x;
+    float32 (NR 16) at 112-160^3 0.85-1.41x, the winner changing from run to run with
+    the machine's load (so a square float32 product stays in place up to 2*160^3).
     """
     KC = max(1, min(UNPACKED_KC, k))
     if min(m, n) < ONE_CALL_PACKED_PANELS * kern.nr or m <= UNPACKED_FEW_ROWS:
