@@ -31,7 +31,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
-from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS
+from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS, TINY_DECLINED
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
@@ -96,6 +96,7 @@ def reset_plans():
     _plans.clear()
     SMALL_CALLS.clear()
     TINY_CALLS.clear()
+    TINY_DECLINED.clear()
 
 
 #: Products up to this many rows and columns (batch items, small 2-D products) get a

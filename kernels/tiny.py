@@ -23,6 +23,9 @@ TINY_CALLS = {}
 #: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
 #: general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
+#: Keys of ``TINY_CALLS`` whose products exceed the caller's limit: not asked again
+#: (the limit costs a microsecond to work out).  Cleared with ``TINY_CALLS``.
+TINY_DECLINED = set()
 #: Products (2·m·n·k flops) up to this size run on one thread whatever the thread
 #: count and the sharing rule (``kernels.small.NEVER_SHARED_FLOPS`` is this limit).
 TINY_FLOPS = 2 * 32 ** 3
@@ -36,7 +39,10 @@ def record_tiny(call, a, b, c, limit):
     bound of products that never take a second thread) and once per key (the checks
     below cost a ``matmul(..., out=)`` that takes the one-call path each time)."""
     key = a.shape + b.shape + (a.itemsize,)
-    if key in TINY_CALLS or 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
+    if key in TINY_CALLS or key in TINY_DECLINED:
+        return
+    if 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
+        TINY_DECLINED.add(key)
         return
     if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
                for x in (a, b, c)):
