@@ -128,6 +128,13 @@ def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
     ``(apack, bpack)``: ``apack`` >= MC*KC rounded to MR panels, ``bpack`` >= KC*NC
     rounded to NR panels.
     """
+    five_loops(shape, scal, a, b, c, epilogue, blocks, packs)
+
+
+@numba.njit(inline='always', **JIT)
+def five_loops(shape, scal, a, b, c, epilogue, blocks, packs):
+    """The body of :func:`gemm_serial` (arguments as there), inlined where another
+    jitted driver runs the packed loops itself (``matmul_small``)."""
     m, n, k = shape
     alpha, beta = scal
     a, (a_off, a_rs, a_cs) = a
@@ -348,8 +355,8 @@ def matmul_small(a, b, c, plan):
         gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), kc, packs)
     else:
         packs = (np.empty(MC * kc, DTYPE), np.empty(NC * kc, DTYPE))
-        gemm_serial((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO),
-                    (kc, MC, NC), packs)
+        five_loops((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO),
+                   (kc, MC, NC), packs)
     if shared:
         flat, src = c.reshape(-1), dst.reshape(-1)
         for i in range(m * n):

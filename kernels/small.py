@@ -2,8 +2,9 @@
 
 The general entry (:func:`~tilegemm.kernels.driver.gemm_into`) spends several
 microseconds in Python deciding paths and describing strides; a small C-contiguous
-product has one sensible path, the unpacked one on a register tile chosen for its
-shape, with its scratch allocated in the jitted call.  ``tilegemm.matmul`` finds the
+product has one path for its shape, chosen once (the register tile, in place or
+packed: :func:`small_kernel`, :func:`one_call_plan`), with its scratch allocated in
+the jitted call.  ``tilegemm.matmul`` finds the
 call by shape (``SMALL_CALLS``), and a product that never takes a second thread by
 its compiled entry point (``TINY_CALLS``, :mod:`tilegemm.kernels.tiny`).
 """
@@ -73,12 +74,13 @@ def small_kernel(dtype, m, n):
     AVX-512, docs/kernels.md).  With 16 registers that tile is the GEMM's own (6x16
     float32 on AVX2).
     """
-    kern, blk = kernel_for(dtype, n)
     if m <= SMALL_ITEM and n <= SMALL_ITEM:
-        snug = 6 * round_up(m, kern.mr) <= 7 * m and 6 * round_up(n, kern.nr) <= 7 * n
-        if min(m, n) <= ONE_CALL_ITEM or not snug or not derived_tile(blk):
+        if min(m, n) <= ONE_CALL_ITEM:
             return item_kernel(dtype, m, n)
-        return kern, blk
+        kern, blk = kernel_for(dtype, n)
+        snug = 6 * round_up(m, kern.mr) <= 7 * m and 6 * round_up(n, kern.nr) <= 7 * n
+        return (kern, blk) if snug and derived_tile(blk) else item_kernel(dtype, m, n)
+    kern, blk = kernel_for(dtype, n)
     if not derived_tile(blk) or n <= SMALL_ITEM or n % blk.nr == 0:
         return kern, blk                # narrow products keep kernel_for's narrow tile
     mr = min(8, (detect().vector_registers - 3) // 2)

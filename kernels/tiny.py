@@ -41,11 +41,11 @@ def record_tiny(call, a, b, c, limit):
     key = a.shape + b.shape + (a.itemsize,)
     if key in TINY_CALLS or key in TINY_DECLINED:
         return
-    if 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
-        TINY_DECLINED.add(key)
-        return
     if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
                for x in (a, b, c)):
+        return
+    if 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
+        TINY_DECLINED.add(key)
         return
     dispatcher, plan = call
     sig = tuple(numba.typeof(x) for x in (a, b, c, plan))

@@ -61,7 +61,7 @@ from hypothesis import given, note, strategies as st
 
 import tilegemm
 import tilegemm.api as api
-from tilegemm.kernels import batched, driver
+from tilegemm.kernels import batched, driver, small
 
 from fuzz_settings import fuzz_settings, profile_name
 from gemm_fuzz_cases import (DTYPE_PAIRS, F32, F64, LAYOUTS_2D, LAYOUTS_ND, LIMIT,
@@ -94,7 +94,7 @@ class PathRecorder:
     ``kernels/batched.py`` (``batched.route``).
     """
 
-    WRAPPED = ((driver, "route"), (batched, "route"), (driver, "matmul_small"),
+    WRAPPED = ((driver, "route"), (batched, "route"), (small, "matmul_small"),
                # api imported matmul_small by name: its own binding is what it calls.
                (api, "matmul_small"),
                # matmul's shortest paths: the same product, None when they do not apply.

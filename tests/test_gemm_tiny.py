@@ -26,6 +26,23 @@ def test_the_tiny_call_path_takes_only_its_own_operands():
              (a, b), (rng.random((2, 4)), b), (rng.random((2, 4), np.float32).astype(">f4"), b),
              (frozen, b), (raw, b), (np.asfortranarray(rng.random((2, 4), np.float32)), b),
              (rng.random((2, 8), np.float32)[:, ::2], b)]
+    # out= the recorded entry turns down: read-only, F-order, unaligned, another dtype,
+    # a subclass; each still gets the product (or numpy's error for read-only).
+    frozen_out = np.empty((2, 4), np.float32)
+    frozen_out.setflags(write=False)
+    with pytest.raises(ValueError):
+        tilegemm.matmul(a[:1].repeat(2, 0), b, out=frozen_out)
+    x = rng.random((2, 4), np.float32)
+    raw_out = np.zeros(2 * 4 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(2, 4)
+    for out in (np.empty((2, 4), np.float32, order="F"), raw_out, np.empty((2, 4)),
+                np.empty((2, 4), np.float32).view(np.matrix)):
+        if out.dtype == np.float64:
+            with pytest.raises(TypeError):
+                tilegemm.matmul(x, b, out=out)
+            continue
+        got = tilegemm.matmul(x, b, out=out)
+        assert got is out
+        np.testing.assert_allclose(np.asarray(out), x.astype(np.float64) @ b, rtol=1e-5)
     for x, y in cases:
         want = np.matmul(x.astype(np.float64), y.astype(np.float64))
         got = tilegemm.matmul(x, y)
@@ -94,6 +111,8 @@ def test_products_below_the_sharing_size_get_their_entry_and_lose_it_with_the_ru
         tilegemm.set_num_threads(saved)
     assert (48, 48, 48, 48, 4) not in driver.TINY_CALLS
     assert shared and max(shared) == 2
+    monkeypatch.undo()
+    driver.reset_plans()
 
 
 def test_one_call_products_past_32_take_the_gemm_tile_where_it_fits_snugly():
@@ -129,6 +148,10 @@ def test_one_call_plans_pack_large_enough_products():
             assert (plan[1] > 0) == packed, (dtype, m, k, n, plan)
             a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
             driver.reset_plans()
-            for _ in range(2):           # the one-call path, then the recorded entry
-                np.testing.assert_allclose(tilegemm.matmul(a, b), a.astype(np.float64) @ b,
-                                           rtol=1e-4, atol=1e-4 * k)
+            with tilegemm.thread_limit(1):
+                for _ in range(2):           # the one-call path, then the recorded entry
+                    np.testing.assert_allclose(tilegemm.matmul(a, b), a.astype(np.float64) @ b,
+                                               rtol=1e-4, atol=1e-4 * k)
+            assert driver.SMALL_CALLS[(dtype, dtype, m, n, k)][1] == plan
+            if 2 * m * n * k <= small.one_thread_flops(dtype):
+                assert driver.TINY_CALLS[(m, k, k, n, dtype.itemsize)][3] == plan
