@@ -4,9 +4,9 @@ The general entry (:func:`~tilegemm.kernels.driver.gemm_into`) spends several
 microseconds in Python deciding paths and describing strides; a small C-contiguous
 product has one path for its shape, chosen once (the register tile, in place or
 packed: :func:`small_kernel`, :func:`one_call_plan`), with its scratch allocated in
-the jitted call.  ``tilegemm.matmul`` finds the
-call by shape (``SMALL_CALLS``), and a product that never takes a second thread by
-its compiled entry point (``TINY_CALLS``, :mod:`tilegemm.kernels.tiny`).
+the jitted call.  ``tilegemm.matmul`` finds the call by shape (``SMALL_CALLS``), and
+a product that never takes a second thread by its compiled entry point
+(``TINY_CALLS``, :mod:`tilegemm.kernels.tiny`).
 """
 import math
 
@@ -48,8 +48,6 @@ def small_call_shape(dtype, m, n, k):
 #: Below :func:`serial_flops` on any core that runs these kernels (80 us of a core
 #: of 1 GFLOPS nominal peak is 80 000 flops): no product this small is ever shared.
 NEVER_SHARED_FLOPS = TINY_FLOPS
-
-
 
 
 #: One-call products with more rows and columns than this take the GEMM's tile where

@@ -18,12 +18,11 @@ import numba
 #: float64 products of one shape each have theirs), the dtypes checked by identity:
 #: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
-#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s
-#: ``(matmul_small, plan)``, filled by
-#: ``tilegemm.matmul`` on the first small product of each shape: later ones skip its
-#: general checks.  Cleared with the kernel choices (``driver.reset_plans``).
+#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(matmul_small,
+#: plan)``, filled by ``tilegemm.matmul`` on the first small product of each shape:
+#: later ones skip its general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
-#: Keys of ``TINY_CALLS`` whose products exceed the caller's limit: not asked again
+#: Keys (as of ``TINY_CALLS``) whose products exceed the caller's limit: not asked again
 #: (the limit costs a microsecond to work out).  Cleared with ``TINY_CALLS``.
 TINY_DECLINED = set()
 #: Products (2·m·n·k flops) up to this size run on one thread whatever the thread
