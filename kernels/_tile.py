@@ -134,7 +134,7 @@ def gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs):
 @numba.njit(inline='always', **JIT)
 def five_loops(shape, scal, a, b, c, epilogue, blocks, packs):
     """The body of :func:`gemm_serial` (arguments as there), inlined where another
-    jitted driver runs the packed loops itself (``matmul_small``)."""
+    jitted driver runs the packed loops itself (``matmul_small_packed``)."""
     m, n, k = shape
     alpha, beta = scal
     a, (a_off, a_rs, a_cs) = a
@@ -335,31 +335,52 @@ def overlap(x, y):
 def matmul_small(a, b, c, plan):
     """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
 
-    ``plan`` is ``(KC, MC, NC)``: MC 0 for the unpacked path (k blocks of KC), else
-    the five loops over packed panels with those blocks; the scratch panels are
-    allocated here.  For products of a few microseconds the Python-side bookkeeping
-    of the general entry costs more than the arithmetic.  A C that shares memory
-    with A or B is computed in a temporary, then copied.  Assumes m, n >= 2 and
-    matching shapes.
+    A and B read in place, ``plan = (KC, 0, 0)``: k blocks of KC; the scratch panels
+    of the edges are allocated here.  For products of a few microseconds the
+    Python-side bookkeeping of the general entry costs more than the arithmetic.
+    A C that shares memory with A or B is computed in a temporary, then copied.
+    Assumes m, n >= 2 and matching shapes.
     """
+    m, k = a.shape
+    n = b.shape[1]
+    kc = imax(1, imin(plan[0], k))
+    dst, av, bv, cv = one_call_operands(a, b, c)
+    packs = (np.empty(MR * kc, DTYPE), np.empty(NR * kc, DTYPE))
+    gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), kc, packs)
+    copy_back(dst, c)
+
+
+@jit
+def matmul_small_packed(a, b, c, plan):
+    """:func:`matmul_small` over packed panels, ``plan = (KC, MC, NC)`` its blocks (a
+    function of its own: a product in place never compiles the packed loops)."""
     m, k = a.shape
     n = b.shape[1]
     KC, MC, NC = plan
     kc = imax(1, imin(KC, k))
-    shared = overlap(c, a) or overlap(c, b)
-    dst = np.empty((m, n), DTYPE) if shared else c
-    av, bv = (a.reshape(-1), (ZERO, k, UNIT)), (b.reshape(-1), (ZERO, n, UNIT))
-    cv = (dst.reshape(-1), (ZERO, n, UNIT))
-    if MC == 0:
-        packs = (np.empty(MR * kc, DTYPE), np.empty(NR * kc, DTYPE))
-        gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), kc, packs)
-    else:
-        packs = (np.empty(MC * kc, DTYPE), np.empty(NC * kc, DTYPE))
-        five_loops((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO),
-                   (kc, MC, NC), packs)
-    if shared:
+    dst, av, bv, cv = one_call_operands(a, b, c)
+    packs = (np.empty(MC * kc, DTYPE), np.empty(NC * kc, DTYPE))
+    five_loops((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), (kc, MC, NC), packs)
+    copy_back(dst, c)
+
+
+@numba.njit(inline='always', **JIT)
+def one_call_operands(a, b, c):
+    """``(dst, a, b, c)`` of a one-call product: C itself, or a temporary where C
+    shares memory with A or B, and the three as the drivers take an operand."""
+    m, k = a.shape
+    n = b.shape[1]
+    dst = np.empty((m, n), DTYPE) if overlap(c, a) or overlap(c, b) else c
+    return (dst, (a.reshape(-1), (ZERO, k, UNIT)), (b.reshape(-1), (ZERO, n, UNIT)),
+            (dst.reshape(-1), (ZERO, n, UNIT)))
+
+
+@numba.njit(inline='always', **JIT)
+def copy_back(dst, c):
+    """C's values from the temporary ``dst`` (nothing when ``dst`` is C)."""
+    if data_address(dst) != data_address(c):
         flat, src = c.reshape(-1), dst.reshape(-1)
-        for i in range(m * n):
+        for i in range(src.size):
             flat[i] = src[i]
 
 

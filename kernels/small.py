@@ -86,11 +86,13 @@ def small_kernel(dtype, m, n):
 
 
 def small_call(dtype, m, n, k):
-    """``(matmul_small, plan)``: the jitted ``matmul_small(a, b, c, plan)`` of the
-    kernel for m x n products (:func:`small_kernel`) and its plan for k (see
-    :func:`one_call_plan`)."""
+    """``(call, plan)``: the jitted ``matmul_small`` (in place) or
+    ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`),
+    called ``call(a, b, c, plan)``, and its plan for k (:func:`one_call_plan`)."""
     kern, blk = small_kernel(dtype, m, n)
-    return kern.module.matmul_small, one_call_plan(kern, blk, m, n, k)
+    plan = one_call_plan(kern, blk, m, n, k)
+    mod = kern.module
+    return (mod.matmul_small_packed if plan[1] else mod.matmul_small), plan
 
 
 #: One-call products pack A and B from this many columns of tiles (and rows as many

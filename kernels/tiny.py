@@ -18,7 +18,7 @@ import numba
 #: float64 products of one shape each have theirs), the dtypes checked by identity:
 #: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
-#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(matmul_small,
+#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(call,
 #: plan)``, filled by ``tilegemm.matmul`` on the first small product of each shape:
 #: later ones skip its general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
