@@ -17,12 +17,22 @@ be found makes the entry a miss, compiled afresh.  Any other caller (a plain
 callee that names, as Numba would: its own cache entry stays whole.  A C entry
 point that should not carry its callees' code is a :func:`jit` function's C
 wrapper instead (``contracts.c_entry``).
+
+Object code may also name symbols registered apart from Numba (the tiles of
+``kernels.tilelib``).  Another process may store such a symbol, and then an entry
+naming it, after this process last looked for it: :func:`before_load` hooks run
+before every cached entry is loaded, of a :func:`jit` function or of a plain
+``numba.njit`` one given them by :func:`guard_plain_caches`.  (An entry loaded
+while a symbol it names is unregistered gets every external symbol of its object,
+the CPython API's included, at address zero: LLVM reports the failed lookup
+nowhere.)  An entry written for another signature (two processes saving entries of
+one function at once can leave the index naming another's data file) is a miss.
 """
 import collections
 import sys
 
 import llvmlite.binding as llb
-from numba.core import event
+from numba.core import event, sigutils
 from numba.core.caching import CompileResultCacheImpl, FunctionCache
 from numba.core.registry import CPUDispatcher
 
@@ -160,13 +170,43 @@ class _LinkedCacheImpl(CompileResultCacheImpl):
         return cres
 
 
-class _LinkedCache(FunctionCache):
+#: Run before each cached entry is loaded (:func:`before_load`).
+_before_load = []
+
+
+def before_load(hook):
+    """Run ``hook()`` before each cached entry is loaded, under Numba's compiler
+    lock: it registers the symbols it provides that other processes stored since."""
+    _before_load.append(hook)
+
+
+class _GuardedCache(FunctionCache):
+    """Numba's cache, running the :func:`before_load` hooks first and refusing an
+    entry of another signature."""
+
+    def _load_overload(self, sig, target_context):
+        for hook in _before_load:
+            hook()
+        try:
+            cres = super()._load_overload(sig, target_context)
+        except _Unresolved:
+            return None
+        args, _ = sigutils.normalize_signature(sig)
+        if cres is not None and tuple(cres.signature.args) != tuple(args):
+            return None
+        return cres
+
+
+class _LinkedCache(_GuardedCache):
     def __init__(self, dispatcher):
         super().__init__(dispatcher.py_func)
         self._impl = _LinkedCacheImpl(dispatcher)
 
-    def _load_overload(self, sig, target_context):
-        try:
-            return super()._load_overload(sig, target_context)
-        except _Unresolved:
-            return None
+
+def guard_plain_caches(namespace):
+    """Give every cached plain ``numba.njit`` function in ``namespace`` (a generated
+    module's globals) the :func:`before_load` hooks and the signature check."""
+    for obj in list(namespace.values()):
+        if (isinstance(obj, CPUDispatcher) and not isinstance(obj, LinkedDispatcher)
+                and type(obj._cache) is FunctionCache):
+            obj._cache = _GuardedCache(obj.py_func)

@@ -14,6 +14,8 @@ import re
 import sys
 import tempfile
 
+from tilegemm.ground import linking
+
 CONFIG = re.compile(r"# --- configuration ---\n.*?# --- end configuration ---\n", re.S)
 
 
@@ -92,4 +94,5 @@ def load_generated(name, text):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    linking.guard_plain_caches(vars(module))
     return module

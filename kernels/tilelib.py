@@ -13,7 +13,10 @@ before any code calling it is compiled or loaded from Numba's cache:
 * :func:`load_cached`, when a template asks for its micro-kernels (module
   import), loads every tile already in the cache: a caller loaded from Numba's
   cache can only call a tile that some earlier process compiled, and stored,
-  before that caller was compiled.
+  before that caller was compiled.  A tile asked for but not stored yet is looked
+  for again before each entry is loaded from Numba's cache
+  (``ground.linking.before_load``): another process may have stored it, and
+  callers of it, since.
 * :func:`prefetch`, at the same moment, asks a helper process
   (:mod:`tilegemm.kernels.tilebuild`) for a tile that is not cached; the helper
   writes and compiles it while this process types and lowers the loops that call
@@ -43,10 +46,11 @@ import llvmlite
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from tilegemm.ground import loader
+from tilegemm.ground import linking, loader
 
 _ready = {}  # symbol -> its object code
 _compiled = set()  # the symbols this process compiled rather than loaded
+_wanted = set()  # the symbols asked for before they were stored
 _builds = {}  # symbol -> its _Build, sent to the helper and not yet taken
 _builds_lock = threading.Lock()
 _helper = []  # the helper process, once started (None: it could not start)
@@ -141,9 +145,21 @@ def load_cached(symbol):
                 with open(_path(symbol), "rb") as f:
                     obj = f.read()
             except OSError:
+                _wanted.add(symbol)
                 return False
             _register(symbol, obj)
     return True
+
+
+def _load_stored():
+    """Register the tiles asked for before they were stored that are stored now."""
+    with _lock():
+        for symbol in [s for s in _wanted if s not in _ready]:
+            load_cached(symbol)
+        _wanted.difference_update(_ready)
+
+
+linking.before_load(_load_stored)
 
 
 class _Build:

@@ -8,11 +8,13 @@ the callee's code) shares the callee.
 """
 import glob
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from numba.core import serialize
 
 _CALLEES = '''
 from tilegemm.ground.contracts import inner_jit
@@ -116,3 +118,22 @@ def test_a_callee_whose_result_type_changed_recompiles_its_cached_callers(folder
     compiled = _run(folder)[0]
     assert "'total'" in compiled and "'twice'" in compiled
     # (A plain numba.njit caller keeps the callee's old code: Numba's own limit.)
+
+
+def test_an_index_naming_another_signatures_entry_is_a_miss(folder):
+    # Two processes saving entries of one function at once can leave its index naming
+    # the data file of another signature: here the index is swapped by hand.
+    _run(folder, "import numpy as np, linked_sample\nlinked_sample.total(np.arange(10))")
+    (index,) = glob.glob(str(folder / "cache" / "**" / "linked_sample.total-*.nbi"),
+                         recursive=True)
+    with open(index, "rb") as f:
+        version = pickle.load(f)
+        stamp, overloads = pickle.loads(f.read())
+    assert len(overloads) == 2
+    first, second = overloads
+    overloads[first], overloads[second] = overloads[second], overloads[first]
+    with open(index, "wb") as f:
+        pickle.dump(version, f, protocol=-1)
+        f.write(serialize.dumps((stamp, overloads)))
+    # ``total`` for a float array would otherwise run the int array's code.
+    assert _run(folder)[0] == "['total']"

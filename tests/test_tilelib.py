@@ -173,3 +173,31 @@ def test_concurrent_first_calls_on_a_cold_cache(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+_LATER_STORED = """
+import subprocess, sys
+import numpy as np
+from tilegemm.kernels import driver, tilelib
+rng = np.random.default_rng(0)
+a = rng.standard_normal((200, 150)).astype(np.float32)
+b = rng.standard_normal((150, 180)).astype(np.float32)
+PRODUCT = "c = np.zeros((200, 180), np.float32); driver.gemm_into(a, b, c, threads=1)"
+if sys.argv[1:] == ["child"]:
+    exec(PRODUCT)
+    sys.exit()
+driver.kernel_for(np.float32, 180)  # the template asks for its tiles: none stored yet
+# Another process now compiles and stores the tiles, then the loops that call them.
+subprocess.run([sys.executable, "-c", SCRIPT, "child"], check=True)
+exec(PRODUCT)  # loads those loops from Numba's cache
+assert np.abs(c - a.astype(np.float64) @ b).max() < 1e-3
+print(sorted(tilelib.compiled()))
+"""
+
+
+def test_loops_another_process_cached_after_this_one_imported(tmp_path):
+    """A cached loop names tiles stored after this process asked for them: it must
+    find them registered (an unregistered symbol left every external call of the
+    loaded object code at address zero: a segfault)."""
+    script = f"SCRIPT = {_LATER_STORED!r}\n" + _LATER_STORED
+    assert _run(tmp_path, "0", script=script) == "[]"
