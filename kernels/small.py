@@ -20,8 +20,18 @@ from tilegemm.tuning.blocking import blocking
 from tilegemm.tuning.machine import detect
 
 
-#: Products up to this many flops may take :func:`matmul_small`.
-SMALL_CALL_FLOPS = 2 * 160 ** 3
+#: Products up to this many flops may take :func:`matmul_small` (past
+#: :func:`serial_flops` only when the caller may use one thread: see
+#: :func:`small_call_shape`).  On a Zen 3 (AVX2, one thread, two runs, numpy
+#: alternated in each) float32 ran at 0.93-0.98x numpy's speed at 192^3 in one call
+#: against 0.84x through :func:`gemm_into`, 0.96-0.97x against 0.90-0.94x at 256^3,
+#: 0.97-0.99x against 0.92-0.94x at 320^3; from 384^3 on the two were within the noise.
+SMALL_CALL_FLOPS = 2 * 320 ** 3
+
+#: Up to this many flops a one-call product takes the tile chosen for its shape
+#: (:func:`small_kernel`); past it, the GEMM's (``kernel_for``), which keeps more
+#: sums in registers where a wide register file allows a taller tile.
+OWN_TILE_FLOPS = 2 * 160 ** 3
 
 
 def small_product(a, b):
@@ -87,9 +97,13 @@ def small_kernel(dtype, m, n):
 
 def small_call(dtype, m, n, k):
     """``(call, plan)``: the jitted ``matmul_small`` (in place) or
-    ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`),
+    ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`
+    up to ``OWN_TILE_FLOPS``),
     called ``call(a, b, c, plan)``, and its plan for k (:func:`one_call_plan`)."""
-    kern, blk = small_kernel(dtype, m, n)
+    if 2 * m * n * k <= OWN_TILE_FLOPS:
+        kern, blk = small_kernel(dtype, m, n)
+    else:
+        kern, blk = kernel_for(dtype, n)
     plan = one_call_plan(kern, blk, m, n, k)
     mod = kern.module
     return (mod.matmul_small_packed if plan[1] else mod.matmul_small), plan

@@ -425,7 +425,7 @@ def test_batched_matmul_with_an_empty_dimension(a_shape, b_shape):
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(2, 1, 2), (5, 7, 3), (16, 16, 16), (37, 29, 41), (70, 30, 90),
-                                   (24, 24, 40), (150, 60, 130), (200, 30, 200)])
+                                   (24, 24, 40), (150, 60, 130), (200, 30, 200), (250, 170, 200)])
 def test_small_call_fast_path_against_guard_pages(dtype, shape):
     """matmul's shortest path (small C-contiguous products, the jitted call looked up
     by shape): taken from the second product of a shape on, right, inputs untouched,

@@ -141,8 +141,11 @@ def test_one_call_plans_pack_large_enough_products():
     rng = np.random.default_rng(16)
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         for m, k, n in ((16, 16, 16), (40, 200, 120), (150, 60, 130), (200, 30, 200),
-                        (120, 130, 8)):
-            kern, blk = small.small_kernel(dtype, m, n)
+                        (120, 130, 8), (250, 170, 200)):
+            if 2 * m * n * k <= small.OWN_TILE_FLOPS:
+                kern, blk = small.small_kernel(dtype, m, n)
+            else:       # past it, the GEMM's tile
+                kern, blk = driver.kernel_for(dtype, n)
             plan = small.one_call_plan(kern, blk, m, n, k)
             packed = min(m, n) >= small.ONE_CALL_PACKED_PANELS * kern.nr and m > 48
             assert (plan[1] > 0) == packed, (dtype, m, k, n, plan)
