@@ -21,8 +21,8 @@ wrapper instead (``contracts.c_entry``).
 Object code may also name symbols registered apart from Numba (the tiles of
 ``kernels.tilelib``).  Another process may store such a symbol, and then an entry
 naming it, after this process last looked for it: :func:`before_load` hooks run
-before every cached entry is loaded, of a :func:`jit` function or of a plain
-``numba.njit`` one given them by :func:`guard_plain_caches`.  (An entry loaded
+after an entry is read and before it is loaded, of a :func:`jit` function or of a
+plain ``numba.njit`` one given them by :func:`guard_plain_caches`.  (An entry loaded
 while a symbol it names is unregistered gets every external symbol of its object,
 the CPython API's included, at address zero: LLVM reports the failed lookup
 nowhere.)  An entry written for another signature (two processes saving entries of
@@ -175,26 +175,44 @@ _before_load = []
 
 
 def before_load(hook):
-    """Run ``hook()`` before each cached entry is loaded, under Numba's compiler
+    """Run ``hook()`` before each cached entry read is loaded, under Numba's compiler
     lock: it registers the symbols it provides that other processes stored since."""
     _before_load.append(hook)
 
 
 class _GuardedCache(FunctionCache):
-    """Numba's cache, running the :func:`before_load` hooks first and refusing an
-    entry of another signature."""
+    """Numba's cache, refusing an entry of another signature before rebuilding it
+    (which would load its code and, for a :func:`jit` function, record its callees),
+    and running the :func:`before_load` hooks between reading an entry and loading
+    it: whatever the entry names was stored before the entry was."""
 
     def _load_overload(self, sig, target_context):
+        if not self._enabled:
+            return None
+        data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+        if data is None:
+            return None
+        args, _ = sigutils.normalize_signature(sig)
+        if _stored_args(data) != tuple(args):
+            return None
         for hook in _before_load:
             hook()
         try:
-            cres = super()._load_overload(sig, target_context)
+            return self._impl.rebuild(target_context, data)
         except _Unresolved:
             return None
-        args, _ = sigutils.normalize_signature(sig)
-        if cres is not None and tuple(cres.signature.args) != tuple(args):
-            return None
-        return cres
+
+
+def _stored_args(data):
+    """The argument types of a cache entry's data (``CompileResult._reduce``'s fourth
+    field, inside the ``"linked"`` wrapper of a :func:`jit` function); None if the
+    data is of no form known here."""
+    if isinstance(data, tuple) and len(data) == 3 and data[0] == "linked":
+        data = data[2]
+    try:
+        return tuple(data[3].args)
+    except (TypeError, IndexError, AttributeError):
+        return None
 
 
 class _LinkedCache(_GuardedCache):
