@@ -337,7 +337,7 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
     """One thread's product, on the path :func:`route` names, with this thread's buffers."""
-    path, blocks, sizes = _serial_plan(kern, blk, m, n, k, args[2][1][1:])
+    path, blocks, sizes = serial_plan(kern, blk, m, n, k, args[2][1][1:])
     packs = buffers((kern.name, path), sizes, kern.dtype)
     mod = kern.module
     if path == "gemv":       # m == 1 or n == 1: one pass over the matrix operand
@@ -348,7 +348,7 @@ def _serial(kern, blk, m, n, k, args, bias, epi):
         mod.gemm_serial((m, n, k), *args, (bias, epi), blocks, packs)
 
 
-def _serial_plan(kern, blk, m, n, k, b_strides):
+def serial_plan(kern, blk, m, n, k, b_strides):
     """``(path, (KC, MC, NC), buffer sizes)`` of a product on one thread: GEMV's buffer
     is its accumulator, the others' A and B panels."""
     path = route(kern, blk, m, n, k, 1, b_strides)
@@ -444,7 +444,7 @@ def _run_serial_shares(kern, blk, shares):
     block, rows = share_blocks("serial", len(shares), mod.SERIAL_SLOTS)
     paths = set()
     for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
-        path, blocks, sizes = _serial_plan(kern, blk, m, n, k, sub[2][1][1:])
+        path, blocks, sizes = serial_plan(kern, blk, m, n, k, sub[2][1][1:])
         packs = buffers((kern.name, "share", t), sizes, kern.dtype)
         # The block names the path by the shares module's code for it (GEMV, ...).
         mod.serial_block(block[t], getattr(mod, path.upper()), (m, n, k), *sub, (bias, epi),

@@ -13,7 +13,7 @@ import math
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_FEW_ROWS, UNPACKED_KC, derived_tile,
-                                     item_kernel, kernel_for, serial_flops)
+                                     item_kernel, kernel_for, serial_flops, serial_plan)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
 from tilegemm.tuning.blocking import blocking
@@ -28,9 +28,10 @@ from tilegemm.tuning.machine import detect
 #: 0.97-0.99x against 0.92-0.94x at 320^3; from 384^3 on the two were within the noise.
 SMALL_CALL_FLOPS = 2 * 320 ** 3
 
-#: Up to this many flops a one-call product takes the tile chosen for its shape
-#: (:func:`small_kernel`); past it, the GEMM's (``kernel_for``), which keeps more
-#: sums in registers where a wide register file allows a taller tile.
+#: Up to this many flops a one-call product takes the tile and plan chosen for its
+#: shape (:func:`small_kernel`, :func:`one_call_plan`); past it, those
+#: :func:`gemm_into` takes on one thread, so that the one call changes nothing but
+#: the Python side.
 OWN_TILE_FLOPS = 2 * 160 ** 3
 
 
@@ -98,13 +99,15 @@ def small_kernel(dtype, m, n):
 def small_call(dtype, m, n, k):
     """``(call, plan)``: the jitted ``matmul_small`` (in place) or
     ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`
-    up to ``OWN_TILE_FLOPS``),
-    called ``call(a, b, c, plan)``, and its plan for k (:func:`one_call_plan`)."""
+    up to ``OWN_TILE_FLOPS``), called ``call(a, b, c, plan)``, and its plan for k
+    (:func:`one_call_plan`); past ``OWN_TILE_FLOPS``, the GEMM's tile and the plan of
+    :func:`gemm_into` on one thread (:func:`serial_plan`)."""
     if 2 * m * n * k <= OWN_TILE_FLOPS:
         kern, blk = small_kernel(dtype, m, n)
-    else:
+        plan = one_call_plan(kern, blk, m, n, k)
+    else:       # the tile and plan gemm_into takes on one thread, without its Python side
         kern, blk = kernel_for(dtype, n)
-    plan = one_call_plan(kern, blk, m, n, k)
+        plan = serial_plan(kern, blk, m, n, k, (n, 1))[1]
     mod = kern.module
     return (mod.matmul_small_packed if plan[1] else mod.matmul_small), plan
 

@@ -422,7 +422,7 @@ def path_cases(dtype):
     gemv_rows = int(math.ceil(2.5 * driver.GEMV_SERIAL_ELEMENTS / 1024))
     return [
         ({"matmul_small"}, "matmul", (20, 30), (30, 17), False, 1),
-        # Past the sharing size on one thread: still one call, on the GEMM's tile, packed.
+        # Past the sharing size on one thread: still one call, on gemm_into's tile and plan.
         ({"matmul_small"}, "matmul", (200, 170), (170, 250), False, 1),
         ({"gemv"}, "matmul", (300,), (300, 77), False, 1),                  # m == 1, 1-D a
         ({"gemv"}, "gemm", (77, 300), (300, 1), False, 1),                  # n == 1

@@ -144,11 +144,12 @@ def test_one_call_plans_pack_large_enough_products():
                         (120, 130, 8), (250, 170, 200)):
             if 2 * m * n * k <= small.OWN_TILE_FLOPS:
                 kern, blk = small.small_kernel(dtype, m, n)
-            else:       # past it, the GEMM's tile
+                plan = small.one_call_plan(kern, blk, m, n, k)
+                packed = min(m, n) >= small.ONE_CALL_PACKED_PANELS * kern.nr and m > 48
+                assert (plan[1] > 0) == packed, (dtype, m, k, n, plan)
+            else:       # past it, gemm_into's tile and plan on one thread
                 kern, blk = driver.kernel_for(dtype, n)
-            plan = small.one_call_plan(kern, blk, m, n, k)
-            packed = min(m, n) >= small.ONE_CALL_PACKED_PANELS * kern.nr and m > 48
-            assert (plan[1] > 0) == packed, (dtype, m, k, n, plan)
+                plan = driver.serial_plan(kern, blk, m, n, k, (n, 1))[1]
             a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
             driver.reset_plans()
             with tilegemm.thread_limit(1):
