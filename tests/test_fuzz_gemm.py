@@ -515,7 +515,10 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
             with numba_threads(threads):
                 got, paths = _run_case(recorder, call, a, b, out, beta)
             what = f"{what0} placement={name} paths={sorted(paths)}"
-            allowed = expect | (SERIAL_PATHS if threads > 1 else set())
+            # Threaded paths run serial ones; a one-call product past OWN_TILE_FLOPS
+            # asks route for the plan gemm_into would take.
+            allowed = expect | (SERIAL_PATHS if threads > 1 or "matmul_small" in expect
+                                else set())
             assert expect <= paths <= allowed, f"{what}: expected the path(s) {sorted(expect)}"
             assert got is out
             check(got, expected, dtype, what)
