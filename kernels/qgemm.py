@@ -312,7 +312,7 @@ def taps_serve(kind, cg, groups):
     every kind but ``vnni`` (whose tile reads its patch rows in place as words),
     with whole pixels' channels in its words: ``cg`` a multiple of the kind's GROUP,
     or one group (zero channels added)."""
-    return kind[0] != "vnni" and (cg % GROUP[kind[0]] == 0 or groups == 1)
+    return cg % GROUP[kind[0]] == 0 or groups == 1
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):

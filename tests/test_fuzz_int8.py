@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tilegemm
-from tilegemm.kernels.int8 import GROUP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
 from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, int8_kind_for, pack_b_once,
                                      qgemm_into, runnable_int8_kinds, taps_into, taps_serve,
                                      widen_rows_into)
@@ -448,6 +448,12 @@ def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monk
     small_l2 = dataclasses.replace(quantized.detect(), l2_bytes=64 << 10)
     monkeypatch.setattr(quantized, "detect", lambda: small_l2)
     monkeypatch.setattr(quantized, "SHARE_OPS", 0)
+    blocking = quantized.int8_blocking
+
+    def small_mc(kind, bits):      # chunks are whole MC blocks: keep them short too
+        kc, mc, nc = blocking(kind, bits)
+        return kc, min(mc, 4 * TILES[(kind, bits)][0]), nc
+    monkeypatch.setattr(quantized, "int8_blocking", small_mc)
     rng = np.random.default_rng(31)
     shape = (1, 16, 40, 41) if layout == "NCHW" else (1, 40, 41, 16)
     x = values(rng, shape, np.uint8, False)
@@ -460,7 +466,7 @@ def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monk
     plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups), layer.epilogue, threads)
     pixels = int(np.prod(layer.output_shape)) // 64
     assert len(plan.blocks) == threads and plan.chunk < pixels // threads
-    in_place = layout == "NHWC" and "padding" not in geometry and qw.kind[0] == "maddubs"
+    in_place = layout == "NHWC" and "padding" not in geometry and qw.kind[0] in BYTE_KINDS
     assert plan.in_place == in_place
     want = qconv_reference(x, 9, w, 0.02, 0.004, None, (geometry.get("stride", 1),
                            geometry.get("padding", 0), geometry.get("dilation", 1), groups),
