@@ -11,7 +11,7 @@ import numpy as np
 
 from tilegemm.ground.validate import (as_array, check_out, float_array, matmul_shapes, overlaps,
                                       refuse_masked)
-from tilegemm.kernels.qgemm import int8_kind_for, qgemm_into
+from tilegemm.kernels.qgemm import matrix_kind_for, qgemm_into
 
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 INT32_MAX = 2 ** 31 - 1
@@ -98,7 +98,7 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     result = target.reshape(shape)   # a view: only length-1 axes were dropped
     a_b = np.broadcast_to(a2, batch + (m, k))
     b_b = np.broadcast_to(b2, batch + (k, n))
-    kind = int8_kind_for(b2, zb)    # one range check for every batch's B
+    kind = matrix_kind_for(b2, zb, m)    # one range check for every batch's B
     for at in np.ndindex(*batch):
         qgemm_into(a_b[at], b_b[at], result[at], za, zb, kind, proved=True)
     if dest is None:
@@ -120,7 +120,7 @@ def _plain_2d(a, b, a_zero_point, b_zero_point):
         raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
                          f"{k} (last dim of a) != {k2} (dim -2 of b)")
     check_bound(k, a.dtype, za, b.dtype, zb)
-    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb, int8_kind_for(b, zb),
+    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb, matrix_kind_for(b, zb, m),
                       proved=True)
 
 

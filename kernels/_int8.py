@@ -18,8 +18,10 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import JIT, jit
-from tilegemm.kernels.int8 import load_u64, make_int8_tile, store_u64
+from tilegemm.kernels.int8 import KSTEP as _KSTEPS
+from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
+from tilegemm.kernels.widen import widen_rows
 
 # --- configuration ---
 KIND = "vnni"
@@ -29,26 +31,48 @@ NR = 64
 GROUP = 4
 # --- end configuration ---
 
+#: Groups per step of the tile's k loop: panels hold k padded to whole steps, and A's
+#: panel keeps a row's words of one step together (word (i, g) at :func:`a_word`).
+KSTEP = _KSTEPS.get(KIND, 1)
+
+#: MC blocks of A packed at once (:func:`_qgemm_slabs`, KSTEP > 1), else 1.
+A_BLOCKS = 32 if KSTEP > 1 else 1
+
 tile = make_int8_tile(KIND, BITS, MR, NR)
+tile_begin, tile_end = make_tile_begin(KIND)
+
+
+@numba.njit(inline="always", **JIT)
+def groups(kc):
+    """Groups of GROUP k values in a panel of ``kc`` values: whole steps of KSTEP."""
+    return (kc + GROUP * KSTEP - 1) // (GROUP * KSTEP) * KSTEP
+
+
+@numba.njit(inline="always", **JIT)
+def a_word(i, g):
+    """The word of row ``i``, group ``g`` in a panel of A (MR rows): group-major
+    (``g * MR + i``), or with KSTEP > 1 step-major, each row's KSTEP words together."""
+    return (g // KSTEP) * MR * KSTEP + i * KSTEP + g % KSTEP
 
 
 @jit
 def pack_a(a, i0, mc, p0, kc, a_add, out):
     """Rows ``i0:i0+mc`` and columns ``p0:p0+kc`` of A, plus ``a_add``, into panels of
-    MR rows: per group of GROUP k values, MR words (row-major within a panel)."""
-    kg = (kc + GROUP - 1) // GROUP
+    MR rows: per group of GROUP k values, MR words, row i's group g at
+    :func:`a_word`."""
+    kg = groups(kc)
     whole = kc // GROUP
     for ir in range(0, mc, MR):
         base = (ir // MR) * kg * MR * GROUP
         rows = min(MR, mc - ir)
         for g in range(kg):
-            at = base + g * MR * GROUP
+            at = base + a_word(0, g) * GROUP
             if g < whole and rows == MR:   # the common case, with no test per value
                 for i in range(MR):
                     for t in range(GROUP):
-                        out[at + i * GROUP + t] = a[i0 + ir + i, p0 + g * GROUP + t] + a_add
+                        out[at + i * KSTEP * GROUP + t] = a[i0 + ir + i, p0 + g * GROUP + t] + a_add
             else:
-                _edge_group(a, i0 + ir, p0, MR, rows, kc, g, a_add, out, at)
+                _edge_group(a, (i0 + ir, KSTEP), p0, MR, rows, kc, g, a_add, out, at)
 
 
 @jit
@@ -56,25 +80,32 @@ def pack_a_words(a_words, i0, mc, g0, kg, flip, out):
     """:func:`pack_a` for the byte kinds when A's rows are whole 32-bit words (k a multiple of 4,
     rows contiguous): ``a_words`` is A viewed as words, and a word of A is a word of the
     panel, ``^ flip`` (0x80808080 adds 128 to every byte of an int8 A).  Groups
-    ``g0:g0+kg``; rows past ``mc`` are zero.  Three times faster than byte by byte."""
+    ``g0:g0+kg``; rows past ``mc`` and groups past A's end are zero.  Three times
+    faster than byte by byte."""
+    real = max(0, min(kg, a_words.shape[1] - g0))
+    whole = real // KSTEP * KSTEP      # whole steps of A's words: runs of KSTEP words
     for ir in range(0, mc, MR):
         base = (ir // MR) * kg * MR
         for i in range(MR):
-            o = out[base + i:]
+            o = out[base + a_word(i, 0):]
             if ir + i < mc:
-                row = a_words[i0 + ir + i, g0:g0 + kg]
-                for g in range(kg):
-                    o[g * MR] = row[g] ^ flip
+                row = a_words[i0 + ir + i, g0:g0 + real]
+                for s in range(0, whole, KSTEP):
+                    run = o[a_word(0, s):a_word(0, s) + KSTEP]
+                    for t in range(KSTEP):
+                        run[t] = row[s + t] ^ flip
+                for g in range(whole, kg):
+                    o[a_word(0, g)] = row[g] ^ flip if g < real else 0
             else:
                 for g in range(kg):
-                    o[g * MR] = 0
+                    o[a_word(0, g)] = 0
 
 
 @jit
 def pack_b(b, p0, kc, j0, nc, b_add, out):
     """Rows ``p0:p0+kc`` and columns ``j0:j0+nc`` of B, plus ``b_add``, into panels of
     NR columns: per group of GROUP k values, NR words, column j's values in word j."""
-    kg = (kc + GROUP - 1) // GROUP
+    kg = groups(kc)
     whole = kc // GROUP
     full = nc // NR                    # panels of NR columns
     stride = kg * NR * GROUP           # values from one panel to the next
@@ -85,7 +116,8 @@ def pack_b(b, p0, kc, j0, nc, b_add, out):
         width = min(NR, nc - jr)
         for g in range(whole if width == NR else 0, kg):
             # B's columns are the lines: its transpose, as A's rows
-            _edge_group(b.T, j0 + jr, p0, NR, width, kc, g, b_add, out, base + g * NR * GROUP)
+            _edge_group(b.T, (j0 + jr, 1), p0, NR, width, kc, g, b_add, out,
+                        base + g * NR * GROUP)
 
 
 @jit
@@ -100,19 +132,21 @@ def pack_b_blocks(b, KC, NC, b_add, out):
         for pc in range(0, k, KC):
             kc = min(KC, k - pc)
             pack_b(b, pc, kc, jc, nc, b_add, out[at * GROUP:])
-            at += (nc + NR - 1) // NR * NR * ((kc + GROUP - 1) // GROUP)
+            at += (nc + NR - 1) // NR * NR * groups(kc)
 
 
 @jit
-def _edge_group(m, r0, k0, lines, valid, kc, g, add, out, at):
-    """Group ``g`` of a panel's ``lines`` words at ``out[at:]``, line ``i``'s from row
-    ``r0 + i`` of ``m`` (columns ``k0 + g*GROUP`` on), plus ``add``; zero past the
-    ``valid`` lines and past column ``kc``: the edge of a panel of A or of B."""
+def _edge_group(m, first, k0, lines, valid, kc, g, add, out, at):
+    """Group ``g`` of a panel's ``lines`` words from ``out[at:]``, ``first = (r0,
+    apart)``: line ``i``'s word ``apart`` words after line i-1's, from row ``r0 + i``
+    of ``m`` (columns ``k0 + g*GROUP`` on), plus ``add``; zero past the ``valid``
+    lines and past column ``kc``: the edge of a panel of A or of B."""
+    r0, apart = first
     for i in range(lines):
         for t in range(GROUP):
             p = g * GROUP + t
             inside = i < valid and p < kc
-            out[at + i * GROUP + t] = m[r0 + i, k0 + p] + add if inside else 0
+            out[at + i * apart * GROUP + t] = m[r0 + i, k0 + p] + add if inside else 0
 
 
 @jit
@@ -186,6 +220,8 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
     packed here, block by block.
     """
+    if KSTEP > 1:
+        return _qgemm_slabs(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels)
     m, k = a.shape
     n = b.shape[1]
     c_off, ldc = c_at
@@ -195,13 +231,14 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     # Only the byte kinds pass words, and there adds[0] is 128 exactly when A is int8: its
     # words are flipped into a panel; a uint8 A's are read where they lie.
     flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
-    in_place = words.size > 0 and adds[0] == 0
+    in_place = words.size > 0 and adds[0] == 0 and KSTEP == 1   # AMX loads whole steps
     at = 0                                    # the next block in b_panels, in words
+    tile_begin()
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
             kc = min(KC, k - pc)
-            kg = (kc + GROUP - 1) // GROUP
+            kg = groups(kc)
             if b_panels.size > 0:
                 b_src = b_panels[at:]
                 at += (nc + NR - 1) // NR * NR * kg
@@ -220,7 +257,52 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
                         pack_a_words(words, ic, mc, pc // GROUP, kg, flip, apack)
                     else:
                         pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
-                    _macro(kg, (apack, 0, 1, MR), b_src, c, c_block, rc, cc, mc, nc)
+                    _macro(kg, (apack, 0, KSTEP, MR * KSTEP), b_src, c, c_block, rc, cc, mc,
+                           nc)
+    tile_end()
+
+
+@jit
+def _qgemm_slabs(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
+    """:func:`qgemm` for KSTEP > 1 (AMX), whose tiles outrun packing: per KC block of k,
+    a slab of A_BLOCKS x MC rows is packed once and read by every NC block of B
+    (pc, then slabs, then jc, ic, jr, ir).  With the BLIS order each NC block packed
+    A again: at NC = 512 (a B block AMX keeps in L2) a third of a 2048^3 product.
+    Arguments as :func:`qgemm`'s; A is never read in place (a tile loads whole steps)."""
+    m, k = a.shape
+    n = b.shape[1]
+    c_off, ldc = c_at
+    KC, MC, NC = blocks
+    apack, apack_values, bpack, bpack_values = packs
+    words = a_words[0]
+    flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
+    all_groups = 0                            # of every k block: b_panels' stride per NC
+    for pc in range(0, k, KC):
+        all_groups += groups(min(KC, k - pc))
+    tile_begin()
+    for pc in range(0, max(k, 1), KC):        # k == 0 still writes C once (the corrections)
+        kc = min(KC, k - pc)
+        kg = groups(kc)
+        first = 1 if pc == 0 else 0
+        for i0 in range(0, m, A_BLOCKS * MC):
+            ms = min(A_BLOCKS * MC, m - i0)
+            if words.size > 0:
+                pack_a_words(words, i0, ms, pc // GROUP, kg, flip, apack)
+            else:
+                pack_a(a, i0, ms, pc, kc, adds[0], apack_values)
+            for jc in range(0, n, NC):
+                nc = min(NC, n - jc)
+                if b_panels.size > 0:     # laid out jc, then pc: blocks before are whole
+                    b_src = b_panels[(jc // NC) * NC * all_groups
+                                     + (nc + NR - 1) // NR * NR * (pc // KC) * groups(KC):]
+                else:
+                    pack_b(b, pc, kc, jc, nc, adds[1], bpack_values)
+                    b_src = bpack
+                for ic in range(0, ms, MC):
+                    c_block = (c_off + (i0 + ic) * ldc + jc, ldc, first, i0 + ic, jc)
+                    _macro(kg, (apack, (ic // MR) * kg * MR, KSTEP, MR * KSTEP), b_src, c,
+                           c_block, rc, cc, min(MC, ms - ic), nc)
+    tile_end()
 
 
 @jit
@@ -241,112 +323,6 @@ def _macro(kg, a_src, b_src, c, c_block, rc, cc, mc, nc):
 
 tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)
 tile_codes = make_int8_tile(KIND, BITS, MR, NR, taps=True, codes=True)
-
-
-@jit
-def widen_rows(x, n, geom, add, pad, r0, r1, out, nchw):
-    """Rows ``r0:r1`` of image ``n`` of the input ``x`` (NCHW with ``nchw``, else NHWC)
-    padded with ``pad``, as channels-last values ``x + add`` of ``out``'s dtype:
-    ``out[((r - r0) * Wp + col) * Cp + c]`` for row ``r`` and column ``col`` of the
-    padded image (``geom = (py, px, Wp, Cp)``), the taps kernel's A.  GROUP channels
-    are its 32-bit words: ``Cp`` is C, or C rounded up to GROUP with zero channels.
-    int16 ``x - zero`` padded with 0 for the pair kinds; bytes ``x + 128`` (int8) or
-    ``x`` (uint8) padded with the zero point's byte for the byte kinds."""
-    H, W = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
-    py, px, Wp, Cp = geom
-    add = np.int16(add)
-    for r in range(r0, r1):
-        row = out[(r - r0) * Wp * Cp:(r - r0 + 1) * Wp * Cp]
-        iy = r - py
-        if not 0 <= iy < H:
-            row[:] = pad
-            continue
-        row[:px * Cp] = pad
-        row[(px + W) * Cp:] = pad
-        body = row[px * Cp:(px + W) * Cp]
-        if nchw:
-            _pixels_from_nchw(x, n, iy, add, body, Cp)
-        else:
-            _pixels_from_nhwc(x[n, iy].reshape(-1), x.shape[3], add, body, Cp)
-
-
-@jit
-def _pixels_from_nhwc(src, C, add, body, Cp):
-    """``body``: the ``C``-channel pixels of the run ``src`` plus ``add``, ``Cp``
-    values apart."""
-    if Cp == C:     # one run: the loop vectorises
-        for i in range(src.size):
-            body[i] = np.int16(src[i]) + add
-    else:           # no slices per pixel: they cost more than the values
-        for j in range(src.size // C):
-            for c in range(Cp):
-                body[j * Cp + c] = np.int16(src[j * C + c]) + add if c < C else 0
-
-
-@jit
-def _pixels_from_nchw(x, n, iy, add, body, Cp):
-    """``body``: the pixels of row ``iy`` of image ``n`` of the NCHW ``x``, transposed
-    while widened (no channels-last copy of the input first).  Bytes (the byte kinds)
-    go as 8 x 8 blocks of 64-bit words (:func:`_bytes_from_nchw`: ResNet-50's 1x1
-    input, 256 x 56 x 56, 0.43 -> 0.22 ms); the rest pixel by pixel, its channels
-    written in a run (the reads stride across the channels' planes, but each line
-    read serves the next pixels: 1.5x faster than channel by channel)."""
-    C, W = x.shape[1], x.shape[3]
-    j8, c8 = (W // 8 * 8, C // 8 * 8) if body.itemsize == 1 else (0, 0)
-    if j8 > 0 and c8 > 0:
-        _bytes_from_nchw(x, n, iy, add != 0, body, Cp, (j8, c8))
-    else:
-        j8 = 0
-    for j in range(W):
-        pixel = body[j * Cp:(j + 1) * Cp]
-        for c in range(c8 if j < j8 else 0, C):
-            pixel[c] = np.int16(x[n, c, iy, j]) + add
-        for c in range(C, Cp):
-            pixel[c] = 0
-
-
-@numba.njit(inline="always", **JIT)
-def _swap_pairs(w, mask, shift):
-    """One round of an 8 x 8 byte transpose on the 8 words ``w``: in each pair (w[0],
-    w[1]), (w[2], w[3]), ..., the ``mask`` bytes of the second swapped with those of
-    the first ``shift`` bits up."""
-    t0 = ((w[0] >> shift) ^ w[1]) & mask
-    t1 = ((w[2] >> shift) ^ w[3]) & mask
-    t2 = ((w[4] >> shift) ^ w[5]) & mask
-    t3 = ((w[6] >> shift) ^ w[7]) & mask
-    return (w[0] ^ (t0 << shift), w[1] ^ t0, w[2] ^ (t1 << shift), w[3] ^ t1,
-            w[4] ^ (t2 << shift), w[5] ^ t2, w[6] ^ (t3 << shift), w[7] ^ t3)
-
-
-@jit
-def _bytes_from_nchw(x, n, iy, flip, body, Cp, extent):
-    """``body[j*Cp + c] = x[n, c, iy, j] (^ 0x80 with flip)`` for pixels and channels
-    below ``extent = (j8, c8)`` (multiples of 8), uint8 ``body``: each block of 8
-    channels x 8 pixels read as eight 64-bit words (a channel's 8 pixels each),
-    transposed in registers by three rounds of swaps (bytes, pairs, quads between
-    words 1, 2 and 4 apart) into each pixel's 8 channels, written as eight words."""
-    j8, c8 = extent
-    W = x.shape[3]
-    plane = x.shape[2] * W
-    src = x.reshape(-1)
-    base = (n * x.shape[1] * x.shape[2] + iy) * W
-    flips = np.uint64(0x8080808080808080) if flip else np.uint64(0)
-    m1, m2, m4 = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF), np.uint64(0xFFFFFFFF)
-    s1, s2, s4 = np.uint64(8), np.uint64(16), np.uint64(32)
-    for c0 in range(0, c8, 8):
-        at = base + c0 * plane
-        for j0 in range(0, j8, 8):
-            w0, w1 = load_u64(src, at + j0), load_u64(src, at + plane + j0)
-            w2, w3 = load_u64(src, at + 2 * plane + j0), load_u64(src, at + 3 * plane + j0)
-            w4, w5 = load_u64(src, at + 4 * plane + j0), load_u64(src, at + 5 * plane + j0)
-            w6, w7 = load_u64(src, at + 6 * plane + j0), load_u64(src, at + 7 * plane + j0)
-            # bytes between words 1 apart, pairs 2 apart, quads 4 apart
-            w0, w1, w2, w3, w4, w5, w6, w7 = _swap_pairs((w0, w1, w2, w3, w4, w5, w6, w7), m1, s1)
-            w0, w2, w1, w3, w4, w6, w5, w7 = _swap_pairs((w0, w2, w1, w3, w4, w6, w5, w7), m2, s2)
-            w0, w4, w1, w5, w2, w6, w3, w7 = _swap_pairs((w0, w4, w1, w5, w2, w6, w3, w7), m4, s4)
-            out = j0 * Cp + c0
-            for i, w in enumerate((w0, w1, w2, w3, w4, w5, w6, w7)):
-                store_u64(body, out + i * Cp, w ^ flips)
 
 
 @jit

@@ -26,6 +26,14 @@ The dot-product step is the kind's (:data:`GROUP`):
   VNNI.  :func:`tilegemm.kernels.qgemm.int8_kind_for` proves the range before
   choosing it.
 * ``generic``: the same int16 pair products in plain IR, for any target.
+* ``amx``: AMX tile products (``tdpbusd``, Intel AMX-INT8): a 32 x 32 block of C as
+  2 x 2 accumulator tiles of 16 x 16 int32, each step 64 k values (:data:`KSTEP`
+  groups) of a 32-row block of A by a 32-column block of B, 16 x 16 x 64
+  multiply-adds per instruction.  The same bytes and corrections as ``vnni``; A's
+  panel holds each row's :data:`KSTEP` words of a step together (an A tile's rows
+  are 64 k values each), B's is ``vnni``'s (an AMX B tile is 16 groups of 16 columns'
+  words).  The tile registers need a configuration, loaded by :func:`make_tile_begin`'s
+  intrinsic before any tile runs, and Linux's permission (``kernels/qgemm.py``).
 
 Every step is exact; the int32 lanes wrap modulo 2**32, and the caller proves that
 the true result fits in int32 (:func:`tilegemm.conv.quant.qmatmul`), so the wrapped sum
@@ -41,10 +49,13 @@ from numba.extending import intrinsic
 from tilegemm.kernels.ir import data_ptr, load_vector, splat, store_vector, vector_ptr
 
 #: k values per 32-bit word of the packed panels, per kind.
-GROUP = {"vnni": 4, "maddubs": 4, "madd": 2, "generic": 2}
+GROUP = {"vnni": 4, "maddubs": 4, "madd": 2, "generic": 2, "amx": 4}
+
+#: Groups of k per step of the tile's k loop: the panels hold k padded to whole steps.
+KSTEP = {"amx": 16}
 
 #: The kinds whose panels hold bytes: A unsigned, B signed (the others: int16).
-BYTE_KINDS = ("vnni", "maddubs")
+BYTE_KINDS = ("vnni", "maddubs", "amx")
 
 #: ``maddubs`` is exact for packed B values in [-MADDUBS_B_LIMIT, MADDUBS_B_LIMIT].
 MADDUBS_B_LIMIT = 64
@@ -56,7 +67,7 @@ MADDUBS_B_LIMIT = 64
 #: to the stack, and 4 x 16 ran 1.04-1.7x faster on an AVX2 EPYC (Zen 3).
 #: ``maddubs`` holds the ones and one pair-sum vector: 5 x 16 (15 registers) ran
 #: 1.05-1.2x faster than 4 x 16 at n = 512-1024 on that EPYC; 6 x 16 spilled.
-TILES = {("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
+TILES = {("amx", 512): (32, 32), ("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
          ("madd", 256): (4, 16), ("maddubs", 256): (5, 16), ("generic", 128): (4, 8)}
 
 #: The tile's arguments, in order (``a``, ``b``, ``c``, ``rc``, ``cc`` int32 arrays,
@@ -103,9 +114,14 @@ def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
     with ``tile(..., mult, bias, lim)`` as :data:`CODES_ARGUMENTS` describes, the same
     float32 operations as ``kernels/requant.py`` :func:`code`, so the codes equal
     the epilogue's; the sums never go to memory.
+
+    With ``kind == "amx"`` (``mr = nr = 32``, no ``taps``) A's word of group g of row
+    i is at ``a[a_off + i*a_rs + (g // 16)*a_gs + g % 16]``: ``a_gs`` is the distance
+    of one step of :data:`KSTEP` groups, ``kg`` a multiple of it, and the tile
+    configuration of :func:`make_tile_begin` must be loaded.
     """
     lanes = bits // 32
-    if nr % lanes or kind not in GROUP:
+    if nr % lanes or kind not in GROUP or (kind == "amx" and (mr, nr) != (32, 32)):
         raise ValueError(f"no int8 tile {mr}x{nr} of kind {kind!r} at {bits} bits")
     names = CODES_ARGUMENTS if codes else TAPS_ARGUMENTS if taps else ARGUMENTS
     byte_c = (types.int8, types.uint8) if codes else (types.int32,)
@@ -115,6 +131,8 @@ def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
         return context.get_dummy_value()
 
     def typing(typingctx, *args):
+        if kind == "amx" and taps:
+            raise TypeError("the amx int8 kind has no taps tile")
         if len(args) != len(names):
             raise TypeError(f"the int8 tile takes {len(names)} arguments "
                             f"({', '.join(names)}), got {len(args)}")
@@ -146,6 +164,8 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
     vec = ir.VectorType(ir.IntType(32), lanes)
     intp = context.get_value_type(types.intp)
     types_of = dict(zip(arg, sig.args))
+    if kind == "amx":
+        return _emit_amx_tile(context, builder, (arg, types_of), vec)
 
     def const(value):
         return ir.Constant(intp, value)
@@ -199,6 +219,99 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
         _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
 
 
+#: AMX tile registers of the ``amx`` tile: C's 2 x 2 accumulators, then A's two
+#: row blocks, then B's two column blocks; each 16 rows of 64 bytes.
+AMX_C, AMX_A, AMX_B = (0, 1, 2, 3), (4, 5), (6, 7)
+
+
+def amx_call(builder, name, *args):
+    """Call the AMX intrinsic ``llvm.x86.<name>`` (tile numbers as i8 immediates,
+    pointers as i8*, strides as i64)."""
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    kinds = {"tilezero": [i8], "tdpbusd": [i8, i8, i8], "tileloadd64": [i8, i8.as_pointer(), i64],
+             "tilestored64": [i8, i8.as_pointer(), i64], "ldtilecfg": [i8.as_pointer()],
+             "tilerelease": []}[name]
+    fn = builder.module.declare_intrinsic(f"llvm.x86.{name}",
+                                          fnty=ir.FunctionType(ir.VoidType(), kinds))
+    return builder.call(fn, [builder.bitcast(a, t) if isinstance(t, ir.PointerType)
+                             else ir.Constant(t, a) if isinstance(a, int) else a
+                             for a, t in zip(args, kinds)])
+
+
+def _emit_amx_tile(context, builder, args, vec):
+    """The ``amx`` tile (see :func:`make_int8_tile`): per step of 16 groups, A's two
+    16-row tiles and B's two 16-column tiles loaded, four ``tdpbusd``; then the
+    accumulators stored to a 32 x 32 block on the stack, and C updated from it as
+    the vector tiles update it from their registers."""
+    arg, types_of = args
+    intp = context.get_value_type(types.intp)
+
+    def const(value):
+        return ir.Constant(intp, value)
+
+    def ptr(name, offset):
+        return data_ptr(context, builder, types_of[name], arg[name], offset)
+
+    for t in AMX_C:
+        amx_call(builder, "tilezero", t)
+    a_row_bytes = builder.mul(arg["a_rs"], const(4))
+    with cgutils.for_range(builder, builder.sdiv(arg["kg"], const(16))) as step:
+        a_at = builder.add(arg["a_off"], builder.mul(step.index, arg["a_gs"]))
+        b_at = builder.add(arg["b_off"], builder.mul(step.index, const(16 * 32)))
+        for h, t in enumerate(AMX_A):     # rows 16h..16h+15
+            amx_call(builder, "tileloadd64", t,
+                 ptr("a", builder.add(a_at, builder.mul(arg["a_rs"], const(16 * h)))), a_row_bytes)
+        for h, t in enumerate(AMX_B):     # columns 16h..16h+15
+            amx_call(builder, "tileloadd64", t, ptr("b", builder.add(b_at, const(16 * h))), const(128))
+        for i, ta in enumerate(AMX_A):
+            for j, tb in enumerate(AMX_B):
+                amx_call(builder, "tdpbusd", AMX_C[2 * i + j], ta, tb)
+    block = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(32), 32 * 32))
+    block.align = 64
+    base = builder.gep(block, [const(0), const(0)])
+    for n, t in enumerate(AMX_C):
+        amx_call(builder, "tilestored64", t,
+             builder.gep(base, [const(16 * 32 * (n // 2) + 16 * (n % 2))]), const(128))
+    acc = [[vector_ptr(builder, base, const(32 * i + 16 * v), vec) for v in range(2)]
+           for i in range(32)]
+    c_ptr, rc_ptr, cc_ptr = (ptr(n, arg[n + "_off"]) for n in ("c", "rc", "cc"))
+    _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
+
+
+def amx_configure(builder):
+    """Load the AMX tile configuration: palette 1, all eight tiles 16 rows of 64 bytes."""
+    config = [1] + [0] * 15 + [64, 0] * 8 + [0] * 16 + [16] * 8 + [0] * 8
+    byte = ir.ArrayType(ir.IntType(8), 64)
+    data = cgutils.alloca_once(builder, byte)
+    builder.store(ir.Constant(byte, config), data)
+    amx_call(builder, "ldtilecfg", data)
+
+
+def make_tile_begin(kind):
+    """``(begin, end)``: intrinsics of no arguments that a thread calls before and after
+    running ``kind``'s tiles.  For ``amx`` ``begin`` loads the tile configuration
+    (palette 1, all eight tiles 16 rows of 64 bytes) and ``end`` releases the tile
+    state; for the vector kinds both do nothing."""
+    def emit_begin(context, builder, sig, args):
+        if kind == "amx":
+            amx_configure(builder)
+        return context.get_dummy_value()
+
+    def emit_end(context, builder, sig, args):
+        if kind == "amx":
+            amx_call(builder, "tilerelease")
+        return context.get_dummy_value()
+
+    def begin(typingctx):
+        return types.void(), emit_begin
+
+    def end(typingctx):
+        return types.void(), emit_end
+
+    begin.__name__, end.__name__ = f"int8_begin_{kind}", f"int8_end_{kind}"
+    return intrinsic(begin), intrinsic(end)
+
+
 def dot_step(builder, kind, bits, acc, a, b):
     """``acc`` plus, per lane, the sum of the products of the lane's k group of ``a``
     and ``b`` (bytes, unsigned by signed, for :data:`BYTE_KINDS`; int16 pairs otherwise)."""
@@ -236,7 +349,7 @@ def _update_c(builder, arg, ptrs, acc, vec, const):
     """``C[:rows, :cols]`` = acc + row and column corrections (``first``) or += acc."""
     c_ptr, rc_ptr, cc_ptr = ptrs
     lanes = vec.count
-    mr, nv = len(acc), len(acc[0])
+    nv = len(acc[0])
     masks = _column_masks(builder, arg["cols"], lanes, nv, const)
     first = builder.icmp_signed("!=", arg["first"], const(0))
     with builder.if_else(first) as (then_first, then_add):

@@ -18,7 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import JIT
-from tilegemm.kernels.int8 import GROUP, dot_step
+from tilegemm.kernels.int8 import AMX_A, AMX_B, AMX_C, GROUP, amx_call, amx_configure, dot_step
 from tilegemm.kernels.ir import fma, splat
 from tilegemm.tuning.machine import detect
 from tilegemm.tuning.peak import lanes_for
@@ -98,10 +98,38 @@ def int8_chains(kind):
     return fma_chains() - (2 if kind == "maddubs" else 0)
 
 
+@intrinsic
+def _amx_loop(typingctx, iters, x):
+    """The ``amx`` peak loop: per iteration the ``amx`` tile's four ``tdpbusd`` (2 x 2
+    accumulator tiles, operand tiles loaded once: an AMX product's time does not depend
+    on the values), between the tile configuration and its release."""
+    def codegen(context, builder, sig, args):
+        amx_configure(builder)
+        for t in AMX_C + AMX_A + AMX_B:
+            amx_call(builder, "tilezero", t)
+        with cgutils.for_range(builder, args[0]):
+            for i, ta in enumerate(AMX_A):
+                for j, tb in enumerate(AMX_B):
+                    amx_call(builder, "tdpbusd", AMX_C[2 * i + j], ta, tb)
+        amx_call(builder, "tilerelease")
+        return args[1]
+
+    return types.int32(types.intp, types.int32), codegen
+
+
 @functools.lru_cache(maxsize=None)
 def int8_kernel(kind, bits):
     """The jitted int8 dot-product loop of ``(kind, bits)``: ``kernel(iters, x)``, as
     :func:`fma_kernel` (not cached on disk: a closure over the intrinsic)."""
+    if kind == "amx":
+        from tilegemm.kernels.qgemm import get_int8_kernel
+        get_int8_kernel(kind, bits)     # refuses a process that may not run AMX
+
+        @numba.njit(**dict(JIT, cache=False))
+        def run_amx(iters, x):
+            return _amx_loop(iters, x)
+
+        return run_amx
     dot_loop = _make_dot_loop(kind, bits, int8_chains(kind))
 
     @numba.njit(**dict(JIT, cache=False))
@@ -114,6 +142,8 @@ def int8_kernel(kind, bits):
 def int8_ops_per_iteration(kind, bits):
     """Integer operations (a multiply and an add per product) of one iteration of
     :func:`int8_kernel`'s loop."""
+    if kind == "amx":    # four 16 x 16 x 64 tile products
+        return 4 * 16 * 16 * 64 * 2
     return int8_chains(kind) * (bits // 32) * GROUP[kind] * 2
 
 

@@ -5,10 +5,17 @@ emit (a process whose Numba target is forced to an older CPU must not get VNNI
 code): ``vnni`` at the ISA's width where available, else ``madd``, and
 ``generic`` with ``TILEGEMM_ISA=generic``.  :func:`int8_kind_for` chooses per B:
 ``maddubs`` instead of ``madd`` on AVX2 when B's values are proved to fit it.
+:func:`matrix_kind_for` chooses for a matrix product: ``amx`` (AMX tile products)
+where the CPU has AMX-INT8, Linux grants the process its tile state and the product
+fills the 32 x 32 tiles, else :func:`int8_kind_for`'s.
 :func:`get_int8_kernel` writes one module per kind from ``kernels/_int8.py``;
 :func:`qgemm_into` runs it.
 """
+import ctypes
 import functools
+import os
+import platform
+import sys
 import threading
 
 import numpy as np
@@ -16,11 +23,12 @@ import numpy as np
 from tilegemm.ground import loader
 from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.ground.workspace import buffers
+from tilegemm.ground.workspace import aligned_empty, buffers
 from tilegemm.kernels import tilelib
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.requant import NOT_FOLDED
-from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.widen import widen_rows
+from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, KSTEP, MADDUBS_B_LIMIT, TILES
 from tilegemm.tuning.machine import detect
 
 _TEMPLATE = __file__.replace("qgemm.py", "_int8.py")
@@ -46,6 +54,24 @@ def target_features():
 
 
 @functools.lru_cache(maxsize=1)
+def amx_permitted():
+    """Whether this process may use AMX tile data: Linux (5.16 on) hands a process the
+    large tile state only when asked (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, once, for all its threads); an AMX instruction without it
+    is a fatal signal.  ``TILEGEMM_AMX=0`` says no without asking."""
+    if os.environ.get("TILEGEMM_AMX", "1") == "0":
+        return False
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    sys_arch_prctl, req_xcomp_perm, xtiledata = 158, 0x1023, 18
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, req_xcomp_perm,
+                                                         xtiledata) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
 def runnable_int8_kinds():
     """Every ``(kind, bits)`` this process can run, best first: the detected ISA's
     (``TILEGEMM_ISA`` if forced) and every narrower one's.  Read once per process,
@@ -53,6 +79,9 @@ def runnable_int8_kinds():
     isa = detect().isa
     have = target_features()
     out = []
+    if (isa == "avx512" and {"amx-int8", "amx-tile", "avx512bw", "avx512vl"} <= have
+            and amx_permitted()):
+        out.append(("amx", 512))
     if isa == "avx512" and {"avx512bw", "avx512vl"} <= have:
         if "avx512vnni" in have:
             out.append(("vnni", 512))
@@ -67,9 +96,24 @@ def runnable_int8_kinds():
 
 
 def int8_kind():
-    """The ``(kind, bits)`` of this process's int8 kernel for any B (see the module
-    docstring)."""
-    return runnable_int8_kinds()[0]
+    """The ``(kind, bits)`` of this process's vector int8 kernel for any B (see the module
+    docstring): the convolutions' (``amx`` has no taps tile)."""
+    return next(kind for kind in runnable_int8_kinds() if kind[0] != "amx")
+
+
+#: ``amx`` serves products whose m and n both reach this: its tile is 32 x 32, and a
+#: thinner product would leave most of each tile product unused.
+AMX_MIN_SIDE = 32
+
+
+def matrix_kind_for(b, b_zero_point=0, m=AMX_MIN_SIDE):
+    """The ``(kind, bits)`` of the int8 kernel for an ``m``-row product with ``b``:
+    ``amx`` where this process can run it and m and B's n reach
+    :data:`AMX_MIN_SIDE`, else :func:`int8_kind_for`."""
+    if (runnable_int8_kinds()[0][0] == "amx" and m >= AMX_MIN_SIDE
+            and b.shape[-1] >= AMX_MIN_SIDE):
+        return runnable_int8_kinds()[0]
+    return int8_kind_for(b, b_zero_point)
 
 
 def int8_kind_for(b, b_zero_point=0):
@@ -114,11 +158,27 @@ def int8_blocking(kind, bits):
     """
     mr, nr = TILES[(kind, bits)]
     size = 1 if kind in BYTE_KINDS else 2
+    step = max(16, GROUP[kind] * KSTEP.get(kind, 1))    # KC in whole steps of the tile
     m = detect()
-    kc = max(16, min(2048, m.l1d_bytes * 4 // 3 // (nr * size)) // 16 * 16)
+    if kind == "amx":
+        return _amx_blocking(m, step)
+    kc = max(step, min(2048, m.l1d_bytes * 4 // 3 // (nr * size)) // step * step)
     mc = max(mr, m.l2_bytes // 4 // (kc * size) // mr * mr)
     nc = max(nr, 2 * m.l2_bytes // (kc * size) // nr * nr)
     return kc, mc, nc
+
+
+def _amx_blocking(m, step):
+    """``(KC, MC, NC)`` for ``amx``: KC as the vector kinds' (a third more than L1d, at
+    most 2048: each k block is another pass over C, which at AMX's rate costs as much
+    as the products' operands), a KC x NC block of B in half of L2 and an MC x KC
+    block of A in a sixteenth.  An AMX step reads 4 KB of tiles for 64 cycles of
+    products, more than L2 delivers from a block that does not stay in it.  On the
+    AVX-512 Xeon (48 KiB L1d, 2 MiB L2), uint8 x int8 2048^3 on one thread: 1.83 TOPS
+    at (KC, MC, NC) = (2048, 64, 512), 1.44 at (1024, 128, 512), 1.66 at (2048, 256,
+    256), 1.53 at (2048, 256, 2048) with A packed per NC block."""
+    kc = max(step, min(2048, m.l1d_bytes * 4 // 3 // 32) // step * step)
+    return kc, max(32, m.l2_bytes // 16 // kc // 32 * 32), max(32, m.l2_bytes // 2 // kc // 32 * 32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +197,9 @@ def get_int8_kernel(kind=None, bits=None):
     default :func:`int8_kind`."""
     if kind is None:
         kind, bits = int8_kind()
+    if (kind, bits) not in runnable_int8_kinds():   # AMX also needs the permission asked
+        raise ValueError(f"this process cannot run the int8 kernel {kind!r} at {bits} bits "
+                         f"(it runs {runnable_int8_kinds()})")
     with _lock:
         return _load(kind, bits)
 
@@ -179,9 +242,10 @@ def pack_b_once(b, b_zero_point=0, kind=None):
     mod = get_int8_kernel(kind, bits)
     k, n = b.shape
     KC, _, NC = _blocks(kind, bits, 1, n, k)
-    words = sum(round_up(min(NC, n - jc), mod.NR) * cdiv(min(KC, k - pc), GROUP[kind])
+    words = sum(round_up(min(NC, n - jc), mod.NR) * _groups(kind, min(KC, k - pc))
                 for jc in range(0, n, NC) for pc in range(0, k, KC))
-    panels = np.zeros(max(words, 1), np.int32)
+    panels = aligned_empty(max(words, 1), np.int32)   # AMX loads run 2x slower unaligned
+    panels[:] = 0
     add = _b_add(kind, b.dtype, b_zero_point)
     mod.pack_b_blocks(b, KC, NC, add, panels.view(np.int8 if kind in BYTE_KINDS else np.int16))
     col_sums = b.sum(axis=0, dtype=np.int64) + k * add
@@ -264,8 +328,14 @@ def _blocks(kind, bits, m, n, k):
     than the product needs."""
     mr, nr = TILES[(kind, bits)]
     KC, MC, NC = int8_blocking(kind, bits)
-    return (min(KC, round_up(max(k, 1), GROUP[kind])), min(MC, round_up(m, mr)),
+    step = GROUP[kind] * KSTEP.get(kind, 1)
+    return (min(KC, round_up(max(k, 1), step)), min(MC, round_up(m, mr)),
             min(NC, round_up(n, nr)))
+
+
+def _groups(kind, kc):
+    """Groups of k in a panel of ``kc`` values (``kernels/_int8.py`` :func:`groups`)."""
+    return round_up(cdiv(kc, GROUP[kind]), KSTEP.get(kind, 1))
 
 
 _local = threading.local()
@@ -277,7 +347,7 @@ def _packs(kind, bits, blocks):
     kept with the buffers, which grow when a product needs more."""
     KC, MC, NC = blocks
     group = GROUP[kind]
-    need = (MC * KC // group, NC * KC // group)
+    need = (get_int8_kernel(kind, bits).A_BLOCKS * MC * KC // group, NC * KC // group)
     held = getattr(_local, "packs", None)
     if held is None:
         held = _local.packs = {}
@@ -309,23 +379,21 @@ def _words(a, kind):
 def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
     convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
-    every kind but ``vnni`` (whose tile reads its patch rows in place as words),
-    with whole pixels' channels in its words: ``cg`` a multiple of the kind's GROUP,
-    or one group (zero channels added)."""
-    return cg % GROUP[kind[0]] == 0 or groups == 1
+    every vector kind (not ``amx``), with whole pixels' channels in its words: ``cg`` a
+    multiple of the kind's GROUP, or one group (zero channels added)."""
+    return kind[0] != "amx" and (cg % GROUP[kind[0]] == 0 or groups == 1)
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
     """Rows ``rows = (r0, r1)`` of image ``n`` of the int8/uint8 ``x`` (in ``layout``),
     padded (``geom = (py, px, Wp, Cp)``, ``Cp`` channels a pixel: C rounded up to the
     kind's GROUP), into the int32 words ``out``: the taps kernel's A (see
-    ``kernels/_int8.py`` :func:`widen_rows`), int16 ``x - zero`` padded with 0 for the
+    ``kernels/widen.py`` :func:`widen_rows`), int16 ``x - zero`` padded with 0 for the
     pair kinds, unsigned bytes padded with the zero point's for the byte kinds.
     Returns the padding value, :func:`taps_into`'s ``pad``."""
     kind, bits = kind or int8_kind()
     (add, pad), wide = widening(kind, x.dtype, zero)
-    get_int8_kernel(kind, bits).widen_rows(x, n, geom, add, pad, rows[0], rows[1],
-                                           out.view(wide), layout == "NCHW")
+    widen_rows(x, n, geom, add, pad, rows[0], rows[1], out.view(wide), layout == "NCHW")
     return pad
 
 

@@ -148,11 +148,12 @@ def test_qmatmul_dtypes_come_from_the_arrays_and_out_is_returned():
 
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
-@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 65, 13), (13, 129, 389), (13, 65, 392)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 65, 13), (13, 129, 389), (13, 65, 392),
+                                   (37, 65, 2100)], ids=lambda s: "x".join(map(str, s)))
 def test_qmatmul_against_guard_pages(shape):
     """No read past A or B and no write past C when each ends (or starts) at a guard page
-    (k = 392: a uint8 A is read in place by the VNNI tile, its last rows included)."""
+    (k = 392: a uint8 A is read in place by the VNNI tile, its last rows included;
+    37 x 65 x 2100: AMX tiles where the host has them, k over two blocks)."""
     m, n, k = shape
     rng = np.random.default_rng(4)
     for da, db in [(np.int8, np.int8), (np.uint8, np.uint8)]:

@@ -127,10 +127,10 @@ def check(out, a, b):
 def run_int8_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
     """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
     ``ratio`` (our int8 GOPS over each other party's) and the check."""
-    from tilegemm.kernels.qgemm import int8_kind_for
+    from tilegemm.kernels.qgemm import matrix_kind_for
     a, b = operands(case.n, weights=case.weights)
     record, out = timed(lambda: int8_parties(case, a, b, peers), case, reps, min_time,
-                        int8_kind_for(b))
+                        matrix_kind_for(b, 0, case.n))
     return dict({"op": "int8", "n": case.n, "weights": case.weights}, **record,
                 check=check(out, a, b))
 
