@@ -250,7 +250,6 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     flip = np.uint32(0x80808080) if adds[0] == 128 else np.uint32(0)
     in_place = words.size > 0 and adds[0] == 0 and KSTEP == 1   # AMX loads whole steps
     at = 0                                    # the next block in b_panels, in words
-    tile_begin()
     for jc in range(0, n, NC):
         nc = min(NC, n - jc)
         for pc in range(0, max(k, 1), KC):    # k == 0 still writes C once (the corrections)
@@ -276,7 +275,6 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
                         pack_a(a, ic, mc, pc, kc, adds[0], apack_values)
                     _macro(kg, (apack, 0, KSTEP, MR * KSTEP), b_src, c, c_block, rc, cc, mc,
                            nc)
-    tile_end()
 
 
 @jit
@@ -296,7 +294,6 @@ def _qgemm_slabs(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     all_groups = 0                            # of every k block: b_panels' stride per NC
     for pc in range(0, k, KC):
         all_groups += groups(min(KC, k - pc))
-    tile_begin()
     for pc in range(0, max(k, 1), KC):        # k == 0 still writes C once (the corrections)
         kc = min(KC, k - pc)
         kg = groups(kc)
@@ -319,7 +316,6 @@ def _qgemm_slabs(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
                     c_block = (c_off + (i0 + ic) * ldc + jc, ldc, first, i0 + ic, jc)
                     _macro(kg, (apack, (ic // MR) * kg * MR, KSTEP, MR * KSTEP), b_src, c,
                            c_block, rc, cc, min(MC, ms - ic), nc)
-    tile_end()
 
 
 @jit
@@ -331,11 +327,15 @@ def _macro(kg, a_src, b_src, c, c_block, rc, cc, mc, nc):
     ``c``, as the tile takes them, and its first row and column for the corrections."""
     a, a_at, a_rs, a_gs = a_src
     c_at, ldc, first, ic, jc = c_block
+    # AMX: the tile configuration is caller-saved state; loaded here, next to its
+    # tiles, no call between them can have changed it (a few cycles per block)
+    tile_begin()
     for jr in range(0, nc, NR):
         for ir in range(0, mc, MR):
             tile(kg, a, a_at + (ir * a_rs if a_gs == 1 else (ir // MR) * kg * MR), a_rs, a_gs,
                  b_src, (jr // NR) * kg * NR, c, c_at + ir * ldc + jr, ldc, first, rc, ic + ir,
                  cc, jc + jr, min(MR, mc - ir), min(NR, nc - jr))
+    tile_end()
 
 
 tile_taps = make_int8_tile(KIND, BITS, MR, NR, taps=True)

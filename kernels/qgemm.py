@@ -61,7 +61,8 @@ def amx_permitted():
     is a fatal signal.  ``TILEGEMM_AMX=0`` says no without asking."""
     if os.environ.get("TILEGEMM_AMX", "1") == "0":
         return False
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if (sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64")
+            or sys.maxsize <= 2**32):       # a 32-bit process: 158 is another syscall there
         return False
     sys_arch_prctl, req_xcomp_perm, xtiledata = 158, 0x1023, 18
     try:
@@ -73,15 +74,23 @@ def amx_permitted():
 
 @functools.lru_cache(maxsize=1)
 def runnable_int8_kinds():
-    """Every ``(kind, bits)`` this process can run, best first: the detected ISA's
-    (``TILEGEMM_ISA`` if forced) and every narrower one's.  Read once per process,
-    like the machine itself (asking LLVM costs a product of 256 x 256)."""
+    """Every ``(kind, bits)`` this process can run, best first: ``amx`` where the CPU,
+    Numba's target and Linux allow it (asking Linux for the tile state), then
+    :func:`vector_int8_kinds`.  Read once per process."""
+    have = target_features()
+    amx = (detect().isa == "avx512" and {"amx-int8", "amx-tile", "avx512bw", "avx512vl"} <= have
+           and amx_permitted())
+    return ((("amx", 512),) if amx else ()) + vector_int8_kinds()
+
+
+@functools.lru_cache(maxsize=1)
+def vector_int8_kinds():
+    """Every vector ``(kind, bits)`` this process can run, best first: the detected
+    ISA's (``TILEGEMM_ISA`` if forced) and every narrower one's.  Read once per
+    process, like the machine itself (asking LLVM costs a product of 256 x 256)."""
     isa = detect().isa
     have = target_features()
     out = []
-    if (isa == "avx512" and {"amx-int8", "amx-tile", "avx512bw", "avx512vl"} <= have
-            and amx_permitted()):
-        out.append(("amx", 512))
     if isa == "avx512" and {"avx512bw", "avx512vl"} <= have:
         if "avx512vnni" in have:
             out.append(("vnni", 512))
@@ -97,8 +106,10 @@ def runnable_int8_kinds():
 
 def int8_kind():
     """The ``(kind, bits)`` of this process's vector int8 kernel for any B (see the module
-    docstring): the convolutions' (``amx`` has no taps tile)."""
-    return next(kind for kind in runnable_int8_kinds() if kind[0] != "amx")
+    docstring): the convolutions' (``amx`` has no taps tile).  Never asks Linux for
+    the AMX tile state: a process that only convolves does not take on its larger
+    signal frames."""
+    return vector_int8_kinds()[0]
 
 
 #: ``amx`` serves products whose m and n both reach this: its tile is 32 x 32, and a
@@ -197,9 +208,11 @@ def get_int8_kernel(kind=None, bits=None):
     default :func:`int8_kind`."""
     if kind is None:
         kind, bits = int8_kind()
-    if (kind, bits) not in runnable_int8_kinds():   # AMX also needs the permission asked
+    # a vector kind never asks for AMX's tile state; amx also needs it granted
+    kinds = runnable_int8_kinds() if kind == "amx" else vector_int8_kinds()
+    if (kind, bits) not in kinds:
         raise ValueError(f"this process cannot run the int8 kernel {kind!r} at {bits} bits "
-                         f"(it runs {runnable_int8_kinds()})")
+                         f"(it runs {kinds})")
     with _lock:
         return _load(kind, bits)
 
@@ -352,7 +365,10 @@ def _packs(kind, bits, blocks):
     kept with the buffers, which grow when a product needs more."""
     KC, MC, NC = blocks
     group = GROUP[kind]
-    need = (get_int8_kernel(kind, bits).A_BLOCKS * MC * KC // group, NC * KC // group)
+    # a slab of A_BLOCKS blocks of A (amx) only where MC is whole: a product that
+    # shrank it has one block of rows
+    slab = get_int8_kernel(kind, bits).A_BLOCKS if MC == int8_blocking(kind, bits)[1] else 1
+    need = (slab * MC * KC // group, NC * KC // group)
     held = getattr(_local, "packs", None)
     if held is None:
         held = _local.packs = {}

@@ -140,14 +140,17 @@ def test_every_int8_kernel_is_exact(kind, da, db):
     """Every kernel on its own edges: MR, NR, the k group and KC, one below and above,
     full-range and extreme values, zero points at both ends of the range."""
     mr, nr = TILES[kind]
-    kc = int8_blocking(*kind)[0]
+    kc, _, nc = int8_blocking(*kind)
     rng = np.random.default_rng(11)
     ia, ib = np.iinfo(da), np.iinfo(db)
     seven = kind[0] == "maddubs"     # a B that kernel takes: within +-64 as packed
     # k a multiple of 4 over several KC blocks: a uint8 A is read in place with VNNI.
+    # 63 and 65: either side of amx's step of k; nc + nr + 1 columns: two NC blocks of
+    # panels packed once.
     for m, n, k in [(1, 1, 1), (mr, nr, GROUP[kind[0]]), (mr + 1, nr - 1, kc + 1),
                     (2 * mr - 1, 2 * nr + 1, 2 * kc - 3), (mr - 1, 1, 0), (3, nr + 1, 7),
-                    (2 * mr + 1, nr + 3, 2 * kc + 8)]:
+                    (2 * mr + 1, nr + 3, 2 * kc + 8), (mr, nr, 63), (mr - 1, nr + 1, 65),
+                    (mr + 3, nc + nr + 1, 70)]:
         for za, zb, extremes in [(0, 0, False), (ia.max, ib.min, True), (ia.min, ib.max, False)]:
             a, b = values(rng, (m, k), da, extremes), values(rng, (k, n), db, extremes, seven)
             want = expected(a, b, za, zb)
@@ -163,6 +166,31 @@ def test_every_int8_kernel_is_exact(kind, da, db):
             c = np.full((m, n), 99, np.int32)
             qgemm_into(a, b, c, 2, 1, kind, threads=3, b_panels=panels)
             assert np.array_equal(c, expected(a, b, 2, 1)), (kind, m, n, k, "threads")
+
+
+def test_amx_runs_where_the_host_has_it():
+    """Where the CPU and Numba's target have AMX-INT8 (and ``TILEGEMM_AMX`` is not 0),
+    Linux grants the tile state and qmatmul's products of m, n >= 32 take ``amx``, a
+    thinner one a vector kind; the vector kinds never include it (a process that only
+    convolves never asks for the tile state)."""
+    import os
+    from tilegemm.kernels.qgemm import (AMX_MIN_SIDE, amx_permitted, matrix_kind_for,
+                                         target_features, vector_int8_kinds)
+    from tilegemm.tuning.machine import detect
+    b = np.zeros((64, AMX_MIN_SIDE), np.int8)
+    assert all(kind[0] != "amx" for kind in vector_int8_kinds())
+    has = (detect().isa == "avx512" and {"amx-int8", "amx-tile"} <= target_features()
+           and os.environ.get("TILEGEMM_AMX", "1") != "0")
+    if not has:
+        assert "amx" not in [kind[0] for kind in KINDS]
+        assert matrix_kind_for(b, 0, 64)[0] != "amx"
+        pytest.skip("this host or Numba target has no AMX-INT8")
+    if not amx_permitted():
+        pytest.skip("Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
+    assert KINDS[0] == ("amx", 512)
+    assert matrix_kind_for(b, 0, AMX_MIN_SIDE) == ("amx", 512)
+    assert matrix_kind_for(b, 0, AMX_MIN_SIDE - 1) == int8_kind()
+    assert matrix_kind_for(b[:, :AMX_MIN_SIDE - 1], 0, 64) == int8_kind()
 
 
 #: Layers for the taps kernel: (C, K, H, W, kernel, stride, (top, bottom, left, right),
