@@ -78,10 +78,16 @@ def test_rechunk_cuts_cache_block_multiples_within_the_task_memory():
     limit = 8 << 20
     mc, nc, kc = tdd.matmul_chunks(m, n, k, np.float32, task_memory=limit, parallelism=4)
     assert sum(mc) == m and sum(nc) == n and sum(kc) == k
-    for chunks, step in ((mc, blocks.mc), (nc, blocks.nc), (kc, blocks.kc)):
-        assert all(size % step == 0 for size in chunks[:-1]), (chunks, step)
+    for chunks, step, tile in ((mc, blocks.mc, blocks.mr), (nc, blocks.nc, blocks.nr),
+                               (kc, blocks.kc, 16)):
+        # whole cache blocks, or where one does not fit the memory, a power-of-two
+        # fraction of one in whole register tiles (a large L2's NC: 20480 columns)
+        unit = step
+        while chunks[0] < unit and unit > tile:
+            unit = max(tile, unit // 2 // tile * tile)
+        assert all(size % unit == 0 for size in chunks[:-1]), (chunks, step, unit)
         # even chunks, unless they are down to one cache block
-        assert chunks[-1] <= chunks[0] and (4 * chunks[-1] >= 3 * chunks[0] or chunks[0] == step)
+        assert chunks[-1] <= chunks[0] and (4 * chunks[-1] >= 3 * chunks[0] or chunks[0] == unit)
     assert 4 * (mc[0] * kc[0] + kc[0] * nc[0] + mc[0] * nc[0]) <= limit
     assert len(mc) * len(nc) >= 4
     # room for everything: one chunk each, once there are blocks of C for every slot

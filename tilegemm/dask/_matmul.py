@@ -52,7 +52,8 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
 
     Rows come in multiples of MC, columns of NC and the k dimension of KC (the
     cache blocks of :func:`tilegemm.tuning.blocking`), so that every task runs
-    whole cache blocks, and a dimension's last chunk is at least 3/4 of the others
+    whole cache blocks (where whole blocks cannot fit ``task_memory``, halves of
+    them, down to whole register tiles), and a dimension's last chunk is at least 3/4 of the others
     unless they are down to one cache block (tasks of unequal size leave a worker
     idle at the end).  The largest dimension
     is cut first (m and n before k: a
@@ -74,6 +75,7 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
     slots = parallelism or default_parallelism()
     extent = {"m": m, "n": n, "k": k}
     step = {"m": b.mc, "n": b.nc, "k": b.kc}
+    tile = {"m": b.mr, "n": b.nr, "k": 16}     # the finest step: whole register tiles
     count = {"m": 1, "n": 1, "k": 1}
 
     def size(d):
@@ -92,10 +94,21 @@ def matmul_chunks(m, n, k, dtype=np.float32, *, task_memory=None, parallelism=No
     while True:
         sm, sn, sk = size("m"), size("n"), size("k")
         fits = itemsize * (sm * sk + sk * sn + sm * sn) <= limit
-        enough = len(_chunks(m, count["m"], b.mc)) * len(_chunks(n, count["n"], b.nc)) >= slots
+        enough = (len(_chunks(m, count["m"], step["m"]))
+                  * len(_chunks(n, count["n"], step["n"])) >= slots)
         cuttable = [d for d in ("m", "n", "k") if size(d) > step[d] and (fits is False or d != "k")]
-        if (fits and enough) or not cuttable:
+        if fits and enough:
             break
+        if not cuttable:
+            # Whole cache blocks cannot fit the task's memory (a large L2 makes NC
+            # thousands of columns): the largest dimension's step halves, down to
+            # whole register tiles.
+            finer = [d for d in ("m", "n", "k") if not fits and step[d] > tile[d]]
+            if not finer:
+                break
+            d = max(finer, key=size)
+            step[d] = max(tile[d], step[d] // 2 // tile[d] * tile[d])
+            continue
         split(max(cuttable, key=size))
     return tuple(_chunks(extent[d], count[d], step[d]) for d in ("m", "n", "k"))
 
