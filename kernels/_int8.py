@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from tilegemm.ground.contracts import JIT, jit
+from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
@@ -36,7 +37,7 @@ GROUP = 4
 KSTEP = _KSTEPS.get(KIND, 1)
 
 #: MC blocks of A packed at once (:func:`_qgemm_slabs`, KSTEP > 1), else 1.
-A_BLOCKS = 32 if KSTEP > 1 else 1
+A_BLOCKS = _A_BLOCKS.get(KIND, 1)
 
 tile = make_int8_tile(KIND, BITS, MR, NR)
 tile_begin, tile_end = make_tile_begin(KIND)

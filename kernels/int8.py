@@ -54,6 +54,10 @@ GROUP = {"vnni": 4, "maddubs": 4, "madd": 2, "generic": 2, "amx": 4}
 #: Groups of k per step of the tile's k loop: the panels hold k padded to whole steps.
 KSTEP = {"amx": 16}
 
+#: MC blocks of A packed at once, per kind that packs A in slabs (``kernels/_int8.py``
+#: :func:`_qgemm_slabs`); the others pack one block at a time.
+A_BLOCKS = {"amx": 32}
+
 #: The kinds whose panels hold bytes: A unsigned, B signed (the others: int16).
 BYTE_KINDS = ("vnni", "maddubs", "amx")
 

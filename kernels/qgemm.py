@@ -28,7 +28,7 @@ from tilegemm.kernels import tilelib
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.requant import NOT_FOLDED
 from tilegemm.kernels.widen import widen_rows
-from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, KSTEP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.int8 import A_BLOCKS, BYTE_KINDS, GROUP, KSTEP, MADDUBS_B_LIMIT, TILES
 from tilegemm.tuning.machine import detect
 
 _TEMPLATE = __file__.replace("qgemm.py", "_int8.py")
@@ -189,7 +189,9 @@ def _amx_blocking(m, step):
     at (KC, MC, NC) = (2048, 64, 512), 1.44 at (1024, 128, 512), 1.66 at (2048, 256,
     256), 1.53 at (2048, 256, 2048) with A packed per NC block."""
     kc = max(step, min(2048, m.l1d_bytes * 4 // 3 // 32) // step * step)
-    return kc, max(32, m.l2_bytes // 16 // kc // 32 * 32), max(32, m.l2_bytes // 2 // kc // 32 * 32)
+    mc = max(32, m.l2_bytes // 16 // kc // 32 * 32)
+    nc = max(32, m.l2_bytes // 2 // kc // 32 * 32)
+    return kc, mc, nc
 
 
 @functools.lru_cache(maxsize=None)
@@ -367,7 +369,7 @@ def _packs(kind, bits, blocks):
     group = GROUP[kind]
     # a slab of A_BLOCKS blocks of A (amx) only where MC is whole: a product that
     # shrank it has one block of rows
-    slab = get_int8_kernel(kind, bits).A_BLOCKS if MC == int8_blocking(kind, bits)[1] else 1
+    slab = A_BLOCKS[kind] if kind in A_BLOCKS and MC == int8_blocking(kind, bits)[1] else 1
     need = (slab * MC * KC // group, NC * KC // group)
     held = getattr(_local, "packs", None)
     if held is None:
