@@ -71,7 +71,8 @@ MADDUBS_B_LIMIT = 64
 #: to the stack, and 4 x 16 ran 1.04-1.7x faster on an AVX2 EPYC (Zen 3).
 #: ``maddubs`` holds the ones and one pair-sum vector: 5 x 16 (15 registers) ran
 #: 1.05-1.2x faster than 4 x 16 at n = 512-1024 on that EPYC; 6 x 16 spilled.
-TILES = {("amx", 512): (32, 32), ("vnni", 512): (6, 64), ("madd", 512): (6, 64), ("vnni", 256): (6, 16),
+TILES = {("amx", 512): (32, 32), ("vnni", 512): (6, 64), ("madd", 512): (6, 64),
+         ("vnni", 256): (6, 16),
          ("madd", 256): (4, 16), ("maddubs", 256): (5, 16), ("generic", 128): (4, 8)}
 
 #: The tile's arguments, in order (``a``, ``b``, ``c``, ``rc``, ``cc`` int32 arrays,
@@ -232,14 +233,15 @@ def amx_call(builder, name, *args):
     """Call the AMX intrinsic ``llvm.x86.<name>`` (tile numbers as i8 immediates,
     pointers as i8*, strides as i64)."""
     i8, i64 = ir.IntType(8), ir.IntType(64)
-    kinds = {"tilezero": [i8], "tdpbusd": [i8, i8, i8], "tileloadd64": [i8, i8.as_pointer(), i64],
-             "tilestored64": [i8, i8.as_pointer(), i64], "ldtilecfg": [i8.as_pointer()],
-             "tilerelease": []}[name]
+    params = {"tilezero": [i8], "tdpbusd": [i8, i8, i8],
+              "tileloadd64": [i8, i8.as_pointer(), i64],
+              "tilestored64": [i8, i8.as_pointer(), i64], "ldtilecfg": [i8.as_pointer()],
+              "tilerelease": []}[name]
     fn = builder.module.declare_intrinsic(f"llvm.x86.{name}",
-                                          fnty=ir.FunctionType(ir.VoidType(), kinds))
+                                          fnty=ir.FunctionType(ir.VoidType(), params))
     return builder.call(fn, [builder.bitcast(a, t) if isinstance(t, ir.PointerType)
                              else ir.Constant(t, a) if isinstance(a, int) else a
-                             for a, t in zip(args, kinds)])
+                             for a, t in zip(args, params)])
 
 
 def _emit_amx_tile(context, builder, args, vec):
@@ -263,10 +265,11 @@ def _emit_amx_tile(context, builder, args, vec):
         a_at = builder.add(arg["a_off"], builder.mul(step.index, arg["a_gs"]))
         b_at = builder.add(arg["b_off"], builder.mul(step.index, const(16 * 32)))
         for h, t in enumerate(AMX_A):     # rows 16h..16h+15
-            amx_call(builder, "tileloadd64", t,
-                 ptr("a", builder.add(a_at, builder.mul(arg["a_rs"], const(16 * h)))), a_row_bytes)
+            a_rows = ptr("a", builder.add(a_at, builder.mul(arg["a_rs"], const(16 * h))))
+            amx_call(builder, "tileloadd64", t, a_rows, a_row_bytes)
         for h, t in enumerate(AMX_B):     # columns 16h..16h+15
-            amx_call(builder, "tileloadd64", t, ptr("b", builder.add(b_at, const(16 * h))), const(128))
+            b_cols = ptr("b", builder.add(b_at, const(16 * h)))
+            amx_call(builder, "tileloadd64", t, b_cols, const(128))    # 32 words a group
         for i, ta in enumerate(AMX_A):
             for j, tb in enumerate(AMX_B):
                 amx_call(builder, "tdpbusd", AMX_C[2 * i + j], ta, tb)
@@ -274,8 +277,8 @@ def _emit_amx_tile(context, builder, args, vec):
     block.align = 64
     base = builder.gep(block, [const(0), const(0)])
     for n, t in enumerate(AMX_C):
-        amx_call(builder, "tilestored64", t,
-             builder.gep(base, [const(16 * 32 * (n // 2) + 16 * (n % 2))]), const(128))
+        corner = builder.gep(base, [const(16 * 32 * (n // 2) + 16 * (n % 2))])
+        amx_call(builder, "tilestored64", t, corner, const(128))
     acc = [[vector_ptr(builder, base, const(32 * i + 16 * v), vec) for v in range(2)]
            for i in range(32)]
     c_ptr, rc_ptr, cc_ptr = (ptr(n, arg[n + "_off"]) for n in ("c", "rc", "cc"))
