@@ -384,56 +384,6 @@ def copy_back(dst, c):
             flat[i] = src[i]
 
 
-@numba.njit(inline='always', **JIT)
-def item_offsets(i, dims, steps, first):
-    """The element offsets of batch item ``i`` (C order over ``dims``) in A, B and C:
-    ``first[o] + sum(idx[d] * steps[o, d])``."""
-    a_at, b_at, c_at = first
-    for d in range(dims.size - 1, -1, -1):
-        q = i % dims[d]
-        i //= dims[d]
-        a_at += q * steps[0, d]
-        b_at += q * steps[1, d]
-        c_at += q * steps[2, d]
-    return a_at, b_at, c_at
-
-
-@numba.njit(**JIT_NO_NRT)
-def batch_tasks(counter, chunk, batch, shape, a, b, c, KC, blocks, packs):
-    """Products of a batch, ``chunk`` at a time from ``counter``: ``C_i = A_i @ B_i``.
-
-    ``batch`` is ``(dims, steps)``: the batch shape and, per operand (rows A, B, C),
-    each batch dimension's stride in elements (0 where it is broadcast).  ``a``,
-    ``b``, ``c`` are ``(flat, (offset, row_stride, col_stride))`` of item 0, as for
-    :func:`gemm_serial`; ``shape`` is one item's ``(m, n, k)``.  With ``blocks``
-    None each product takes the unpacked path (:func:`gemm_small`, k blocks of
-    ``KC``; B's columns contiguous), else the packed one (:func:`gemm_serial` with
-    ``blocks``): Numba compiles only the branch the type of ``blocks`` selects.
-    ``packs`` are the thread's ``(apack, bpack)``.
-    """
-    dims, steps = batch
-    af, (a_off, a_rs, a_cs) = a
-    bf, (b_off, b_rs, b_cs) = b
-    cf, (c_off, ldc, _) = c
-    count = 1
-    for d in dims:
-        count *= d
-    scal = (DTYPE(1), DTYPE(0))
-    while True:
-        first = next_task(counter) * chunk
-        if first >= count:
-            break
-        for i in range(first, imin(first + chunk, count)):
-            a_at, b_at, c_at = item_offsets(i, dims, steps, (a_off, b_off, c_off))
-            av = (af, (a_at, a_rs, a_cs))
-            bv = (bf, (b_at, b_rs, b_cs))
-            cv = (cf, (c_at, ldc, UNIT))
-            if blocks is None:
-                gemm_small(shape, scal, av, bv, cv, (NO_BIAS, ZERO), KC, packs)
-            else:
-                gemm_serial(shape, scal, av, bv, cv, (NO_BIAS, ZERO), blocks, packs)
-
-
 @jit
 def sum_parts(m, n, parts, alpha, beta, c, c_off, ldc, bias, epi):
     """C = alpha * sum(parts) + beta * C, then the epilogue: the end of a k split among threads.

@@ -29,7 +29,8 @@ _DRIVERS = get_kernel(DTYPE, MR, NR, ISA).module
 JIT_NO_NRT = _DRIVERS.JIT_NO_NRT
 gemm_tasks, gemm_serial, gemm_small = (_DRIVERS.gemm_tasks, _DRIVERS.gemm_serial,
                                        _DRIVERS.gemm_small)
-gemv_product, batch_tasks = _DRIVERS.gemv_product, _DRIVERS.batch_tasks
+gemv_product = _DRIVERS.gemv_product
+batch_tasks = get_kernel(DTYPE, MR, NR, ISA).batches.batch_tasks
 
 
 #: Slots of one product's description in a block (:func:`put_product`).

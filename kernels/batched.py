@@ -8,16 +8,19 @@ shares, and a table of each item's offsets -- and ``batch_tasks`` (in
 items from a shared counter.  Each item takes the unpacked path when its operands
 fit the rule of :func:`~tilegemm.kernels.driver.fits_unpacked`, else the packed one.
 """
+import collections
 import math
 
 import numpy as np
 
 from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
+from tilegemm.ground.validate import FLOAT_DTYPES
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.driver import (fits_unpacked, gemm_into, item_kernel, serial_flops,
                                      unpacked_kc)
 from tilegemm.kernels.pool import run_native_shares
+from tilegemm.kernels.tiny import BATCH_CALLS
 
 #: Chunks of items per thread: threads take chunks from a counter, so a thread the
 #: machine slows down takes fewer, while each chunk stays long enough that taking it
@@ -74,7 +77,13 @@ BATCHED_ROUTES = ("batched_unpacked", "batched_packed", "batched_items")
 def route(kern, count, shape, threads, b_strides):
     """How :func:`batched_into` runs ``count`` products of ``shape`` ``(m, n, k)`` on
     ``threads`` threads, B's items with ``b_strides`` (row, column): one of
-    :data:`BATCHED_ROUTES`."""
+    :data:`BATCHED_ROUTES`.  (The decision is :func:`choose_route`'s; this is the
+    call of a launch, which tests wrap to note the path taken.)"""
+    return choose_route(kern, count, shape, threads, b_strides)
+
+
+def choose_route(kern, count, shape, threads, b_strides):
+    """The route of :func:`route`, also asked once per shape by :func:`one_call_batch`."""
     m, n, k = shape
     # Items worth sharing, too few to go round evenly (3 items on 2 threads would
     # leave one thread a whole item behind): each item shared by the threads.
@@ -84,6 +93,30 @@ def route(kern, count, shape, threads, b_strides):
     if b_cs == 1 and fits_unpacked(kern, m, n, k, b_rs):
         return "batched_unpacked"
     return "batched_packed"
+
+
+def batch_shares(dtype, count, shape):
+    """Shares of a batch worth a thread each: by flops as for one product, or by
+    items, whose fixed cost (offsets, edge panels, a call of the loop) outweighs
+    tiny products."""
+    m, n, k = shape
+    return max(int(2 * count * (2 * m * n * k) // serial_flops(dtype)), count // ITEMS_PER_SHARE)
+
+
+def item_blocks(kern, blk, path, shape):
+    """``(KC, blocks, sizes)`` of each item on ``path`` (``batched_unpacked`` or
+    ``batched_packed``): its k block, the packed path's ``(KC, MC, NC)`` (None when
+    unpacked) and the elements of its A and B scratch panels."""
+    m, n, k = shape
+    if path == "batched_unpacked":
+        KC = unpacked_kc(kern, m, n, k)
+        return KC, None, (kern.mr * KC, kern.nr * KC)
+    KC = max(1, min(blk.kc, k))
+    # Whole MR and NR panels: the blocking's MC and NC belong to its own tile, and
+    # the packers fill whole panels.
+    MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
+    NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
+    return KC, (KC, MC, NC), (MC * KC, NC * KC)
 
 
 def batched_into(a, b, c, threads=None):
@@ -127,21 +160,8 @@ def batched_into(a, b, c, threads=None):
         return c
     steps = np.array([batch_steps(a, a_st, batch), batch_steps(b, b_st, batch),
                       batch_steps(c, c_st, batch)], np.int64).reshape(3, len(batch))
-    # Shares worth a thread each: by flops as for one product, or by items, whose
-    # fixed cost (offsets, edge panels, a call of the loop) outweighs tiny products.
-    shares = max(int(2 * count * (2 * m * n * k) // serial_flops(c.dtype)),
-                 count // ITEMS_PER_SHARE)
-    threads = max(1, min(wanted, shares, count))
-    if path == "batched_unpacked":
-        KC = unpacked_kc(kern, m, n, k)
-        blocks, sizes = None, (kern.mr * KC, kern.nr * KC)
-    else:
-        KC = max(1, min(blk.kc, k))
-        # Whole MR and NR panels: the blocking's MC and NC belong to its own tile, and
-        # the packers fill whole panels.
-        MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
-        NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
-        blocks, sizes = (KC, MC, NC), (MC * KC, NC * KC)
+    threads = max(1, min(wanted, batch_shares(c.dtype, count, (m, n, k)), count))
+    KC, blocks, sizes = item_blocks(kern, blk, path, (m, n, k))
     chunk = max(1, cdiv(count, threads * CHUNKS_PER_THREAD))
     plan = ((np.array(batch, np.int64), steps), (m, n, k), (af, (a0,) + a_st[-2:]),
             (bf, (b0, b_rs, b_cs)), (cf, (c0, c_st[-2], 1)), KC, blocks)
@@ -156,3 +176,80 @@ def batched_into(a, b, c, threads=None):
     mod.batch_blocks(block, counter, chunk, *plan, (scratch, a_len, b_len))
     run_native_shares(mod.share_address("batch" if blocks is None else "batch_packed"), rows)
     return c
+
+
+#: A batch run by :func:`fast_batched`: ``call(a3, b3, c3, plan)`` is the kernel's
+#: one-call entry (``kernels/_tile_batch.py``), ``rows`` the leading dimension of the
+#: 3-D views (-1: the operand's batch, 1: its single item), ``path`` the route
+#: taken, ``any_threads`` whether it stays on one thread whatever the thread count.
+OneCallBatch = collections.namedtuple("OneCallBatch", "call plan shape rows path any_threads")
+
+
+def fast_batched(a, b, out):
+    """``a @ b`` for C-contiguous float ndarrays of one dtype and of as many dimensions
+    (3 or more), batch dimensions equal or all 1 on one side, in one jitted call on
+    this thread; None where that does not apply (other operands, a batch shared by
+    threads, a product of a few large items, an ``out`` that is not C-contiguous).
+
+    The general launch (:func:`batched_into`) spends tens of microseconds in Python
+    describing strides and handing shares to threads; a batch that runs on one thread
+    anyway needs none of it.  Each shape's plan is worked out once
+    (``BATCH_CALLS``).  An ``out`` sharing memory with an operand is handled in the
+    jitted call.
+    """
+    dtype = a.dtype
+    if (b.dtype is not dtype or a.ndim < 3 or a.ndim != b.ndim or dtype not in FLOAT_DTYPES
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return None
+    key = a.shape + b.shape + (dtype.itemsize,)
+    entry = BATCH_CALLS.get(key)
+    if entry is None:
+        entry = BATCH_CALLS[key] = one_call_batch(dtype, a.shape, b.shape)
+    if not (entry and (entry.any_threads or get_num_threads() == 1)):
+        return None
+    if out is None:
+        out = np.empty(entry.shape, dtype)
+    elif not (type(out) is np.ndarray and out.dtype is dtype and out.shape == entry.shape
+              and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    ra, rb = entry.rows
+    if a.ndim == 3:
+        entry.call(a, b, out, entry.plan)
+    else:
+        m, n = out.shape[-2:]
+        entry.call(a.reshape(ra, m, -1), b.reshape(rb, -1, n), out.reshape(-1, m, n),
+                   entry.plan)
+    return out
+
+
+def one_call_batch(dtype, a_shape, b_shape):
+    """The :class:`OneCallBatch` of ``a_shape @ b_shape`` (as :func:`fast_batched`
+    takes them), or False where the one-call path does not apply."""
+    m, k = a_shape[-2:]
+    n = b_shape[-1]
+    a_items, b_items = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
+    if b_shape[-2] != k or min(m, n, k) < 1:
+        return False
+    if a_shape[:-2] == b_shape[:-2] or b_items == 1:
+        batch = a_shape[:-2]
+    elif a_items == 1:
+        batch = b_shape[:-2]
+    else:
+        return False
+    count = math.prod(batch)
+    kern, blk = item_kernel(dtype, m, n)
+    path = choose_route(kern, count, (m, n, k), 1, (n, 1))
+    if count < 1 or path == "batched_items":
+        return False
+    KC, blocks, _ = item_blocks(kern, blk, path, (m, n, k))
+    module = kern.batches
+    call, plan = ((module.matmul_batched, (KC, 0, 0)) if blocks is None
+                  else (module.matmul_batched_packed, blocks))
+    rows = tuple(1 if items == 1 else -1 for items in (a_items, b_items))
+    return OneCallBatch(call, plan, batch + (m, n), rows, path,
+                        batch_shares(dtype, count, (m, n, k)) <= 1)
+
+
+def fast_route(a, b):
+    """The route :func:`fast_batched` took for ``a @ b`` (for tests that note paths)."""
+    return BATCH_CALLS[a.shape + b.shape + (a.dtype.itemsize,)].path

@@ -31,7 +31,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
-from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS, TINY_DECLINED
+from tilegemm.kernels.tiny import BATCH_CALLS, SMALL_CALLS, TINY_CALLS, TINY_DECLINED
 from tilegemm.packing import flat_view
 from tilegemm.tuning.blocking import blocking, register_tiles
 from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
@@ -97,6 +97,7 @@ def reset_plans():
     SMALL_CALLS.clear()
     TINY_CALLS.clear()
     TINY_DECLINED.clear()
+    BATCH_CALLS.clear()
 
 
 #: Products up to this many rows and columns (batch items, small 2-D products) get a
@@ -144,9 +145,15 @@ def item_kernel(dtype, m, n):
     dtype = np.dtype(dtype)
     if m > SMALL_ITEM or n > SMALL_ITEM or not derived_tile(kernel_for(dtype)[1]):
         return kernel_for(dtype, n)
-    isa, mr, nr = _item_tile(dtype.name, m, n)
-    # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
-    return get_kernel(dtype, mr, nr, isa), blocking(dtype)
+    # Cached with the other plans: the blocking reads the environment's overrides,
+    # which costs more than a batch of small products.
+    key = ("item", dtype, m, n)
+    plan = _plans.get(key)
+    if plan is None:
+        isa, mr, nr = _item_tile(dtype.name, m, n)
+        # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
+        plan = _plans[key] = (get_kernel(dtype, mr, nr, isa), blocking(dtype))
+    return plan
 
 
 #: k block of the unpacked path (its tiles read A and B in place, KC columns of A at a time).

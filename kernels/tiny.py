@@ -22,6 +22,10 @@ TINY_CALLS = {}
 #: plan)``, filled by ``tilegemm.matmul`` on the first small product of each shape:
 #: later ones skip its general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
+#: ``a.shape + b.shape + (itemsize,)`` -> ``kernels.batched.OneCallBatch`` (or False
+#: where the one-call batch does not apply): the batches ``tilegemm.matmul`` has
+#: planned.  Cleared with the kernel choices.
+BATCH_CALLS = {}
 #: Keys (as of ``TINY_CALLS``) whose products exceed the caller's limit: not asked again
 #: (the limit costs a microsecond to work out).  Cleared with ``TINY_CALLS``.
 TINY_DECLINED = set()

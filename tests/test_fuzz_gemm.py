@@ -90,8 +90,9 @@ class PathRecorder:
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
     own block of C), ``matmul_small`` (also for ``api.fast_small_matmul`` and
     ``api.recorded_entry_call``, the same product without the general checks), ``gemv`` also for ``api.matvec_into`` (a
-    matrix-vector product without the plan), and the batched routes of
-    ``kernels/batched.py`` (``batched.route``).
+    matrix-vector product without the plan), the batched routes of
+    ``kernels/batched.py`` (``batched.route``), and ``batched_one_call`` with the route
+    it took for ``api.fast_batched`` (a batch in one jitted call).
     """
 
     WRAPPED = ((driver, "route"), (batched, "route"), (small, "matmul_small"),
@@ -100,10 +101,12 @@ class PathRecorder:
                # matmul's shortest paths: the same product, None when they do not apply.
                (api, "fast_small_matmul"), (api, "recorded_entry_call"),
                # The matrix-vector product without the general path's plan (``gemv``).
-               (api, "matvec_into"))
+               (api, "matvec_into"),
+               # A batch in one jitted call: ``batched_one_call`` and the route it took.
+               (api, "fast_batched"))
 
     #: Wrapped paths that answer None where they do not apply.
-    MAY_DECLINE = ("fast_small_matmul", "recorded_entry_call")
+    MAY_DECLINE = ("fast_small_matmul", "recorded_entry_call", "fast_batched")
 
     def __init__(self):
         self.log = []          # list.append is atomic: pool threads record too
@@ -123,6 +126,9 @@ class PathRecorder:
                 self.log.append(result)
             elif fn.__name__ == "matvec_into":
                 self.log.append("gemv")
+            elif fn.__name__ == "fast_batched":
+                if result is not None:
+                    self.log.extend(("batched_one_call", batched.fast_route(*args[:2])))
             elif fn.__name__ not in self.MAY_DECLINE or result is not None:
                 self.log.append("matmul_small")
             return result
@@ -445,6 +451,11 @@ def path_cases(dtype):
         # Rows not a whole number of the blocking's MC for the item's own tile.
         ({"batched_packed"}, "matmul", (3, 63, 40), (3, 40, 20), True, 1),
         ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2),
+        # C-contiguous 3-D batches on one thread: one jitted call, in place, and packed
+        # (B's rows a page apart fall on the same L1 sets).
+        ({"batched_one_call", "batched_unpacked"}, "matmul", (5, 9, 7), (5, 7, 6), False, 1),
+        ({"batched_one_call", "batched_packed"}, "matmul", (2, 96, 40),
+         (2, 40, 4096 // dtype.itemsize), False, 1),
     ]
 
 
@@ -528,7 +539,7 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
                 check_canary()
             reached |= paths
     every = (set(driver.SERIAL_ROUTES + driver.THREADED_ROUTES + batched.BATCHED_ROUTES)
-             | {"matmul_small"})
+             | {"matmul_small", "batched_one_call"})
     assert every <= reached, f"paths never reached: {sorted(every - reached)}"
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from tilegemm.ground.interop import any_tensor, numpy_view, to_tensor
 from tilegemm.ground.validate import (FLOAT_DTYPES, check_flag, check_out, matmul_shapes,
                                       overlaps, plain_float_array, real_scalar)
-from tilegemm.kernels.batched import batched_into
+from tilegemm.kernels.batched import batched_into, fast_batched
 from tilegemm.kernels.driver import gemm_into
 from tilegemm.kernels.matvec import matvec_into
 from tilegemm.kernels.small import (matmul_small, one_thread_flops, small_call_shape,
@@ -138,7 +138,7 @@ def _short_path(a, b, out):
         return fast_small_matmul(a, b, out)
     if a.ndim + b.ndim == 3:
         return fast_matvec(a, b, out)
-    return None
+    return fast_batched(a, b, out)
 
 
 def fast_small_matmul(a, b, out):
