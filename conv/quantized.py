@@ -322,14 +322,18 @@ class TapsPlan:
         run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
                                                  self.epilogue, out, self.epilogue[4], summed)
         x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
+        gate = np.zeros(1, np.int64)
 
         def share(blocks, scratch):
             mid = scratch[-1].view(self.summed[-1]) if dest is None else dest
-            run(x, x_words, blocks, *args, scratch[:-1] + (mid, mid if self.codes else _NO_CODES))
+            run(x, x_words, blocks, *args, scratch[:-1] + (mid, mid if self.codes else _NO_CODES),
+                gate)
         if len(local.calls) == 1:
             share(*local.calls[0])
         else:
-            run_shares(share, local.calls)
+            # The caller starts its own share once a worker's has let go of the GIL: a
+            # worker waiting for it sleeps (tens of microseconds to wake on a VM).
+            run_shares(share, local.calls, gate=gate)
         return out
 
     def _scratch(self, made, t):

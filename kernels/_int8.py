@@ -22,6 +22,7 @@ from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
+from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
 
 # --- configuration ---
@@ -222,7 +223,7 @@ def column_sums(b, add, out):
 
 
 @jit
-def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
+def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels, gate):
     """``C = A' @ B' + rc[i] + cc[j]`` over the five loops (see the module docstring).
 
     ``a`` (m x k) and ``b`` (k x n): int8 or uint8, any strides.  ``c``: flat int32,
@@ -236,8 +237,9 @@ def qgemm(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels):
     flip (a byte kind, uint8 A); or an empty ``words``: A is packed a value at a
     time.  ``b_panels``: B's blocks packed
     by :func:`pack_b_blocks` with these KC and NC (int32 words), or empty: B is
-    packed here, block by block.
+    packed here, block by block.  ``gate``: as for :func:`qconv_taps_blocks`.
     """
+    publish(gate, 0, 1)
     if KSTEP > 1:
         return _qgemm_slabs(a, b, c, c_at, adds, blocks, packs, rc, cc, a_words, b_panels)
     m, k = a.shape
@@ -426,7 +428,7 @@ def _tap_runs(g0, g1, cgw, geom, c0w, seg):
 
 @jit
 def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out, codes, summed,
-                      scratch):
+                      scratch, gate):
     """A quantized convolution's blocks of output on the taps kernel, in one call: per
     block, the input rows it reads widened once (:func:`widen_rows`), then per chunk
     of its pixels each group's sums (:func:`qconv_taps`) and the epilogue into
@@ -458,7 +460,11 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     :func:`qconv_taps`'s buffers (``offsets``: its ``seg`` then its ``a_at``), where
     the codes go (``out`` flat, or with a residual room for a chunk's codes), and
     ``dest`` again where the tiles write the codes, else an empty byte array.
+    ``gate``: an int64 array whose element 0 is set to 1 on entry, once the GIL is let
+    go: a caller that hands shares to the pool waits for it before it runs its own
+    (``kernels/pool.py``), so that neither thread sleeps waiting for the GIL.
     """
+    publish(gate, 0, 1)
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
     words, values, acc, zeros, offsets, chunk, dest, tiles = scratch
     for b in range(blocks.shape[0]):

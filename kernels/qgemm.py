@@ -318,16 +318,20 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
     if threads == 1:
         blocks = _blocks(kind, bits, m, n, k)
         mod.qgemm(a, b, flat, (0, n), adds, blocks, _packs(kind, bits, blocks), rc, cc,
-                  _words(a, kind), panels)
+                  _words(a, kind), panels, np.zeros(1, np.int64))
         return c
+    gate = np.zeros(1, np.int64)
 
     def share(i0, i1, j0, j1):
         part = a[i0:i1]
         blocks = _blocks(kind, bits, i1 - i0, j1 - j0, k)
         mod.qgemm(part, b[:, j0:j1], flat, (i0 * n + j0, n), adds, blocks,
-                  _packs(kind, bits, blocks), rc[i0:i1], cc[j0:j1], _words(part, kind), panels)
+                  _packs(kind, bits, blocks), rc[i0:i1], cc[j0:j1], _words(part, kind), panels,
+                  gate)
 
-    run_shares(share, _parts(m, n, mod.MR, mod.NR, threads, rows=b_panels is not None))
+    # the caller's share waits for a worker's to let go of the GIL (see conv/quantized.py)
+    run_shares(share, _parts(m, n, mod.MR, mod.NR, threads, rows=b_panels is not None),
+               gate=gate)
     return c
 
 

@@ -275,7 +275,8 @@ def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layo
         monkeypatch.setattr(quantized, "SHARE_OPS", 0)
         shares = []
         monkeypatch.setattr(quantized, "run_shares",
-                            lambda fn, parts: (shares.append(parts), [fn(*a) for a in parts]))
+                            lambda fn, parts, gate=None: (shares.append(parts),
+                                                          [fn(*a) for a in parts]))
         with tilegemm.thread_limit(2):
             got = tilegemm.qconv2d(x, 0.02, qw, **options)
         monkeypatch.undo()
