@@ -78,11 +78,35 @@ def kernel_for(dtype, n=None):
     if plan is None:
         plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
     blk = plan[1]
-    if n is not None and n < blk.nr and derived_tile(blk):
-        mr, nr = min((t for t in register_tiles(detect().vector_registers, blk.lanes)
-                      if t[1] >= n), key=lambda t: t[1])
-        plan = _plans[(dtype, n)] = (get_kernel(dtype, mr, nr), blocking(dtype, mr=mr, nr=nr))
+    if n is None or not derived_tile(blk):
+        return plan
+    tiles = register_tiles(detect().vector_registers, blk.lanes)
+    if n < blk.nr:
+        mr, nr = min((t for t in tiles if t[1] >= n), key=lambda t: t[1])
+    elif n % blk.nr:
+        mr, nr = snug_tile(tiles, n, blk)
+    else:
+        return plan
+    plan = _plans[(dtype, n)] = (get_kernel(dtype, mr, nr), blocking(dtype, mr=mr, nr=nr))
     return plan
+
+
+def snug_tile(tiles, n, blk):
+    """The register tile for products of ``n`` columns, more than the default tile's NR
+    and not a multiple of it: of the tiles nearly as fast as the default (FMAs per
+    load at least 0.9 of its), the one whose panels pad the fewest columns, unless
+    the default's pad at most a sixteenth of ``n`` more.  On AVX-512 float32 (one
+    thread, same process): 196x96x576 on 6x64 tiles (over 128 columns) 146 us, on
+    9x48 108 (numpy 141); 14x32 tiles, whose 14 broadcasts a k step cost more,
+    ran 196x64x384 in 58 us against 6x64's 49."""
+    def per_load(t):
+        vectors = t[1] // blk.lanes
+        return t[0] * vectors / (t[0] + vectors)
+    fast = [t for t in tiles if per_load(t) >= 0.9 * per_load((blk.mr, blk.nr))]
+    best = min(fast, key=lambda t: round_up(n, t[1]))
+    if 16 * (round_up(n, blk.nr) - round_up(n, best[1])) <= n:
+        return blk.mr, blk.nr
+    return best
 
 
 def derived_tile(blk):
