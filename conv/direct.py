@@ -350,9 +350,9 @@ def run(x, w, bias, out, p, act, path=None):
                                           out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
         epi = act | (EPI_BIAS_ROW if has_bias else 0)
-        engine.launch(lambda t, counter: mod.depthwise_flat_tasks(
-            counter, plan.numbers, plan.grid, xf, planes[t] if plan.copy else xf, wf, b, epi,
-            of, planes[t]), threads)
+        engine.launch_tasks(mod.depthwise_flat_tasks, lambda t: (
+            plan.numbers, plan.grid, xf, planes[t] if plan.copy else xf, wf, b, epi, of,
+            planes[t]), threads)
         return out
     ntasks, plan = direct_plan(p, path, KB, TICK_OUTPUTS)
     if path == NCHW_VECTOR:
@@ -364,8 +364,8 @@ def run(x, w, bias, out, p, act, path=None):
                                         (max(KB * round_up(p.Wo, 64), Hp * Wp),),
                                         out.dtype)
         wf = np.ascontiguousarray(w).reshape(-1)
-        engine.launch(lambda t, counter: mod.direct_nchw_tasks(counter, plan, xf, wf, b, has_bias,
-                                                               act, of, accs[t]), threads)
+        engine.launch_tasks(mod.direct_nchw_tasks,
+                            lambda t: (plan, xf, wf, b, has_bias, act, of, accs[t]), threads)
         return out
     if path == NCHW:
         threads = engine.threads_for(p.flops, ntasks)
@@ -377,8 +377,7 @@ def run(x, w, bias, out, p, act, path=None):
         (accs,) = engine.thread_buffers("direct_nhwc", max(threads, 1), (p.K,), out.dtype)
         wf = np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1)
         tasks = _nhwc_tasks
-    engine.launch(lambda t, counter: tasks(counter, plan, xf, wf, b, has_bias, act, of, accs[t]),
-                  threads)
+    engine.launch_tasks(tasks, lambda t: (plan, xf, wf, b, has_bias, act, of, accs[t]), threads)
     return out
 
 
@@ -402,7 +401,7 @@ def bind_nhwc_vector(w, bias, p, dtype):
                              lambda w: np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(-1))
         args = ((p.N * cdiv(p.Ho, band), band), x.reshape(-1), wt, b, act | has_bias,
                 out.reshape(-1), geom, p.C)
-        engine.launch(lambda t, counter: mod.depthwise_nhwc_tasks(counter, *args), threads)
+        engine.launch_tasks(mod.depthwise_nhwc_tasks, lambda t: args, threads)
         return out
     return run_bound
 

@@ -17,7 +17,7 @@
   calls with the same weights skip the work and weights changed in place are
   never served stale.
 * ``thread_buffers`` (:mod:`tilegemm.ground.workspace`) -- per-thread scratch, reused;
-  ``launch`` (:mod:`tilegemm.kernels.pool`) -- a task loop on one or several threads.
+  ``launch_tasks`` (:mod:`tilegemm.kernels.tasks`) -- a task loop on one or several threads.
 """
 import collections
 import os
@@ -33,6 +33,7 @@ from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' s
 from tilegemm.kernels import tilelib
 from tilegemm.kernels.driver import derived_tile, kernel_for
 from tilegemm.kernels.pool import launch, run_shares  # noqa: F401 (launch: the paths' threads)
+from tilegemm.kernels.tasks import launch_tasks  # noqa: F401 (the paths' task loops on threads)
 from tilegemm.kernels.registry import get_kernel, lanes_of
 from tilegemm.tuning.blocking import register_tiles
 from tilegemm.tuning.machine import detect

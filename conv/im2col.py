@@ -128,9 +128,8 @@ def _pointwise_nchw(x, w, bias, out, p, act):
     apacks, bpacks = engine.thread_buffers(("pointwise_nchw", kernel.name), plan.threads,
                                            plan.sizes, out.dtype)
     for g in range(p.groups):
-        engine.launch(lambda t, counter: mod.im2col_pointwise_tasks(
-            counter, plan.numbers, g, xf, wf, biases[g], epi, of, (apacks[t], bpacks[t])),
-            plan.threads)
+        engine.launch_tasks(mod.im2col_pointwise_tasks, lambda t: (
+            plan.numbers, g, xf, wf, biases[g], epi, of, (apacks[t], bpacks[t])), plan.threads)
     return out
 
 
@@ -180,8 +179,8 @@ def run(x, w, bias, out, p, act):
                                                  plan.sizes, out.dtype)
     for g in range(p.groups):
         apack, bias_g = packed[g][0], biases[g]
-        engine.launch(lambda t, counter: mod.im2col_nchw_tasks(
-            counter, plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t]), general),
+        engine.launch_tasks(mod.im2col_nchw_tasks, lambda t: (
+            plan.numbers, g, xf, apack, bias_g, epi, of, (bpacks[t], edges[t]), general),
             plan.threads)
     return out
 

@@ -75,9 +75,8 @@ def run(x, w, bias, out, p, act):
     xqs, cbufs = engine.thread_buffers(("im2col_planes", kernel.name), threads, plan.sizes,
                                        out.dtype)
     grid, x1, out1 = (plan.taps, plan.masks, plan.sched), x.reshape(-1), out.reshape(-1)
-    engine.launch(lambda t, counter: mod.planes_tasks(counter, plan.numbers, grid, x1, apack,
-                                                      epilogue, out1, (xqs[t], cbufs[t])),
-                  threads)
+    engine.launch_tasks(mod.planes_tasks, lambda t: (plan.numbers, grid, x1, apack, epilogue,
+                                                     out1, (xqs[t], cbufs[t])), threads)
     return out
 
 

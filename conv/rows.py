@@ -224,14 +224,13 @@ def bind(w, bias, p, dtype):
         if p.layout == "NCHW":
             (cbufs,) = engine.thread_buffers(("im2col_rows_c", kernel.name), plan.threads,
                                              (plan.cbuf,), dtype)
-            engine.launch(lambda t, counter: mod.rows_nchw_tasks(
-                counter, plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
+            engine.launch_tasks(mod.rows_nchw_tasks, lambda t: (
+                plan.numbers, x1, bpack, b, epi, out1, zeros, (offs[t], cbufs[t])),
                 plan.threads)
             return out
         beta0 = 1.0 if accumulate else 0.0
-        engine.launch(lambda t, counter: mod.rows_nhwc_tasks(
-            counter, plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t], beta0),
-            plan.threads)
+        engine.launch_tasks(mod.rows_nhwc_tasks, lambda t: (
+            plan.numbers, x1, bpack, b, epi, out1, zeros, offs[t], beta0), plan.threads)
         return out
     return run_bound
 

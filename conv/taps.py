@@ -324,11 +324,10 @@ def run(x, w, bias, out, p, act):
     copies = plan.layout != FLAT
     padded = True if plan.layout == PADDED else None
     x, out1 = x.reshape(-1), out.reshape(-1)
-    engine.launch(lambda t, counter: mod.taps_tasks(counter, plan.numbers, grid, reads, x, apack,
-                                                    (b, bias_group, epi), out1,
-                                                    (cbufs[t], bpacks[t]),
-                                                    xqs[t] if copies else None, padded),
-                  plan.threads)
+    engine.launch_tasks(mod.taps_tasks, lambda t: (plan.numbers, grid, reads, x, apack,
+                                                   (b, bias_group, epi), out1, (cbufs[t], bpacks[t]),
+                                                   xqs[t] if copies else None, padded),
+                        plan.threads)
     return out
 
 

@@ -241,8 +241,8 @@ def _run_nchw(x, w, bias, out, p, act, blocking, tile):
     plan = plan_record(p=p, ntasks=ntasks, groups=p.groups, C=p.Cg, u_group=u_group, Kp=Kp,
                        K=Kg, NB=NB, whole=whole, parts=parts, tiles_total=tiles_total, KC=KC,
                        b_slab=b_slab, m_slab=m_slab, TH=TH, TW=TW)
-    engine.launch(lambda t, counter: mod.winograd_nchw_tasks(
-        counter, plan, xf, upack, b, epi, of, (bpacks[t], mbufs[t], runs[t])), threads)
+    engine.launch_tasks(mod.winograd_nchw_tasks, lambda t: (
+        plan, xf, upack, b, epi, of, (bpacks[t], mbufs[t], runs[t])), threads)
     return out
 
 
@@ -287,6 +287,6 @@ def _run_nhwc(x, w, bias, out, p, act, blocking, tile):
     plan = plan_record(p=p, ntasks=ntasks, groups=p.groups, C=p.Cg, K=Kg, Kp=Kp, KC=KC, MT=MT,
                        ldv=ldv, v_slab=v_slab, m_slab=m_slab, u_group=u_group,
                        tiles_total=tiles_total, TH=TH, TW=TW)
-    engine.launch(lambda t, counter: mod.winograd_nhwc_tasks(
-        counter, plan, xf, upack, b, epi, of, (vbufs[t], mbufs[t])), threads)
+    engine.launch_tasks(mod.winograd_nhwc_tasks, lambda t: (
+        plan, xf, upack, b, epi, of, (vbufs[t], mbufs[t])), threads)
     return out

@@ -216,9 +216,8 @@ def fast_batched(a, b, out):
     if a.ndim == 3:
         entry.call(a, b, out, entry.plan)
     else:
-        m, n = out.shape[-2:]
-        entry.call(a.reshape(ra, m, -1), b.reshape(rb, -1, n), out.reshape(-1, m, n),
-                   entry.plan)
+        (m, k), n = a.shape[-2:], out.shape[-1]
+        entry.call(a.reshape(ra, m, k), b.reshape(rb, k, n), out.reshape(-1, m, n), entry.plan)
     return out
 
 

@@ -454,6 +454,9 @@ def path_cases(dtype):
         # C-contiguous 3-D batches on one thread: one jitted call, in place, and packed
         # (B's rows a page apart fall on the same L1 sets).
         ({"batched_one_call", "batched_unpacked"}, "matmul", (5, 9, 7), (5, 7, 6), False, 1),
+        # Batch dimensions folded into one: equal, and one side's all 1 (broadcast).
+        ({"batched_one_call", "batched_unpacked"}, "matmul", (2, 3, 9, 7), (2, 3, 7, 6), False, 1),
+        ({"batched_one_call", "batched_unpacked"}, "matmul", (1, 1, 9, 7), (2, 3, 7, 6), False, 1),
         ({"batched_one_call", "batched_packed"}, "matmul", (2, 96, 40),
          (2, 40, 4096 // dtype.itemsize), False, 1),
     ]
