@@ -534,12 +534,23 @@ def _shared_b_plan(kern, cache_blocks, m, n, k, threads):
 _shared_b_plans = {}
 
 
+#: Below this many of the cache's row blocks per thread, shared_b evens them out.
+BALANCE_BLOCKS = 3
+
+
 def balanced_rows(m, mc, mr, threads):
-    """The MC of m rows shared by ``threads`` threads taking row blocks from a counter:
-    at most ``mc`` (the cache's), in a multiple of ``threads`` blocks of nearly equal
-    rows, whole MR panels.  The cache's own MC leaves a short last block: on an
+    """The MC of m rows shared by ``threads`` threads taking row blocks from a counter.
+
+    The cache's ``mc``, unless that makes fewer than ``BALANCE_BLOCKS`` blocks a
+    thread: then the largest MC up to it that cuts m into a multiple of ``threads``
+    blocks of nearly equal rows (whole MR panels).  With few blocks the cache's MC
+    leaves a short last one, and the threads' shares differ by a block: on an
     AVX-512 Xeon (float32 6x64, MC 126, two threads) 384 rows went as 126 + 126
-    against 126 + 6, and 384^3 ran at 1.37x one thread's speed."""
+    against 126 + 6 (384^3: 418 -> 348 us balanced, 512^3 841 -> 817).  With many,
+    a thread that took the short block takes another, and the smaller blocks cost
+    more than they even out (768^3 2539 -> 2617 us, 1024^3 5880 -> 6052)."""
+    if cdiv(m, mc) >= BALANCE_BLOCKS * threads:
+        return min(mc, round_up(m, mr))
     blocks = round_up(cdiv(m, mc), threads)
     return min(mc, round_up(cdiv(m, blocks), mr))
 
