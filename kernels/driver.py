@@ -69,25 +69,32 @@ def kernel_for(dtype, n=None):
     The default tile (``n`` None or wide) is the widest that fits the registers.
     A product narrower than its NR would spend most of each tile on zero padding,
     so when the register tile was not overridden a narrower one is taken: the
-    smallest NR (a multiple of the vector width) that covers ``n``.
+    smallest NR (a multiple of the vector width) that covers ``n``.  A wider one
+    that is no multiple of NR may take a tile that pads fewer columns
+    (:func:`snug_tile`).
     """
-    plan = _plans.get((dtype, n))  # narrow products are cached under their width
+    plan = _plans.get((dtype, n))  # products are cached under their width
     if plan is not None:
         return plan
     plan = _plans.get(dtype)
     if plan is None:
         plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
     blk = plan[1]
-    if n is None or not derived_tile(blk):
+    if n is None or (n >= blk.nr and n % blk.nr == 0) or not derived_tile(blk):
         return plan
     tiles = register_tiles(detect().vector_registers, blk.lanes)
     if n < blk.nr:
         mr, nr = min((t for t in tiles if t[1] >= n), key=lambda t: t[1])
-    elif n % blk.nr:
-        mr, nr = snug_tile(tiles, n, blk)
     else:
-        return plan
-    plan = _plans[(dtype, n)] = (get_kernel(dtype, mr, nr), blocking(dtype, mr=mr, nr=nr))
+        mr, nr = snug_tile(tiles, n, blk)
+    if (mr, nr) != (blk.mr, blk.nr):
+        plan = _plans.get((dtype, mr, nr))
+        if plan is None:
+            plan = _plans[(dtype, mr, nr)] = (get_kernel(dtype, mr, nr),
+                                              blocking(dtype, mr=mr, nr=nr))
+    if len(_plans) >= 4096:         # bounded: widths come and go
+        _plans.clear()
+    _plans[(dtype, n)] = plan
     return plan
 
 

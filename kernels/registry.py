@@ -44,20 +44,30 @@ class Kernel:
     isa: str
     module: object
 
-    @functools.cached_property
+    @property
     def shares(self):
         """The module of this kernel's native shares (``kernels/_tile_shares.py``),
         written and imported on first use, then kept on the kernel (every threaded
         call asks for it)."""
-        with _lock:
-            return _load_companion("shares", self.dtype.name, self.mr, self.nr, self.isa)
+        return self._companion("shares")
 
-    @functools.cached_property
+    @property
     def batches(self):
         """The module of this kernel's batched products (``kernels/_tile_batch.py``),
         written and imported on first use, then kept on the kernel."""
-        with _lock:
-            return _load_companion("batch", self.dtype.name, self.mr, self.nr, self.isa)
+        return self._companion("batch")
+
+    def _companion(self, part):
+        # One lock for every companion (not cached_property's own lock per property,
+        # which Python 3.11 holds while computing): loading the shares module loads
+        # the batch module, and two threads taking the two locks in opposite orders
+        # would wait for each other forever.
+        module = self.__dict__.get(part)
+        if module is None:
+            with _lock:
+                module = _load_companion(part, self.dtype.name, self.mr, self.nr, self.isa)
+            self.__dict__[part] = module       # frozen dataclass: its dict, as a cache
+        return module
 
     @property
     def no_bias(self):

@@ -90,7 +90,8 @@ def small_kernel(dtype, m, n):
         snug = 6 * round_up(m, kern.mr) <= 7 * m and 6 * round_up(n, kern.nr) <= 7 * n
         return (kern, blk) if snug and derived_tile(blk) else item_kernel(dtype, m, n)
     kern, blk = kernel_for(dtype, n)
-    if not derived_tile(blk) or n <= SMALL_ITEM or n % blk.nr == 0:
+    # (the default tile's derivation: kernel_for's own narrow and snug tiles are not)
+    if not derived_tile(kernel_for(dtype)[1]) or n <= SMALL_ITEM or n % blk.nr == 0:
         return kern, blk                # narrow products keep kernel_for's narrow tile
     mr = min(8, (detect().vector_registers - 3) // 2)
     return get_kernel(dtype, mr, 2 * blk.lanes), blocking(dtype, mr=mr, nr=2 * blk.lanes)

@@ -159,3 +159,39 @@ def test_one_call_plans_pack_large_enough_products():
             assert driver.SMALL_CALLS[(dtype, dtype, m, n, k)][1] == plan
             if 2 * m * n * k <= small.one_thread_flops(dtype):
                 assert driver.TINY_CALLS[(m, k, k, n, dtype.itemsize)][3] == plan
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_batch_in_one_call_into_one_of_its_operands(dtype):
+    """``matmul(a, b, out=a)`` and ``out=b`` on the one-call batch path (C-contiguous
+    3-D and 4-D operands): the products go through a temporary, the inputs' values
+    are read before ``out`` is written."""
+    from tilegemm.kernels.tiny import BATCH_CALLS
+    rng = np.random.default_rng(3)
+    for shape in ((6, 9, 9), (2, 3, 8, 8)):
+        a = rng.standard_normal(shape).astype(dtype)
+        b = rng.standard_normal(shape).astype(dtype)
+        want = np.matmul(a.astype(np.float64), b)
+        with tilegemm.thread_limit(1):
+            got = tilegemm.matmul(a, b, out=a)
+            assert got is a
+            np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-4)
+            a2 = rng.standard_normal(shape).astype(dtype)
+            want = np.matmul(a2.astype(np.float64), b)
+            assert tilegemm.matmul(a2, b, out=b) is b
+            np.testing.assert_allclose(b, want, rtol=1e-4, atol=1e-4)
+        assert BATCH_CALLS[a.shape + b.shape + (a.itemsize,)]    # the one-call path ran
+
+
+def test_wide_products_keep_the_one_call_tile_where_the_snug_tile_still_pads():
+    """small_kernel's own two-vector tile for one-call products past SMALL_ITEM
+    columns that are no multiple of the default NR, unless kernel_for's tile (the
+    default or a snug one) covers them exactly."""
+    from tilegemm.kernels import small
+    from tilegemm.tuning.blocking import blocking
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        default = blocking(dtype)
+        for n in range(65, 400, 7):
+            kern, _ = small.small_kernel(dtype, 100, n)
+            if n % kern.nr:
+                assert kern.nr == 2 * default.lanes, (dtype, n, kern.name)
