@@ -204,6 +204,8 @@ def fast_batched(a, b, out):
     key = a.shape + b.shape + (dtype.itemsize,)
     entry = BATCH_CALLS.get(key)
     if entry is None:
+        if len(BATCH_CALLS) >= 4096:             # bounded: shapes come and go
+            BATCH_CALLS.clear()
         entry = BATCH_CALLS[key] = one_call_batch(dtype, a.shape, b.shape)
     if not (entry and (entry.any_threads or get_num_threads() == 1)):
         return None
