@@ -452,13 +452,14 @@ def path_cases(dtype):
         ({"batched_packed"}, "matmul", (3, 63, 40), (3, 40, 20), True, 1),
         ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2),
         # C-contiguous 3-D batches on one thread: one jitted call, in place, and packed
-        # (B's rows a page apart fall on the same L1 sets).
+        # (B's rows a page apart fall on the same L1 sets; four items, so that no ISA's
+        # sharing size makes them one-by-one items).
         ({"batched_one_call", "batched_unpacked"}, "matmul", (5, 9, 7), (5, 7, 6), False, 1),
         # Batch dimensions folded into one: equal, and one side's all 1 (broadcast).
         ({"batched_one_call", "batched_unpacked"}, "matmul", (2, 3, 9, 7), (2, 3, 7, 6), False, 1),
         ({"batched_one_call", "batched_unpacked"}, "matmul", (1, 1, 9, 7), (2, 3, 7, 6), False, 1),
-        ({"batched_one_call", "batched_packed"}, "matmul", (2, 96, 40),
-         (2, 40, 4096 // dtype.itemsize), False, 1),
+        ({"batched_one_call", "batched_packed"}, "matmul", (4, 96, 40),
+         (4, 40, 4096 // dtype.itemsize), False, 1),
     ]
 
 
