@@ -38,7 +38,7 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
-from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.pool import NO_GATE, run_shares
 from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.qgemm import (SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into,
                                      widening)
@@ -322,7 +322,7 @@ class TapsPlan:
         run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
                                                  self.epilogue, out, self.epilogue[4], summed)
         x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
-        gate = np.zeros(1, np.int64)
+        gate = NO_GATE if len(local.calls) == 1 else np.zeros(1, np.int64)
 
         def share(blocks, scratch):
             mid = scratch[-1].view(self.summed[-1]) if dest is None else dest

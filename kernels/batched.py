@@ -238,9 +238,11 @@ def one_call_batch(dtype, a_shape, b_shape):
     else:
         return False
     count = math.prod(batch)
+    if count < 1:
+        return False
     kern, blk = item_kernel(dtype, m, n)
     path = choose_route(kern, count, (m, n, k), 1, (n, 1))
-    if count < 1 or path == "batched_items":
+    if path == "batched_items":
         return False
     KC, blocks, _ = item_blocks(kern, blk, path, (m, n, k))
     module = kern.batches

@@ -46,6 +46,9 @@ GATE_SPIN_SECONDS = 50e-6
 WAIT_SPIN_SECONDS = 2e-3
 #: ... then how long it sleeps between looks.
 SLEEP_POLL_SECONDS = 100e-6
+#: The gate of a call that runs on the caller's thread alone: what its share publishes
+#: there tells nobody (see :meth:`SpinPool.run`), and no call allocates one.
+NO_GATE = np.zeros(1, np.int64)
 #: One flag per 64-byte cache line, so that a worker's flag shares a line with no other.
 _STRIDE = 8
 #: No flags to publish (see :func:`signal`).

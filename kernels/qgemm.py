@@ -25,7 +25,7 @@ from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import aligned_empty, buffers
 from tilegemm.kernels import tilelib
-from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.pool import NO_GATE, run_shares
 from tilegemm.kernels.requant import NOT_FOLDED
 from tilegemm.kernels.widen import widen_rows
 from tilegemm.kernels.int8 import A_BLOCKS, BYTE_KINDS, GROUP, KSTEP, MADDUBS_B_LIMIT, TILES
@@ -318,7 +318,7 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
     if threads == 1:
         blocks = _blocks(kind, bits, m, n, k)
         mod.qgemm(a, b, flat, (0, n), adds, blocks, _packs(kind, bits, blocks), rc, cc,
-                  _words(a, kind), panels, np.zeros(1, np.int64))
+                  _words(a, kind), panels, NO_GATE)
         return c
     gate = np.zeros(1, np.int64)
 

@@ -175,5 +175,5 @@ def add_codes(a, b, scales, zeros, relu, low, high, out):
             sums[j] = max(y, floor)
         for j in range(count):
             v = np.rint(sums[j] / sy) + zy
-            # clipped first, then through int32: float to byte directly was 1.3x slower
+            # clipped first, then through int32: float to byte directly ran 1.12x slower
             ob[j] = np.int32(low if not v >= low else min(v, high))
