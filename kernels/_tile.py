@@ -22,7 +22,8 @@ from tilegemm.ground.contracts import (EPI_BIAS_COL, EPI_BIAS_ROW, EPI_RELU, EPI
                                        imin, inner_jit, jit)
 from tilegemm.kernels.gemv import GEMV_PREFETCH, make_gemv_kernels
 from tilegemm.kernels.microkernel import Flavour
-from tilegemm.kernels.native import data_address
+from tilegemm.kernels.native import (as_c_order, borrowed, data_address, flat_view,
+                                     tiny_operands)
 from tilegemm.kernels.packers import make_pack_panel
 from tilegemm.kernels.registry import microkernel
 from tilegemm.kernels.sync import acquire, next_task, pause, publish
@@ -333,27 +334,42 @@ def overlap(x, y):
 
 @jit
 def matmul_small(a, b, c, plan):
-    """``c = a @ b`` for small C-contiguous 2-D operands, in one call from Python.
+    """``c = a @ b`` for small 2-D operands, in one call from Python: True after it,
+    False (nothing computed) unless all three are C-contiguous and aligned and ``c``
+    has the product's shape.
 
     A and B read in place, ``plan = (KC, 0, 0)``: k blocks of KC; the scratch panels
     of the edges are allocated here.  For products of a few microseconds the
     Python-side bookkeeping of the general entry costs more than the arithmetic.
+    Compiled also for operands typed of any layout, the entry ``tilegemm.matmul``
+    calls straight by shape (``kernels/tiny.py``): the layout checked here takes
+    nanoseconds, Python's look at the arrays' flags took a 4x4 product's time.
     A C that shares memory with A or B is computed in a temporary, then copied.
-    Assumes m, n >= 2 and matching shapes.
+    Assumes m, n >= 2 and matching shapes of A and B.
     """
+    a, b, c = borrowed(a), borrowed(b), borrowed(c)
+    if not tiny_operands(a, b, c):
+        return False
     m, k = a.shape
     n = b.shape[1]
     kc = imax(1, imin(plan[0], k))
     dst, av, bv, cv = one_call_operands(a, b, c)
-    packs = (np.empty(MR * kc, DTYPE), np.empty(NR * kc, DTYPE))
+    if m % MR or n % NR:
+        packs = (np.empty(MR * kc, DTYPE), np.empty(NR * kc, DTYPE))
+    else:           # no edge panels: no allocation (a product of a few tiles shows it)
+        packs = (av[0][:0], av[0][:0])
     gemm_small((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), kc, packs)
     copy_back(dst, c)
+    return True
 
 
 @jit
 def matmul_small_packed(a, b, c, plan):
     """:func:`matmul_small` over packed panels, ``plan = (KC, MC, NC)`` its blocks (a
     function of its own: a product in place never compiles the packed loops)."""
+    a, b, c = borrowed(a), borrowed(b), borrowed(c)
+    if not tiny_operands(a, b, c):
+        return False
     m, k = a.shape
     n = b.shape[1]
     KC, MC, NC = plan
@@ -362,24 +378,26 @@ def matmul_small_packed(a, b, c, plan):
     packs = (np.empty(MC * kc, DTYPE), np.empty(NC * kc, DTYPE))
     five_loops((m, n, k), (DTYPE(1), DTYPE(0)), av, bv, cv, (NO_BIAS, ZERO), (kc, MC, NC), packs)
     copy_back(dst, c)
+    return True
 
 
 @numba.njit(inline='always', **JIT)
 def one_call_operands(a, b, c):
-    """``(dst, a, b, c)`` of a one-call product: C itself, or a temporary where C
-    shares memory with A or B, and the three as the drivers take an operand."""
+    """``(dst, a, b, c)`` of a one-call product (operands checked C-ordered, typed of
+    any layout): C itself, or a temporary where C shares memory with A or B, and the
+    three as the drivers take an operand."""
     m, k = a.shape
     n = b.shape[1]
-    dst = np.empty((m, n), DTYPE) if overlap(c, a) or overlap(c, b) else c
-    return (dst, (a.reshape(-1), (ZERO, k, UNIT)), (b.reshape(-1), (ZERO, n, UNIT)),
-            (dst.reshape(-1), (ZERO, n, UNIT)))
+    dst = np.empty((m, n), DTYPE) if overlap(c, a) or overlap(c, b) else as_c_order(c)
+    return (dst, (flat_view(a), (ZERO, k, UNIT)), (flat_view(b), (ZERO, n, UNIT)),
+            (flat_view(dst), (ZERO, n, UNIT)))
 
 
 @numba.njit(inline='always', **JIT)
 def copy_back(dst, c):
     """C's values from the temporary ``dst`` (nothing when ``dst`` is C)."""
     if data_address(dst) != data_address(c):
-        flat, src = c.reshape(-1), dst.reshape(-1)
+        flat, src = flat_view(c), flat_view(dst)
         for i in range(src.size):
             flat[i] = src[i]
 

@@ -13,7 +13,7 @@ import math
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_FEW_ROWS, UNPACKED_KC, derived_tile,
-                                     item_kernel, kernel_for, serial_flops, serial_plan)
+                                     gemm_into, item_kernel, kernel_for, serial_flops, serial_plan)
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
 from tilegemm.tuning.blocking import blocking
@@ -100,7 +100,8 @@ def small_kernel(dtype, m, n):
 def small_call(dtype, m, n, k):
     """``(call, plan)``: the jitted ``matmul_small`` (in place) or
     ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`
-    up to ``OWN_TILE_FLOPS``), called ``call(a, b, c, plan)``, and its plan for k
+    up to ``OWN_TILE_FLOPS``), called ``call(a, b, c, plan)`` (False where the
+    operands are not C-contiguous and aligned), and its plan for k
     (:func:`one_call_plan`); past ``OWN_TILE_FLOPS``, the GEMM's tile and the plan of
     :func:`gemm_into` on one thread (:func:`serial_plan`)."""
     if 2 * m * n * k <= OWN_TILE_FLOPS:
@@ -154,7 +155,8 @@ def matmul_small(a, b, c):
     call = SMALL_CALLS.get(key)
     if call is None:
         call = SMALL_CALLS[key] = small_call(c.dtype, *key[2:])
-    call[0](a, b, c, call[1])
+    if not call[0](a, b, c, call[1]):       # data not aligned to its items
+        return gemm_into(a, b, c)
     record_tiny(call, a, b, c, one_thread_flops)
     return c
 

@@ -5,18 +5,23 @@ A Numba dispatcher matches a call's argument types against its compiled versions
 before it runs one; for a 4x4 product that took 0.6 of the call's 1.1 us.  A small
 product that ran on the one-call path (``kernels.small.matmul_small``, or ``matmul``'s
 lookup of it by shape) and that runs on one thread whatever the thread count is
-recorded here with the entry point of the version that ran it, and ``matmul`` calls
-that entry directly for operands of the same shapes, dtypes (by identity) and form.
+recorded here with the compiled entry point of its kernel's ``matmul_small``
+(``kernels/_tile.py``) typed for arrays of any layout: ``matmul`` calls that entry
+directly for operands of the same shapes and dtype (by identity), and the entry checks
+the operands' layout itself, in less time than Python reads an array's flags.
 """
 import numba
+from numba import types
 
-#: ``a.shape + b.shape + (a.itemsize,) -> (entry, a dtype, b dtype, plan)``: the small
+#: ``(a.shape, b.shape, a.itemsize) -> (entry, dtype, c's shape, plan)``: the small
 #: products that ran on their one-call path and run on one thread whatever the thread
 #: count (up to the caller's limit, at least :data:`TINY_FLOPS`); ``entry(a, b, c,
-#: plan)`` is the compiled version's own entry point for C-contiguous, aligned 2-D
-#: operands of those dtypes.  The key is the shapes and the item size (float32 and
-#: float64 products of one shape each have theirs), the dtypes checked by identity:
-#: a key with the dtypes had cost 0.8 us.
+#: plan)`` is ``matmul_small``'s (or ``matmul_small_packed``'s) compiled entry point for 2-D operands of ``dtype`` of
+#: any layout, False where they are not C-contiguous and aligned or ``c`` has another
+#: shape (it reads the arrays as the types it was compiled for: the caller checks
+#: that they are ndarrays of ``dtype``, 2-D, and ``c`` writeable).  The key is the
+#: shapes and the item size (float32 and float64 products of one shape each have
+#: theirs), the dtypes checked by identity: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
 #: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(call,
 #: plan)``, filled by ``tilegemm.matmul`` on the first small product of each shape:
@@ -35,23 +40,22 @@ TINY_FLOPS = 2 * 32 ** 3
 
 
 def record_tiny(call, a, b, c, limit):
-    """Keep in ``TINY_CALLS`` the entry point of ``call = (dispatcher, plan)`` that
-    just ran ``dispatcher(a, b, c, plan)``, when the operands are of the form the entry
-    is called with (C-contiguous, aligned, writeable: the entry's argument types are
-    exactly theirs), the product has at most ``limit(c.dtype)`` flops (the caller's
-    bound of products that never take a second thread) and once per key (the checks
-    below cost a ``matmul(..., out=)`` that takes the one-call path each time)."""
-    key = a.shape + b.shape + (a.itemsize,)
+    """Keep in ``TINY_CALLS`` the entry point of the product that just ran as
+    ``call = (dispatcher, plan)`` (``kernels.small.small_call``): ``dispatcher``
+    compiled for operands of c's dtype of any layout, when a, b and c have that
+    dtype and the product has at most ``limit(c.dtype)`` flops (the caller's bound of
+    products that never take a second thread); once per key."""
+    key = (a.shape, b.shape, a.itemsize)
     if key in TINY_CALLS or key in TINY_DECLINED:
         return
-    if not all(x.flags.c_contiguous and x.flags.aligned and x.flags.writeable
-               for x in (a, b, c)):
+    if not (a.dtype == b.dtype == c.dtype and a.ndim == b.ndim == c.ndim == 2):
         return
     if 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
         TINY_DECLINED.add(key)
         return
-    dispatcher, plan = call
-    sig = tuple(numba.typeof(x) for x in (a, b, c, plan))
-    compiled = dispatcher.overloads.get(sig)
-    if compiled is not None:
-        TINY_CALLS[key] = (compiled.entry_point, a.dtype, b.dtype, plan)
+    tiny, plan = call
+    operand = types.Array(numba.from_dtype(c.dtype), 2, "A")
+    sig = (operand, operand, operand, numba.typeof(plan))
+    if sig not in tiny.overloads:
+        tiny.compile(sig)
+    TINY_CALLS[key] = (tiny.overloads[sig].entry_point, c.dtype, c.shape, plan)

@@ -88,8 +88,9 @@ class PathRecorder:
     returns, so a recorded call runs exactly as an unrecorded one.  Labels: the
     route names ``gemv``, ``unpacked``, ``packed`` (serial paths, also inside
     threaded ones), ``shared_b``, ``split_k``, ``blocks`` (threads each on their
-    own block of C), ``matmul_small`` (also for ``api.fast_small_matmul`` and
-    ``api.recorded_entry_call``, the same product without the general checks), ``gemv`` also for ``api.matvec_into`` (a
+    own block of C), ``matmul_small`` (also for ``api.fast_small_matmul`` and the
+    compiled entries matmul calls from ``TINY_CALLS``, the same product without the
+    general checks), ``gemv`` also for ``api.matvec_into`` (a
     matrix-vector product without the plan), the batched routes of
     ``kernels/batched.py`` (``batched.route``), and ``batched_one_call`` with the route
     it took for ``api.fast_batched`` (a batch in one jitted call).
@@ -99,14 +100,14 @@ class PathRecorder:
                # api imported matmul_small by name: its own binding is what it calls.
                (api, "matmul_small"),
                # matmul's shortest paths: the same product, None when they do not apply.
-               (api, "fast_small_matmul"), (api, "recorded_entry_call"),
+               (api, "fast_small_matmul"),
                # The matrix-vector product without the general path's plan (``gemv``).
                (api, "matvec_into"),
                # A batch in one jitted call: ``batched_one_call`` and the route it took.
                (api, "fast_batched"))
 
     #: Wrapped paths that answer None where they do not apply.
-    MAY_DECLINE = ("fast_small_matmul", "recorded_entry_call", "fast_batched")
+    MAY_DECLINE = ("fast_small_matmul", "fast_batched")
 
     def __init__(self):
         self.log = []          # list.append is atomic: pool threads record too
@@ -115,6 +116,7 @@ class PathRecorder:
         for module, name in self.WRAPPED:
             if hasattr(module, name):
                 mp.setattr(module, name, self.wrap(getattr(module, name)))
+        mp.setattr(api, "TINY_CALLS", RecordedEntries(api.TINY_CALLS, self.log))
 
     def wrap(self, fn):
         @functools.wraps(fn)
@@ -144,6 +146,27 @@ class PathRecorder:
         finally:
             paths.update(self.log[start:])
             del self.log[start:]
+
+
+class RecordedEntries:
+    """``TINY_CALLS`` as ``matmul`` reads it (``get``), each entry wrapped to note
+    ``matmul_small`` when it computes the product (it answers False where it does not)."""
+
+    def __init__(self, calls, log):
+        self.calls, self.log = calls, log
+
+    def get(self, key):
+        tiny = self.calls.get(key)
+        if tiny is None:
+            return None
+        entry = tiny[0]
+
+        def recorded(*args):
+            done = entry(*args)
+            if done:
+                self.log.append("matmul_small")
+            return done
+        return (recorded,) + tiny[1:]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -456,7 +456,7 @@ def _small_calls_against_guard_pages(dtype, shape, a_vals, b_vals, expected):
             assert (np.dtype(dtype), np.dtype(dtype), m, n, k) in driver.SMALL_CALLS
             # those on one thread whatever the thread count, from the second call on:
             # the compiled entry point itself
-            assert ((m, k, k, n, np.dtype(dtype).itemsize) in driver.TINY_CALLS) == (
+            assert (((m, k), (k, n), np.dtype(dtype).itemsize) in driver.TINY_CALLS) == (
                 2 * m * n * k <= small.one_thread_flops(np.dtype(dtype)))
             out[...] = np.nan
             assert tilegemm.matmul(a, b, out=out) is out

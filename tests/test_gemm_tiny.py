@@ -17,7 +17,7 @@ def test_the_tiny_call_path_takes_only_its_own_operands():
     rng = np.random.default_rng(12)
     a, b = rng.random((1, 4), np.float32), rng.random((4, 4), np.float32)
     tilegemm.matmul(rng.random((2, 4), np.float32), b)
-    assert (2, 4, 4, 4, 4) in driver.TINY_CALLS
+    assert ((2, 4), (4, 4), 4) in driver.TINY_CALLS
     raw = np.zeros(2 * 4 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(2, 4)
     raw[...] = rng.random((2, 4))
     frozen = rng.random((2, 4), np.float32)
@@ -61,7 +61,7 @@ def test_every_tiny_product_gets_its_entry():
             a, b = rng.random((6, k)).astype(dtype), rng.random((k, 7)).astype(dtype)
             for _ in range(2):
                 np.testing.assert_allclose(tilegemm.matmul(a, b), a @ b, rtol=1e-5)
-            assert (6, k, k, 7, np.dtype(dtype).itemsize) in driver.TINY_CALLS
+            assert ((6, k), (k, 7), np.dtype(dtype).itemsize) in driver.TINY_CALLS
 
 
 def test_the_tiny_call_path_from_several_python_threads():
@@ -69,7 +69,7 @@ def test_the_tiny_call_path_from_several_python_threads():
     rng = np.random.default_rng(13)
     a, b = rng.random((8, 8), np.float32), rng.random((8, 8), np.float32)
     want = tilegemm.matmul(a, b)
-    assert (8, 8, 8, 8, 4) in driver.TINY_CALLS
+    assert ((8, 8), (8, 8), 4) in driver.TINY_CALLS
 
     def work(i):
         for _ in range(2000):
@@ -95,7 +95,7 @@ def test_products_below_the_sharing_size_get_their_entry_and_lose_it_with_the_ru
     want = a.astype(np.float64) @ b
     for _ in range(2):
         np.testing.assert_allclose(tilegemm.matmul(a, b), want, rtol=1e-5)
-    assert (48, 48, 48, 48, 4) in driver.TINY_CALLS
+    assert ((48, 48), (48, 48), 4) in driver.TINY_CALLS
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)
     driver.reset_plans()
     shared = []
@@ -109,7 +109,7 @@ def test_products_below_the_sharing_size_get_their_entry_and_lose_it_with_the_ru
             np.testing.assert_allclose(tilegemm.matmul(a, b), want, rtol=1e-5)
     finally:
         tilegemm.set_num_threads(saved)
-    assert (48, 48, 48, 48, 4) not in driver.TINY_CALLS
+    assert ((48, 48), (48, 48), 4) not in driver.TINY_CALLS
     assert shared and max(shared) == 2
     monkeypatch.undo()
     driver.reset_plans()
@@ -158,7 +158,7 @@ def test_one_call_plans_pack_large_enough_products():
                                                rtol=1e-4, atol=1e-4 * k)
             assert driver.SMALL_CALLS[(dtype, dtype, m, n, k)][1] == plan
             if 2 * m * n * k <= small.one_thread_flops(dtype):
-                assert driver.TINY_CALLS[(m, k, k, n, dtype.itemsize)][3] == plan
+                assert driver.TINY_CALLS[((m, k), (k, n), dtype.itemsize)][3] == plan
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -18,6 +18,8 @@ from tilegemm.kernels.small import (matmul_small, one_thread_flops, small_call_s
                                     small_product)
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_CALLS, record_tiny
 
+ndarray = np.ndarray        # (a module global: ``np.ndarray`` is two lookups a call)
+
 
 def _result_dtype(a, b):
     return np.result_type(a.dtype, b.dtype)
@@ -58,14 +60,19 @@ def matmul(a, b, /, out=None):
         For 0-d operands, mismatched inner dimensions, batch shapes that do not
         broadcast, or an ``out`` of the wrong shape or read-only.
     """
-    if type(a) is np.ndarray and type(b) is np.ndarray:
-        # a one-thread product seen before: its compiled entry, nothing else
-        tiny = TINY_CALLS.get(a.shape + b.shape + (a.itemsize,))
-        # the key's 4 lengths are 2-D by 2-D or 3-D by 1-D: ndim tells them apart
-        if tiny is not None and a.ndim == 2 and a.dtype is tiny[1] and b.dtype is tiny[2]:
-            c = recorded_entry_call(tiny, a, b, out)
-            if c is not None:
-                return c
+    if type(a) is ndarray and type(b) is ndarray:
+        # A one-thread product seen before: its compiled entry, which checks the
+        # layouts; here only what its argument types assume (kernels/tiny.py).  Kept
+        # inline: each Python call or flag read costs a 4x4 product 5-10%.
+        tiny = TINY_CALLS.get((a.shape, b.shape, a.itemsize))
+        if tiny is not None and a.dtype is tiny[1] and b.dtype is tiny[1]:
+            if out is None:
+                c = np.empty(tiny[2], tiny[1])
+                if tiny[0](a, b, c, tiny[3]):
+                    return c
+            elif (type(out) is ndarray and out.dtype is tiny[1] and out.ndim == 2
+                  and out.flags.writeable and tiny[0](a, b, out, tiny[3])):
+                return out
         c = _short_path(a, b, out)
         if c is not None:
             return c
@@ -99,27 +106,6 @@ def matmul(a, b, /, out=None):
         return target[()] if target.ndim == 0 else target
     if target is not dest:
         dest[...] = target
-    return out
-
-
-def recorded_entry_call(tiny, a, b, out):
-    """``a @ b`` through the recorded entry ``tiny`` (``TINY_CALLS``) of their shapes
-    and dtypes, when a, b and ``out`` (None, or the result's exact ndarray) are of the
-    form it was compiled for: C-contiguous, aligned (and ``out`` writeable); else
-    None.  An ``out`` sharing memory with an operand is handled in the jitted call."""
-    fa, fb = a.flags, b.flags
-    if not (fa.c_contiguous and fb.c_contiguous and fa.aligned and fb.aligned):
-        return None
-    shape = (a.shape[0], b.shape[1])
-    if out is None:
-        out = np.empty(shape, tiny[1])
-    elif not (type(out) is np.ndarray and out.dtype is tiny[1] and out.shape == shape):
-        return None
-    else:
-        fo = out.flags
-        if not (fo.c_contiguous and fo.aligned and fo.writeable):
-            return None
-    tiny[0](a, b, out, tiny[3])
     return out
 
 
@@ -160,7 +146,8 @@ def fast_small_matmul(a, b, out):
     elif not (type(out) is np.ndarray and out.dtype == a.dtype and out.shape == (m, n)
               and out.flags.c_contiguous and out.flags.writeable):
         return None
-    call[0](a, b, out, call[1])
+    if not call[0](a, b, out, call[1]):      # strides that are not strictly C's, or misaligned
+        return None
     record_tiny(call, a, b, out, one_thread_flops)
     return out
 
