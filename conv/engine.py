@@ -31,7 +31,7 @@ from tilegemm.ground.contracts import cdiv, jit, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import thread_buffers  # noqa: F401 (the paths' scratch)
 from tilegemm.kernels import tilelib
-from tilegemm.kernels.driver import derived_tile, kernel_for
+from tilegemm.kernels.tiles import derived_tile, kernel_for
 from tilegemm.kernels.pool import run_shares
 from tilegemm.kernels.tasks import launch_tasks  # noqa: F401 (the paths' task loops on threads)
 from tilegemm.kernels.registry import get_kernel, lanes_of

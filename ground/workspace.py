@@ -82,7 +82,7 @@ def thread_buffers(key, threads, sizes, dtype):
 
 def share_blocks(key, rows, slots):
     """This thread's ``rows x slots`` int64 argument blocks of native shares under
-    ``key``, reused, and the address of each row.
+    ``key``, reused, and the address of each row (an int64 array).
 
     A call's blocks are read by the pool's threads only while the call runs, so the
     next call from the same Python thread may rewrite them.  Keeping them saves the
@@ -96,5 +96,5 @@ def share_blocks(key, rows, slots):
     if entry is None:
         block = aligned_empty(rows * slots, np.int64).reshape(rows, slots)
         base, row = block.ctypes.data, block.strides[0]
-        entry = store[(key, rows, slots)] = (block, [base + r * row for r in range(rows)])
+        entry = store[(key, rows, slots)] = (block, base + row * np.arange(rows, dtype=np.int64))
     return entry

@@ -78,6 +78,28 @@ def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
 
 
 @numba.njit(**JIT_NO_NRT)
+def serial_blocks(out, plan, scal, a, b, c, epilogue, packs):
+    """Row ``t`` of ``out``: the :func:`serial_block` of share ``t`` of a product cut
+    into blocks of C, every row in one call (a row written from Python costs a
+    microsecond, a small share's arithmetic).  ``plan`` row ``t``: the path, the
+    share's m, n, k, the shifts of A's, B's and C's offsets and of the bias, and its
+    KC, MC, NC; ``packs[2t]``, ``packs[2t + 1]`` are its buffers."""
+    af, (a_off, a_rs, a_cs) = a
+    bf, (b_off, b_rs, b_cs) = b
+    cf, (c_off, c_rs, c_cs) = c
+    bias, epi = epilogue
+    for t in range(plan.shape[0]):
+        p, v = plan[t], out[t]
+        v[0] = p[0]
+        put_product(v, 1, (p[1], p[2], p[3]), scal, (af, (a_off + p[4], a_rs, a_cs)),
+                    (bf, (b_off + p[5], b_rs, b_cs)), (cf, (c_off + p[6], c_rs, c_cs)),
+                    (bias[p[7]:], epi))
+        v[24], v[25], v[26] = p[8], p[9], p[10]
+        put_array(v, 27, packs[2 * t])
+        put_array(v, 29, packs[2 * t + 1])
+
+
+@numba.njit(**JIT_NO_NRT)
 def matvec_blocks(out, mat, vec, y, vec_first, partial):
     """Row ``t`` of ``out``: the :func:`serial_block` (GEMV path) of thread ``t``'s part
     of ``y = mat @ vec`` (``vec @ mat`` with ``vec_first``), for a C-contiguous ``mat``

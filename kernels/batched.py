@@ -17,9 +17,9 @@ from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import FLOAT_DTYPES
 from tilegemm.ground.workspace import buffers, share_blocks
-from tilegemm.kernels.driver import (fits_unpacked, gemm_into, item_kernel, serial_flops,
-                                     unpacked_kc)
+from tilegemm.kernels.driver import fits_unpacked, gemm_into, serial_flops, unpacked_kc
 from tilegemm.kernels.pool import run_native_shares
+from tilegemm.kernels.tiles import item_kernel
 from tilegemm.kernels.tiny import BATCH_CALLS
 
 #: Chunks of items per thread: threads take chunks from a counter, so a thread the

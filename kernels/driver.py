@@ -8,13 +8,14 @@ validated 2-D float arrays of one dtype.  It chooses between
   in L2: the strided micro-kernel reads A and B in place,
 * the five-loop driver over packed panels otherwise.
 
-Threads: when B is the larger side and fits one packed block, the threads pack it
-together, chunk by chunk from a counter, and then take MC-row blocks of C from
-another (``gemm_tasks``); a thread waits on another only for the chunk of B that
-one is still packing, and one that starts late finds the work taken.  Otherwise C
-is cut into one block per thread along its longer side (whole MR or NR multiples)
-and each block runs the serial path, every thread packing the operand it shares
-(A for a column split); when k is long and C has too few tiles for that, or is
+Threads: when B is the larger side and fits one packed block, and the cores' L2 is
+small (:func:`own_b_panels`), the threads pack it together, chunk by chunk from a
+counter, and then take MC-row blocks of C from another (``gemm_tasks``); a thread
+waits on another only for the chunk of B that one is still packing, and one that
+starts late finds the work taken.  Otherwise C is cut into one block per thread
+along its longer side (whole MR or NR multiples) and each block runs the serial
+path, every thread packing the operand it shares (B for a row split, A for a
+column split); when k is long and C has too few tiles for that, or is
 far smaller than k, k is cut instead and the partial products are summed at the
 end.  Every share goes to the pool as a native share (``kernels/native.py``): a C
 function and an argument block the caller writes, which a pool thread runs
@@ -22,19 +23,16 @@ without taking the GIL.  This keeps the engine free of Numba's parallel
 machinery: no threading-layer constraints on concurrent calls from several Python
 threads, and seconds less compile time.
 """
-import functools
-
 import numpy as np
 
 from tilegemm.ground.contracts import EPI_BIAS_COL, EPI_BIAS_ROW, cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, share_blocks
 from tilegemm.kernels.pool import run_native_shares
-from tilegemm.kernels.registry import get_kernel, lanes_of, runnable_isas
+from tilegemm.kernels.tiles import PLANS, kernel_for
 from tilegemm.kernels.tiny import BATCH_CALLS, SMALL_CALLS, TINY_CALLS, TINY_DECLINED
 from tilegemm.packing import flat_view
-from tilegemm.tuning.blocking import blocking, register_tiles
-from tilegemm.tuning.machine import ISA_SHAPE, detect, l1_alias_period
+from tilegemm.tuning.machine import detect, l1_alias_period
 from tilegemm.tuning.peak import nominal_peak_gflops
 
 #: Below this many flops (2*m*n*k) one thread does the whole product: handing work to a
@@ -60,131 +58,15 @@ SPLIT_K_MIN = 1024
 #: 0.85-0.88x, 256x256x16384 0.97x).
 SPLIT_K_DEPTH = 128
 
-_plans = {}
-
-
-def kernel_for(dtype, n=None):
-    """(kernel, blocking) for a product with ``n`` columns, looked up once per process.
-
-    The default tile (``n`` None or wide) is the widest that fits the registers.
-    A product narrower than its NR would spend most of each tile on zero padding,
-    so when the register tile was not overridden a narrower one is taken: the
-    smallest NR (a multiple of the vector width) that covers ``n``.  A wider one
-    that is no multiple of NR may take a tile that pads fewer columns
-    (:func:`snug_tile`).
-    """
-    plan = _plans.get((dtype, n))  # products are cached under their width
-    if plan is not None:
-        return plan
-    plan = _plans.get(dtype)
-    if plan is None:
-        plan = _plans[dtype] = (get_kernel(dtype), blocking(dtype))
-    blk = plan[1]
-    if n is None or (n >= blk.nr and n % blk.nr == 0) or not derived_tile(blk):
-        return plan
-    tiles = register_tiles(detect().vector_registers, blk.lanes)
-    if n < blk.nr:
-        mr, nr = min((t for t in tiles if t[1] >= n), key=lambda t: t[1])
-    else:
-        mr, nr = snug_tile(tiles, n, blk)
-    if (mr, nr) != (blk.mr, blk.nr):
-        plan = _plans.get((dtype, mr, nr))
-        if plan is None:
-            plan = _plans[(dtype, mr, nr)] = (get_kernel(dtype, mr, nr),
-                                              blocking(dtype, mr=mr, nr=nr))
-    if len(_plans) >= 4096:         # bounded: widths come and go
-        _plans.clear()
-    _plans[(dtype, n)] = plan
-    return plan
-
-
-def snug_tile(tiles, n, blk):
-    """The register tile for products of ``n`` columns, more than the default tile's NR
-    and not a multiple of it: of the tiles nearly as fast as the default (FMAs per
-    load at least 0.9 of its), the one whose panels pad the fewest columns, unless
-    the default's pad at most a sixteenth of ``n`` more.  On AVX-512 float32 (one
-    thread, same process): 196x96x576 on 6x64 tiles (over 128 columns) 146 us, on
-    9x48 108 (numpy 141); 14x32 tiles, whose 14 broadcasts a k step cost more,
-    ran 196x64x384 in 58 us against 6x64's 49."""
-    def per_load(t):
-        vectors = t[1] // blk.lanes
-        return t[0] * vectors / (t[0] + vectors)
-    fast = [t for t in tiles if per_load(t) >= 0.9 * per_load((blk.mr, blk.nr))]
-    best = min(fast, key=lambda t: round_up(n, t[1]))
-    if 16 * (round_up(n, blk.nr) - round_up(n, best[1])) <= n:
-        return blk.mr, blk.nr
-    return best
-
-
-def derived_tile(blk):
-    """Whether ``blk``'s register tile was derived from the machine, not set through
-    ``TILEGEMM_MR``/``TILEGEMM_NR`` (only a derived tile is swapped for a shape's own)."""
-    return blk.source["mr"] == blk.source["nr"] == "derived"
-
-
 def reset_plans():
     """Forget cached kernel choices, e.g. after changing ``TILEGEMM_*`` overrides."""
-    _plans.clear()
+    PLANS.clear()
     SMALL_CALLS.clear()
     TINY_CALLS.clear()
     TINY_DECLINED.clear()
     BATCH_CALLS.clear()
-
-
-#: Products up to this many rows and columns (batch items, small 2-D products) get a
-#: register tile chosen for their shape (:func:`item_kernel`); larger ones the GEMM's
-#: own (:func:`kernel_for`).
-SMALL_ITEM = 64
-
-
-@functools.lru_cache(maxsize=None)
-def _item_tile(dtype_name, m, n):
-    """(ISA, MR, NR) for products of m x n, over every ISA this host runs (see item_kernel)."""
-    best = None
-    for isa in runnable_isas():
-        bits, registers = ISA_SHAPE[isa]
-        lanes = lanes_of(isa, dtype_name)
-        for nv in range(1, 5):
-            nr = nv * lanes
-            top = min(16, (registers - nv - 1) // nv)
-            if top < 2:
-                continue
-            # Few row counts, so that varied shapes share a few compiled kernels.
-            rows_choices = {top} | {r for r in (2, 4, 8, 16) if r <= top}
-            mr = min(rows_choices, key=lambda r: (round_up(m, r), -r))
-            # Per k step: vector FMAs, then lanes wasted past n, then the broadcasts of A
-            # and vector loads of B that feed them (fewer for wider tiles).
-            rows, cols = round_up(m, mr), round_up(n, nr)
-            cost = (rows * cols // lanes, cols - n, rows * (cols // nr) + (rows // mr) * cols // lanes)
-            if best is None or cost < best[0]:
-                best = (cost, isa, mr, nr)
-    return best[1:]
-
-
-def item_kernel(dtype, m, n):
-    """The kernel and blocking for m x n products: a batch's items, a small 2-D product.
-
-    Small items pick, over every ISA the host runs, the register tile with the fewest
-    vector FMAs per k step for their shape, then the fewest padded lanes (an 8-column
-    float32 product takes an 8-lane AVX2 tile on an AVX-512 host, so B needs no edge
-    panel), then the fewest broadcasts and loads.  MR is the tile's largest or a power
-    of two (one that divides m where one does), so that varied shapes share a few
-    kernels (at most 5 per NR) rather than compile one each.  Larger items, and any
-    tile set through ``TILEGEMM_MR``/``TILEGEMM_NR``, take the GEMM's tile
-    (:func:`~tilegemm.kernels.driver.kernel_for`).
-    """
-    dtype = np.dtype(dtype)
-    if m > SMALL_ITEM or n > SMALL_ITEM or not derived_tile(kernel_for(dtype)[1]):
-        return kernel_for(dtype, n)
-    # Cached with the other plans: the blocking reads the environment's overrides,
-    # which costs more than a batch of small products.
-    key = ("item", dtype, m, n)
-    plan = _plans.get(key)
-    if plan is None:
-        isa, mr, nr = _item_tile(dtype.name, m, n)
-        # Their packed path takes only KC from the blocking (MC, NC cover the whole item).
-        plan = _plans[key] = (get_kernel(dtype, mr, nr, isa), blocking(dtype))
-    return plan
+    BLOCKS_PLANS.clear()
+    _shared_b_plans.clear()
 
 
 #: k block of the unpacked path (its tiles read A and B in place, KC columns of A at a time).
@@ -351,7 +233,8 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
         long, and C has too few tiles to go round or k is ``SPLIT_K_DEPTH`` times
         C's longer side), ``"shared_b"`` (B the larger side
         and one packed B block, but not one column of tiles over B's contiguous
-        rows: packed once, threads take MC-row blocks of C from a counter) or
+        rows, and a small L2 (:func:`own_b_panels`): packed once, threads take
+        MC-row blocks of C from a counter) or
         ``"blocks"`` (one block of C per thread along its longer side).
     """
     b_rs, b_cs = (n, 1) if b_strides is None else b_strides
@@ -367,10 +250,24 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
     # B's contiguous rows: each share reads its rows of A in place, once (unpacked),
     # where shared_b would pack them all.
     one_column = n <= kern.nr and b_cs == 1
-    if (min(m, n) > 1 and by_rows and not one_column
+    if (min(m, n) > 1 and by_rows and not one_column and not own_b_panels()
             and k * round_up(n, kern.nr) <= blk.kc * blk.nc):
         return "shared_b"
     return "blocks"
+
+
+#: From this much private L2 per core, threads sharing a product by rows each pack
+#: their own copy of B (``blocks``) rather than read one shared copy (``shared_b``).
+#: On a 2-vCPU Xeon with 2 MiB of L2 (AVX-512) blocks ran 1.05-1.33x faster from
+#: 192^3 to 2048^3 float32 (the copy each core packs stays in its L2; half the shared
+#: copy comes from the other core's); on a Zen 3 with 512 KiB shared_b had won by
+#: 1.02-1.11x (256^3-1024^3), its one copy packed by both threads, read from L3.
+OWN_B_L2_BYTES = 1 << 20
+
+
+def own_b_panels():
+    """Whether threads sharing a product by rows pack B each (see ``OWN_B_L2_BYTES``)."""
+    return detect().l2_bytes >= OWN_B_L2_BYTES
 
 
 def _serial(kern, blk, m, n, k, args, bias, epi):
@@ -445,7 +342,7 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     """Share one product among ``threads`` threads on the path :func:`route` names.
 
     ``blocks``: C is cut into one block per thread along its longer side, each
-    block a serial product.
+    block a serial product (:func:`_blocks_plan`).
     """
     path = route(kern, blk, m, n, k, threads, args[2][1][1:])
     if path == "split_k":
@@ -454,23 +351,49 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     if path == "shared_b":
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
-    by_rows = m / kern.mr >= n / kern.nr
-    scal, a, b, c = args
-    unit = kern.mr if by_rows else kern.nr
-    length = m if by_rows else n
-    step = round_up(cdiv(length, threads), unit)
-    shares = []
-    for start in range(0, length, step):
-        size = min(step, length - start)
-        if by_rows:
-            sub = (scal, _shifted(a, start * a[1][1]), b, _shifted(c, start * c[1][1]))
-            shape = (size, n, k)
-        else:
-            sub = (scal, a, _shifted(b, start * b[1][2]), _shifted(c, start))
-            shape = (m, size, k)
-        flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
-        shares.append((shape, sub, bias[start:] if epi & flag else bias, epi))
-    _run_serial_shares(kern, blk, shares)
+    mod = kern.shares
+    kind, plan, sizes = _blocks_plan(kern, blk, m, n, k, args, epi, threads)
+    packs = buffers((kern.name, "blocks", len(plan)), sizes, kern.dtype)
+    block, rows = share_blocks("serial", len(plan), mod.SERIAL_SLOTS)
+    mod.serial_blocks(block, plan, *args, (bias, epi), packs)
+    run_native_shares(mod.share_address(kind), rows)
+
+
+def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
+    """``(reader, plan, buffer sizes)`` of the ``blocks`` route (``serial_blocks`` in
+    ``kernels/_tile_shares.py``), worked out once per shape, strides and threads:
+    its Python cost was twice a 2-thread launch's."""
+    strides = tuple(x[1][1:] for x in args[1:])
+    key = (kern.name, m, n, k, strides, epi & (EPI_BIAS_ROW | EPI_BIAS_COL), threads)
+    made = BLOCKS_PLANS.get(key)
+    if made is None:
+        (a_rs, a_cs), (b_rs, b_cs), (c_rs, c_cs) = strides
+        by_rows = m / kern.mr >= n / kern.nr
+        unit, length = (kern.mr, m) if by_rows else (kern.nr, n)
+        step = round_up(cdiv(length, threads), unit)
+        rows, sizes, paths = [], [], set()
+        for start in range(0, length, step):
+            size = min(step, length - start)
+            shape = (size, n, k) if by_rows else (m, size, k)
+            shifts = ((start * a_rs, 0, start * c_rs) if by_rows
+                      else (0, start * b_cs, start * c_cs))
+            flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
+            path, blocks, share_sizes = serial_plan(kern, blk, *shape, (b_rs, b_cs))
+            rows.append((getattr(kern.shares, path.upper()), *shape, *shifts,
+                         start if epi & flag else 0, *blocks))
+            sizes += share_sizes
+            paths.add(path)
+        # Shares on one path run that path's reader, which compiles only its driver.
+        kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
+        if len(BLOCKS_PLANS) >= 1024:          # bounded: shapes come and go
+            BLOCKS_PLANS.clear()
+        made = BLOCKS_PLANS[key] = (kind, np.array(rows, np.int64), sizes)
+    return made
+
+
+#: ``_blocks_plan``'s plans by kernel, shape, strides, bias and threads; its shares'
+#: serial paths (:func:`route`) are decided when a plan is made.
+BLOCKS_PLANS = {}
 
 
 def _run_serial_shares(kern, blk, shares):

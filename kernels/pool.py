@@ -109,6 +109,32 @@ def serve(post, done, native, at, last, spins, finished):
         sync.publish(done, at, last)
 
 
+@numba.njit(nogil=True, cache=True)
+def post_native(post, native, ats, seq, address, blocks):
+    """Hand worker ``i`` (its flags at ``ats[i]``, awake) the native share at
+    ``address`` on argument block ``blocks[i + 1]``, and post call ``seq`` to it."""
+    for i in range(ats.size):
+        at = ats[i]
+        native[at] = address
+        native[at + 1] = blocks[i + 1]
+        sync.publish(post, at, seq)
+
+
+@numba.njit(nogil=True, cache=True)
+def run_and_wait(address, block, done, ats, seq, spins):
+    """Run the caller's native share (``block``), then whether every worker (flags at
+    ``ats``) finishes call ``seq`` within ``spins`` polls each."""
+    call_share(address, block)
+    for i in range(ats.size):
+        n = 0
+        while sync.acquire(done, ats[i]) != seq:
+            if n == spins:
+                return False
+            sync.pause()
+            n += 1
+    return True
+
+
 def warm():
     """Compile, or load from Numba's cache, the jitted functions every threaded call
     runs, with the argument types the pool passes them.
@@ -121,6 +147,10 @@ def warm():
     signal(_NONE, _NONE, 0, flags, 0, 0, False, 0)     # no flags, no polls
     serve(flags, flags, flags, 0, 0, 0, False)          # post[0] == last: back at once
     run_share.compile((numba.int64, numba.int64))       # an address runs nothing here
+    rows = np.zeros(2, np.int64)
+    post_native(flags, flags, flags[:0], 0, 0, rows)    # no workers: nothing posted
+    run_and_wait.compile((numba.int64, numba.int64, numba.int64[::1], numba.int64[::1],
+                          numba.int64, numba.int64))
 
 
 def spin_until(flags, at, value, equal, spins):
@@ -175,6 +205,7 @@ class SpinPool:
         self.posted = threading.Condition()
         self.open_gate = np.ones(1, np.int64)
         self.flag_at = np.arange(workers, dtype=np.int64) * _STRIDE
+        self.first_at = self.flag_at[:1]         # (the two-thread call's, made once)
         rate = _spins_per_second()
         self.idle_spins = max(1, int(IDLE_SPIN_SECONDS * rate))
         self.gate_spins = max(1, int(GATE_SPIN_SECONDS * rate))
@@ -227,8 +258,32 @@ class SpinPool:
                 raise exc
 
     def run_native(self, address, blocks):
-        """The native share at ``address`` on every argument block (addresses), the
-        first on this thread; as :meth:`run` otherwise.  No thread takes the GIL."""
+        """The native share at ``address`` on every argument block (``blocks``: their
+        addresses, an int64 array), the first on this thread; as :meth:`run`
+        otherwise.  No thread takes the GIL.
+
+        With every worker it needs awake (spinning), posting, the caller's share and
+        the wait for the workers are two jitted calls (:func:`post_native`,
+        :func:`run_and_wait`): posted flag by flag from Python they cost 5 us, more
+        than a small product's share.
+        """
+        count = len(blocks) - 1
+        ats = self.flag_at[:count] if count != 1 else self.first_at
+        self.seq += 1
+        seq = self.seq
+        with self.posted:
+            # Under the lock: a worker going to sleep sees this post first.
+            awake = True not in self.sleeping[:count]
+            if awake:
+                post_native(self.post, self.native, ats, seq, address, blocks)
+        if not awake:
+            self.seq -= 1        # (nothing was posted under that number)
+            self._run_native_waking(address, blocks)
+        elif not run_and_wait(address, blocks[0], self.done, ats, seq, self.wait_spins):
+            self._wait(count, seq)
+
+    def _run_native_waking(self, address, blocks):
+        """:meth:`run_native` where a worker it needs sleeps (woken through ``posted``)."""
         rest = blocks[1:]
         for w, block in enumerate(rest):
             self.native[w * _STRIDE] = address

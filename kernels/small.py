@@ -12,8 +12,9 @@ import math
 
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.kernels.driver import (SMALL_ITEM, UNPACKED_FEW_ROWS, UNPACKED_KC, derived_tile,
-                                     gemm_into, item_kernel, kernel_for, serial_flops, serial_plan)
+from tilegemm.kernels.driver import (UNPACKED_FEW_ROWS, UNPACKED_KC, gemm_into, serial_flops,
+                                     serial_plan)
+from tilegemm.kernels.tiles import SMALL_ITEM, derived_tile, item_kernel, kernel_for
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
 from tilegemm.tuning.blocking import blocking

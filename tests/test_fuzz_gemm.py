@@ -141,6 +141,7 @@ class PathRecorder:
         """``with rec.call() as paths:`` -- ``paths`` (a set) holds the labels afterwards."""
         start = len(self.log)
         paths = set()
+        driver.BLOCKS_PLANS.clear()     # so that every share's path is decided (and noted)
         try:
             yield paths
         finally:
@@ -433,11 +434,9 @@ SERIAL_PATHS = {"unpacked", "packed"}
 
 
 def path_cases(dtype):
-    """(required path labels, call, a shape, b shape, B in Fortran order, threads) per path.
-
-    The threaded shapes are sized from the driver's sharing threshold so that they
-    are shared on any host, but no larger.
-    """
+    """(required path labels, call, a shape, b shape, B in Fortran order, threads[, L2])."""
+    # The threaded shapes are sized from the driver's sharing threshold so that they
+    # are shared on any host, but no larger.
     kern, blk = driver.kernel_for(dtype)
     share = 1.25 * serial_flops(dtype)          # flops clearly above the threshold
 
@@ -458,8 +457,11 @@ def path_cases(dtype):
         ({"unpacked"}, "gemm", (40, 60), (60, 50), False, 1),
         # B in Fortran order (non-unit column stride): packed; over MC rows and KC columns.
         ({"packed"}, "gemm", (blk.mc + 5, blk.kc + 5), (blk.kc + 5, 2 * kern.nr + 3), True, 1),
-        # Tall C, B in one block: B packed once, threads take row blocks from a counter.
-        ({"shared_b"}, "gemm", (tall, 96), (96, 96), False, 2),
+        # Tall C, B in one block: with a small L2, B packed once, threads take row
+        # blocks from a counter; with a large one each thread packs its own (the
+        # last element: the L2 the rule is told of, driver.own_b_panels).
+        ({"shared_b"}, "gemm", (tall, 96), (96, 96), False, 2, "small"),
+        ({"blocks"}, "gemm", (tall, 96), (96, 96), False, 2, "large"),
         # Wide C: each thread its own block of columns (and packs A itself).
         ({"blocks"}, "gemm", (16, 96), (96, wide), False, 2),
         # Matrix-vector products split by rows among threads.
@@ -473,7 +475,7 @@ def path_cases(dtype):
         ({"batched_packed"}, "matmul", (4, 20, 30), (4, 30, 17), True, 1),
         # Rows not a whole number of the blocking's MC for the item's own tile.
         ({"batched_packed"}, "matmul", (3, 63, 40), (3, 40, 20), True, 1),
-        ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2),
+        ({"batched_items", "shared_b"}, "matmul", (1, tall, 96), (1, 96, 96), False, 2, "small"),
         # C-contiguous 3-D batches on one thread: one jitted call, in place, and packed
         # (B's rows a page apart fall on the same L1 sets; four items, so that no ISA's
         # sharing size makes them one-by-one items).
@@ -518,7 +520,7 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
         pytest.skip("the threaded paths need NUMBA_NUM_THREADS >= 2")
     rng = np.random.default_rng(7)
     reached = set()
-    for expect, call, sa, sb, fortran_b, threads in path_cases(dtype):
+    for expect, call, sa, sb, fortran_b, threads, *l2 in path_cases(dtype):
         a_vals = rng.standard_normal(sa).astype(dtype)
         b_vals = rng.standard_normal(sb).astype(dtype)
         b_order = "F" if fortran_b else "C"
@@ -550,7 +552,9 @@ def test_every_path_is_reached_and_memory_safe(recorder, dtype):
             else:
                 out[...] = np.nan
             a_snap, b_snap = a.copy(), b.copy()
-            with numba_threads(threads):
+            with numba_threads(threads), pytest.MonkeyPatch.context() as mp:
+                if l2:
+                    mp.setattr(driver, "OWN_B_L2_BYTES", 0 if l2[0] == "large" else 1 << 62)
                 got, paths = _run_case(recorder, call, a, b, out, beta)
             what = f"{what0} placement={name} paths={sorted(paths)}"
             # Threaded paths run serial ones; a one-call product past OWN_TILE_FLOPS

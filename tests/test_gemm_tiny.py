@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm.kernels import driver
+from tilegemm.kernels import driver, tiles
 
 
 def test_the_tiny_call_path_takes_only_its_own_operands():
@@ -127,10 +127,10 @@ def test_one_call_products_past_32_take_the_gemm_tile_where_it_fits_snugly():
             narrow_kern = driver.kernel_for(dtype, n)[0]
             snug = all(6 * -(-size // tile) * tile <= 7 * size
                        for size, tile in ((m, narrow_kern.mr), (n, narrow_kern.nr)))
-            if min(m, n) > small.ONE_CALL_ITEM and snug and driver.derived_tile(blk):
+            if min(m, n) > small.ONE_CALL_ITEM and snug and tiles.derived_tile(blk):
                 assert kern is narrow_kern, (dtype, m, n)
             else:
-                assert kern is driver.item_kernel(dtype, m, n)[0], (dtype, m, n)
+                assert kern is tiles.item_kernel(dtype, m, n)[0], (dtype, m, n)
 
 
 def test_one_call_plans_pack_large_enough_products():

@@ -318,9 +318,9 @@ def test_share_blocks_are_kept_per_python_thread():
     from tilegemm.ground.workspace import share_blocks
     block, rows = share_blocks("test", 3, 5)
     assert block.shape == (3, 5) and block.dtype == np.int64
-    assert rows == [block[r].ctypes.data for r in range(3)]
+    assert list(rows) == [block[r].ctypes.data for r in range(3)]
     again, rows_again = share_blocks("test", 3, 5)
-    assert again is block and rows_again == rows
+    assert again is block and rows_again is rows
     other = {}
     t = threading.Thread(target=lambda: other.setdefault("block", share_blocks("test", 3, 5)[0]))
     t.start()

@@ -35,13 +35,13 @@ def test_preferred_tile_has_six_rows(registers, lanes, best):
 
 @pytest.mark.parametrize("registers,lanes", [(32, 16), (32, 8), (16, 8), (16, 4)])
 def test_wide_products_take_a_tile_that_pads_fewer_columns(registers, lanes):
-    """kernel_for's tile for n columns past the default NR (driver.snug_tile): the
+    """kernel_for's tile for n columns past the default NR (tiles.snug_tile): the
     default where n is a multiple of its NR or its padding is within n / 16 of the
     best; else a tile that pads fewer columns and loads at most a tenth more a FMA.
     On AVX-512 float32, 96 columns take 9x48 instead of 6x64 over 128."""
     from types import SimpleNamespace
     from tilegemm.ground.contracts import round_up
-    from tilegemm.kernels.driver import snug_tile
+    from tilegemm.kernels.tiles import snug_tile
     tiles = register_tiles(registers, lanes)
     mr, nr = tiles[0]
     blk = SimpleNamespace(mr=mr, nr=nr, lanes=lanes)
