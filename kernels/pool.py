@@ -269,15 +269,14 @@ class SpinPool:
         """
         count = len(blocks) - 1
         ats = self.flag_at[:count] if count != 1 else self.first_at
-        self.seq += 1
-        seq = self.seq
         with self.posted:
             # Under the lock: a worker going to sleep sees this post first.
             awake = True not in self.sleeping[:count]
             if awake:
+                self.seq += 1
+                seq = self.seq
                 post_native(self.post, self.native, ats, seq, address, blocks)
         if not awake:
-            self.seq -= 1        # (nothing was posted under that number)
             self._run_native_waking(address, blocks)
         elif not run_and_wait(address, blocks[0], self.done, ats, seq, self.wait_spins):
             self._wait(count, seq)

@@ -104,6 +104,30 @@ def test_sleeping_workers_wake_for_the_next_call(spin3):
         assert sorted(seen) == [0, 1, 2, 3]
 
 
+def test_native_shares_reach_spinning_and_sleeping_workers(monkeypatch):
+    """A shared product's native shares run whether the pool's worker spins (posted and
+    waited for from jitted code) or has slept past its idle spin (woken first)."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two threads")
+    monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)
+    pool.start(1)
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((120, 80)).astype(np.float32)
+    b = rng.standard_normal((80, 150)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    seen_asleep = False
+    for pause in (0.0, 0.0, 0.05, 0.0, 0.05, 0.0):
+        time.sleep(pause)
+        spinning = pool.acquire(1)
+        assert spinning is not None
+        seen_asleep |= spinning.sleeping[0]
+        spinning.busy.release()
+        c = np.full((120, 150), np.nan, np.float32)
+        gemm_into(a, b, c, threads=2)
+        assert_close(c, want, 2 * error_bound(a, b, 80, np.float32), f"after {pause} s")
+    assert seen_asleep, "the worker never slept: the waking path was not taken"
+
+
 def test_busy_pool_sends_other_callers_to_the_queue_pool():
     """While one call holds the spinning pool, another thread's call runs on the
     queue-based pool, with the same results."""
