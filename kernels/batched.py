@@ -17,7 +17,8 @@ from tilegemm.ground.contracts import cdiv, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import FLOAT_DTYPES
 from tilegemm.ground.workspace import buffers, share_blocks
-from tilegemm.kernels.driver import fits_unpacked, gemm_into, serial_flops, unpacked_kc
+from tilegemm.kernels.driver import (fits_unpacked, gemm_into, k_block, serial_flops,
+                                     unpacked_kc)
 from tilegemm.kernels.pool import run_native_shares
 from tilegemm.kernels.tiles import item_kernel
 from tilegemm.kernels.tiny import BATCH_CALLS
@@ -111,7 +112,7 @@ def item_blocks(kern, blk, path, shape):
     if path == "batched_unpacked":
         KC = unpacked_kc(kern, m, n, k)
         return KC, None, (kern.mr * KC, kern.nr * KC)
-    KC = max(1, min(blk.kc, k))
+    KC = k_block(k, blk.kc)
     # Whole MR and NR panels: the blocking's MC and NC belong to its own tile, and
     # the packers fill whole panels.
     MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))

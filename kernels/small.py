@@ -12,8 +12,8 @@ import math
 
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.kernels.driver import (UNPACKED_FEW_ROWS, UNPACKED_KC, gemm_into, serial_flops,
-                                     serial_plan)
+from tilegemm.kernels.driver import (UNPACKED_FEW_ROWS, UNPACKED_KC, gemm_into, k_block,
+                                     serial_flops, serial_plan)
 from tilegemm.kernels.tiles import SMALL_ITEM, derived_tile, item_kernel, kernel_for
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
@@ -137,7 +137,7 @@ def one_call_plan(kern, blk, m, n, k):
     KC = max(1, min(UNPACKED_KC, k))
     if min(m, n) < ONE_CALL_PACKED_PANELS * kern.nr or m <= UNPACKED_FEW_ROWS:
         return KC, 0, 0
-    KC = max(1, min(blk.kc, k))
+    KC = k_block(k, blk.kc)
     MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
     NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
     return KC, MC, NC
