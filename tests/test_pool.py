@@ -254,13 +254,16 @@ def test_warm_compiles_what_the_first_threaded_call_loads(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(3000, 40, 300), (40, 3000, 300), (200, 6000, 600),
-                                   ("2*MR+1", 8, 50), (900, 900, 900)])
+                                   ("2*MR+1", "2*NR", 50), (900, 900, 900)])
 def test_shares_on_one_path_run_only_that_paths_reader(shape, rng, monkeypatch):
     """Products cut into blocks of C: shares that all take one serial path run its own
     native share (a first call compiles that driver alone); mixed paths the general one
     (2*MR+1 rows: a share of 2*MR rows and one of a single row, a GEMV)."""
     monkeypatch.setattr(driver, "SERIAL_FLOPS", 1)
+    driver.BLOCKS_PLANS.clear()          # the shares' paths are decided with the plan
     m, n, k = shape
+    # 2*MR+1 rows of two column tiles: rows split (C has more row tiles), on the GEMM tile
+    n = 2 * driver.kernel_for(np.float32)[0].nr if n == "2*NR" else n
     kern = driver.kernel_for(np.float32, n)[0]
     m = 2 * kern.mr + 1 if m == "2*MR+1" else m
     shares = kern.shares
