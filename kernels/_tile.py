@@ -395,9 +395,11 @@ def one_call_operands(a, b, c):
 
 @numba.njit(inline='always', **JIT)
 def copy_back(dst, c):
-    """C's values from the temporary ``dst`` (nothing when ``dst`` is C)."""
+    """C's values from the temporary ``dst`` (nothing when ``dst`` is C).  ``dst``'s
+    items through ``reshape``, which counts a reference: a borrowed view would let
+    Numba free the temporary after its last named use, before the copy."""
     if data_address(dst) != data_address(c):
-        flat, src = flat_view(c), flat_view(dst)
+        flat, src = flat_view(c), dst.reshape(-1)
         for i in range(src.size):
             flat[i] = src[i]
 

@@ -137,12 +137,7 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
         return c
 
     dtype = c.dtype
-    kern, blk = kernel_for(dtype, n)
-    if m <= SMALL_ITEM and n <= kern.nr and 6 * round_up(m, kern.mr) > 7 * m:
-        # One column of tiles whose rows the tile pads by more than a sixth: the tile
-        # chosen for the shape (float32 32x32x32768 on the AVX-512 Xeon, one thread:
-        # 14x32 tiles 0.99x numpy, 8x32 1.46x; two threads 1.24x -> 1.87x).
-        kern, blk = item_kernel(dtype, m, n)
+    kern, blk = product_kernel(dtype, m, n)
     # The plan the jitted drivers take whole: (alpha, beta) and each operand as
     # (flat, (offset, row_stride, col_stride)).
     args = (_scalars(dtype, alpha, beta), _operand(a), _operand(b), _operand(c))
@@ -162,6 +157,19 @@ def gemm_into(a, b, c, alpha=1.0, beta=0.0, bias=None, epi=0, threads=None):
     else:
         _threaded(kern, blk, m, n, k, args, bias, epi, threads)
     return c
+
+
+def product_kernel(dtype, m, n):
+    """``(kernel, blocking)`` of an m x n product: :func:`kernel_for`'s, unless C is one
+    column of tiles (at most ``SMALL_ITEM`` rows) whose rows that tile pads by more
+    than a sixth: then the tile chosen for the shape (:func:`item_kernel`; float32
+    32x32x32768 on the AVX-512 Xeon, one thread: 14x32 tiles 0.99x numpy, 8x32 1.46x;
+    two threads 1.24x -> 1.87x).  The blocking is then the default tile's: MC and NC
+    are rounded to whole panels of the kernel's own (:func:`serial_plan`)."""
+    kern, blk = kernel_for(dtype, n)
+    if m <= SMALL_ITEM and n <= kern.nr and 6 * round_up(m, kern.mr) > 7 * m:
+        return item_kernel(dtype, m, n)
+    return kern, blk
 
 
 def serial_flops(dtype):
@@ -216,8 +224,8 @@ def route(kern, blk, m, n, k, threads=1, b_strides=None):
     """The path a product of m x k by k x n takes on ``threads`` threads.
 
     The one place the driver decides; tests call it to check a decision and may
-    wrap it to observe the paths a call took (each share of a threaded product
-    asks again with ``threads=1``).
+    wrap it to observe the paths a call took (the shares of a threaded product ask
+    again with ``threads=1`` when its plan is made: ``BLOCKS_PLANS``, ``_split_k``).
 
     Parameters
     ----------
@@ -271,7 +279,8 @@ OWN_B_L2_BYTES = 1 << 20
 
 
 def own_b_panels():
-    """Whether threads sharing a product by rows pack B each (see ``OWN_B_L2_BYTES``)."""
+    """Whether threads sharing a product by rows pack B each (see ``OWN_B_L2_BYTES``;
+    a machine whose L2 is not detected counts 1 MiB, and so packs B each)."""
     return detect().l2_bytes >= OWN_B_L2_BYTES
 
 
@@ -298,7 +307,10 @@ def serial_plan(kern, blk, m, n, k, b_strides):
         KC = unpacked_kc(kern, m, n, k)
         return path, (KC, 0, 0), (kern.mr * KC, kern.nr * KC)
     KC = k_block(k, blk.kc)
-    MC, NC = min(blk.mc, round_up(m, kern.mr)), min(blk.nc, round_up(n, kern.nr))
+    # Whole panels of the kernel's own tile: the packers fill whole MR and NR panels,
+    # and a blocking may belong to another tile (product_kernel).
+    MC = min(round_up(blk.mc, kern.mr), round_up(m, kern.mr))
+    NC = min(round_up(blk.nc, kern.nr), round_up(n, kern.nr))
     return path, (KC, MC, NC), (MC * KC, NC * KC)
 
 
@@ -387,7 +399,8 @@ def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
     ``kernels/_tile_shares.py``), worked out once per shape, strides and threads:
     its Python cost was twice a 2-thread launch's."""
     strides = tuple(x[1][1:] for x in args[1:])
-    key = (kern.name, m, n, k, strides, epi & (EPI_BIAS_ROW | EPI_BIAS_COL), threads)
+    key = (kern.name, (blk.kc, blk.mc, blk.nc), SMALL_BYTES, m, n, k, strides,
+           epi & (EPI_BIAS_ROW | EPI_BIAS_COL), threads)
     made = BLOCKS_PLANS.get(key)
     if made is None:
         (a_rs, a_cs), (b_rs, b_cs), (c_rs, c_cs) = strides
@@ -414,8 +427,9 @@ def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
     return made
 
 
-#: ``_blocks_plan``'s plans by kernel, shape, strides, bias and threads; its shares'
-#: serial paths (:func:`route`) are decided when a plan is made.
+#: ``_blocks_plan``'s plans by kernel, blocking, ``SMALL_BYTES``, shape, strides, bias
+#: and threads; its shares' serial paths (:func:`route`) are decided when a plan is
+#: made.  After changing the path rules' other constants, :func:`reset_plans`.
 BLOCKS_PLANS = {}
 
 
@@ -474,7 +488,7 @@ def _shared_b_plan(kern, cache_blocks, m, n, k, threads):
     if plan is None:
         kc, mc, nc = cache_blocks
         KC = k_block(k, kc)
-        NC = min(nc, round_up(n, kern.nr))
+        NC = min(round_up(nc, kern.nr), round_up(n, kern.nr))
         MC = balanced_rows(m, mc, kern.mr, threads)
         chunks = kern.module.pack_chunks(n, k, KC, NC)[0]
         _, b_len, a_len = kern.shares.scratch_sizes(1, max(1, k * round_up(n, kern.nr)), MC * KC)
@@ -502,6 +516,7 @@ def balanced_rows(m, mc, mr, threads):
     against 126 + 6 (384^3: 418 -> 348 us balanced, 512^3 841 -> 817).  With many,
     a thread that took the short block takes another, and the smaller blocks cost
     more than they even out (768^3 2539 -> 2617 us, 1024^3 5880 -> 6052)."""
+    mc = round_up(mc, mr)          # whole panels (the blocking may be another tile's)
     if cdiv(m, mc) >= BALANCE_BLOCKS * threads:
         return min(mc, round_up(m, mr))
     blocks = round_up(cdiv(m, mc), threads)

@@ -278,8 +278,13 @@ class SpinPool:
                 post_native(self.post, self.native, ats, seq, address, blocks)
         if not awake:
             self._run_native_waking(address, blocks)
-        elif not run_and_wait(address, blocks[0], self.done, ats, seq, self.wait_spins):
-            self._wait(count, seq)
+            return
+        finished = False
+        try:
+            finished = run_and_wait(address, blocks[0], self.done, ats, seq, self.wait_spins)
+        finally:   # they use the caller's buffers: even on an interrupt
+            if not finished:
+                self._wait(count, seq)
 
     def _run_native_waking(self, address, blocks):
         """:meth:`run_native` where a worker it needs sleeps (woken through ``posted``)."""

@@ -13,7 +13,7 @@ import math
 from tilegemm.ground.contracts import round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.kernels.driver import (UNPACKED_FEW_ROWS, UNPACKED_KC, gemm_into, k_block,
-                                     serial_flops, serial_plan)
+                                     product_kernel, serial_flops, serial_plan)
 from tilegemm.kernels.tiles import SMALL_ITEM, derived_tile, item_kernel, kernel_for
 from tilegemm.kernels.registry import get_kernel
 from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
@@ -109,7 +109,7 @@ def small_call(dtype, m, n, k):
         kern, blk = small_kernel(dtype, m, n)
         plan = one_call_plan(kern, blk, m, n, k)
     else:       # the tile and plan gemm_into takes on one thread, without its Python side
-        kern, blk = kernel_for(dtype, n)
+        kern, blk = product_kernel(dtype, m, n)
         plan = serial_plan(kern, blk, m, n, k, (n, 1))[1]
     mod = kern.module
     return (mod.matmul_small_packed if plan[1] else mod.matmul_small), plan

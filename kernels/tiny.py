@@ -11,6 +11,7 @@ directly for operands of the same shapes and dtype (by identity), and the entry 
 the operands' layout itself, in less time than Python reads an array's flags.
 """
 import numba
+import numpy as np
 from numba import types
 
 #: ``(a.shape, b.shape, a.itemsize) -> (entry, dtype, c's shape, plan)``: the small
@@ -58,4 +59,5 @@ def record_tiny(call, a, b, c, limit):
     sig = (operand, operand, operand, numba.typeof(plan))
     if sig not in tiny.overloads:
         tiny.compile(sig)
-    TINY_CALLS[key] = (tiny.overloads[sig].entry_point, c.dtype, c.shape, plan)
+    # The canonical dtype object: matmul compares dtypes by identity.
+    TINY_CALLS[key] = (tiny.overloads[sig].entry_point, np.dtype(c.dtype.char), c.shape, plan)

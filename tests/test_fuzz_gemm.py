@@ -455,9 +455,9 @@ def path_cases(dtype):
         ({"gemv"}, "matmul", (300,), (300, 77), False, 1),                  # m == 1, 1-D a
         ({"gemv"}, "gemm", (77, 300), (300, 1), False, 1),                  # n == 1
         ({"unpacked"}, "gemm", (40, 60), (60, 50), False, 1),
-        ({"unpacked"}, "gemm", (29, 900), (900, 20), False, 1),   # deep, narrow: the item tile
+        ({"packed"}, "gemm", (29, 900), (900, 20), True, 1),   # deep, narrow: the item tile
         # B in Fortran order (non-unit column stride): packed; over MC rows and KC columns.
-        ({"packed"}, "gemm", (blk.mc + 5, blk.kc + 5), (blk.kc + 5, 2 * kern.nr + 3), True, 1),
+        ({"packed"}, "gemm", (blk.mc + 5, 2 * blk.kc + 5), (2 * blk.kc + 5, 2 * kern.nr + 3), True, 1),
         # Tall C, B in one block: with a small L2, B packed once, threads take row
         # blocks from a counter; with a large one each thread packs its own (the
         # last element: the L2 the rule is told of, driver.own_b_panels).

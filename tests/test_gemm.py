@@ -51,6 +51,7 @@ def threads(request, monkeypatch):
     count, path = request.param
     if path == "packed":
         monkeypatch.setattr(driver, "SMALL_BYTES", 0)
+        driver.reset_plans()         # plans made with the unpacked path allowed
     saved = numba.get_num_threads()
     numba.set_num_threads(min(count, numba.config.NUMBA_NUM_THREADS))
     yield count

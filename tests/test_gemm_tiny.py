@@ -10,7 +10,7 @@ from tilegemm.kernels import driver, tiles
 
 def test_the_tiny_call_path_takes_only_its_own_operands():
     """A recorded tiny product's entry point takes C-contiguous aligned 2-D operands of
-    its dtypes only: a 3-D @ 1-D pair whose shapes concatenate to the same key, other
+    its dtypes only: a 3-D @ 1-D pair of the same four lengths, other
     dtypes (byte-swapped too), read-only, unaligned and strided operands all give
     numpy's product."""
     driver.reset_plans()
@@ -195,3 +195,23 @@ def test_wide_products_keep_the_one_call_tile_where_the_snug_tile_still_pads():
             kern, _ = small.small_kernel(dtype, 100, n)
             if n % kern.nr:
                 assert kern.nr == 2 * default.lanes, (dtype, n, kern.name)
+
+
+@pytest.mark.parametrize("n", [8, 170])
+def test_a_one_call_product_into_its_own_operand(n):
+    """``matmul(a, b, out=a)`` and ``out=b`` on the one-call path (from the second call
+    at its recorded entry): the product goes through a temporary, copied back into
+    the operand.  170x170 float64 stays below the sharing size, and its temporary
+    (231 KB) is memory the allocator may hand back to the system once freed: a
+    temporary freed before its copy could fault there, or read another's values."""
+    rng = np.random.default_rng(16)
+    b = rng.random((n, n))
+    for _ in range(3):
+        a = rng.random((n, n))
+        want = a @ b
+        assert tilegemm.matmul(a, b, out=a) is a
+        np.testing.assert_allclose(a, want, rtol=1e-12)
+        b2 = rng.random((n, n))
+        want = b @ b2
+        assert tilegemm.matmul(b, b2, out=b2) is b2
+        np.testing.assert_allclose(b2, want, rtol=1e-12)

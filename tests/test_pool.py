@@ -115,17 +115,18 @@ def test_native_shares_reach_spinning_and_sleeping_workers(monkeypatch):
     a = rng.standard_normal((120, 80)).astype(np.float32)
     b = rng.standard_normal((80, 150)).astype(np.float32)
     want = a.astype(np.float64) @ b
-    seen_asleep = False
-    for pause in (0.0, 0.0, 0.05, 0.0, 0.05, 0.0):
-        time.sleep(pause)
+    seen, results = set(), []
+    for pause in (0.0, 0.0, 0.05, 0.0, 0.05, 0.0):     # checked after the loop: a check
+        time.sleep(pause)                             # between calls outlasts the spin
         spinning = pool.acquire(1)
         assert spinning is not None
-        seen_asleep |= spinning.sleeping[0]
+        seen.add(spinning.sleeping[0])
         spinning.busy.release()
-        c = np.full((120, 150), np.nan, np.float32)
-        gemm_into(a, b, c, threads=2)
+        results.append(np.full((120, 150), np.nan, np.float32))
+        gemm_into(a, b, results[-1], threads=2)
+    for pause, c in zip((0.0, 0.0, 0.05, 0.0, 0.05, 0.0), results):
         assert_close(c, want, 2 * error_bound(a, b, 80, np.float32), f"after {pause} s")
-    assert seen_asleep, "the worker never slept: the waking path was not taken"
+    assert seen == {True, False}, f"the worker was asleep {seen} at the calls: one path untested"
 
 
 def test_busy_pool_sends_other_callers_to_the_queue_pool():

@@ -173,3 +173,20 @@ def test_nominal_peak_on_the_max_clock_is_at_least_the_base_one():
     assert nominal_peak_gflops(np.float32, 2) == pytest.approx(2 * base)
     with pytest.raises(ValueError):
         nominal_peak_gflops(np.float32, 1, clock="turbo")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m, n", [(29, 20), (32, 8), (44, 8), (20, 50), (61, 16)])
+def test_packed_blocks_are_whole_panels_of_the_products_own_tile(dtype, m, n):
+    """A product on a tile other than its blocking's (``driver.product_kernel``'s item
+    tile) packs MC rows and NC columns in whole panels of that tile: the packers fill
+    whole panels, so a blocking's MC of another MR (30 on a 6-row tile) would let
+    them write past the A buffer."""
+    from tilegemm.kernels import driver
+    kern, blk = driver.product_kernel(np.dtype(dtype), m, n)
+    for b in (blk, blocking(dtype, mc=30, nc=5 * 16)):
+        path, (KC, MC, NC), sizes = driver.serial_plan(kern, b, m, n, 900, (1, 900))
+        assert path == "packed"
+        assert MC % kern.mr == 0 and MC >= min(b.mc, m) and NC % kern.nr == 0
+        assert sizes == (MC * KC, NC * KC)
+        assert driver.balanced_rows(m, b.mc, kern.mr, 2) % kern.mr == 0
