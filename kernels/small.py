@@ -16,7 +16,7 @@ from tilegemm.kernels.driver import (UNPACKED_FEW_ROWS, UNPACKED_KC, gemm_into, 
                                      product_kernel, serial_flops, serial_plan)
 from tilegemm.kernels.tiles import SMALL_ITEM, derived_tile, item_kernel, kernel_for
 from tilegemm.kernels.registry import get_kernel
-from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, record_tiny
+from tilegemm.kernels.tiny import SMALL_CALLS, TINY_FLOPS, entry_for, record_tiny
 from tilegemm.tuning.blocking import blocking
 from tilegemm.tuning.machine import detect
 
@@ -99,10 +99,11 @@ def small_kernel(dtype, m, n):
 
 
 def small_call(dtype, m, n, k):
-    """``(call, plan)``: the jitted ``matmul_small`` (in place) or
-    ``matmul_small_packed`` of the kernel for m x n products (:func:`small_kernel`
-    up to ``OWN_TILE_FLOPS``), called ``call(a, b, c, plan)`` (False where the
-    operands are not C-contiguous and aligned), and its plan for k
+    """``(call, plan)``: the compiled entry point (``kernels.tiny.entry_for``) of the
+    jitted ``matmul_small`` (in place) or ``matmul_small_packed`` of the kernel for
+    m x n products (:func:`small_kernel` up to ``OWN_TILE_FLOPS``), called ``call(a,
+    b, c, plan)`` with 2-D operands of ``dtype``, c writeable (False, nothing
+    computed, where they are not C-contiguous and aligned), and its plan for k
     (:func:`one_call_plan`); past ``OWN_TILE_FLOPS``, the GEMM's tile and the plan of
     :func:`gemm_into` on one thread (:func:`serial_plan`)."""
     if 2 * m * n * k <= OWN_TILE_FLOPS:
@@ -112,7 +113,7 @@ def small_call(dtype, m, n, k):
         kern, blk = product_kernel(dtype, m, n)
         plan = serial_plan(kern, blk, m, n, k, (n, 1))[1]
     mod = kern.module
-    return (mod.matmul_small_packed if plan[1] else mod.matmul_small), plan
+    return entry_for(mod.matmul_small_packed if plan[1] else mod.matmul_small, dtype, plan), plan
 
 
 #: One-call products pack A and B from this many columns of tiles (and rows as many

@@ -24,7 +24,7 @@ from numba import types
 #: shapes and the item size (float32 and float64 products of one shape each have
 #: theirs), the dtypes checked by identity: a key with the dtypes had cost 0.8 us.
 TINY_CALLS = {}
-#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(call,
+#: (a's dtype, b's dtype, m, n, k) -> ``kernels.small.small_call``'s ``(entry,
 #: plan)``, filled by ``tilegemm.matmul`` on the first small product of each shape:
 #: later ones skip its general checks.  Cleared with the kernel choices (``driver.reset_plans``).
 SMALL_CALLS = {}
@@ -40,12 +40,24 @@ TINY_DECLINED = set()
 TINY_FLOPS = 2 * 32 ** 3
 
 
+def entry_for(dispatcher, dtype, plan):
+    """The compiled entry point of ``dispatcher`` (a kernel module's ``matmul_small``
+    or ``matmul_small_packed``) for 2-D operands of ``dtype`` of any layout and a
+    plan of ``plan``'s type, compiled on first use: the one version every call of
+    the kernel runs (the dispatcher would compile one more per layout it is called
+    with, a second of a second of compiling per kernel)."""
+    operand = types.Array(numba.from_dtype(dtype), 2, "A")
+    sig = (operand, operand, operand, numba.typeof(plan))
+    if sig not in dispatcher.overloads:
+        dispatcher.compile(sig)
+    return dispatcher.overloads[sig].entry_point
+
+
 def record_tiny(call, a, b, c, limit):
-    """Keep in ``TINY_CALLS`` the entry point of the product that just ran as
-    ``call = (dispatcher, plan)`` (``kernels.small.small_call``): ``dispatcher``
-    compiled for operands of c's dtype of any layout, when a, b and c have that
-    dtype and the product has at most ``limit(c.dtype)`` flops (the caller's bound of
-    products that never take a second thread); once per key."""
+    """Keep in ``TINY_CALLS`` the entry point ``call = (entry, plan)`` of the product
+    that just ran (``kernels.small.small_call``, :func:`entry_for`), when a, b and c
+    have one dtype and the product has at most ``limit(c.dtype)`` flops (the caller's
+    bound of products that never take a second thread); once per key."""
     key = (a.shape, b.shape, a.itemsize)
     if key in TINY_CALLS or key in TINY_DECLINED:
         return
@@ -54,10 +66,5 @@ def record_tiny(call, a, b, c, limit):
     if 2 * a.shape[0] * a.shape[1] * c.shape[1] > limit(c.dtype):
         TINY_DECLINED.add(key)
         return
-    tiny, plan = call
-    operand = types.Array(numba.from_dtype(c.dtype), 2, "A")
-    sig = (operand, operand, operand, numba.typeof(plan))
-    if sig not in tiny.overloads:
-        tiny.compile(sig)
     # The canonical dtype object: matmul compares dtypes by identity.
-    TINY_CALLS[key] = (tiny.overloads[sig].entry_point, np.dtype(c.dtype.char), c.shape, plan)
+    TINY_CALLS[key] = (call[0], np.dtype(c.dtype.char), c.shape, call[1])
