@@ -66,24 +66,15 @@ GEMV, UNPACKED, PACKED = 0, 1, 2
 
 
 @numba.njit(**JIT_NO_NRT)
-def serial_block(v, path, shape, scal, a, b, c, epilogue, blocks, packs):
-    """``v``: the argument block of one product on one thread (a share of a product
-    cut into blocks of C, or a slice of k): ``path`` (GEMV, UNPACKED or PACKED), then
-    :func:`gemm_serial`'s arguments, ``packs`` its two buffers (GEMV: ``acc`` first)."""
-    v[0] = path
-    put_product(v, 1, shape, scal, a, b, c, epilogue)
-    v[24], v[25], v[26] = blocks
-    put_array(v, 27, packs[0])
-    put_array(v, 29, packs[1])
-
-
-@numba.njit(**JIT_NO_NRT)
 def serial_blocks(out, plan, scal, a, b, c, epilogue, packs):
-    """Row ``t`` of ``out``: the :func:`serial_block` of share ``t`` of a product cut
-    into blocks of C, every row in one call (a row written from Python costs a
-    microsecond, a small share's arithmetic).  ``plan`` row ``t``: the path, the
-    share's m, n, k, the shifts of A's, B's and C's offsets and of the bias, and its
-    KC, MC, NC; ``packs[2t]``, ``packs[2t + 1]`` are its buffers."""
+    """Row ``t`` of ``out``: the argument block of share ``t`` of a product, one product
+    on one thread (a block of C, or a slice of k), every row in one call (a row
+    written from Python costs a microsecond, a small share's arithmetic).  ``plan``
+    row ``t``: the path (GEMV, UNPACKED or PACKED), the share's m, n, k, the shifts
+    of A's, B's and C's offsets and of the bias, and its KC, MC, NC; ``packs[2t]``,
+    ``packs[2t + 1]`` are its buffers (GEMV: ``acc`` first).  Slots as
+    :func:`serial_at` reads them: the path, :func:`put_product`, the blocks, the
+    two buffers."""
     af, (a_off, a_rs, a_cs) = a
     bf, (b_off, b_rs, b_cs) = b
     cf, (c_off, c_rs, c_cs) = c
@@ -101,7 +92,7 @@ def serial_blocks(out, plan, scal, a, b, c, epilogue, packs):
 
 @numba.njit(**JIT_NO_NRT)
 def matvec_blocks(out, mat, vec, y, vec_first, partial):
-    """Row ``t`` of ``out``: the :func:`serial_block` (GEMV path) of thread ``t``'s part
+    """Row ``t`` of ``out``: the :func:`serial_blocks` (GEMV path) of thread ``t``'s part
     of ``y = mat @ vec`` (``vec @ mat`` with ``vec_first``), for a C-contiguous ``mat``
     and contiguous vectors; each share's output doubles as its scratch.
 
@@ -110,7 +101,7 @@ def matvec_blocks(out, mat, vec, y, vec_first, partial):
     each share reads one contiguous block; a part of y's columns would read a part
     of every row), share 0 summing into y and share ``t`` into ``partial[(t-1)*n:]``,
     which the caller adds to y.  One call for every share: a share built by
-    :func:`serial_block` from Python costs more than a small share's arithmetic.
+    :func:`serial_blocks` from Python costs more than a small share's arithmetic.
     """
     threads = out.shape[0]
     rows, cols = mat.shape
@@ -139,7 +130,7 @@ def matvec_blocks(out, mat, vec, y, vec_first, partial):
 @numba.njit(inline='always', **JIT_NO_NRT)
 def serial_at(block):
     """``(path, shape, scal, (a, b, c), epilogue, blocks, packs)`` as
-    :func:`serial_block` wrote them."""
+    :func:`serial_blocks` wrote them."""
     v = numba.carray(block, SERIAL_SLOTS)
     shape, scal, a, b, c, epilogue = product_at(v, 1)
     packs = (array_at(v, 27, DTYPE), array_at(v, 29, DTYPE))
@@ -165,7 +156,7 @@ def _serial_gemv_share(block):
 
 def _serial_share(block):
     """One product on the path its block names, as a native share (see
-    :func:`serial_block`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
+    :func:`serial_blocks`): :func:`gemm_serial`, :func:`gemm_small` or :func:`gemv_product`."""
     path, shape, scal, (a, b, c), epilogue, blocks, packs = serial_at(block)
     if path == PACKED:
         gemm_serial(shape, scal, a, b, c, epilogue, blocks, packs)
@@ -266,7 +257,7 @@ _shares = {}
 def share_address(kind):
     """The address of the native share ``kind`` (``"gemm_tasks"``: :func:`gemm_tasks`
     from a :func:`shared_b_blocks` block; ``"serial"``: one product from a
-    :func:`serial_block` block, ``"serial_gemv"`` and so on: one on that path only;
+    :func:`serial_blocks` block, ``"serial_gemv"`` and so on: one on that path only;
     ``"batch"`` and ``"batch_packed"``: :func:`batch_tasks`
     on the unpacked or packed path from a :func:`batch_blocks` block), compiled (or
     loaded from the cache) on first use."""

@@ -209,12 +209,6 @@ def _operand(x):
     return flat, (off, rs, cs)
 
 
-def _shifted(operand, by):
-    """The operand with its offset moved ``by`` elements."""
-    flat, (off, rs, cs) = operand
-    return flat, (off + by, rs, cs)
-
-
 #: Every path :func:`route` may name: three serial ones, three that share a product.
 SERIAL_ROUTES = ("gemv", "unpacked", "packed")
 THREADED_ROUTES = ("split_k", "shared_b", "blocks")
@@ -386,12 +380,37 @@ def _threaded(kern, blk, m, n, k, args, bias, epi, threads):
     if path == "shared_b":
         _shared_b(kern, blk, m, n, k, args, bias, epi, threads)
         return
+    _run_serial_shares(kern, _blocks_plan(kern, blk, m, n, k, args, epi, threads), args,
+                       (bias, epi))
+
+
+def _run_serial_shares(kern, made, args, epilogue):
+    """Run the serial shares ``made = (reader, plan, sizes)`` (:func:`_share_plan`) of
+    the product ``args`` at once, as native shares: every argument block written by
+    one jitted call (``serial_blocks`` in ``kernels/_tile_shares.py``), with buffers
+    the caller holds for them."""
+    kind, plan, sizes = made
     mod = kern.shares
-    kind, plan, sizes = _blocks_plan(kern, blk, m, n, k, args, epi, threads)
     packs = buffers((kern.name, "blocks", len(plan)), sizes, kern.dtype)
     block, rows = share_blocks("serial", len(plan), mod.SERIAL_SLOTS)
-    mod.serial_blocks(block, plan, *args, (bias, epi), packs)
+    mod.serial_blocks(block, plan, *args, epilogue, packs)
     run_native_shares(mod.share_address(kind), rows)
+
+
+def _share_plan(kern, blk, shares, b_strides):
+    """``(reader, plan, buffer sizes)`` of serial shares ``(shape, shifts of A's, B's
+    and C's offsets, bias shift)``: each on the serial path :func:`route` names, its
+    row of ``plan`` as ``serial_blocks`` takes it."""
+    rows, sizes, paths = [], [], set()
+    for shape, shifts, bias_shift in shares:
+        path, blocks, share_sizes = serial_plan(kern, blk, *shape, b_strides)
+        # The row names the path by the shares module's code for it (GEMV, ...).
+        rows.append((getattr(kern.shares, path.upper()), *shape, *shifts, bias_shift, *blocks))
+        sizes += share_sizes
+        paths.add(path)
+    # Shares on one path run that path's reader, which compiles only its driver.
+    kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
+    return kind, np.array(rows, np.int64), sizes
 
 
 def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
@@ -407,23 +426,14 @@ def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
         by_rows = m / kern.mr >= n / kern.nr
         unit, length = (kern.mr, m) if by_rows else (kern.nr, n)
         step = round_up(cdiv(length, threads), unit)
-        rows, sizes, paths = [], [], set()
-        for start in range(0, length, step):
-            size = min(step, length - start)
-            shape = (size, n, k) if by_rows else (m, size, k)
-            shifts = ((start * a_rs, 0, start * c_rs) if by_rows
-                      else (0, start * b_cs, start * c_cs))
-            flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
-            path, blocks, share_sizes = serial_plan(kern, blk, *shape, (b_rs, b_cs))
-            rows.append((getattr(kern.shares, path.upper()), *shape, *shifts,
-                         start if epi & flag else 0, *blocks))
-            sizes += share_sizes
-            paths.add(path)
-        # Shares on one path run that path's reader, which compiles only its driver.
-        kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
+        flag = EPI_BIAS_ROW if by_rows else EPI_BIAS_COL
+        shares = [((min(step, length - s), n, k), (s * a_rs, 0, s * c_rs), s if epi & flag else 0)
+                  if by_rows else
+                  ((m, min(step, length - s), k), (0, s * b_cs, s * c_cs), s if epi & flag else 0)
+                  for s in range(0, length, step)]
         if len(BLOCKS_PLANS) >= 1024:          # bounded: shapes come and go
             BLOCKS_PLANS.clear()
-        made = BLOCKS_PLANS[key] = (kind, np.array(rows, np.int64), sizes)
+        made = BLOCKS_PLANS[key] = _share_plan(kern, blk, shares, (b_rs, b_cs))
     return made
 
 
@@ -431,26 +441,6 @@ def _blocks_plan(kern, blk, m, n, k, args, epi, threads):
 #: and threads; its shares' serial paths (:func:`route`) are decided when a plan is
 #: made.  After changing the path rules' other constants, :func:`reset_plans`.
 BLOCKS_PLANS = {}
-
-
-def _run_serial_shares(kern, blk, shares):
-    """Products ``(shape, (scal, a, b, c), bias, epi)`` on one thread each, at once:
-    each on the serial path :func:`route` names, as native shares (``serial_block``
-    and ``share_address("serial")`` in ``kernels/_tile_shares.py``), with buffers the
-    caller holds for them."""
-    mod = kern.shares
-    block, rows = share_blocks("serial", len(shares), mod.SERIAL_SLOTS)
-    paths = set()
-    for t, ((m, n, k), sub, bias, epi) in enumerate(shares):
-        path, blocks, sizes = serial_plan(kern, blk, m, n, k, sub[2][1][1:])
-        packs = buffers((kern.name, "share", t), sizes, kern.dtype)
-        # The block names the path by the shares module's code for it (GEMV, ...).
-        mod.serial_block(block[t], getattr(mod, path.upper()), (m, n, k), *sub, (bias, epi),
-                         blocks, packs)
-        paths.add(path)
-    # Shares on one path run that path's reader, which compiles only its driver.
-    kind = "serial_" + paths.pop() if len(paths) == 1 else "serial"
-    run_native_shares(mod.share_address(kind), rows)
 
 
 def _shared_b(kern, blk, m, n, k, args, bias, epi, threads):
@@ -532,9 +522,10 @@ def _split_k(kern, blk, m, n, k, args, bias, epi, threads):
     unit = (kern.dtype.type(1), kern.dtype.type(0))
     step = round_up(cdiv(k, threads), 8)
     parts = np.empty((cdiv(k, step), m * n), kern.dtype)
-    shares = []
-    for t, k0 in enumerate(range(0, k, step)):
-        sub = (unit, _shifted(a, k0 * a[1][2]), _shifted(b, k0 * b[1][1]), (parts[t], (0, n, 1)))
-        shares.append(((m, n, min(step, k - k0)), sub, kern.no_bias, 0))
-    _run_serial_shares(kern, blk, shares)
+    # Share t: k0 = t * step on, into its own part (row t of parts).
+    shares = [((m, n, min(step, k - k0)), (k0 * a[1][2], k0 * b[1][1], t * m * n), 0)
+              for t, k0 in enumerate(range(0, k, step))]
+    made = _share_plan(kern, blk, shares, b[1][1:])
+    _run_serial_shares(kern, made, (unit, a, b, (parts.reshape(-1), (0, n, 1))),
+                       (kern.no_bias, 0))
     kern.module.sum_parts(m, n, parts, alpha, beta, cf, c_off, c_rs, bias, epi)
