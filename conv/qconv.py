@@ -13,8 +13,8 @@ from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
-from tilegemm.kernels.int8 import GROUP
-from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_serve
+from tilegemm.kernels.qgemm import (int8_kind_for, pack_b_once, taps_channels, taps_kind_for,
+                                     taps_serve)
 from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
@@ -98,20 +98,23 @@ class QConvWeights:
                                      .reshape(-1, Kg)) for g in range(groups)]
         return self._matrices[key]
 
-    def panels(self, groups, multiple=1):
-        """Per group, :meth:`matrices` packed for :attr:`kind`'s kernel (cached)."""
-        key = (groups, multiple, self.kind)
+    def panels(self, groups, multiple=1, kind=None):
+        """Per group, :meth:`matrices` packed for ``kind``'s kernel (default
+        :attr:`kind`; cached); ``amx``'s with all of k in one block."""
+        key = (groups, multiple, kind or self.kind)
         if key not in self._panels:
-            self._panels[key] = [pack_b_once(w, 0, key[2])
+            self._panels[key] = [pack_b_once(w, 0, key[2], whole_k=key[2][0] == "amx")
                                  for w in self.matrices(groups, multiple)]
         return self._panels[key]
 
-    def taps(self, groups):
-        """:meth:`panels` for the taps kernel (channels rounded up to its words), every
-        group's in one :class:`TapsPanels` (cached)."""
-        key = (groups, self.kind)
+    def taps(self, groups, kind=None):
+        """:meth:`panels` for the taps kernel on ``kind`` (default :attr:`kind`;
+        channels rounded up to its :func:`~tilegemm.kernels.qgemm.taps_channels`),
+        every group's in one :class:`TapsPanels` (cached)."""
+        kind = kind or self.kind
+        key = (groups, kind)
         if key not in self._taps:
-            self._taps[key] = TapsPanels(self.panels(groups, GROUP[self.kind[0]]))
+            self._taps[key] = TapsPanels(self.panels(groups, taps_channels(kind[0]), kind))
         return self._taps[key]
 
     def prepared(self, key, make):
@@ -300,6 +303,9 @@ class PreparedQConv:
         folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
         self.epilogue = (mult, b, act, requant, NOT_FOLDED if folded is None else folded)
         self._plans = {}
+        # the taps kernel's int8 kernel: amx tiles where they serve this layer
+        self.taps_kind = taps_kind_for(weights.kind, p.Cg, p.groups, p.Kg,
+                                       (p.left + p.W + p.right, p.Wo, p.sy, p.sx))
         self.codes_dtype, self.summed = self.out_dtype, None
         if residual is not None:
             if requant[0] == 0.0:
@@ -365,8 +371,9 @@ class PreparedQConv:
         if plan is None:
             summed = None if self.params.layout != "NHWC" or self.summed is None \
                 else self.summed + (self.codes_dtype,)
-            plan = self._plans[threads] = TapsPlan(self.params, self.x_dtype, self.zero,
-                                                   self.weights.taps(self.params.groups),
+            p = self.params
+            taps = self.weights.taps(p.groups, self.taps_kind)
+            plan = self._plans[threads] = TapsPlan(p, self.x_dtype, self.zero, taps,
                                                    self.epilogue, threads, summed)
         return plan
 

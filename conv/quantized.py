@@ -28,20 +28,20 @@ layout.
 import threading
 
 import llvmlite.ir as ir
-import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilegemm.ground.contracts import JIT, jit
+from tilegemm.ground.contracts import jit, round_up
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import NO_GATE, run_shares
 from tilegemm.kernels.int8 import GROUP, TILES
+from tilegemm.kernels.int8_taps import amx_places, amx_rows, amx_rows_past
 from tilegemm.kernels.qgemm import (SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into,
-                                     widening)
+                                     taps_channels, widening)
 from tilegemm.kernels.requant import ACTIVATIONS, finish_planes, finish_rows  # noqa: F401
 from tilegemm.tuning.machine import detect
 
@@ -273,12 +273,14 @@ class TapsPlan:
         kind, bits = taps.kind
         self.mod = get_int8_kernel(kind, bits)
         group = GROUP[kind]
-        Wp, Cw = p.left + p.W + p.right, -(-p.C // group)
+        Wp, Cw = p.left + p.W + p.right, round_up(p.C, taps_channels(kind)) // group
         self.widening, self.wide = widening(kind, x_dtype, zero)
         # rows that widening would copy unchanged are read in place (a 1x1 layer's
-        # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call)
+        # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call); not by amx
+        # tiles, which read past the last pixel
         self.in_place = (self.wide == np.uint8 and self.widening[0] == 0 and p.layout == "NHWC"
-                         and p.C % group == 0 and p.top == p.left == p.bottom == p.right == 0)
+                         and p.C % group == 0 and p.top == p.left == p.bottom == p.right == 0
+                         and kind != "amx")
         self.conv = (p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
                      p.layout == "NCHW")
         KC, NC = taps.blocks
@@ -299,10 +301,15 @@ class TapsPlan:
         self.chunk = min(rows, max(1, detect().l2_bytes // 16 // (p.Kg * MC)) * MC)
         span = max(int(((b[:, 2] - 1) // p.Wo - b[:, 1] // p.Wo).max()) for b in self.blocks)
         in_rows = span * p.sy + (p.kh - 1) * p.dy + 1
+        places = self.chunk
+        if kind == "amx":    # its tiles' places, and rows for the pixels past the last
+            Wv = amx_rows(Wp, p.Wo, p.sy, p.sx)
+            places = max(places, amx_places(self.chunk, p.Wo, Wv))
+            in_rows += amx_rows_past(Wp, p.Wo, (p.kw, p.dx), (p.sy, p.sx))
         intp_words = np.dtype(np.intp).itemsize // 4
         # with a residual sum, a chunk's codes wait in a buffer of their own
         self.sizes = (in_rows * Wp * Cw, self.chunk * p.Kg, self.mod.MR,
-                      intp_words * (2 * (p.kh * p.kw + 1) + self.chunk),
+                      intp_words * (2 * (p.kh * p.kw + 1) + places),
                       0 if summed is None else -(-self.chunk * p.K // 4))
         self._local = threading.local()
 

@@ -21,6 +21,7 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
+from tilegemm.kernels.int8_taps import amx_places, amx_rows, amx_tile_places, tap_runs
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
 from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
@@ -374,6 +375,9 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
     KC, MC, NC = blocks
     p0, p1, j0, j1 = part
     o, o_at, ldo, mult, bias, lim = codes
+    if KSTEP > 1:
+        return _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg,
+                               a_at, codes)
     for q in range(p0, p1):
         a_at[q - p0] = (((q // Wo) * sy - row0) * Wp + (q % Wo) * sx) * Cw
     k_groups = kh * kw * cgw
@@ -385,7 +389,7 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
             g1 = min(g0 + KC // GROUP, k_groups)
             b_src = b_panels[at:]
             at += (nc + NR - 1) // NR * NR * (g1 - g0)
-            segs = _tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
             first = 1 if g0 == 0 else 0
             for ic in range(0, p1 - p0, MC):
                 mc = min(MC, p1 - p0 - ic)
@@ -405,25 +409,55 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
 
 
 @jit
-def _tap_runs(g0, g1, cgw, geom, c0w, seg):
-    """The runs of groups ``g0:g1`` of k (tap by tap, ``cgw`` groups each) as the taps
-    tile reads them: ``seg[2s]`` the run's first word relative to a pixel's, ``seg[2s+1]``
-    its groups.  Taps whose words follow on (a kernel row's, all the channels taken,
-    no dilation) make one run: a 3-channel stem's 7x7 is 7 runs of 14 groups, not 49
-    of 2.  Returns the number of runs."""
-    Wp, Cw, kw, dy, dx = geom
-    s = 0
-    for t in range(g0 // cgw, (g1 - 1) // cgw + 1):
-        lo, hi = max(g0, t * cgw), min(g1, (t + 1) * cgw)
-        r, q = t // kw, t % kw
-        start = (r * dy * Wp + q * dx) * Cw + c0w + lo - t * cgw
-        if s > 0 and seg[2 * s - 2] + seg[2 * s - 1] == start:
-            seg[2 * s - 1] += hi - lo
-        else:
-            seg[2 * s] = start
-            seg[2 * s + 1] = hi - lo
-            s += 1
-    return s
+def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_at, codes):
+    """:func:`qconv_taps` on AMX tiles: the output pixels go in tiles of 32 of
+    :func:`~tilegemm.kernels.int8_taps.amx_rows`'s rows (pixels the layer does not have
+    are computed and dropped), each A tile 16 of them read from the widened image a
+    constant stride apart; ``a_at`` holds every tile's places (:func:`~tilegemm.kernels.int8_taps.amx_tile_places`),
+    at least :func:`~tilegemm.kernels.int8_taps.amx_places` intp.  Every run of k must be
+    whole steps of 16 groups (a group's channels a multiple of 64), and the widened
+    rows must extend past the last output pixel's far enough for a whole tile."""
+    Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
+    c0w, cgw, n = channels
+    KC, MC, NC = blocks
+    p0, p1, j0, j1 = part
+    o, o_at, ldo, mult, bias, lim = codes
+    Wv = amx_rows(Wp, Wo, sy, sx)
+    v0 = (p0 // Wo) * Wv + p0 % Wo
+    if Wv * sx != sy * Wp:           # rows that do not continue: tiles from multiples of 16
+        v0 -= v0 % 16
+    v1 = ((p1 - 1) // Wo) * Wv + (p1 - 1) % Wo + 1
+    if a_at.size < amx_places(p1 - p0, Wo, Wv) or cgw % KSTEP or zeros.size < MR:
+        raise ValueError("qconv_taps: too little room for the amx tiles' places, or a run "
+                         "of k not in whole steps")
+    k_groups = kh * kw * cgw
+    direct = o.size > 0 and k_groups <= KC // GROUP
+    amx_tile_places((Wv, Wo, Wp, Cw, sy, sx, row0), (v0, v1, p0, p1), ldo if direct else n, a_at)
+    tile_begin()
+    at = 0                                    # the next block in b_panels, in words
+    for jc in range(0, n, NC):
+        nc = min(NC, n - jc)
+        for g0 in range(0, k_groups, KC // GROUP):
+            g1 = min(g0 + KC // GROUP, k_groups)
+            b_src = b_panels[at:]
+            at += (nc + NR - 1) // NR * NR * (g1 - g0)
+            segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            first = 1 if g0 == 0 else 0
+            for ic in range(v0, v1, MC):
+                for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):
+                    cols = min(NR, j1 - jc - jr, nc - jr)
+                    b_at = (jr // NR) * (g1 - g0) * NR
+                    for vt in range(ic, min(ic + MC, v1), MR):
+                        places = (vt - v0) // MR * 35
+                        if direct:
+                            tile_codes(segs, seg, xw, a_at, places, b_src, b_at, o,
+                                       o_at + jc + jr, ldo, first, zeros, 0, cc, jc + jr, MR,
+                                       cols, mult, bias, lim)
+                        else:
+                            tile_taps(segs, seg, xw, a_at, places, b_src, b_at, c, jc + jr, n,
+                                      first, zeros, 0, cc, jc + jr, MR, cols)
+    tile_end()
+    return direct
 
 
 @jit
@@ -513,7 +547,7 @@ def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
                  lim)
         if qconv_taps(words, (Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, r0), (g * cgw, cgw, Kg),
                       panels[starts[g]:starts[g + 1]], sizes, sums, (q0, q1, j0, j1), zeros,
-                      cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:nseg + m], group):
+                      cc[g * Kg:(g + 1) * Kg], offsets[:nseg], offsets[nseg:], group):
             continue
         k0 = g * Kg + j0
         if nchw:

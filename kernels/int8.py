@@ -34,6 +34,8 @@ The dot-product step is the kind's (:data:`GROUP`):
   are 64 k values each), B's is ``vnni``'s (an AMX B tile is 16 groups of 16 columns'
   words).  The tile registers need a configuration, loaded by :func:`make_tile_begin`'s
   intrinsic before any tile runs, and Linux's permission (``kernels/qgemm.py``).
+  Its taps tile reads a convolution's widened image in place: each A tile is 16
+  output pixels whose rows lie a constant stride apart (see ``kernels/int8_taps.py``).
 
 Every step is exact; the int32 lanes wrap modulo 2**32, and the caller proves that
 the true result fits in int32 (:func:`tilegemm.conv.quant.qmatmul`), so the wrapped sum
@@ -120,10 +122,15 @@ def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
     float32 operations as ``kernels/requant.py`` :func:`code`, so the codes equal
     the epilogue's; the sums never go to memory.
 
-    With ``kind == "amx"`` (``mr = nr = 32``, no ``taps``) A's word of group g of row
+    With ``kind == "amx"`` (``mr = nr = 32``) A's word of group g of row
     i is at ``a[a_off + i*a_rs + (g // 16)*a_gs + g % 16]``: ``a_gs`` is the distance
     of one step of :data:`KSTEP` groups, ``kg`` a multiple of it, and the tile
-    configuration of :func:`make_tile_begin` must be loaded.
+    configuration of :func:`make_tile_begin` must be loaded.  Its taps tile takes
+    each run's groups in whole steps, rows 16h..16h+15's words from
+    ``a[a_at[a_at_off + h] + i*a_at[a_at_off + 2] + seg[2s] + ...]`` (two A tiles, each
+    16 rows a constant stride apart), and writes C's row i at ``c_off +
+    a_at[a_at_off + 3 + i]``, or not at all where that is negative (``kernels/int8_taps.py``:
+    rows of pixels the layer does not have); ``rows`` and ``ldc`` are unused.
     """
     lanes = bits // 32
     if nr % lanes or kind not in GROUP or (kind == "amx" and (mr, nr) != (32, 32)):
@@ -136,8 +143,6 @@ def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
         return context.get_dummy_value()
 
     def typing(typingctx, *args):
-        if kind == "amx" and taps:
-            raise TypeError("the amx int8 kind has no taps tile")
         if len(args) != len(names):
             raise TypeError(f"the int8 tile takes {len(names)} arguments "
                             f"({', '.join(names)}), got {len(args)}")
@@ -171,6 +176,7 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
     types_of = dict(zip(arg, sig.args))
     if kind == "amx":
         return _emit_amx_tile(context, builder, (arg, types_of), vec)
+    places = _row_places(builder, arg, mr)
 
     def const(value):
         return ir.Constant(intp, value)
@@ -218,10 +224,25 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
             with cgutils.for_range(builder, count) as loop:
                 group(builder.add(b0, loop.index), builder.add(start, loop.index))
             builder.store(builder.add(b0, count), done)
+    _finish(context, builder, (arg, types_of), (c_ptr, rc_ptr, cc_ptr), acc, places)
+
+
+def _row_places(builder, arg, mr):
+    """Per row i of an ``mr``-row tile, ``(whether C has it, its first value's offset
+    from C's)``: ``i < rows`` and ``i * ldc``."""
+    intp = arg["rows"].type
+    return [(builder.icmp_signed("<", ir.Constant(intp, i), arg["rows"]),
+             builder.mul(ir.Constant(intp, i), arg["ldc"])) for i in range(mr)]
+
+
+def _finish(context, builder, args, ptrs, acc, places):
+    """C from the accumulators: the codes (a codes tile), else the sums."""
+    arg, _ = args
+    const = lambda value: ir.Constant(arg["cols"].type, value)   # noqa: E731
     if "lim" in arg:
-        _store_codes(context, builder, (arg, types_of), (c_ptr, rc_ptr, cc_ptr), acc, const)
+        _store_codes(context, builder, args, ptrs, acc, const, places)
     else:
-        _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
+        _update_c(builder, arg, ptrs, acc, const, places)
 
 
 #: AMX tile registers of the ``amx`` tile: C's 2 x 2 accumulators, then A's two
@@ -248,7 +269,8 @@ def _emit_amx_tile(context, builder, args, vec):
     """The ``amx`` tile (see :func:`make_int8_tile`): per step of 16 groups, A's two
     16-row tiles and B's two 16-column tiles loaded, four ``tdpbusd``; then the
     accumulators stored to a 32 x 32 block on the stack, and C updated from it as
-    the vector tiles update it from their registers."""
+    the vector tiles update it from their registers.  The taps tile's steps come
+    from its runs, its A tiles' rows from the image, its rows of C from ``a_at``."""
     arg, types_of = args
     intp = context.get_value_type(types.intp)
 
@@ -260,19 +282,42 @@ def _emit_amx_tile(context, builder, args, vec):
 
     for t in AMX_C:
         amx_call(builder, "tilezero", t)
-    a_row_bytes = builder.mul(arg["a_rs"], const(4))
-    with cgutils.for_range(builder, builder.sdiv(arg["kg"], const(16))) as step:
-        a_at = builder.add(arg["a_off"], builder.mul(step.index, arg["a_gs"]))
-        b_at = builder.add(arg["b_off"], builder.mul(step.index, const(16 * 32)))
-        for h, t in enumerate(AMX_A):     # rows 16h..16h+15
-            a_rows = ptr("a", builder.add(a_at, builder.mul(arg["a_rs"], const(16 * h))))
-            amx_call(builder, "tileloadd64", t, a_rows, a_row_bytes)
+
+    def step(a_rows, a_row_bytes, b_at):
+        """One step of 16 groups: A's tiles from ``a_rows`` (two word offsets), B's from
+        word ``b_at`` of its panel (32 words a group)."""
+        for a_at, t in zip(a_rows, AMX_A):
+            amx_call(builder, "tileloadd64", t, ptr("a", a_at), a_row_bytes)
         for h, t in enumerate(AMX_B):     # columns 16h..16h+15
-            b_cols = ptr("b", builder.add(b_at, const(16 * h)))
-            amx_call(builder, "tileloadd64", t, b_cols, const(128))    # 32 words a group
+            amx_call(builder, "tileloadd64", t, ptr("b", builder.add(b_at, const(16 * h))),
+                     const(128))
         for i, ta in enumerate(AMX_A):
             for j, tb in enumerate(AMX_B):
                 amx_call(builder, "tdpbusd", AMX_C[2 * i + j], ta, tb)
+
+    if "kg" in arg:
+        a_row_bytes = builder.mul(arg["a_rs"], const(4))
+        with cgutils.for_range(builder, builder.sdiv(arg["kg"], const(16))) as loop:
+            a_at = builder.add(arg["a_off"], builder.mul(loop.index, arg["a_gs"]))
+            step([builder.add(a_at, builder.mul(arg["a_rs"], const(16 * h))) for h in (0, 1)],
+                 a_row_bytes, builder.add(arg["b_off"], builder.mul(loop.index, const(16 * 32))))
+        places = _row_places(builder, arg, 32)
+    else:
+        at_ptr = ptr("a_at", arg["a_at_off"])
+        at = [builder.load(builder.gep(at_ptr, [const(i)])) for i in range(3 + 32)]
+        a_row_bytes = builder.mul(at[2], const(4))
+        seg_ptr = ptr("seg", const(0))
+        done = cgutils.alloca_once_value(builder, arg["b_off"])    # B's next group's word
+        with cgutils.for_range(builder, arg["segs"]) as run:
+            start = builder.load(builder.gep(seg_ptr, [builder.mul(run.index, const(2))]))
+            count = builder.load(builder.gep(seg_ptr, [builder.add(builder.mul(
+                run.index, const(2)), const(1))]))
+            with cgutils.for_range(builder, builder.sdiv(count, const(16))) as loop:
+                word = builder.add(start, builder.mul(loop.index, const(16)))
+                b_at = builder.load(done)
+                step([builder.add(at[h], word) for h in (0, 1)], a_row_bytes, b_at)
+                builder.store(builder.add(b_at, const(16 * 32)), done)
+        places = [(builder.icmp_signed(">=", at[3 + i], const(0)), at[3 + i]) for i in range(32)]
     block = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(32), 32 * 32))
     block.align = 64
     base = builder.gep(block, [const(0), const(0)])
@@ -282,7 +327,7 @@ def _emit_amx_tile(context, builder, args, vec):
     acc = [[vector_ptr(builder, base, const(32 * i + 16 * v), vec) for v in range(2)]
            for i in range(32)]
     c_ptr, rc_ptr, cc_ptr = (ptr(n, arg[n + "_off"]) for n in ("c", "rc", "cc"))
-    _update_c(builder, arg, (c_ptr, rc_ptr, cc_ptr), acc, vec, const)
+    _finish(context, builder, args, (c_ptr, rc_ptr, cc_ptr), acc, places)
 
 
 def amx_configure(builder):
@@ -352,9 +397,11 @@ def dot_step(builder, kind, bits, acc, a, b):
     return builder.add(acc, builder.add(lanes(0), lanes(1)))
 
 
-def _update_c(builder, arg, ptrs, acc, vec, const):
-    """``C[:rows, :cols]`` = acc + row and column corrections (``first``) or += acc."""
+def _update_c(builder, arg, ptrs, acc, const, places):
+    """C's rows (``places``, as :func:`_row_places`), columns below ``cols`` = acc + row
+    and column corrections (``first``) or += acc."""
     c_ptr, rc_ptr, cc_ptr = ptrs
+    vec = acc[0][0].type.pointee
     lanes = vec.count
     nv = len(acc[0])
     masks = _column_masks(builder, arg["cols"], lanes, nv, const)
@@ -363,14 +410,15 @@ def _update_c(builder, arg, ptrs, acc, vec, const):
         with then_first:
             col_corr = [load_vector(builder, vector_ptr(builder, cc_ptr, const(v * lanes), vec), 4,
                                     masks[v]) for v in range(nv)]
-            _store_rows(builder, arg, acc, c_ptr, masks, const, lambda i, v, c: builder.add(
+            _store_rows(builder, (acc, places), c_ptr, masks, const, lambda i, v, c: builder.add(
                 c, builder.add(col_corr[v], splat(builder, builder.load(
                     builder.gep(rc_ptr, [const(i)])), vec))), read_c=False)
         with then_add:
-            _store_rows(builder, arg, acc, c_ptr, masks, const, lambda i, v, c: c, read_c=True)
+            _store_rows(builder, (acc, places), c_ptr, masks, const, lambda i, v, c: c,
+                        read_c=True)
 
 
-def _store_codes(context, builder, args, ptrs, acc, const):
+def _store_codes(context, builder, args, ptrs, acc, const, places):
     """``C[:rows, :cols]`` = the codes of acc + row and column corrections: per vector,
     float32 ``sums * mult + bias`` clipped by the activation, rounded half to even,
     plus the zero point, clipped to the codes' range (the order of ``kernels/requant.py``
@@ -400,8 +448,8 @@ def _store_codes(context, builder, args, ptrs, acc, const):
 
     byte = ir.IntType(8)
     row_mask, = _column_masks(builder, arg["cols"], nv * lanes, 1, const)
-    for i in range(len(acc)):
-        with builder.if_then(builder.icmp_signed("<", const(i), arg["rows"])):
+    for i, (has, at) in enumerate(places):
+        with builder.if_then(has):
             row_corr = splat(builder, builder.load(builder.gep(rc_ptr, [const(i)])), vec)
             parts = []
             for v in range(nv):
@@ -416,8 +464,7 @@ def _store_codes(context, builder, args, ptrs, acc, const):
                                                 ir.Constant(ir.VectorType(ir.IntType(32), 2 * n),
                                                             list(range(2 * n))))
                          for k in range(0, len(parts), 2)]
-            ptr = builder.bitcast(builder.gep(builder.bitcast(c_ptr, byte.as_pointer()),
-                                              [builder.mul(const(i), arg["ldc"])]),
+            ptr = builder.bitcast(builder.gep(builder.bitcast(c_ptr, byte.as_pointer()), [at]),
                                   parts[0].type.as_pointer())
             store_vector(builder, parts[0], ptr, 1, row_mask)
 
@@ -432,12 +479,13 @@ def _column_masks(builder, cols, lanes, count, const):
                                 limit) for v in range(count)]
 
 
-def _store_rows(builder, arg, acc, c_ptr, masks, const, extra, read_c):
-    """Each valid row of the tile: ``C = extra(i, v, acc)`` (+ C when ``read_c``)."""
+def _store_rows(builder, tile, c_ptr, masks, const, extra, read_c):
+    """Each of C's rows the tile has (``tile = (acc, places)``, as :func:`_row_places`):
+    ``C = extra(i, v, acc)`` (+ C when ``read_c``)."""
+    acc, places = tile
     vec = acc[0][0].type.pointee
-    for i in range(len(acc)):
-        with builder.if_then(builder.icmp_signed("<", const(i), arg["rows"])):
-            row = builder.mul(const(i), arg["ldc"])
+    for i, (has, row) in enumerate(places):
+        with builder.if_then(has):
             for v in range(len(acc[0])):
                 ptr = vector_ptr(builder, c_ptr, builder.add(row, const(v * vec.count)), vec)
                 r = extra(i, v, builder.load(acc[i][v]))

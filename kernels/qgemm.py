@@ -29,6 +29,7 @@ from tilegemm.kernels.pool import NO_GATE, run_shares
 from tilegemm.kernels.requant import NOT_FOLDED
 from tilegemm.kernels.widen import widen_rows
 from tilegemm.kernels.int8 import A_BLOCKS, BYTE_KINDS, GROUP, KSTEP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.int8_taps import amx_places, amx_rows
 from tilegemm.tuning.machine import detect
 
 _TEMPLATE = __file__.replace("qgemm.py", "_int8.py")
@@ -251,15 +252,19 @@ def _b_add(kind, b_dtype, b_zero_point):
     return -int(b_zero_point)
 
 
-def pack_b_once(b, b_zero_point=0, kind=None):
+def pack_b_once(b, b_zero_point=0, kind=None, whole_k=False):
     """:class:`PackedB` of ``b`` (k x n, int8 or uint8) for the kernel of ``kind``
-    (default this host's), with the KC and NC every product with this B uses."""
+    (default this host's), with the KC and NC every product with this B uses; with
+    ``whole_k`` KC is all of k (a convolution on ``amx`` taps tiles: its sums then
+    stay in the tile registers from the first tap to the last)."""
     kind, bits = kind or int8_kind()
     if kind == "maddubs":
         _check_maddubs(b, b_zero_point)
     mod = get_int8_kernel(kind, bits)
     k, n = b.shape
     KC, _, NC = _blocks(kind, bits, 1, n, k)
+    if whole_k:
+        KC = round_up(max(k, 1), max(16, taps_channels(kind)))
     words = sum(round_up(min(NC, n - jc), mod.NR) * _groups(kind, min(KC, k - pc))
                 for jc in range(0, n, NC) for pc in range(0, k, KC))
     panels = aligned_empty(max(words, 1), np.int32)   # AMX loads run 2x slower unaligned
@@ -403,12 +408,40 @@ def _words(a, kind):
     return _NO_WORDS
 
 
+def taps_channels(kind):
+    """Channels per pixel the taps kernel's widened rows hold a multiple of for the
+    int8 kernel ``kind`` (a name): a word's (GROUP); for ``amx`` a step's, 64, as its
+    tiles read whole steps of k."""
+    return GROUP[kind] * KSTEP.get(kind, 1)
+
+
 def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
     convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
-    every vector kind (not ``amx``), with whole pixels' channels in its words: ``cg`` a
-    multiple of the kind's GROUP, or one group (zero channels added)."""
-    return kind[0] != "amx" and (cg % GROUP[kind[0]] == 0 or groups == 1)
+    with whole pixels' channels in its rows, ``cg`` a multiple of
+    :func:`taps_channels`, or one group (zero channels added)."""
+    return cg % taps_channels(kind[0]) == 0 or groups == 1
+
+
+#: A layer takes ``amx`` taps tiles where at least this share of the pixels they compute
+#: exist (:func:`~tilegemm.kernels.int8.amx_rows`) and its channels, rounded up to 64,
+#: are no more than AMX_CHANNELS times the layer's.
+AMX_PIXELS = 0.5
+AMX_CHANNELS = 1.5
+
+
+def taps_kind_for(kind, cg, groups, kg, rows):
+    """The int8 kernel the taps kernel runs a layer on: ``amx`` where this process can
+    run it, the layer's output channels per group ``kg`` reach :data:`AMX_MIN_SIDE`
+    and its tiles waste little (:data:`AMX_PIXELS`, :data:`AMX_CHANNELS`; ``rows =
+    (Wp, Wo, sy, sx)``: padded and output width, stride), else the vector ``kind``."""
+    Wp, Wo, sy, sx = rows
+    amx = runnable_int8_kinds()[0]
+    if amx[0] != "amx" or kg < AMX_MIN_SIDE or not taps_serve(amx, cg, groups):
+        return kind
+    if round_up(cg, 64) > AMX_CHANNELS * cg or Wo < AMX_PIXELS * amx_rows(Wp, Wo, sy, sx):
+        return kind
+    return amx
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):
@@ -458,8 +491,10 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0, codes=N
     zeros, = buffers(("int8 taps", kind, bits), (mod.MR,), np.int32)
     zeros[:] = 0
     cc = (-int(pad) * b_panels.col_sums).astype(np.int32)   # wraps as the sums do
+    m = pixels[1] - pixels[0]
+    places = amx_places(m, geom[2], amx_rows(geom[0], geom[2], geom[5], geom[6]))
     seg, a_at = buffers(("int8 taps offsets", kind, bits),
-                        (2 * (kh * kw + 1), pixels[1] - pixels[0]), np.intp)
+                        (2 * (kh * kw + 1), max(m, places if kind == "amx" else 0)), np.intp)
     part = tuple(pixels) + (tuple(cols) if cols is not None else (0, channels[2]))
     if part[2] % mod.NR:
         raise ValueError(f"taps_into: the first column {part[2]} is not a multiple of NR = "

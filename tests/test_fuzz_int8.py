@@ -11,6 +11,9 @@ in int64, inputs unchanged, ``out`` returned.
 The kernel tester below runs every int8 kernel this process can run (``kernels/int8.py``:
 VNNI, int16 pair products and the generic one, at each width) on the same edges.
 """
+import contextlib
+from unittest import mock
+
 import numpy as np
 import pytest
 from fuzz_settings import fuzz_settings
@@ -18,9 +21,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tilegemm
+from tilegemm.conv import qconv as qconv_module
+from tilegemm.kernels import qgemm
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
+from tilegemm.kernels.int8_taps import amx_rows_past
 from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, int8_kind_for, pack_b_once,
-                                     qgemm_into, runnable_int8_kinds, taps_into, taps_serve,
+                                     qgemm_into, runnable_int8_kinds, taps_channels, taps_into,
+                                     taps_serve,
                                      widen_rows_into)
 
 DTYPES = (np.int8, np.uint8)
@@ -228,24 +235,28 @@ def _taps_case(kind, layer, rng, where=None):
                           pads, d, groups)[0].reshape(K, -1).T
     p0, p1 = min(1, Ho * Wo - 1), max(Ho * Wo - 2, 2)
     r0, r1 = (p0 // Wo) * sy, ((p1 - 1) // Wo) * sy + (kh - 1) * d + 1
-    group = GROUP[kind[0]]
-    Wp, Cw = left + W + right, -(-C // group)     # zero channels fill the last word
+    group, whole = GROUP[kind[0]], taps_channels(kind[0])
+    Wp, Cw = left + W + right, -(-C // whole) * whole // group   # zero channels fill the last word
     size = (r1 - r0) * Wp * Cw
-    xw = np.empty(size, np.int32) if where is None else guarded_empty((size,), np.int32, where=where)
+    # amx tiles read whole tiles of pixels: up to amx_rows_past rows more
+    past = amx_rows_past(Wp, Wo, (kw, d), (sy, sx)) * Wp * Cw if kind[0] == "amx" else 0
+    xw = (np.empty(size + past, np.int32) if where is None
+          else guarded_empty((size + past,), np.int32, where=where))
     pad = widen_rows_into(x, 0, (top, left, Wp, group * Cw), zx, (r0, r1), xw, kind)
-    from_nchw = np.full(size, 7, np.int32)    # the same rows widened from NCHW
+    from_nchw = np.full(size + past, 7, np.int32)    # the same rows widened from NCHW
+    xw[size:] = 7
     widen_rows_into(np.ascontiguousarray(x.transpose(0, 3, 1, 2)), 0, (top, left, Wp, group * Cw),
                     zx, (r0, r1), from_nchw, kind, layout="NCHW")
     assert np.array_equal(from_nchw, xw)
     Cg, Kg = C // groups, K // groups
     geom = (Wp, Cw, Wo, kh, kw, sy, sx, d, d, r0)
-    padded = np.concatenate([w, np.zeros((K, -Cg % group, kh, kw), np.int8)], axis=1)
+    padded = np.concatenate([w, np.zeros((K, -Cg % whole, kh, kw), np.int8)], axis=1)
     for g in range(groups):
         mat = np.ascontiguousarray(padded[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                    .reshape(-1, Kg))
         sums = np.full((p1 - p0) * Kg, 99, np.int32)
         panels = pack_b_once(mat, 0, kind)
-        channels = (g * Cg // group, -(-Cg // group), Kg)
+        channels = (g * Cg // group, -(-Cg // whole) * whole // group, Kg)
         taps_into(xw, geom, channels, panels, sums, (p0, p1), pad=pad)
         exact = want[p0:p1, g * Kg:(g + 1) * Kg]
         assert np.array_equal(sums.reshape(-1, Kg), exact), (kind, layer, g)
@@ -357,6 +368,8 @@ def test_panels_of_another_b_are_refused():
 # --------------------------------------------------------------------------- qconv2d
 
 QCONV_CHECKED = []
+#: Per layer drawn with amx allowed everywhere, whether it took amx tiles.
+AMX_CHOSEN = []
 #: Layers whose residual sum was checked (see :func:`_check_sum`).
 SUM_CHECKED = []
 
@@ -381,8 +394,14 @@ def qconv_reference(x, zx, w, x_scale, w_scale, bias, geometry, activation, layo
 @given(data=st.data())
 def test_qconv2d_matches_the_dequantized_math(data):
     """Float output equal to the float64 reference up to float32 rounding; requantized
-    codes within one step of the reference's (a tie may round either way)."""
-    draw = data.draw
+    codes within one step of the reference's (a tie may round either way); on amx
+    tiles too where the host has them, for any layer they can run."""
+    with contextlib.ExitStack() as stack:
+        _qconv_case(data.draw, stack)
+
+
+def _qconv_case(draw, stack):
+    """One drawn layer of :func:`test_qconv2d_matches_the_dequantized_math`."""
     layout = draw(st.sampled_from(["NCHW", "NHWC"]), label="layout")
     groups = draw(st.sampled_from([1, 1, 2, 3]), label="groups")
     cg, kg = draw(st.integers(1, 9), label="C/groups"), draw(st.integers(1, 9), label="K/groups")
@@ -408,6 +427,15 @@ def test_qconv2d_matches_the_dequantized_math(data):
     kwargs = dict(x_zero_point=zx, stride=stride, padding=padding, dilation=dilation,
                   groups=groups, activation=activation, layout=layout)
     weights = tilegemm.QConvWeights(w, w_scale) if draw(st.booleans()) else w
+    if draw(st.booleans(), label="amx tiles for any layer they can run"):
+        stack.enter_context(mock.patch.multiple(qgemm, AMX_MIN_SIDE=1, AMX_CHANNELS=np.inf,
+                                                AMX_PIXELS=0))
+        choose = qconv_module.taps_kind_for       # each layer's choice, counted
+
+        def counted(*args):
+            AMX_CHOSEN.append(choose(*args)[0] == "amx")
+            return choose(*args)
+        stack.enter_context(mock.patch.object(qconv_module, "taps_kind_for", counted))
     x0 = x.copy()
     pads = np.broadcast_to(padding, 2)
     fits = (h + 2 * pads[0] >= dilation * (kh - 1) + 1
@@ -458,16 +486,17 @@ def _check_sum(draw, rng, x, weights, bias, options, codes):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("seven", [False, True])
+@pytest.mark.parametrize("kernel", ["host", "seven", "amx"])
 @pytest.mark.parametrize("threads, geometry", [(1, dict(padding=1)), (2, dict(padding=1)),
                                                (2, dict(stride=2, groups=2)),
                                                (1, dict(dilation=2, padding=2)),
                                                (1, dict()), (2, dict(stride=2))])
-def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monkeypatch):
+def test_qconv2d_blocks_of_several_chunks(layout, kernel, threads, geometry, monkeypatch):
     """Blocks of pixels longer than the taps driver's chunk (its sums in a quarter of
     L2, here a 64 KiB one): every chunk's sums and epilogue land at their pixels, in
     both layouts, one block or one per thread, grouped, strided, dilated, and with
-    no padding (an NHWC input then read in place by the byte kinds)."""
+    no padding (an NHWC input then read in place by the byte kinds); on the host's
+    vector kernel, with 7-bit weights (``maddubs`` on AVX2) and on amx tiles."""
     import dataclasses
     from tilegemm.conv import quantized
     from tilegemm.conv.qconv import PreparedQConv
@@ -486,15 +515,19 @@ def test_qconv2d_blocks_of_several_chunks(layout, seven, threads, geometry, monk
     shape = (1, 16, 40, 41) if layout == "NCHW" else (1, 40, 41, 16)
     x = values(rng, shape, np.uint8, False)
     groups = geometry.get("groups", 1)
-    w = values(rng, (64, 16 // groups, 3, 3), np.int8, False, seven)
+    w = values(rng, (64, 16 // groups, 3, 3), np.int8, False, kernel == "seven")
     qw = tilegemm.QConvWeights(w, 0.004)
-    if not taps_serve(qw.kind, 16 // groups, groups):
-        pytest.skip("this host's int8 kernel has no taps kernel")
+    kind = runnable_int8_kinds()[0] if kernel == "amx" else qw.kind
+    if kernel == "amx" and kind[0] != "amx":
+        pytest.skip("no amx here")
+    if not taps_serve(kind, 16 // groups, groups):
+        pytest.skip(f"{kind[0]} has no taps kernel for groups of {16 // groups} channels")
     layer = PreparedQConv(x.shape, x.dtype, 0.02, qw, x_zero_point=9, layout=layout, **geometry)
-    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups), layer.epilogue, threads)
+    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups, kind), layer.epilogue, threads)
     pixels = int(np.prod(layer.output_shape)) // 64
     assert len(plan.blocks) == threads and plan.chunk < pixels // threads
-    in_place = layout == "NHWC" and "padding" not in geometry and qw.kind[0] in BYTE_KINDS
+    in_place = (layout == "NHWC" and "padding" not in geometry and kind[0] in BYTE_KINDS
+                and kind[0] != "amx")
     assert plan.in_place == in_place
     want = qconv_reference(x, 9, w, 0.02, 0.004, None, (geometry.get("stride", 1),
                            geometry.get("padding", 0), geometry.get("dilation", 1), groups),
@@ -508,3 +541,5 @@ def test_zz_qconv2d_fuzz_checked_enough_layers():
     """The generated geometries mostly have outputs: the checks above ran, not the early exits."""
     assert len(QCONV_CHECKED) >= 50, len(QCONV_CHECKED)
     assert len(SUM_CHECKED) >= 15, len(SUM_CHECKED)
+    if runnable_int8_kinds()[0][0] == "amx":
+        assert sum(AMX_CHOSEN) >= 10, AMX_CHOSEN

@@ -1,0 +1,91 @@
+"""Where the int8 taps tiles read and write: a convolution's runs of k, and the
+rows of pixels ``amx`` tiles run over.
+
+The taps tiles (``kernels/int8.py``) read a convolution's input from its widened
+rows in place: k comes in runs, each a tap's channels (:func:`tap_runs`).  A vector
+tile reads each row from its pixel's offset; an AMX tile loads 16 rows a constant
+stride apart, so ``amx`` computes pixels of rows whose pixels follow on at one
+stride (:func:`amx_rows`), some of which the layer does not have; each tile's rows
+and where they go in C are listed once per call (:func:`amx_tile_places`).
+"""
+import numba
+
+from tilegemm.ground.contracts import JIT
+
+
+@numba.njit(**JIT)
+def amx_rows(Wp, Wo, sy, sx):
+    """The width of the rows of output pixels an ``amx`` taps tile runs over, for a
+    padded width ``Wp``, output width ``Wo`` and stride ``(sy, sx)``: an AMX tile
+    loads 16 rows a constant stride apart, so each of its two A tiles is 16 pixels of
+    these rows, of which only the first ``Wo`` exist (the rest computed and dropped).
+
+    Where ``sy * Wp / sx`` is a whole width of at least ``Wo`` (every stride-1 layer)
+    a row's pixels continue into the next row's: rows of that width, tiles anywhere
+    (ResNet-18's 3x3 at 56: 58, 3.5% dropped).  Otherwise rows of ``Wo`` rounded up
+    to 16, tiles starting at multiples of 16 (a stride-2 layer: 28 -> 32).  The width
+    that drops fewer pixels."""
+    whole = Wo + (-Wo) % 16
+    if (sy * Wp) % sx == 0 and Wo <= sy * Wp // sx < whole:
+        return sy * Wp // sx
+    return whole
+
+
+def amx_rows_past(Wp, Wo, kernel, stride):
+    """Rows of the padded image past the last output pixel's rows an ``amx`` taps call
+    may read (``kernel = (kw, dx)``, ``stride = (sy, sx)``): its last tile runs up to
+    31 pixels of :func:`amx_rows`'s rows further, each a row's last pixel at most."""
+    (kw, dx), (sy, sx) = kernel, stride
+    Wv = amx_rows(Wp, Wo, sy, sx)
+    return (Wo + 30) // Wv * sy + ((Wv - 1) * sx + (kw - 1) * dx) // Wp + 1
+
+
+@numba.njit(**JIT)
+def amx_places(m, Wo, Wv):
+    """intp words an ``amx`` taps call on ``m`` output pixels needs for its tiles'
+    places (:func:`amx_tile_places`): 35 per tile of 32 pixels of
+    :func:`amx_rows`'s rows, over every row the pixels touch."""
+    return 35 * ((((m + Wo - 1) // Wo + 1) * Wv + 16) // 32 + 1)
+
+
+@numba.njit(**JIT)
+def amx_tile_places(rows, span, ld, a_at):
+    """Per tile of 32 pixels from ``v0`` (``span = (v0, v1, p0, p1)``, pixels of the rows
+    ``rows = (Wv, Wo, Wp, Cw, sy, sx, row0)``), 35 intp in ``a_at``: its two A tiles'
+    first words in the widened image, their row stride in words, then per row its
+    offset in C (output pixel ``p``'s: ``(p - p0) * ld``), or -1 where the layer has no
+    such pixel or it is outside ``p0:p1``."""
+    Wv, Wo, Wp, Cw, sy, sx, row0 = rows
+    v0, v1, p0, p1 = span
+    for vt in range(v0, v1, 32):
+        at = (vt - v0) // 32 * 35
+        for h in range(2):
+            v = vt + 16 * h
+            a_at[at + h] = (((v // Wv) * sy - row0) * Wp + (v % Wv) * sx) * Cw
+        a_at[at + 2] = sx * Cw
+        for i in range(32):
+            v = vt + i
+            q = (v // Wv) * Wo + v % Wv
+            a_at[at + 3 + i] = (q - p0) * ld if v % Wv < Wo and p0 <= q < p1 else -1
+
+
+@numba.njit(**JIT)
+def tap_runs(g0, g1, cgw, geom, c0w, seg):
+    """The runs of groups ``g0:g1`` of k (tap by tap, ``cgw`` groups each) as the taps
+    tile reads them: ``seg[2s]`` the run's first word relative to a pixel's, ``seg[2s+1]``
+    its groups.  Taps whose words follow on (a kernel row's, all the channels taken,
+    no dilation) make one run: a 3-channel stem's 7x7 is 7 runs of 14 groups, not 49
+    of 2.  Returns the number of runs."""
+    Wp, Cw, kw, dy, dx = geom
+    s = 0
+    for t in range(g0 // cgw, (g1 - 1) // cgw + 1):
+        lo, hi = max(g0, t * cgw), min(g1, (t + 1) * cgw)
+        r, q = t // kw, t % kw
+        start = (r * dy * Wp + q * dx) * Cw + c0w + lo - t * cgw
+        if s > 0 and seg[2 * s - 2] + seg[2 * s - 1] == start:
+            seg[2 * s - 1] += hi - lo
+        else:
+            seg[2 * s] = start
+            seg[2 * s + 1] = hi - lo
+            s += 1
+    return s
