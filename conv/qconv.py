@@ -13,8 +13,9 @@ from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
-from tilegemm.kernels.qgemm import (int8_kind_for, pack_b_once, taps_channels, taps_kind_for,
-                                     taps_serve)
+from tilegemm.ground.contracts import round_up
+from tilegemm.kernels.int8 import GROUP
+from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_kind_for, taps_serve
 from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
 
@@ -82,39 +83,42 @@ class QConvWeights:
     def shape(self):
         return self.weight.shape
 
-    def matrices(self, groups, multiple=1):
+    def matrices(self, groups, multiple=1, kw=None):
         """Per group, the ``kh*kw*Cg x Kg`` int8 matrix the quantized GEMM takes, rows
         in (r, s, c) order as the channels-last patches hold them (cached).  Zero
-        channels round ``Cg`` up to a ``multiple``: the taps kernel's words of channels."""
-        key = (groups, multiple)
+        channels round ``Cg`` up to a ``multiple`` (the taps kernel's words of
+        channels), zero taps the kernel's width up to ``kw`` (an amx taps tile's runs)."""
+        K, Cg, kh, kw0 = self.weight.shape
+        kw = kw or kw0
+        key = (groups, multiple, kw)
         if key not in self._matrices:
-            K, Cg, kh, kw = self.weight.shape
             Kg = K // groups
-            w = self.weight
-            if Cg % multiple:
-                w = np.concatenate([w, np.zeros((K, -Cg % multiple, kh, kw), np.int8)], axis=1)
+            w = np.zeros((K, round_up(Cg, multiple), kh, kw), np.int8)
+            w[:, :Cg, :, :kw0] = self.weight
             self._matrices[key] = [
                 np.ascontiguousarray(w[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                      .reshape(-1, Kg)) for g in range(groups)]
         return self._matrices[key]
 
-    def panels(self, groups, multiple=1, kind=None):
+    def panels(self, groups, multiple=1, kind=None, kw=None):
         """Per group, :meth:`matrices` packed for ``kind``'s kernel (default
         :attr:`kind`; cached); ``amx``'s with all of k in one block."""
-        key = (groups, multiple, kind or self.kind)
+        key = (groups, multiple, kind or self.kind, kw)
         if key not in self._panels:
             self._panels[key] = [pack_b_once(w, 0, key[2], whole_k=key[2][0] == "amx")
-                                 for w in self.matrices(groups, multiple)]
+                                 for w in self.matrices(groups, multiple, kw)]
         return self._panels[key]
 
-    def taps(self, groups, kind=None):
-        """:meth:`panels` for the taps kernel on ``kind`` (default :attr:`kind`;
-        channels rounded up to its :func:`~tilegemm.kernels.qgemm.taps_channels`),
-        every group's in one :class:`TapsPanels` (cached)."""
-        kind = kind or self.kind
-        key = (groups, kind)
+    def taps(self, groups, shape=None):
+        """:meth:`panels` for the taps kernel, every group's in one :class:`TapsPanels`
+        (cached): ``shape = (kind, multiple, kw)`` as
+        :func:`~tilegemm.kernels.qgemm.taps_kind_for` gives it, default :attr:`kind`'s
+        with channels in whole words."""
+        shape = shape or (self.kind, GROUP[self.kind[0]], self.shape[3])
+        key = (groups,) + tuple(shape)
         if key not in self._taps:
-            self._taps[key] = TapsPanels(self.panels(groups, taps_channels(kind[0]), kind))
+            kind, multiple, kw = shape
+            self._taps[key] = TapsPanels(self.panels(groups, multiple, kind, kw), multiple, kw)
         return self._taps[key]
 
     def prepared(self, key, make):
@@ -303,9 +307,9 @@ class PreparedQConv:
         folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
         self.epilogue = (mult, b, act, requant, NOT_FOLDED if folded is None else folded)
         self._plans = {}
-        # the taps kernel's int8 kernel: amx tiles where they serve this layer
-        self.taps_kind = taps_kind_for(weights.kind, p.Cg, p.groups, p.Kg,
-                                       (p.left + p.W + p.right, p.Wo, p.sy, p.sx))
+        # the taps kernel's int8 kernel and shape: amx tiles where they serve this layer
+        self.taps_shape = taps_kind_for(weights.kind, p.Cg, p.groups, p.Kg,
+                                        (p.kw, p.dx, p.left + p.W + p.right, p.Wo, p.sy, p.sx))
         self.codes_dtype, self.summed = self.out_dtype, None
         if residual is not None:
             if requant[0] == 0.0:
@@ -372,7 +376,7 @@ class PreparedQConv:
             summed = None if self.params.layout != "NHWC" or self.summed is None \
                 else self.summed + (self.codes_dtype,)
             p = self.params
-            taps = self.weights.taps(p.groups, self.taps_kind)
+            taps = self.weights.taps(p.groups, self.taps_shape)
             plan = self._plans[threads] = TapsPlan(p, self.x_dtype, self.zero, taps,
                                                    self.epilogue, threads, summed)
         return plan

@@ -41,7 +41,7 @@ from tilegemm.kernels.pool import NO_GATE, run_shares
 from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.int8_taps import amx_places, amx_rows, amx_rows_past
 from tilegemm.kernels.qgemm import (SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into,
-                                     taps_channels, widening)
+                                     widening)
 from tilegemm.kernels.requant import ACTIVATIONS, finish_planes, finish_rows  # noqa: F401
 from tilegemm.tuning.machine import detect
 
@@ -120,10 +120,14 @@ class TapsPanels:
     ----------
     packed : list of PackedB
         Per group, its panels (all of one shape and kernel).
+    multiple, kw : int
+        The panels' channels are a multiple of ``multiple`` and their kernel ``kw``
+        wide (zero channels and zero taps added: ``kernels.qgemm.taps_kind_for``).
     """
 
-    def __init__(self, packed):
+    def __init__(self, packed, multiple, kw):
         self.kind, self.blocks = packed[0].kind, packed[0].blocks
+        self.multiple, self.kw = multiple, kw
         self.starts = np.cumsum([0] + [b.words.size for b in packed]).astype(np.int64)
         self.words = np.concatenate([b.words for b in packed])
         self.col_sums = np.concatenate([b.col_sums for b in packed])
@@ -273,7 +277,8 @@ class TapsPlan:
         kind, bits = taps.kind
         self.mod = get_int8_kernel(kind, bits)
         group = GROUP[kind]
-        Wp, Cw = p.left + p.W + p.right, round_up(p.C, taps_channels(kind)) // group
+        Wp, Cw = p.left + p.W + p.right, round_up(p.C, taps.multiple) // group
+        kw = taps.kw         # amx: the kernel's width made up with zero taps
         self.widening, self.wide = widening(kind, x_dtype, zero)
         # rows that widening would copy unchanged are read in place (a 1x1 layer's
         # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call); not by amx
@@ -281,7 +286,7 @@ class TapsPlan:
         self.in_place = (self.wide == np.uint8 and self.widening[0] == 0 and p.layout == "NHWC"
                          and p.C % group == 0 and p.top == p.left == p.bottom == p.right == 0
                          and kind != "amx")
-        self.conv = (p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
+        self.conv = (p.Wo, p.kh, kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
                      p.layout == "NCHW")
         KC, NC = taps.blocks
         MC = int8_blocking(kind, bits)[1]
@@ -305,11 +310,11 @@ class TapsPlan:
         if kind == "amx":    # its tiles' places, and rows for the pixels past the last
             Wv = amx_rows(Wp, p.Wo, p.sy, p.sx)
             places = max(places, amx_places(self.chunk, p.Wo, Wv))
-            in_rows += amx_rows_past(Wp, p.Wo, (p.kw, p.dx), (p.sy, p.sx))
+            in_rows += amx_rows_past(Wp, p.Wo, (kw, p.dx), (p.sy, p.sx))
         intp_words = np.dtype(np.intp).itemsize // 4
         # with a residual sum, a chunk's codes wait in a buffer of their own
         self.sizes = (in_rows * Wp * Cw, self.chunk * p.Kg, self.mod.MR,
-                      intp_words * (2 * (p.kh * p.kw + 1) + places),
+                      intp_words * (2 * (p.kh * kw + 1) + places),
                       0 if summed is None else -(-self.chunk * p.K // 4))
         self._local = threading.local()
 

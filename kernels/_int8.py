@@ -413,10 +413,12 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
     """:func:`qconv_taps` on AMX tiles: the output pixels go in tiles of 32 of
     :func:`~tilegemm.kernels.int8_taps.amx_rows`'s rows (pixels the layer does not have
     are computed and dropped), each A tile 16 of them read from the widened image a
-    constant stride apart; ``a_at`` holds every tile's places (:func:`~tilegemm.kernels.int8_taps.amx_tile_places`),
-    at least :func:`~tilegemm.kernels.int8_taps.amx_places` intp.  Every run of k must be
-    whole steps of 16 groups (a group's channels a multiple of 64), and the widened
-    rows must extend past the last output pixel's far enough for a whole tile."""
+    constant stride apart; ``a_at`` holds every tile's places
+    (:func:`~tilegemm.kernels.int8_taps.amx_tile_places`), at least :func:`~tilegemm.kernels.int8_taps.amx_places` intp.  Every run of k must be
+    whole steps of 16 groups (a tap's channels a multiple of 64, or a kernel row's
+    taps made up with zero taps: ``kernels.qgemm.amx_taps_shape``), and the widened
+    rows must extend past the last output pixel's far enough for a whole tile
+    (:func:`~tilegemm.kernels.int8_taps.amx_rows_past`)."""
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
     c0w, cgw, n = channels
     KC, MC, NC = blocks
@@ -427,9 +429,8 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
     if Wv * sx != sy * Wp:           # rows that do not continue: tiles from multiples of 16
         v0 -= v0 % 16
     v1 = ((p1 - 1) // Wo) * Wv + (p1 - 1) % Wo + 1
-    if a_at.size < amx_places(p1 - p0, Wo, Wv) or cgw % KSTEP or zeros.size < MR:
-        raise ValueError("qconv_taps: too little room for the amx tiles' places, or a run "
-                         "of k not in whole steps")
+    if a_at.size < amx_places(p1 - p0, Wo, Wv) or zeros.size < MR:
+        raise ValueError("qconv_taps: too little room for the amx tiles' places")
     k_groups = kh * kw * cgw
     direct = o.size > 0 and k_groups <= KC // GROUP
     amx_tile_places((Wv, Wo, Wp, Cw, sy, sx, row0), (v0, v1, p0, p1), ldo if direct else n, a_at)
@@ -442,6 +443,9 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
             b_src = b_panels[at:]
             at += (nc + NR - 1) // NR * NR * (g1 - g0)
             segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            for r in range(segs):
+                if seg[2 * r + 1] % KSTEP:
+                    raise ValueError("qconv_taps: an amx run of k is not whole steps")
             first = 1 if g0 == 0 else 0
             for ic in range(v0, v1, MC):
                 for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):

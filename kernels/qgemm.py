@@ -13,6 +13,7 @@ fills the 32 x 32 tiles, else :func:`int8_kind_for`'s.
 """
 import ctypes
 import functools
+import math
 import os
 import platform
 import sys
@@ -264,7 +265,7 @@ def pack_b_once(b, b_zero_point=0, kind=None, whole_k=False):
     k, n = b.shape
     KC, _, NC = _blocks(kind, bits, 1, n, k)
     if whole_k:
-        KC = round_up(max(k, 1), max(16, taps_channels(kind)))
+        KC = round_up(max(k, 1), 64)
     words = sum(round_up(min(NC, n - jc), mod.NR) * _groups(kind, min(KC, k - pc))
                 for jc in range(0, n, NC) for pc in range(0, k, KC))
     panels = aligned_empty(max(words, 1), np.int32)   # AMX loads run 2x slower unaligned
@@ -408,40 +409,55 @@ def _words(a, kind):
     return _NO_WORDS
 
 
-def taps_channels(kind):
-    """Channels per pixel the taps kernel's widened rows hold a multiple of for the
-    int8 kernel ``kind`` (a name): a word's (GROUP); for ``amx`` a step's, 64, as its
-    tiles read whole steps of k."""
-    return GROUP[kind] * KSTEP.get(kind, 1)
-
-
 def taps_serve(kind, cg, groups):
     """Whether the taps kernel (``kernels/_int8.py`` :func:`qconv_taps`) runs a
     convolution of ``groups`` groups of ``cg`` channels on the int8 kernel ``kind``:
-    with whole pixels' channels in its rows, ``cg`` a multiple of
-    :func:`taps_channels`, or one group (zero channels added)."""
-    return cg % taps_channels(kind[0]) == 0 or groups == 1
+    with whole pixels' channels in its rows, ``cg`` a multiple of a word's (for
+    ``amx`` of a step's, 64), or one group (zero channels added)."""
+    return cg % (GROUP[kind[0]] * KSTEP.get(kind[0], 1)) == 0 or groups == 1
 
 
 #: A layer takes ``amx`` taps tiles where at least this share of the pixels they compute
-#: exist (:func:`~tilegemm.kernels.int8.amx_rows`) and its channels, rounded up to 64,
-#: are no more than AMX_CHANNELS times the layer's.
-AMX_PIXELS = 0.5
-AMX_CHANNELS = 1.5
+#: exist (:func:`~tilegemm.kernels.int8_taps.amx_rows`; ResNet-18's 3x3 stride-2 at
+#: 7 x 7, 0.44: 0.10 ms against vnni's 0.20) and they compute at most AMX_WASTE times
+#: its products (:func:`amx_taps_shape`).
+AMX_PIXELS = 0.3
+AMX_WASTE = 1.5
 
 
-def taps_kind_for(kind, cg, groups, kg, rows):
-    """The int8 kernel the taps kernel runs a layer on: ``amx`` where this process can
-    run it, the layer's output channels per group ``kg`` reach :data:`AMX_MIN_SIDE`
-    and its tiles waste little (:data:`AMX_PIXELS`, :data:`AMX_CHANNELS`; ``rows =
-    (Wp, Wo, sy, sx)``: padded and output width, stride), else the vector ``kind``."""
-    Wp, Wo, sy, sx = rows
+def amx_taps_shape(cg, groups, kernel):
+    """``(multiple, kw)``: the channels per pixel an ``amx`` taps tile reads a layer of
+    ``groups`` groups of ``cg`` channels with (a multiple of ``multiple``, zero channels
+    added) and its kernel's width (``kernel = (kw, dx)``) made up with zero taps, so
+    that every run of k is whole steps of 64 bytes; None where it cannot.
+
+    Either the channels round up to 64, or, with one group and no dilation across
+    the row, a kernel row's taps are one run and the zero taps round it up: a 7x7
+    stem over 3 channels reads 16 taps of 4 (3x its products) where channels of 64
+    would be 21x.  The one with fewer products."""
+    kw, dx = kernel
+    shapes = [(64, kw)] if cg % 64 == 0 or groups == 1 else []
+    if groups == 1 and dx == 1:
+        words = round_up(cg, 4) // 4
+        shapes.append((4, round_up(kw, 16 // math.gcd(words, 16))))
+    return min(shapes, key=lambda s: round_up(cg, s[0]) * s[1], default=None)
+
+
+def taps_kind_for(kind, cg, groups, kg, geometry):
+    """``(kind, multiple, kw)``: the int8 kernel the taps kernel runs a layer on and
+    the shape it reads it with (:func:`amx_taps_shape`): ``amx`` where this process
+    can run it, the layer's output channels per group ``kg`` reach
+    :data:`AMX_MIN_SIDE` and its tiles waste little (:data:`AMX_PIXELS`,
+    :data:`AMX_WASTE`; ``geometry = (kw, dx, Wp, Wo, sy, sx)``: the kernel's width
+    and dilation, the padded and output widths, the stride); else the vector
+    ``kind`` with channels in whole words."""
+    kw, dx, Wp, Wo, sy, sx = geometry
     amx = runnable_int8_kinds()[0]
-    if amx[0] != "amx" or kg < AMX_MIN_SIDE or not taps_serve(amx, cg, groups):
-        return kind
-    if round_up(cg, 64) > AMX_CHANNELS * cg or Wo < AMX_PIXELS * amx_rows(Wp, Wo, sy, sx):
-        return kind
-    return amx
+    shape = amx_taps_shape(cg, groups, (kw, dx)) if amx[0] == "amx" else None
+    if (shape is None or kg < AMX_MIN_SIDE or Wo < AMX_PIXELS * amx_rows(Wp, Wo, sy, sx)
+            or round_up(cg, shape[0]) * shape[1] > AMX_WASTE * cg * kw):
+        return kind, GROUP[kind[0]], kw
+    return (amx,) + shape
 
 
 def widen_rows_into(x, n, geom, zero, rows, out, kind=None, layout="NHWC"):

@@ -25,10 +25,9 @@ from tilegemm.conv import qconv as qconv_module
 from tilegemm.kernels import qgemm
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
 from tilegemm.kernels.int8_taps import amx_rows_past
-from tilegemm.kernels.qgemm import (int8_blocking, int8_kind, int8_kind_for, pack_b_once,
-                                     qgemm_into, runnable_int8_kinds, taps_channels, taps_into,
-                                     taps_serve,
-                                     widen_rows_into)
+from tilegemm.kernels.qgemm import (amx_taps_shape, int8_blocking, int8_kind, int8_kind_for,
+                                     pack_b_once, qgemm_into, runnable_int8_kinds, taps_into,
+                                     taps_serve, widen_rows_into)
 
 DTYPES = (np.int8, np.uint8)
 LAYOUTS = ("C", "C", "F", "reversed", "offset", "step")
@@ -235,11 +234,13 @@ def _taps_case(kind, layer, rng, where=None):
                           pads, d, groups)[0].reshape(K, -1).T
     p0, p1 = min(1, Ho * Wo - 1), max(Ho * Wo - 2, 2)
     r0, r1 = (p0 // Wo) * sy, ((p1 - 1) // Wo) * sy + (kh - 1) * d + 1
-    group, whole = GROUP[kind[0]], taps_channels(kind[0])
-    Wp, Cw = left + W + right, -(-C // whole) * whole // group   # zero channels fill the last word
+    group = GROUP[kind[0]]
+    # zero channels fill the last word (amx: its runs' steps, or zero taps do)
+    whole, kw_t = amx_taps_shape(C // groups, groups, (kw, d)) if kind[0] == "amx" else (group, kw)
+    Wp, Cw = left + W + right, -(-C // whole) * whole // group
     size = (r1 - r0) * Wp * Cw
     # amx tiles read whole tiles of pixels: up to amx_rows_past rows more
-    past = amx_rows_past(Wp, Wo, (kw, d), (sy, sx)) * Wp * Cw if kind[0] == "amx" else 0
+    past = amx_rows_past(Wp, Wo, (kw_t, d), (sy, sx)) * Wp * Cw if kind[0] == "amx" else 0
     xw = (np.empty(size + past, np.int32) if where is None
           else guarded_empty((size + past,), np.int32, where=where))
     pad = widen_rows_into(x, 0, (top, left, Wp, group * Cw), zx, (r0, r1), xw, kind)
@@ -249,8 +250,9 @@ def _taps_case(kind, layer, rng, where=None):
                     zx, (r0, r1), from_nchw, kind, layout="NCHW")
     assert np.array_equal(from_nchw, xw)
     Cg, Kg = C // groups, K // groups
-    geom = (Wp, Cw, Wo, kh, kw, sy, sx, d, d, r0)
-    padded = np.concatenate([w, np.zeros((K, -Cg % whole, kh, kw), np.int8)], axis=1)
+    geom = (Wp, Cw, Wo, kh, kw_t, sy, sx, d, d, r0)
+    padded = np.zeros((K, Cg + -Cg % whole, kh, kw_t), np.int8)
+    padded[:, :Cg, :, :kw] = w
     for g in range(groups):
         mat = np.ascontiguousarray(padded[g * Kg:(g + 1) * Kg].transpose(2, 3, 1, 0)
                                    .reshape(-1, Kg))
@@ -428,12 +430,12 @@ def _qconv_case(draw, stack):
                   groups=groups, activation=activation, layout=layout)
     weights = tilegemm.QConvWeights(w, w_scale) if draw(st.booleans()) else w
     if draw(st.booleans(), label="amx tiles for any layer they can run"):
-        stack.enter_context(mock.patch.multiple(qgemm, AMX_MIN_SIDE=1, AMX_CHANNELS=np.inf,
+        stack.enter_context(mock.patch.multiple(qgemm, AMX_MIN_SIDE=1, AMX_WASTE=np.inf,
                                                 AMX_PIXELS=0))
         choose = qconv_module.taps_kind_for       # each layer's choice, counted
 
         def counted(*args):
-            AMX_CHOSEN.append(choose(*args)[0] == "amx")
+            AMX_CHOSEN.append(choose(*args)[0][0] == "amx")
             return choose(*args)
         stack.enter_context(mock.patch.object(qconv_module, "taps_kind_for", counted))
     x0 = x.copy()
@@ -523,7 +525,9 @@ def test_qconv2d_blocks_of_several_chunks(layout, kernel, threads, geometry, mon
     if not taps_serve(kind, 16 // groups, groups):
         pytest.skip(f"{kind[0]} has no taps kernel for groups of {16 // groups} channels")
     layer = PreparedQConv(x.shape, x.dtype, 0.02, qw, x_zero_point=9, layout=layout, **geometry)
-    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups, kind), layer.epilogue, threads)
+    shape = ((kind,) + amx_taps_shape(16 // groups, groups, (3, geometry.get("dilation", 1)))
+             if kind[0] == "amx" else None)
+    plan = TapsPlan(layer.params, x.dtype, 9, qw.taps(groups, shape), layer.epilogue, threads)
     pixels = int(np.prod(layer.output_shape)) // 64
     assert len(plan.blocks) == threads and plan.chunk < pixels // threads
     in_place = (layout == "NHWC" and "padding" not in geometry and kind[0] in BYTE_KINDS

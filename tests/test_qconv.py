@@ -258,7 +258,7 @@ def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layo
     short of a whole tile, and give the one-thread codes; grouped too."""
     from tilegemm.conv import quantized
     from tilegemm.kernels.int8 import TILES
-    from tilegemm.kernels.qgemm import int8_kind, taps_serve
+    from tilegemm.kernels.qgemm import int8_kind, taps_kind_for, taps_serve
     if not taps_serve(int8_kind(), 8, 2):
         pytest.skip("this host's int8 kernel has no taps kernel")
     nr = TILES[int8_kind()][1]
@@ -285,5 +285,7 @@ def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layo
             runs = [[tuple(block[3:]) for block in np.asarray(share[0]).tolist()]
                     for share in shares[0]]
             cut = runs[0][0][1]
-            assert cut % nr == 0 and runs == [[(0, cut)], [(cut, K // groups)]], runs
+            # cut at a multiple of the tile's NR: the host's, or amx's where it runs the layer
+            kind = taps_kind_for(int8_kind(), 16 // groups, groups, K // groups, (3, 1, 8, 6, 1, 1))
+            assert cut % TILES[kind[0]][1] == 0 and runs == [[(0, cut)], [(cut, K // groups)]], runs
         assert np.array_equal(got, want), groups
