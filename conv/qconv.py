@@ -103,10 +103,10 @@ class QConvWeights:
     def panels(self, groups, multiple=1, kind=None, kw=None):
         """Per group, :meth:`matrices` packed for ``kind``'s kernel (default
         :attr:`kind`; cached); ``amx``'s with all of k in one block."""
-        key = (groups, multiple, kind or self.kind, kw)
+        key = (groups, multiple, kind or self.kind, kw or self.shape[3])
         if key not in self._panels:
             self._panels[key] = [pack_b_once(w, 0, key[2], whole_k=key[2][0] == "amx")
-                                 for w in self.matrices(groups, multiple, kw)]
+                                 for w in self.matrices(groups, multiple, key[3])]
         return self._panels[key]
 
     def taps(self, groups, shape=None):

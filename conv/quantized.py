@@ -279,6 +279,8 @@ class TapsPlan:
         group = GROUP[kind]
         Wp, Cw = p.left + p.W + p.right, round_up(p.C, taps.multiple) // group
         kw = taps.kw         # amx: the kernel's width made up with zero taps
+        if kw != p.kw and kind != "amx":
+            raise ValueError("TapsPlan: zero taps are read by amx tiles only")
         self.widening, self.wide = widening(kind, x_dtype, zero)
         # rows that widening would copy unchanged are read in place (a 1x1 layer's
         # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call); not by amx

@@ -21,7 +21,8 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
-from tilegemm.kernels.int8_taps import amx_places, amx_rows, amx_tile_places, tap_runs
+from tilegemm.kernels.int8_taps import (amx_places, amx_rows, amx_rows_past, amx_tile_places,
+                                        tap_runs)
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
 from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
@@ -429,9 +430,16 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
     if Wv * sx != sy * Wp:           # rows that do not continue: tiles from multiples of 16
         v0 -= v0 % 16
     v1 = ((p1 - 1) // Wo) * Wv + (p1 - 1) % Wo + 1
-    if a_at.size < amx_places(p1 - p0, Wo, Wv) or zeros.size < MR:
-        raise ValueError("qconv_taps: too little room for the amx tiles' places")
+    last_row = ((p1 - 1) // Wo) * sy - row0 + (kh - 1) * dy + 1
+    if (xw.size < (last_row + amx_rows_past(Wp, Wo, (kw, dx), (sy, sx))) * Wp * Cw
+            or a_at.size < amx_places(p1 - p0, Wo, Wv) or zeros.size < MR or MC % MR):
+        raise ValueError("qconv_taps: too little room for the amx tiles' rows or places")
     k_groups = kh * kw * cgw
+    for g0 in range(0, k_groups, KC // GROUP):    # before the tiles are configured
+        segs = tap_runs(g0, min(g0 + KC // GROUP, k_groups), cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+        for r in range(segs):
+            if seg[2 * r + 1] % KSTEP:
+                raise ValueError("qconv_taps: an amx run of k is not whole steps")
     direct = o.size > 0 and k_groups <= KC // GROUP
     amx_tile_places((Wv, Wo, Wp, Cw, sy, sx, row0), (v0, v1, p0, p1), ldo if direct else n, a_at)
     tile_begin()
@@ -443,9 +451,6 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
             b_src = b_panels[at:]
             at += (nc + NR - 1) // NR * NR * (g1 - g0)
             segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
-            for r in range(segs):
-                if seg[2 * r + 1] % KSTEP:
-                    raise ValueError("qconv_taps: an amx run of k is not whole steps")
             first = 1 if g0 == 0 else 0
             for ic in range(v0, v1, MC):
                 for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):

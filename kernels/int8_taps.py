@@ -31,6 +31,7 @@ def amx_rows(Wp, Wo, sy, sx):
     return whole
 
 
+@numba.njit(**JIT)
 def amx_rows_past(Wp, Wo, kernel, stride):
     """Rows of the padded image past the last output pixel's rows an ``amx`` taps call
     may read (``kernel = (kw, dx)``, ``stride = (sy, sx)``): its last tile runs up to

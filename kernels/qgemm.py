@@ -7,7 +7,8 @@ code): ``vnni`` at the ISA's width where available, else ``madd``, and
 ``maddubs`` instead of ``madd`` on AVX2 when B's values are proved to fit it.
 :func:`matrix_kind_for` chooses for a matrix product: ``amx`` (AMX tile products)
 where the CPU has AMX-INT8, Linux grants the process its tile state and the product
-fills the 32 x 32 tiles, else :func:`int8_kind_for`'s.
+fills the 32 x 32 tiles, else :func:`int8_kind_for`'s; :func:`taps_kind_for` for a
+convolution on the taps kernel (``amx`` where its tiles waste little).
 :func:`get_int8_kernel` writes one module per kind from ``kernels/_int8.py``;
 :func:`qgemm_into` runs it.
 """
@@ -108,9 +109,10 @@ def vector_int8_kinds():
 
 def int8_kind():
     """The ``(kind, bits)`` of this process's vector int8 kernel for any B (see the module
-    docstring): the convolutions' (``amx`` has no taps tile).  Never asks Linux for
-    the AMX tile state: a process that only convolves does not take on its larger
-    signal frames."""
+    docstring): the convolutions' where :func:`taps_kind_for` does not choose
+    ``amx``, and the patches path's.  Never asks Linux for the AMX tile state (that
+    is :func:`runnable_int8_kinds`, which ``taps_kind_for`` and ``matrix_kind_for``
+    call)."""
     return vector_int8_kinds()[0]
 
 

@@ -1,6 +1,7 @@
 """The int8 benchmark suite: its cases, its exact check and its table."""
 import numpy as np
 
+import tilegemm
 from tilegemm.tools import int8_suite
 
 
@@ -85,3 +86,21 @@ def test_qconv_reference_and_check():
     result = qconv_suite.check(case, {"tilegemm": wrong, "onnxruntime": q["expected"]},
                                q["expected"])
     assert not result["ok"] and result["max_code_diff"] == 4 and result["onnxruntime_exact"]
+
+
+def test_qconv_case_names_the_kernel_its_layer_runs_on():
+    """Each suite layer's record names the kernel qconv2d chooses for it (``amx`` tiles
+    where the host has them and they serve the layer), whose peak its % is against."""
+    from tilegemm.conv.qconv import PreparedQConv
+    from tilegemm.kernels.qgemm import int8_kind_for, taps_serve
+    from tilegemm.tools import qconv_suite
+    for name in qconv_suite.QCONV_LAYERS:
+        case = qconv_suite.QConvCase(name, "NHWC", 1)
+        ly = case.spec
+        w = np.ones((ly.k, ly.c // ly.groups, ly.kh, ly.kw), np.int8)
+        layer = PreparedQConv((1, ly.h, ly.w, ly.c), np.uint8, 0.02, tilegemm.QConvWeights(w, 0.1),
+                              stride=ly.stride, padding=ly.padding, groups=ly.groups,
+                              layout="NHWC")
+        chosen = (layer.taps_shape[0] if taps_serve(int8_kind_for(w), ly.c // ly.groups, ly.groups)
+                  else int8_kind_for(w))
+        assert qconv_suite.layer_kernel(case, w) == chosen, name

@@ -211,13 +211,25 @@ def check(case, out, expected):
     return result
 
 
+def layer_kernel(case, w):
+    """The ``(kind, bits)`` qconv2d runs the case's layer on: the taps kernel's choice
+    (``amx`` tiles where they serve it), else the weights' kernel."""
+    from tilegemm.kernels.qgemm import int8_kind_for, taps_kind_for, taps_serve
+    ly = case.spec
+    kind, cg = int8_kind_for(w), ly.c // ly.groups
+    if not taps_serve(kind, cg, ly.groups):
+        return kind
+    geometry = (ly.kw, 1, ly.w + 2 * ly.padding, ly.out_hw[1], ly.stride, ly.stride)
+    return taps_kind_for(kind, cg, ly.groups, ly.k // ly.groups, geometry)[0]
+
+
 def run_qconv_case(case, reps=5, min_time=0.05, peers=("onnxruntime",)):
-    """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak,
-    ``ratio`` (our int8 GOPS over each other party's) and the check."""
-    from tilegemm.kernels.qgemm import int8_kind_for
+    """Time one case; returns its report row (JSON-ready): GOPS, % of the int8 peak
+    of the kernel it runs on, ``ratio`` (our int8 GOPS over each other party's) and
+    the check."""
     q = operands(case)
     record, out = int8_suite.timed(lambda: qconv_parties(case, q, peers), case, reps, min_time,
-                                   int8_kind_for(q["w"]))
+                                   layer_kernel(case, q["w"]))
     return dict({"op": "qconv", "layer": case.layer, "shape": case.spec.describe(),
                  "layout": case.layout, "batch": case.batch, "weights": case.weights},
                 **record, check=check(case, out, q["expected"]))
