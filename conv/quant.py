@@ -84,8 +84,9 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     """
     func = "qmatmul"
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and b.ndim == 2
-            and out is None and a.dtype in INT8_DTYPES and b.dtype in INT8_DTYPES):
-        return _plain_2d(a, b, a_zero_point, b_zero_point)
+            and a.dtype in INT8_DTYPES and b.dtype in INT8_DTYPES
+            and (out is None or _plain_out(out, a, b))):
+        return _plain_2d(a, b, a_zero_point, b_zero_point, out)
     a, b = int8_array(a, "a", func), int8_array(b, "b", func)
     za = zero_point(a_zero_point, a.dtype, "a_zero_point", func)
     zb = zero_point(b_zero_point, b.dtype, "b_zero_point", func)
@@ -111,10 +112,19 @@ def qmatmul(a, b, /, out=None, *, a_zero_point=0, b_zero_point=0):
     return out
 
 
-def _plain_2d(a, b, a_zero_point, b_zero_point):
-    """:func:`qmatmul` of two 2-D ndarrays of int8/uint8 with no ``out``: the same
-    checks, without the broadcasting that costs a small product as much as its
-    arithmetic."""
+def _plain_out(out, a, b):
+    """Whether ``out`` can take a 2-D product of ``a`` and ``b`` as it is: a writable,
+    C-contiguous int32 ndarray of the product's shape sharing no memory with them
+    (anything else takes :func:`qmatmul`'s general path, which checks and copies)."""
+    return (type(out) is np.ndarray and out.dtype == np.int32 and out.ndim == 2
+            and out.shape == (a.shape[0], b.shape[1]) and out.flags.c_contiguous
+            and out.flags.writeable and not overlaps(out, a, b))
+
+
+def _plain_2d(a, b, a_zero_point, b_zero_point, out=None):
+    """:func:`qmatmul` of two 2-D ndarrays of int8/uint8 into a new array or an ``out``
+    that :func:`_plain_out` admits: the same checks, without the broadcasting that
+    costs a small product as much as its arithmetic."""
     func = "qmatmul"
     za = zero_point(a_zero_point, a.dtype, "a_zero_point", func)
     zb = zero_point(b_zero_point, b.dtype, "b_zero_point", func)
@@ -123,8 +133,8 @@ def _plain_2d(a, b, a_zero_point, b_zero_point):
         raise ValueError(f"{func}: shapes {a.shape} and {b.shape} are not aligned: "
                          f"{k} (last dim of a) != {k2} (dim -2 of b)")
     check_bound(k, a.dtype, za, b.dtype, zb)
-    return qgemm_into(a, b, np.empty((m, n), np.int32), za, zb, matrix_kind_for(b, zb, m),
-                      proved=True)
+    c = np.empty((m, n), np.int32) if out is None else out
+    return qgemm_into(a, b, c, za, zb, matrix_kind_for(b, zb, m), proved=True)
 
 
 def check_bound(k, a_dtype, za, b_dtype, zb, func="qmatmul"):
