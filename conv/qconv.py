@@ -10,7 +10,7 @@ import numpy as np
 
 from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
-from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into
+from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into, qdepthwise_into
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.ground.contracts import round_up
@@ -120,6 +120,17 @@ class QConvWeights:
             kind, multiple, kw = shape
             self._taps[key] = TapsPanels(self.panels(groups, multiple, kind, kw), multiple, kw)
         return self._taps[key]
+
+    def depthwise(self, pixels):
+        """A depthwise layer's weights as int32 ``(kh*kw, pixels*K)``, each tap's
+        channels a row repeated for ``pixels`` output pixels, as
+        ``kernels/qdepthwise.py`` reads them (cached)."""
+        key = ("depthwise", pixels)
+        if key not in self._matrices:
+            K, _, kh, kw = self.weight.shape
+            self._matrices[key] = np.tile(self.weight.reshape(K, kh * kw).T.astype(np.int32),
+                                          (1, pixels))
+        return self._matrices[key]
 
     def prepared(self, key, make):
         """The :class:`PreparedQConv` :func:`qconv2d` keeps for the call ``key``, made by
@@ -341,6 +352,9 @@ class PreparedQConv:
     def _into(self, x, out):
         """The conv's own output (codes, or float32 / int32 values) of ``x`` into ``out``."""
         p = self.params
+        if p.Cg == p.Kg == 1:       # depthwise: lanes over channels, no GEMM
+            return qdepthwise_into(np.ascontiguousarray(x), self.zero, self.weights.depthwise(p.Wo),
+                                   self.epilogue, p, out)
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),

@@ -38,6 +38,7 @@ from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
 from tilegemm.kernels.pool import NO_GATE, run_shares
+from tilegemm.kernels.qdepthwise import qdepthwise_rows
 from tilegemm.kernels.int8 import GROUP, TILES
 from tilegemm.kernels.int8_taps import amx_places, amx_rows, amx_rows_past
 from tilegemm.kernels.qgemm import (SHARE_OPS, get_int8_kernel, int8_blocking, qgemm_into,
@@ -174,6 +175,31 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
     block = (x, x.dtype.type(x_zero_point), weights, epilogue, p, out, panels)
     shares = [[(n, p0, p1) for n, p0, p1 in part] for part in pixel_shares(p.N, P, threads)]
     run_shares(lambda part: _pixels(block, part), [(part,) for part in shares])
+    return out
+
+
+def qdepthwise_into(x, zero, taps, epilogue, p, out):
+    """A depthwise layer's quantized convolution (``p.Cg == p.Kg == 1``) into ``out``:
+    ``taps`` the int32 ``(kh*kw, K)`` weights; an NCHW input is copied to NHWC first.
+    Threads take whole images, or runs of output rows of one
+    (``kernels/qdepthwise.py``)."""
+    if p.layout == "NCHW":
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    ops = 2 * p.N * p.Ho * p.Wo * p.K * p.kh * p.kw
+    threads = get_num_threads() if ops >= SHARE_OPS else 1
+    geom = (p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, p.layout == "NCHW")
+    shares = pixel_shares(p.N, p.Ho, threads)
+    gate = NO_GATE if len(shares) == 1 else np.zeros(1, np.int64)
+    made = thread_buffers("qconv2d depthwise", len(shares), (p.Wo * p.K,), np.int32)
+
+    def share(t, rows):
+        for n, oy0, oy1 in rows:
+            qdepthwise_rows(x, np.int32(zero), taps, geom, (n, oy0, oy1), epilogue, out,
+                            made[0][t], gate)
+    if len(shares) == 1:
+        share(0, shares[0])
+    else:
+        run_shares(share, list(enumerate(shares)), gate=gate)
     return out
 
 
