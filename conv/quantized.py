@@ -14,8 +14,10 @@ with the int8 weights (``kh*kw*Cg x Kg``, rows in (r, s, c) order), one of two w
   3x3, and the GEMM's largest cost when the layer has few output channels -- are not
   made: ResNet-18 conv2_x 3.0 -> 1.9 ms on one Zen 3 core (``madd``); the quantized
   ResNet-18 14.2 -> 10.2 ms on an AVX-512 VNNI Xeon (``vnni``).
-* **patches** (otherwise: groups of channel counts that split words, such as
-  depthwise layers): im2col, one byte per value, the padding filled with the input's
+* **depthwise** (one channel per group): no GEMM; the sums accumulated tap by tap
+  with lanes over the channels (:func:`qdepthwise_into`, ``kernels/qdepthwise.py``).
+* **patches** (otherwise: groups of channel counts that split words): im2col, one
+  byte per value, the padding filled with the input's
   zero point so that it adds nothing once the zero point is taken off, into
   :func:`tilegemm.kernels.qgemm.qgemm_into`; a 1x1, stride-1 layer without padding
   reads the image in place.
