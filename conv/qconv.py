@@ -123,14 +123,11 @@ class QConvWeights:
 
     def depthwise(self, pixels):
         """A depthwise layer's weights as int32 ``(kh*kw, pixels*K)``, each tap's
-        channels a row repeated for ``pixels`` output pixels, as
-        ``kernels/qdepthwise.py`` reads them (cached)."""
-        key = ("depthwise", pixels)
-        if key not in self._matrices:
-            K, _, kh, kw = self.weight.shape
-            self._matrices[key] = np.tile(self.weight.reshape(K, kh * kw).T.astype(np.int32),
-                                          (1, pixels))
-        return self._matrices[key]
+        channels a row, repeated for ``pixels`` output pixels, as
+        ``kernels/qdepthwise.py`` reads them (not kept: the prepared call keeps them)."""
+        K, _, kh, kw = self.weight.shape
+        taps = np.ascontiguousarray(self.weight.reshape(K, kh * kw).T, dtype=np.int32)
+        return np.tile(taps, (1, pixels))
 
     def prepared(self, key, make):
         """The :class:`PreparedQConv` :func:`qconv2d` keeps for the call ``key``, made by
@@ -318,6 +315,7 @@ class PreparedQConv:
         folded = fold(mult, b, act, requant, p.Cg * p.kh * p.kw * 255 * 128)
         self.epilogue = (mult, b, act, requant, NOT_FOLDED if folded is None else folded)
         self._plans = {}
+        self._depthwise = None
         # the taps kernel's int8 kernel and shape: amx tiles where they serve this layer
         self.taps_shape = taps_kind_for(weights.kind, p.Cg, p.groups, p.Kg,
                                         (p.kw, p.dx, p.left + p.W + p.right, p.Wo, p.sy, p.sx))
@@ -353,7 +351,9 @@ class PreparedQConv:
         """The conv's own output (codes, or float32 / int32 values) of ``x`` into ``out``."""
         p = self.params
         if p.Cg == p.Kg == 1:       # depthwise: lanes over channels, no GEMM
-            return qdepthwise_into(np.ascontiguousarray(x), self.zero, self.weights.depthwise(p.Wo),
+            if self._depthwise is None:     # stride 1: the taps repeated per output pixel
+                self._depthwise = self.weights.depthwise(p.Wo if p.sx == 1 else 1)
+            return qdepthwise_into(np.ascontiguousarray(x), self.zero, self._depthwise,
                                    self.epilogue, p, out)
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)

@@ -182,22 +182,20 @@ def qconv2d_into(x, x_zero_point, weights, epilogue, p, out, panels=None, taps=N
 
 def qdepthwise_into(x, zero, taps, epilogue, p, out):
     """A depthwise layer's quantized convolution (``p.Cg == p.Kg == 1``) into ``out``:
-    ``taps`` the int32 ``(kh*kw, K)`` weights; an NCHW input is copied to NHWC first.
-    Threads take whole images, or runs of output rows of one
-    (``kernels/qdepthwise.py``)."""
+    ``taps`` the int32 weights as ``kernels/qdepthwise.py`` :func:`qdepthwise_rows`
+    takes them; an NCHW input is copied to NHWC first.  Threads take whole images,
+    or runs of output rows of one, each share one jitted call."""
     if p.layout == "NCHW":
         x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     ops = 2 * p.N * p.Ho * p.Wo * p.K * p.kh * p.kw
     threads = get_num_threads() if ops >= SHARE_OPS else 1
     geom = (p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, p.layout == "NCHW")
-    shares = pixel_shares(p.N, p.Ho, threads)
+    shares = [np.array(rows, np.int64).reshape(-1, 3) for rows in pixel_shares(p.N, p.Ho, threads)]
     gate = NO_GATE if len(shares) == 1 else np.zeros(1, np.int64)
     made = thread_buffers("qconv2d depthwise", len(shares), (p.Wo * p.K,), np.int32)
 
-    def share(t, rows):
-        for n, oy0, oy1 in rows:
-            qdepthwise_rows(x, np.int32(zero), taps, geom, (n, oy0, oy1), epilogue, out,
-                            made[0][t], gate)
+    def share(t, blocks):
+        qdepthwise_rows(x, np.int32(zero), taps, geom, blocks, epilogue, out, made[0][t], gate)
     if len(shares) == 1:
         share(0, shares[0])
     else:

@@ -19,23 +19,33 @@ from tilegemm.kernels.sync import publish
 
 
 @jit
-def qdepthwise_rows(x, zero, w, geom, rows, epilogue, out, acc, gate):
-    """Output rows ``rows = (n, oy0, oy1)`` (image ``n``) of a depthwise convolution
-    of the NHWC int8/uint8 ``x`` (zero point ``zero``) into ``out`` (NHWC, or NCHW
-    with ``geom[-1]``), through the epilogue ``epilogue = (mult, bias, act, requant,
-    folded)`` (``kernels/requant.py``).
+def qdepthwise_rows(x, zero, w, geom, blocks, epilogue, out, acc, gate):
+    """Output rows of a depthwise convolution of the NHWC int8/uint8 ``x`` (zero point
+    ``zero``) into ``out`` (NHWC, or NCHW with ``geom[-1]``), through the epilogue
+    ``epilogue = (mult, bias, act, requant, folded)`` (``kernels/requant.py``): per row
+    ``(n, oy0, oy1)`` of ``blocks`` (int64), rows ``oy0:oy1`` of image ``n``.  One
+    thread's share in one call.
 
-    ``w``: int32 ``(kh*kw, Wo*C)``, tap ``r*kw + s`` of channel c at ``w[r*kw + s, c]``
-    and again for every output pixel (``w[t, ox*C + c]``: with stride 1 a tap's run
-    of pixels is one loop).  ``geom = (Ho, Wo, kh, kw, sy, sx, dy, dx, top, left,
-    nchw)``.  ``acc``: int32 room for ``Wo * C``.  ``gate``: as ``kernels/_int8.py``
+    ``w``: int32, tap ``r*kw + s`` of channel c at ``w[r*kw + s, c]``; with stride 1
+    ``(kh*kw, Wo*C)``, again for every output pixel (``w[t, ox*C + c]``: a tap's run
+    of pixels is one loop), else ``(kh*kw, C)``.  ``geom = (Ho, Wo, kh, kw, sy, sx, dy,
+    dx, top, left, nchw)``.  ``acc``: int32 room for ``Wo * C``.  ``gate``: as ``kernels/_int8.py``
     :func:`qconv_taps_blocks`'s."""
     publish(gate, 0, 1)
+    flat = out.reshape(-1)
+    sums = acc[:geom[1] * x.shape[3]]
+    for b in range(blocks.shape[0]):
+        _image_rows(x, zero, w, geom, (blocks[b, 0], blocks[b, 1], blocks[b, 2]), epilogue,
+                    flat, sums)
+
+
+@jit
+def _image_rows(x, zero, w, geom, rows, epilogue, flat, sums):
+    """Rows ``rows = (n, oy0, oy1)`` of :func:`qdepthwise_rows` (``flat``: the output,
+    flat; ``sums``: room for a row's)."""
     Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nchw = geom
     n, oy0, oy1 = rows
     H, W, C = x.shape[1], x.shape[2], x.shape[3]
-    flat = out.reshape(-1)
-    sums = acc[:Wo * C]
     for oy in range(oy0, oy1):
         sums[:] = 0
         for r in range(kh):

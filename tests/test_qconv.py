@@ -209,31 +209,38 @@ def test_qconv2d_against_guard_pages(layout):
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2)])
-def test_depthwise_qconv2d_against_guard_pages(layout, stride, dilation, monkeypatch):
+@pytest.mark.parametrize("stride, dilation, padding, dtype, zero",
+                         [(1, 1, 1, np.uint8, 7), (2, 1, 1, np.int8, -5), (1, 2, 1, np.uint8, 7),
+                          (2, 2, 3, np.int8, -128), (1, 1, 4, np.uint8, 255)])
+def test_depthwise_qconv2d_against_guard_pages(layout, stride, dilation, padding, dtype, zero,
+                                               monkeypatch):
     """A depthwise layer (lanes over channels, ``kernels/qdepthwise.py``), its input
     ending or starting at a guard page: codes within one step of the float64
-    reference, padded, strided and dilated, on one thread and shared by two."""
+    reference, padded (also wider than the kernel reaches), strided, dilated, int8
+    inputs with negative zero points; on one thread, two threads taking an image
+    each, and two taking rows of one image; and a one-channel conv of one group."""
     from reference import reference_conv
     from tilegemm.conv import quantized
     monkeypatch.setattr(quantized, "SHARE_OPS", 0)     # two threads share even this layer
     rng = np.random.default_rng(5)
-    C = 24
-    x_vals = rng.integers(0, 256, (2, C, 9, 11)).astype(np.uint8)
-    w = rng.integers(-127, 128, (C, 1, 3, 3)).astype(np.int8)
-    ws = rng.uniform(1e-3, 1e-2, C)
-    y = reference_conv(x_vals.astype(np.float64) - 7, w, None, stride, 1, dilation, C)
-    want = np.clip(np.rint(y * 0.02 * ws[None, :, None, None] / 0.05) + 9, 0, 255)
-    if layout == "NHWC":
-        x_vals, want = x_vals.transpose(0, 2, 3, 1), want.transpose(0, 2, 3, 1)
-    for where, threads in (("after", 1), ("before", 2)):
-        x = guarded_empty(x_vals.shape, np.uint8, where=where)
-        x[...] = x_vals
-        with tilegemm.thread_limit(threads):
-            got = tilegemm.qconv2d(x, 0.02, w, ws, stride=stride, padding=1, dilation=dilation,
-                                   groups=C, x_zero_point=7, out_scale=0.05,
-                                   out_zero_point=np.uint8(9), layout=layout)
-        assert got.dtype == np.uint8 and np.abs(got.astype(np.int64) - want).max() <= 1, where
+    info = np.iinfo(dtype)
+    for C, N in ((24, 2), (24, 1), (1, 1)):
+        x_vals = rng.integers(info.min, info.max + 1, (N, C, 9, 11)).astype(dtype)
+        w = rng.integers(-127, 128, (C, 1, 3, 3)).astype(np.int8)
+        ws = rng.uniform(1e-3, 1e-2, C)
+        y = reference_conv(x_vals.astype(np.float64) - zero, w, None, stride, padding, dilation, C)
+        want = np.clip(np.rint(y * 0.02 * ws[None, :, None, None] / 0.05) + 9, 0, 255)
+        if layout == "NHWC":
+            x_vals, want = x_vals.transpose(0, 2, 3, 1), want.transpose(0, 2, 3, 1)
+        for where, threads in (("after", 1), ("before", 2)):
+            x = guarded_empty(x_vals.shape, dtype, where=where)
+            x[...] = x_vals
+            with tilegemm.thread_limit(threads):
+                got = tilegemm.qconv2d(x, 0.02, w, ws, stride=stride, padding=padding,
+                                       dilation=dilation, groups=C, x_zero_point=zero,
+                                       out_scale=0.05, out_zero_point=np.uint8(9), layout=layout)
+            assert got.dtype == np.uint8 and np.abs(got.astype(np.int64) - want).max() <= 1, \
+                (C, N, where)
 
 
 def test_qconv2d_from_several_python_threads():
