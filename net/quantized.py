@@ -28,6 +28,7 @@ from tilegemm.conv.qconv import PreparedQConv, QConvWeights, QuantizedSum
 from tilegemm.conv.quant import RANGES, qmatmul
 from tilegemm.ground.contracts import CACHE
 from tilegemm.kernels.pool import for_slices
+from tilegemm.kernels.qgemm import runnable_int8_kinds
 from tilegemm.kernels.requant import add_codes as add_run
 from tilegemm.net.layers import LAYOUTS, SPATIAL, in_layouts, window
 from tilegemm.net.ops import elementwise, first, writes_into
@@ -456,7 +457,10 @@ class QConvStep:
                 x, layout, first(out), rest[8] if self.sum else None))(layout)
                 for layout in LAYOUTS})
             fn.describe = self.describe
-        fn.kernel = "{} {}".format(*self.weights.kind)   # the weights' int8 kernel
+        # the weights' int8 kernel, and amx where the convs may take its tiles: the
+        # planner's timed costs are kept per kernel
+        amx = runnable_int8_kinds()[0][0] == "amx"
+        fn.kernel = "{} {}".format(*self.weights.kind) + (" amx" if amx else "")
         return writes_into(fn)
 
 
