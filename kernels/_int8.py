@@ -388,9 +388,8 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
         nc = min(NC, n - jc)
         for g0 in range(0, k_groups, KC // GROUP):
             g1 = min(g0 + KC // GROUP, k_groups)
-            b_src = b_panels[at:]
-            at += (nc + NR - 1) // NR * NR * (g1 - g0)
-            segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            b_src, at, segs = _k_block(b_panels, at, nc, (g0, g1),
+                                       (cgw, (Wp, Cw, kw, dy, dx), c0w), seg)
             first = 1 if g0 == 0 else 0
             for ic in range(0, p1 - p0, MC):
                 mc = min(MC, p1 - p0 - ic)
@@ -407,6 +406,17 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
                                       (ic + ir) * n + jc + jr, n, first, zeros, 0, cc, jc + jr,
                                       min(MR, mc - ir), cols)
     return direct
+
+
+@jit
+def _k_block(b_panels, at, nc, span, taps, seg):
+    """Groups ``span = (g0, g1)`` of k of a block of ``nc`` columns: its panels (from
+    word ``at`` of ``b_panels``), the word after them, and its runs of k in ``seg``
+    (:func:`~tilegemm.kernels.int8_taps.tap_runs` with ``taps = (cgw, geom, c0w)``)."""
+    g0, g1 = span
+    cgw, geom, c0w = taps
+    return (b_panels[at:], at + (nc + NR - 1) // NR * NR * (g1 - g0),
+            tap_runs(g0, g1, cgw, geom, c0w, seg))
 
 
 @jit
@@ -448,9 +458,8 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
         nc = min(NC, n - jc)
         for g0 in range(0, k_groups, KC // GROUP):
             g1 = min(g0 + KC // GROUP, k_groups)
-            b_src = b_panels[at:]
-            at += (nc + NR - 1) // NR * NR * (g1 - g0)
-            segs = tap_runs(g0, g1, cgw, (Wp, Cw, kw, dy, dx), c0w, seg)
+            b_src, at, segs = _k_block(b_panels, at, nc, (g0, g1),
+                                       (cgw, (Wp, Cw, kw, dy, dx), c0w), seg)
             first = 1 if g0 == 0 else 0
             for ic in range(v0, v1, MC):
                 for jr in range(max(j0 - jc, 0), min(j1 - jc, nc), NR):
