@@ -115,20 +115,31 @@ def test_native_shares_reach_spinning_and_sleeping_workers(monkeypatch):
     a = rng.standard_normal((120, 80)).astype(np.float32)
     b = rng.standard_normal((80, 150)).astype(np.float32)
     want = a.astype(np.float64) @ b
-    # Calls until the worker was seen both spinning and asleep at a call: a busy
-    # machine may deschedule the caller past the worker's spin.  The results are
-    # checked after the loop, since a check between calls outlasts the spin.
+    # The results are checked after the calls, since a check between calls outlasts
+    # the worker's spin.
     seen, results = set(), []
-    for attempt in range(200):
-        if seen == {True, False} and attempt >= 6:
-            break
-        time.sleep(0.05 if attempt % 5 == 2 else 0.0)
+
+    def call():
         spinning = pool.acquire(1)
         assert spinning is not None
         seen.add(spinning.sleeping[0])
         spinning.busy.release()
         results.append(np.full((120, 150), np.nan, np.float32))
         gemm_into(a, b, results[-1], threads=2)
+        return spinning
+
+    for attempt in range(50):       # asleep: idle past its spin
+        time.sleep(0.05)
+        spinning = call()
+        if True in seen:
+            break
+    # spinning: its idle spin made long enough that no descheduling of the worker on a
+    # busy machine outlasts it (with the usual millisecond, one had, in 200 calls)
+    monkeypatch.setattr(spinning, "idle_spins", spinning.idle_spins * 300)
+    for attempt in range(50):
+        call()
+        if False in seen and attempt >= 3:
+            break
     for i, c in enumerate(results):
         assert_close(c, want, 2 * error_bound(a, b, 80, np.float32), f"call {i}")
     assert seen == {True, False}, f"the worker was asleep {seen} at the calls: one path untested"
