@@ -21,8 +21,8 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
-from tilegemm.kernels.int8_taps import (amx_places, amx_rows, amx_rows_past, amx_tile_places,
-                                        tap_runs)
+from tilegemm.kernels.int8_taps import (TILE_PLACES, amx_places, amx_rows, amx_rows_past,
+                                        amx_tile_places, tap_runs)
 from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
 from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
@@ -425,9 +425,10 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
     :func:`~tilegemm.kernels.int8_taps.amx_rows`'s rows (pixels the layer does not have
     are computed and dropped), each A tile 16 of them read from the widened image a
     constant stride apart; ``a_at`` holds every tile's places
-    (:func:`~tilegemm.kernels.int8_taps.amx_tile_places`), at least :func:`~tilegemm.kernels.int8_taps.amx_places` intp.  Every run of k must be
-    whole steps of 16 groups (a tap's channels a multiple of 64, or a kernel row's
-    taps made up with zero taps: ``kernels.qgemm.amx_taps_shape``), and the widened
+    (:func:`~tilegemm.kernels.int8_taps.amx_tile_places`), at least
+    :func:`~tilegemm.kernels.int8_taps.amx_places` intp.  Every run of k must be whole
+    steps of 16 groups (a tap's channels a multiple of 64, or a kernel row's taps made
+    up with zero taps: ``kernels.qgemm.amx_taps_shape``), and the widened
     rows must extend past the last output pixel's far enough for a whole tile
     (:func:`~tilegemm.kernels.int8_taps.amx_rows_past`)."""
     Wp, Cw, Wo, kh, kw, sy, sx, dy, dx, row0 = geom
@@ -466,7 +467,7 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
                     cols = min(NR, j1 - jc - jr, nc - jr)
                     b_at = (jr // NR) * (g1 - g0) * NR
                     for vt in range(ic, min(ic + MC, v1), MR):
-                        places = (vt - v0) // MR * 35
+                        places = (vt - v0) // MR * TILE_PLACES
                         if direct:
                             tile_codes(segs, seg, xw, a_at, places, b_src, b_at, o,
                                        o_at + jc + jr, ldo, first, zeros, 0, cc, jc + jr, MR,

@@ -48,6 +48,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from tilegemm.kernels.int8_taps import TILE_PLACES
 from tilegemm.kernels.ir import data_ptr, load_vector, splat, store_vector, vector_ptr
 
 #: k values per 32-bit word of the packed panels, per kind.
@@ -304,7 +305,7 @@ def _emit_amx_tile(context, builder, args, vec):
         places = _row_places(builder, arg, 32)
     else:
         at_ptr = ptr("a_at", arg["a_at_off"])
-        at = [builder.load(builder.gep(at_ptr, [const(i)])) for i in range(3 + 32)]
+        at = [builder.load(builder.gep(at_ptr, [const(i)])) for i in range(TILE_PLACES)]
         a_row_bytes = builder.mul(at[2], const(4))
         seg_ptr = ptr("seg", const(0))
         done = cgutils.alloca_once_value(builder, arg["b_off"])    # B's next group's word

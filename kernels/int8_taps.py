@@ -12,6 +12,10 @@ import numba
 
 from tilegemm.ground.contracts import JIT
 
+#: intp an ``amx`` tile's places take (:func:`amx_tile_places`): its two A tiles' first
+#: words, their row stride, then each of its 32 rows' place in C.
+TILE_PLACES = 3 + 32
+
 
 @numba.njit(**JIT)
 def amx_rows(Wp, Wo, sy, sx):
@@ -44,22 +48,22 @@ def amx_rows_past(Wp, Wo, kernel, stride):
 @numba.njit(**JIT)
 def amx_places(m, Wo, Wv):
     """intp words an ``amx`` taps call on ``m`` output pixels needs for its tiles'
-    places (:func:`amx_tile_places`): 35 per tile of 32 pixels of
+    places (:func:`amx_tile_places`): TILE_PLACES per tile of 32 pixels of
     :func:`amx_rows`'s rows, over every row the pixels touch."""
-    return 35 * ((((m + Wo - 1) // Wo + 1) * Wv + 16) // 32 + 1)
+    return TILE_PLACES * ((((m + Wo - 1) // Wo + 1) * Wv + 16) // 32 + 1)
 
 
 @numba.njit(**JIT)
 def amx_tile_places(rows, span, ld, a_at):
     """Per tile of 32 pixels from ``v0`` (``span = (v0, v1, p0, p1)``, pixels of the rows
-    ``rows = (Wv, Wo, Wp, Cw, sy, sx, row0)``), 35 intp in ``a_at``: its two A tiles'
+    ``rows = (Wv, Wo, Wp, Cw, sy, sx, row0)``), TILE_PLACES intp in ``a_at``: its two A tiles'
     first words in the widened image, their row stride in words, then per row its
     offset in C (output pixel ``p``'s: ``(p - p0) * ld``), or -1 where the layer has no
     such pixel or it is outside ``p0:p1``."""
     Wv, Wo, Wp, Cw, sy, sx, row0 = rows
     v0, v1, p0, p1 = span
     for vt in range(v0, v1, 32):
-        at = (vt - v0) // 32 * 35
+        at = (vt - v0) // 32 * TILE_PLACES
         for h in range(2):
             v = vt + 16 * h
             a_at[at + h] = (((v // Wv) * sy - row0) * Wp + (v % Wv) * sx) * Cw
