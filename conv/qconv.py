@@ -12,6 +12,9 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into, qdepthwise_into
 from tilegemm.ground.threads import get_num_threads
+from tilegemm.ground.workspace import buffers
+from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.transpose import transpose_bytes
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.ground.contracts import round_up
 from tilegemm.kernels.int8 import GROUP
@@ -69,6 +72,7 @@ class QConvWeights:
         self._taps = {}
         self._kind = None
         self._calls = {}             # qconv2d's PreparedQConv per call key, least recent first
+        self._last = None            # (key, PreparedQConv) of the latest call
         self._lock = threading.Lock()
 
     @property
@@ -132,14 +136,19 @@ class QConvWeights:
     def prepared(self, key, make):
         """The :class:`PreparedQConv` :func:`qconv2d` keeps for the call ``key``, made by
         ``make()`` on first use; the :data:`KEPT_CALLS` most recently used are kept."""
+        last = self._last               # one read: another thread may replace it
+        if last is not None and last[0] == key:     # a layer called again and again
+            return last[1]
         with self._lock:
             call = self._calls.pop(key, None)
             if call is not None:            # the most recently used last
                 self._calls[key] = call
+                self._last = (key, call)
         if call is None:
             call = make()
             with self._lock:
                 self._calls[key] = call
+                self._last = (key, call)
                 while len(self._calls) > KEPT_CALLS:
                     del self._calls[next(iter(self._calls))]
         return call
@@ -158,13 +167,24 @@ def _call_key(x, x_scale, bias, options):
     depends on (values with their types: an int8 zero point and an int one give
     different outputs), or None when an argument is not a plain value (an array-like
     object may change its values without changing its identity)."""
-    parts = (_value_key(x_scale), _value_key(bias)) + tuple(_value_key(options[name])
-                                                           for name in QCONV_OPTIONS)
-    return None if None in parts else (x.shape, x.dtype.str) + parts
+    parts = [x.shape, x.dtype.str]
+    for value in (x_scale, bias) + tuple(options[name] for name in QCONV_OPTIONS):
+        if type(value) in _SCALARS:       # the common case, with no isinstance chain
+            parts.append((type(value), value))
+            continue
+        part = _value_key(value)
+        if part is None:
+            return None
+        parts.append(part)
+    return tuple(parts)
 
 
 #: Argument types whose values (and type) make a key.
 _PLAIN = (int, float, bool, str, np.integer, np.floating, np.bool_)
+#: Exact types taken as they are by :func:`_call_key` (a call's key cost 8 us through
+#: :func:`_value_key` alone, half a small layer's time).
+_SCALARS = frozenset((int, float, bool, str, type(None), np.float32, np.float64, np.int8,
+                      np.uint8, np.int32, np.int64))
 
 
 def _value_key(value):
@@ -325,6 +345,13 @@ class PreparedQConv:
                 raise ValueError(f"{func}: a residual sum needs the conv's codes: give out_scale")
             self.out_dtype, self.residual_dtype, self.summed = _summed(
                 QuantizedSum(*residual), requant, self.out_dtype, func)
+        # an NCHW layer of byte codes on the taps kernel: its NHWC twin between two
+        # transposes (the tiles then write the codes; see :meth:`_twin_into`)
+        self._twin = None
+        if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
+                and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps_serve(weights.kind, p.Cg, p.groups)):
+            self._twin = PreparedQConv((p.N, p.H, p.W, p.C), x_dtype, x_scale, weights, bias,
+                                       **dict(options, layout="NHWC"))
 
     def __call__(self, x, out=None, residual=None):
         """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
@@ -355,10 +382,33 @@ class PreparedQConv:
                 self._depthwise = self.weights.depthwise(p.Wo if p.sx == 1 else 1)
             return qdepthwise_into(np.ascontiguousarray(x), self.zero, self._depthwise,
                                    self.epilogue, p, out)
+        if self._twin is not None and out.dtype.itemsize == 1:
+            return self._twin_into(np.ascontiguousarray(x), out)
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)
         return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
                             self.epilogue, p, out, self.weights.panels(p.groups))
+
+    def _twin_into(self, x, out):
+        """The NCHW layer as its NHWC twin: ``x`` transposed to channels-last, the twin's
+        codes (written by its tiles) transposed back into ``out``'s channel planes.
+        Both transposes in 16 x 16 byte blocks (``kernels/transpose.py``); the taps
+        kernel's own NCHW path transposes 8 x 8 blocks as it widens rows, and writes
+        the planes from int32 sums: ResNet-50's 256 -> 64 1x1 at 56 x 56 357 -> TBD us,
+        ResNet-18 conv2_x TBD (one thread, AMX Xeon)."""
+        p, twin = self.params, self._twin
+        # this thread's buffers: fresh ones each call cost page faults (0.09 ms a call
+        # on ResNet-50's 1x1)
+        x_nhwc, codes = buffers(("qconv2d twin",), (x.size, out.size), np.uint8)
+        x_nhwc = x_nhwc[:x.size].view(x.dtype).reshape(twin.input_shape)
+        codes = codes[:out.size].view(out.dtype).reshape(twin.output_shape)
+        shares = _image_shares(p.N)
+        run_shares(lambda n0, n1: transpose_bytes(x.reshape(-1), x_nhwc.reshape(-1),
+                                                  (p.C, p.H * p.W), n0, n1), shares)
+        twin._into(x_nhwc, codes)
+        run_shares(lambda n0, n1: transpose_bytes(codes.reshape(-1), out.reshape(-1),
+                                                  (p.Ho * p.Wo, p.K), n0, n1), shares)
+        return out
 
     def _checked_residual(self, residual):
         """``residual`` as C-contiguous codes of the output's shape and the residual's
@@ -446,6 +496,19 @@ def _summed(s, requant, codes_dtype, func):
 #: :func:`qconv2d`'s keyword arguments and their defaults.
 QCONV_OPTIONS = dict(x_zero_point=0, stride=1, padding=0, dilation=1, groups=1, activation=None,
                      out_scale=None, out_zero_point=0, layout="NCHW")
+
+
+#: Fewest input and output channels of an NCHW layer run as its NHWC twin: a 16 x 16
+#: block of the transposes must hold channels (the 3-channel stem's input stays on
+#: the widening's own transposition).
+TWIN_MIN_CHANNELS = 16
+
+
+def _image_shares(N):
+    """``(n0, n1)`` runs of images for the threads (one run below two images)."""
+    parts = max(1, min(get_num_threads(), N))
+    cuts = [N * i // parts for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def _output(out_scale, out_zero_point, x_dtype, bias, func):

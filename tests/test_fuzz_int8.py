@@ -372,6 +372,8 @@ def test_panels_of_another_b_are_refused():
 QCONV_CHECKED = []
 #: Per layer drawn with amx allowed everywhere, whether it took amx tiles.
 AMX_CHOSEN = []
+#: Transposes run by NCHW layers drawn with the NHWC twin allowed whatever their channels.
+TWIN_TAKEN = []
 #: Layers whose residual sum was checked (see :func:`_check_sum`).
 SUM_CHECKED = []
 
@@ -429,6 +431,14 @@ def _qconv_case(draw, stack):
     kwargs = dict(x_zero_point=zx, stride=stride, padding=padding, dilation=dilation,
                   groups=groups, activation=activation, layout=layout)
     weights = tilegemm.QConvWeights(w, w_scale) if draw(st.booleans()) else w
+    if layout == "NCHW" and draw(st.booleans(), label="the NHWC twin for any NCHW layer"):
+        stack.enter_context(mock.patch.object(qconv_module, "TWIN_MIN_CHANNELS", 1))
+        transpose = qconv_module.transpose_bytes    # each transpose of a twin, counted
+
+        def counted_transpose(*args):
+            TWIN_TAKEN.append(1)
+            return transpose(*args)
+        stack.enter_context(mock.patch.object(qconv_module, "transpose_bytes", counted_transpose))
     if draw(st.booleans(), label="amx tiles for any layer they can run"):
         stack.enter_context(mock.patch.multiple(qgemm, AMX_MIN_SIDE=1, AMX_WASTE=np.inf,
                                                 AMX_PIXELS=0))
@@ -545,5 +555,6 @@ def test_zz_qconv2d_fuzz_checked_enough_layers():
     """The generated geometries mostly have outputs: the checks above ran, not the early exits."""
     assert len(QCONV_CHECKED) >= 50, len(QCONV_CHECKED)
     assert len(SUM_CHECKED) >= 15, len(SUM_CHECKED)
+    assert len(TWIN_TAKEN) >= 20, len(TWIN_TAKEN)
     if runnable_int8_kinds()[0][0] == "amx":
         assert sum(AMX_CHOSEN) >= 10, AMX_CHOSEN

@@ -325,3 +325,52 @@ def test_threads_share_output_channels_where_the_weights_outweigh_the_input(layo
             kind = taps_kind_for(int8_kind(), 16 // groups, groups, K // groups, (3, 1, 8, 6, 1, 1))
             assert cut % TILES[kind[0]][1] == 0 and runs == [[(0, cut)], [(cut, K // groups)]], runs
         assert np.array_equal(got, want), groups
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("shape", [(1, 16, 16), (2, 17, 35), (3, 5, 7), (1, 48, 49)])
+def test_transpose_bytes_against_guard_pages(shape):
+    """Byte matrices transposed in 16 x 16 blocks and the edges byte by byte: equal to
+    numpy, every read inside the source (a guard page after it, then before it) and
+    every write inside the destination (a guard page on one side, canaries on both)."""
+    from guard import canaried
+    from tilegemm.kernels.transpose import transpose_bytes
+    N, R, C = shape
+    vals = np.random.default_rng(R * C).integers(-128, 128, shape).astype(np.int8)
+    for where in ("after", "before"):
+        src = guarded_empty(shape, np.int8, where=where)
+        src[...] = vals
+        dst = guarded_empty((N, C, R), np.int8, where=where)
+        transpose_bytes(src.reshape(-1), dst.reshape(-1), (R, C), 0, N)
+        assert np.array_equal(dst, vals.transpose(0, 2, 1))
+        out, check = canaried((N, C, R), np.int8, fill=0)
+        transpose_bytes(src.reshape(-1), out.reshape(-1), (R, C), 1, N)   # images 1: only
+        assert np.array_equal(out[1:], vals.transpose(0, 2, 1)[1:]) and not out[:1].any()
+        check()
+
+
+@pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (1, 2, 0), (3, 2, 1)])
+def test_nchw_twin_against_guard_pages(kernel, stride, padding):
+    """An NCHW layer of 24 -> 40 channels run as its NHWC twin between two byte
+    transposes (``PreparedQConv._twin_into``), its input at a guard page: the codes of
+    the NHWC layer on the transposed input, on one thread and on two taking an image
+    each; the input unchanged."""
+    from tilegemm.conv import qconv
+    rng = np.random.default_rng(kernel * 10 + stride)
+    x_vals = rng.integers(0, 256, (2, 24, 9, 13)).astype(np.uint8)
+    w = tilegemm.QConvWeights(rng.integers(-127, 128, (40, 24, kernel, kernel)).astype(np.int8),
+                              rng.uniform(1e-3, 1e-2, 40))
+    geometry = dict(stride=stride, padding=padding, x_zero_point=7, out_scale=0.3,
+                    out_zero_point=np.uint8(20))
+    layer = PreparedQConv(x_vals.shape, np.uint8, 0.02, w, **geometry)
+    assert layer._twin is not None and qconv.TWIN_MIN_CHANNELS <= 24
+    want = tilegemm.qconv2d(np.ascontiguousarray(x_vals.transpose(0, 2, 3, 1)), 0.02, w,
+                            layout="NHWC", **geometry).transpose(0, 3, 1, 2)
+    for where, threads in (("after", 1), ("before", 2)):
+        x = guarded_empty(x_vals.shape, np.uint8, where=where)
+        x[...] = x_vals
+        with tilegemm.thread_limit(threads):
+            got = tilegemm.qconv2d(x, 0.02, w, **geometry)
+        assert got.dtype == np.uint8 and np.array_equal(got, want), (where, threads)
+        assert np.array_equal(x, x_vals)

@@ -78,8 +78,9 @@ class ConvLayer:
 #: 3x3 stages, VGG-16 conv1_2, a ResNet-50 1x1, ResNet-18's conv4_1 (a stride-2 3x3), a
 #: MobileNet depthwise layer, where direct convolution applies, ResNeXt-50's grouped
 #: 3x3 (32 groups of 8 channels), then ResNet-18's 7x7 stride-2 stem, MobileNetV2's
-#: depthwise 3x3 (144 channels at 56x56; 96 at 112x112, stride 2) and a small 1x1
-#: (32 -> 16 channels at 112x112).
+#: depthwise 3x3 (144 channels at 56x56; 96 at 112x112, stride 2), a small 1x1
+#: (32 -> 16 channels at 112x112) and ResNet-18's conv4_1 downsampling shortcut (a
+#: stride-2 1x1).
 LAYERS = (
     ConvLayer("resnet18_conv2_x", 64, 56, 56, 64, 3, 3, 1, 1),
     ConvLayer("resnet18_conv3_x", 128, 28, 28, 128, 3, 3, 1, 1),
@@ -94,6 +95,7 @@ LAYERS = (
     ConvLayer("mobilenetv2_dw", 144, 56, 56, 144, 3, 3, 1, 1, groups=144),
     ConvLayer("mobilenetv2_dw_s2", 96, 112, 112, 96, 3, 3, 2, 1, groups=96),
     ConvLayer("mobilenet_1x1_small", 32, 112, 112, 16, 1, 1, 1, 0),
+    ConvLayer("resnet18_downsample", 128, 28, 28, 256, 1, 1, 2, 0),
 )
 
 #: ``--quick`` keeps one layer per path: Winograd-able 3x3, 1x1, stride-2 3x3.

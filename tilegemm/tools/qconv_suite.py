@@ -28,7 +28,7 @@ from tilegemm.tools.conv_suite import LAYERS
 
 #: Layer names of the full suite and of ``--quick``.
 QCONV_LAYERS = ("resnet18_conv2_x", "resnet18_conv3_x", "resnet18_conv4_x", "resnet18_conv5_x",
-                "resnet18_3x3_s2", "resnet50_1x1", "resnet18_stem")
+                "resnet18_3x3_s2", "resnet18_downsample", "resnet50_1x1", "resnet18_stem")
 QUICK_LAYERS = ("resnet18_conv3_x",)
 #: Batch sizes of the full suite (``--quick``: the first).
 BATCHES = (1, 8)
