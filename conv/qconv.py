@@ -125,13 +125,12 @@ class QConvWeights:
             self._taps[key] = TapsPanels(self.panels(groups, multiple, kind, kw), multiple, kw)
         return self._taps[key]
 
-    def depthwise(self, pixels):
-        """A depthwise layer's weights as int32 ``(kh*kw, pixels*K)``, each tap's
-        channels a row, repeated for ``pixels`` output pixels, as
-        ``kernels/qdepthwise.py`` reads them (not kept: the prepared call keeps them)."""
+    def depthwise(self):
+        """A depthwise layer's weights as int32 ``(kh*kw, K)``, each tap's channels a
+        row, as ``kernels/qdepthwise.py`` reads them (not kept: the prepared call
+        keeps them)."""
         K, _, kh, kw = self.weight.shape
-        taps = np.ascontiguousarray(self.weight.reshape(K, kh * kw).T, dtype=np.int32)
-        return np.tile(taps, (1, pixels))
+        return np.ascontiguousarray(self.weight.reshape(K, kh * kw).T, dtype=np.int32)
 
     def prepared(self, key, make):
         """The :class:`PreparedQConv` :func:`qconv2d` keeps for the call ``key``, made by
@@ -378,8 +377,8 @@ class PreparedQConv:
         """The conv's own output (codes, or float32 / int32 values) of ``x`` into ``out``."""
         p = self.params
         if p.Cg == p.Kg == 1:       # depthwise: lanes over channels, no GEMM
-            if self._depthwise is None:     # stride 1: the taps repeated per output pixel
-                self._depthwise = self.weights.depthwise(p.Wo if p.sx == 1 else 1)
+            if self._depthwise is None:
+                self._depthwise = self.weights.depthwise()
             return qdepthwise_into(np.ascontiguousarray(x), self.zero, self._depthwise,
                                    self.epilogue, p, out)
         if self._twin is not None and out.dtype.itemsize == 1:

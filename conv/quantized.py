@@ -192,7 +192,9 @@ def qdepthwise_into(x, zero, taps, epilogue, p, out):
     geom = (p.Ho, p.Wo, p.kh, p.kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, p.layout == "NCHW")
     shares = [np.array(rows, np.int64).reshape(-1, 3) for rows in pixel_shares(p.N, p.Ho, threads)]
     gate = NO_GATE if len(shares) == 1 else np.zeros(1, np.int64)
-    made = thread_buffers("qconv2d depthwise", len(shares), (p.Wo * p.K,), np.int32)
+    # a row's sums, then a row of the zero point (bytes) for rows outside the image
+    made = thread_buffers("qconv2d depthwise", len(shares), (p.Wo * p.K + -(-p.W * p.C // 4),),
+                          np.int32)
 
     def share(t, blocks):
         qdepthwise_rows(x, np.int32(zero), taps, geom, blocks, epilogue, out, made[0][t], gate)
