@@ -12,12 +12,12 @@ from tilegemm.conv.params import ACTIVATIONS, conv_params
 from tilegemm.conv.quantized import ACTIVATIONS as ACTIVATION_CODES
 from tilegemm.conv.quantized import TapsPanels, TapsPlan, qconv2d_into, qdepthwise_into
 from tilegemm.ground.threads import get_num_threads
-from tilegemm.ground.workspace import buffers
-from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.transpose import transpose_bytes
 from tilegemm.ground.validate import check_choice, float_array, real_scalar
 from tilegemm.ground.contracts import round_up
+from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.int8 import GROUP
+from tilegemm.kernels.pool import run_shares
+from tilegemm.kernels.transpose import transpose_bytes
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_kind_for, taps_serve
 from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
@@ -345,12 +345,13 @@ class PreparedQConv:
             self.out_dtype, self.residual_dtype, self.summed = _summed(
                 QuantizedSum(*residual), requant, self.out_dtype, func)
         # an NCHW layer of byte codes on the taps kernel: its NHWC twin between two
-        # transposes (the tiles then write the codes; see :meth:`_twin_into`)
+        # transposes (the tiles then write the codes; see :meth:`_twin_into`), made
+        # on first use
         self._twin = None
+        self._twin_args = None
         if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
                 and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps_serve(weights.kind, p.Cg, p.groups)):
-            self._twin = PreparedQConv((p.N, p.H, p.W, p.C), x_dtype, x_scale, weights, bias,
-                                       **dict(options, layout="NHWC"))
+            self._twin_args = (x_scale, bias, dict(options, layout="NHWC"))
 
     def __call__(self, x, out=None, residual=None):
         """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
@@ -381,7 +382,7 @@ class PreparedQConv:
                 self._depthwise = self.weights.depthwise()
             return qdepthwise_into(np.ascontiguousarray(x), self.zero, self._depthwise,
                                    self.epilogue, p, out)
-        if self._twin is not None and out.dtype.itemsize == 1:
+        if self._twin_args is not None and out.dtype.itemsize == 1:
             return self._twin_into(np.ascontiguousarray(x), out)
         if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
             return self._taps_plan()(np.ascontiguousarray(x), out)
@@ -393,9 +394,13 @@ class PreparedQConv:
         codes (written by its tiles) transposed back into ``out``'s channel planes.
         Both transposes in 16 x 16 byte blocks (``kernels/transpose.py``); the taps
         kernel's own NCHW path transposes 8 x 8 blocks as it widens rows, and writes
-        the planes from int32 sums: ResNet-50's 256 -> 64 1x1 at 56 x 56 357 -> TBD us,
-        ResNet-18 conv2_x TBD (one thread, AMX Xeon)."""
+        the planes from int32 sums: ResNet-18 conv2_x 288 -> 189 us, ResNet-50's
+        256 -> 64 1x1 at 56 x 56 357 -> 305 us (one thread, AMX Xeon, a loop of calls)."""
         p, twin = self.params, self._twin
+        if twin is None:      # two threads may both make it: either serves
+            x_scale, bias, options = self._twin_args
+            twin = self._twin = PreparedQConv((p.N, p.H, p.W, p.C), self.x_dtype, x_scale,
+                                              self.weights, bias, **options)
         # this thread's buffers: fresh ones each call cost page faults (0.09 ms a call
         # on ResNet-50's 1x1)
         x_nhwc, codes = buffers(("qconv2d twin",), (x.size, out.size), np.uint8)

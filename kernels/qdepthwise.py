@@ -5,12 +5,13 @@ pack: each output value is a sum of kh*kw products of one channel.  Per output r
 the sums of every pixel and channel go into a row of int32 -- the inner loop over a
 pixel's contiguous channels, so it vectorises -- then the requantizing epilogue
 (``kernels/requant.py``) writes the row.  A 3x3 kernel's pixels whose taps all lie
-inside the image take their nine products in one pass (:func:`_nine_taps`: one
-store per sum); the others, and other kernels, tap by tap.  The weights, int32
-``(kh*kw, C)``, stay in L1.  On MobileNetV2's 144-channel 56 x 56 layer, per
-output row, tap by tap over whole rows with the weights repeated per pixel (a
-stream of 9 x 32 KB) took 7.9 us; per pixel 5.7, the nine taps at once 4.8 (AVX-512
-Xeon).  The patches path (one GEMM of k = kh*kw per channel, called per group from
+inside the image take their nine products in one pass (:func:`_nine_taps`, 16
+channels at a time in explicit vectors, :func:`nine_taps16`: one store per sum);
+the others, and other kernels, tap by tap.  The weights, int32 ``(kh*kw, C)``, stay
+in L1.  On MobileNetV2's 144-channel 56 x 56 layer, per output row, tap by tap over
+whole rows with the weights repeated per pixel (a stream of 9 x 32 KB) took 7.9 us;
+per pixel 5.7, the nine taps at once in Numba's loop (256-bit) 5.9, in 512-bit
+vectors 4.4 (AVX-512 Xeon).  The patches path (one GEMM of k = kh*kw per channel, called per group from
 Python) had cost these layers 10-24 ms each.  Exact: |x - zero| <= 255 times |w| <=
 128 times kh*kw taps fits int32 for any kernel the overflow bound admits.
 """
@@ -35,8 +36,8 @@ def qdepthwise_rows(x, zero, w, geom, blocks, epilogue, out, acc, gate):
 
     ``w``: int32 ``(kh*kw, C)``, tap ``r*kw + s`` of channel c at ``w[r*kw + s, c]``.
     ``geom = (Ho, Wo, kh, kw, sy, sx, dy, dx, top, left, nchw)``.  ``acc``: int32 room
-    for ``Wo * C`` and then ``W * C`` (a row of the zero point, for rows outside the
-    image).  ``gate``: as ``kernels/_int8.py`` :func:`qconv_taps_blocks`'s."""
+    for ``Wo * C`` sums and then ``W * C`` bytes (a row of the zero point, for rows
+    outside the image).  ``gate``: as ``kernels/_int8.py`` :func:`qconv_taps_blocks`'s."""
     publish(gate, 0, 1)
     flat = out.reshape(-1)
     WC = x.shape[2] * x.shape[3]
@@ -110,6 +111,13 @@ def nine_taps16(typingctx, lines, at, steps, w, w_at, zero, dst, d_at):
     ``w`` the int32 weights flat, tap t's LANES channels at ``w_at[0] + t * w_at[1]``;
     ``zero`` taken off every input value.  Explicit vectors: Numba's loops ran on
     256-bit vectors, a multiply per 8 channels."""
+    def run_of(a, dtypes):
+        return isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype in dtypes
+    if not (isinstance(lines, types.UniTuple) and len(lines) == 3
+            and run_of(lines.dtype, (types.int8, types.uint8))
+            and run_of(w, (types.int32,)) and run_of(dst, (types.int32,))):
+        return None      # a typing error: the pointer arithmetic assumes these runs
+
     def emit(context, builder, sig, args):
         lines_v, at_v, steps_v, w_v, w_at_v, zero_v, dst_v, d_at_v = args
         line_type = sig.args[0].dtype
@@ -146,25 +154,24 @@ def _nine_taps(lines, w, zero, run, sums):
     the three input rows; ``run = (ox0, ox1, C, sx, dx, left)``), each sum stored
     once.  Every tap of these pixels lies inside the rows."""
     ox0, ox1, C, sx, dx, left = run
-    l0, l1, l2 = lines
-    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
     c16, w_flat = C // LANES * LANES, w.reshape(-1)
-    steps = (max(0, dx * C), max(0, 2 * dx * C))
+    b1, b2 = max(0, dx * C), max(0, 2 * dx * C)     # max: LLVM knows them not negative
     for ox in range(ox0, ox1):
         for c0 in range(0, c16, LANES):
-            nine_taps16(lines, (ox * sx - left) * C + c0, steps, w_flat, (c0, C), zero, sums,
-                        ox * C + c0)
+            nine_taps16(lines, (ox * sx - left) * C + c0, (b1, b2), w_flat, (c0, C), zero,
+                        sums, ox * C + c0)
     if c16 == C:
         return
-    for ox in range(ox0, ox1):    # the last channels
-        # views indexed by the loop's counter and offsets known not to be negative:
-        # with flat offsets, or dx * C (of unknown sign to LLVM, so each read kept its
-        # wraparound test), the loop stayed scalar (34-47 against 5.8 us a row of 144
-        # channels)
+    l0, l1, l2 = lines
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+    for ox in range(ox0, ox1):    # the last channels, fewer than LANES
+        # views indexed by the loop's counter and offsets LLVM knows are not negative:
+        # with flat offsets, or dx * C (of unknown sign, so each read kept its
+        # wraparound test), this loop stayed scalar (34-47 against 5.8 us a row of 144
+        # channels, when it took every channel)
         a0 = (ox * sx - left) * C
         p0, p1 = l0[a0:a0 + (2 * dx + 1) * C], l1[a0:a0 + (2 * dx + 1) * C]
         p2, d = l2[a0:a0 + (2 * dx + 1) * C], sums[ox * C:(ox + 1) * C]
-        b1, b2 = max(0, dx * C), max(0, 2 * dx * C)
         for c in range(c16, C):     # int32 throughout: it vectorises
             t = np.int32(np.int32(p0[c]) - zero) * w0[c]
             t += np.int32(np.int32(p0[b1 + c]) - zero) * w1[c]

@@ -34,7 +34,10 @@ def _concat(builder, rows):
 @intrinsic
 def transpose_block(typingctx, src, s_at, s_stride, dst, d_at, d_stride):
     """``dst[d_at + j*d_stride + i] = src[s_at + i*s_stride + j]`` for i, j < BLOCK
-    (1-D byte arrays, any alignment)."""
+    (1-D C-contiguous byte arrays, any alignment)."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+               and a.dtype in (types.int8, types.uint8) for a in (src, dst)):
+        return None      # a typing error: the pointer arithmetic assumes bytes in a run
     def emit(context, builder, sig, args):
         src, s_at, s_stride, dst, d_at, d_stride = args
         row = ir.VectorType(ir.IntType(8), BLOCK)

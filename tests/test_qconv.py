@@ -243,10 +243,17 @@ def test_depthwise_qconv2d_against_guard_pages(layout, stride, dilation, padding
                 (C, N, where)
 
 
-def test_qconv2d_from_several_python_threads():
+@pytest.mark.parametrize("channels", [8, 24])
+def test_qconv2d_from_several_python_threads(channels):
     """One set of weights, and one prepared layer (its plan and scratch per Python
-    thread), called from four threads at once."""
+    thread), called from four threads at once; with 24 channels an NCHW layer of
+    codes runs as its NHWC twin (its transposes' buffers per thread)."""
     x, w, ws = _layer(4)
+    if channels != 8:
+        rng = np.random.default_rng(channels)
+        x = rng.integers(0, 256, (2, channels, 9, 10)).astype(np.uint8)
+        w = rng.integers(-127, 128, (channels, channels, 3, 3)).astype(np.int8)
+        ws = rng.uniform(1e-3, 1e-2, channels)
     cw = tilegemm.QConvWeights(w, ws)
     want = tilegemm.qconv2d(x, 0.02, cw, padding=1, out_scale=0.05, out_zero_point=100)
     layer = PreparedQConv(x.shape, x.dtype, 0.02, cw, padding=1, out_scale=0.05,
@@ -351,12 +358,21 @@ def test_transpose_bytes_against_guard_pages(shape):
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
 @pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (1, 2, 0), (3, 2, 1)])
-def test_nchw_twin_against_guard_pages(kernel, stride, padding):
-    """An NCHW layer of 24 -> 40 channels run as its NHWC twin between two byte
-    transposes (``PreparedQConv._twin_into``), its input at a guard page: the codes of
-    the NHWC layer on the transposed input, on one thread and on two taking an image
-    each; the input unchanged."""
+def test_nchw_twin_against_guard_pages(kernel, stride, padding, monkeypatch):
+    """An NCHW layer of 24 -> 40 channels with byte codes out runs as its NHWC twin
+    between two byte transposes (counted: two per image run), its input at a guard
+    page and its output inside canaries: the NHWC layer's codes on the transposed
+    input, on one thread and on two taking an image each; the input unchanged."""
+    from guard import canaried
     from tilegemm.conv import qconv
+    assert qconv.TWIN_MIN_CHANNELS <= 24
+    transposes = []
+    transpose = qconv.transpose_bytes
+
+    def counted(*args):
+        transposes.append(args[-2:])
+        return transpose(*args)
+    monkeypatch.setattr(qconv, "transpose_bytes", counted)
     rng = np.random.default_rng(kernel * 10 + stride)
     x_vals = rng.integers(0, 256, (2, 24, 9, 13)).astype(np.uint8)
     w = tilegemm.QConvWeights(rng.integers(-127, 128, (40, 24, kernel, kernel)).astype(np.int8),
@@ -364,13 +380,19 @@ def test_nchw_twin_against_guard_pages(kernel, stride, padding):
     geometry = dict(stride=stride, padding=padding, x_zero_point=7, out_scale=0.3,
                     out_zero_point=np.uint8(20))
     layer = PreparedQConv(x_vals.shape, np.uint8, 0.02, w, **geometry)
-    assert layer._twin is not None and qconv.TWIN_MIN_CHANNELS <= 24
     want = tilegemm.qconv2d(np.ascontiguousarray(x_vals.transpose(0, 2, 3, 1)), 0.02, w,
                             layout="NHWC", **geometry).transpose(0, 3, 1, 2)
+    assert not transposes
     for where, threads in (("after", 1), ("before", 2)):
         x = guarded_empty(x_vals.shape, np.uint8, where=where)
         x[...] = x_vals
+        out, check = canaried(want.shape, np.uint8, fill=0)
         with tilegemm.thread_limit(threads):
-            got = tilegemm.qconv2d(x, 0.02, w, **geometry)
-        assert got.dtype == np.uint8 and np.array_equal(got, want), (where, threads)
+            got = layer(x, out)
+        check()
+        assert got is out and np.array_equal(out, want), (where, threads)
         assert np.array_equal(x, x_vals)
+        # in and out, each over both images: at once, or an image per thread
+        assert sorted(transposes) == sorted([(0, 2)] * 2 if threads == 1 else
+                                            [(0, 1), (1, 2)] * 2), transposes
+        transposes.clear()
