@@ -180,8 +180,8 @@ def _call_key(x, x_scale, bias, options):
 
 #: Argument types whose values (and type) make a key.
 _PLAIN = (int, float, bool, str, np.integer, np.floating, np.bool_)
-#: Exact types taken as they are by :func:`_call_key` (a call's key cost 8 us through
-#: :func:`_value_key` alone, half a small layer's time).
+#: Exact types taken as they are by :func:`_call_key` (through :func:`_value_key` a
+#: call's key took 8 us on average between calls of a 1x1 layer of 25 us; 5 us now).
 _SCALARS = frozenset((int, float, bool, str, type(None), np.float32, np.float64, np.int8,
                       np.uint8, np.int32, np.int64))
 
@@ -350,7 +350,8 @@ class PreparedQConv:
         self._twin = None
         self._twin_args = None
         if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
-                and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps_serve(weights.kind, p.Cg, p.groups)):
+                and min(p.C, p.K) >= TWIN_MIN_CHANNELS
+                and taps_serve(weights.kind, p.Cg, p.groups)):
             self._twin_args = (x_scale, bias, dict(options, layout="NHWC"))
 
     def __call__(self, x, out=None, residual=None):
@@ -401,8 +402,7 @@ class PreparedQConv:
             x_scale, bias, options = self._twin_args
             twin = self._twin = PreparedQConv((p.N, p.H, p.W, p.C), self.x_dtype, x_scale,
                                               self.weights, bias, **options)
-        # this thread's buffers: fresh ones each call cost page faults (0.09 ms a call
-        # on ResNet-50's 1x1)
+        # this thread's buffers, kept from call to call (a network calls the layer again)
         x_nhwc, codes = buffers(("qconv2d twin",), (x.size, out.size), np.uint8)
         x_nhwc = x_nhwc[:x.size].view(x.dtype).reshape(twin.input_shape)
         codes = codes[:out.size].view(out.dtype).reshape(twin.output_shape)

@@ -11,9 +11,10 @@ the others, and other kernels, tap by tap.  The weights, int32 ``(kh*kw, C)``, s
 in L1.  On MobileNetV2's 144-channel 56 x 56 layer, per output row, tap by tap over
 whole rows with the weights repeated per pixel (a stream of 9 x 32 KB) took 7.9 us;
 per pixel 5.7, the nine taps at once in Numba's loop (256-bit) 5.9, in 512-bit
-vectors 4.4 (AVX-512 Xeon).  The patches path (one GEMM of k = kh*kw per channel, called per group from
-Python) had cost these layers 10-24 ms each.  Exact: |x - zero| <= 255 times |w| <=
-128 times kh*kw taps fits int32 for any kernel the overflow bound admits.
+vectors 4.4 (AVX-512 Xeon).  The patches path (one GEMM of k = kh*kw per channel,
+called per group from Python) had cost these layers 10-24 ms each.  Exact: |x -
+zero| <= 255 times |w| <= 128 times kh*kw taps fits int32 for any kernel the
+overflow bound admits.
 """
 import llvmlite.ir as ir
 import numpy as np

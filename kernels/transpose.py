@@ -44,7 +44,8 @@ def transpose_block(typingctx, src, s_at, s_stride, dst, d_at, d_stride):
         rows = []
         for i in range(BLOCK):
             at = builder.add(s_at, builder.mul(s_stride, ir.Constant(s_stride.type, i)))
-            ptr = builder.bitcast(data_ptr(context, builder, sig.args[0], src, at), row.as_pointer())
+            ptr = builder.bitcast(data_ptr(context, builder, sig.args[0], src, at),
+                                  row.as_pointer())
             rows.append(builder.load(ptr, align=1))
         block = _concat(builder, rows)
         undef = ir.Constant(block.type, ir.Undefined)
@@ -53,7 +54,8 @@ def transpose_block(typingctx, src, s_at, s_stride, dst, d_at, d_stride):
         for j in range(BLOCK):
             line = shuffle(builder, moved, undef, range(j * BLOCK, (j + 1) * BLOCK))
             at = builder.add(d_at, builder.mul(d_stride, ir.Constant(d_stride.type, j)))
-            ptr = builder.bitcast(data_ptr(context, builder, sig.args[3], dst, at), row.as_pointer())
+            ptr = builder.bitcast(data_ptr(context, builder, sig.args[3], dst, at),
+                                  row.as_pointer())
             builder.store(line, ptr, align=1)
         return context.get_dummy_value()
     return types.void(src, types.intp, types.intp, dst, types.intp, types.intp), emit
