@@ -399,8 +399,8 @@ def qconv_taps(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, seg, a_
                         b_at = (jr // NR) * (g1 - g0) * NR
                         if direct:
                             tile_codes(segs, seg, xw, a_at, ic + ir, b_src, b_at, o,
-                                       o_at + (ic + ir) * ldo + jc + jr, ldo, first, zeros, 0,
-                                       cc, jc + jr, min(MR, mc - ir), cols, mult, bias, lim)
+                                       o_at + (ic + ir) * ldo + jc + jr, ldo, cc, jc + jr,
+                                       min(MR, mc - ir), cols, mult, bias, lim)
                         else:
                             tile_taps(segs, seg, xw, a_at, ic + ir, b_src, b_at, c,
                                       (ic + ir) * n + jc + jr, n, first, zeros, 0, cc, jc + jr,
@@ -470,8 +470,8 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
                         places = (vt - v0) // MR * TILE_PLACES
                         if direct:
                             tile_codes(segs, seg, xw, a_at, places, b_src, b_at, o,
-                                       o_at + jc + jr, ldo, first, zeros, 0, cc, jc + jr, MR,
-                                       cols, mult, bias, lim)
+                                       o_at + jc + jr, ldo, cc, jc + jr, MR, cols, mult, bias,
+                                       lim)
                         else:
                             tile_taps(segs, seg, xw, a_at, places, b_src, b_at, c, jc + jr, n,
                                       first, zeros, 0, cc, jc + jr, MR, cols)

@@ -87,11 +87,13 @@ ARGUMENTS = ("kg", "a", "a_off", "a_rs", "a_gs", "b", "b_off", "c", "c_off", "ld
 #: ``a_at`` instead of a row stride (see :func:`make_int8_tile`).  Word offsets are
 #: intp: an image's widened rows may pass 2**31 words.
 TAPS_ARGUMENTS = ("segs", "seg", "a", "a_at", "a_at_off") + ARGUMENTS[5:]
-#: The codes tile's: the taps tile's, C holding int8 or uint8 codes, and the
-#: requantization: per column a float32 multiplier and bias (the output scale folded
-#: in), ``lim`` five float32 (zero point, lowest and highest code, the activation's
-#: upper and lower clip over the scale), as ``kernels/requant.py`` :func:`code`.
-CODES_ARGUMENTS = TAPS_ARGUMENTS + ("mult", "bias", "lim")
+#: The codes tile's: the taps tile's without ``first`` and row corrections (its k is
+#: whole and a convolution's weights have no zero point), C holding int8 or uint8
+#: codes, and the requantization: per column a float32 multiplier and bias (the
+#: output scale folded in), ``lim`` five float32 (zero point, lowest and highest code,
+#: the upper and lower clip over the scale), as ``kernels/requant.py`` :func:`code`.
+CODES_ARGUMENTS = tuple(name for name in TAPS_ARGUMENTS
+                        if name not in ("first", "rc", "rc_off")) + ("mult", "bias", "lim")
 ARRAYS = {"a": types.int32, "b": types.int32, "c": types.int32, "rc": types.int32,
           "cc": types.int32, "seg": types.intp, "a_at": types.intp, "mult": types.float32,
           "bias": types.float32, "lim": types.float32}
@@ -117,11 +119,13 @@ def make_int8_tile(kind, bits, mr, nr, taps=False, codes=False):
     a tap's channels, all of them summed in registers before C is touched, and the
     rows any output pixels (a tile may span the end of an image row).
 
-    With ``codes`` (a taps tile whose k is whole: ``first`` is ignored) C holds int8
-    or uint8 codes, written from the registers: ``C = code(acc + rc[i] + cc[j])``
-    with ``tile(..., mult, bias, lim)`` as :data:`CODES_ARGUMENTS` describes, the same
-    float32 operations as ``kernels/requant.py`` :func:`code`, so the codes equal
-    the epilogue's; the sums never go to memory.
+    With ``codes`` (a taps tile whose k is whole, with no ``first`` and no row
+    corrections) C holds int8 or uint8 codes, written from the registers: ``C =
+    code(acc + cc[j])`` with ``tile(..., mult, bias, lim)`` as :data:`CODES_ARGUMENTS`
+    describes, the same float32 operations as ``kernels/requant.py`` :func:`code`
+    (the multiply-add fused where LLVM fuses the epilogue's), so the codes equal the
+    epilogue's; the sums never go to memory.  The accumulators start from the
+    column corrections.
 
     With ``kind == "amx"`` (``mr = nr = 32``) A's word of group g of row
     i is at ``a[a_off + i*a_rs + (g // 16)*a_gs + g % 16]``: ``a_gs`` is the distance
@@ -185,7 +189,8 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
     def ptr(name):
         return data_ptr(context, builder, types_of[name], arg[name], arg[name + "_off"])
 
-    b_ptr, c_ptr, rc_ptr, cc_ptr = ptr("b"), ptr("c"), ptr("rc"), ptr("cc")
+    b_ptr, c_ptr, cc_ptr = ptr("b"), ptr("c"), ptr("cc")
+    rc_ptr = ptr("rc") if "rc" in arg else None
     last = builder.sub(arg["rows"], const(1))
     valid = [builder.select(builder.icmp_signed("<", const(i), arg["rows"]), const(i), last)
              for i in range(mr)]
@@ -196,8 +201,8 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
         a_ptr = data_ptr(context, builder, types_of["a"], arg["a"], const(0))
         at_ptr = ptr("a_at")
         a_rows = [builder.gep(a_ptr, [builder.load(builder.gep(at_ptr, [v]))]) for v in valid]
-    acc = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(nv)]
-           for _ in range(mr)]
+    start = _start(builder, arg, cc_ptr, vec, nv)
+    acc = [[cgutils.alloca_once_value(builder, start[v]) for v in range(nv)] for _ in range(mr)]
 
     def group(b_group, a_word):
         """One group of k: B's ``nr`` words of group ``b_group``, row i's word of A at
@@ -226,6 +231,18 @@ def _emit_tile(context, builder, sig, arg, kind, bits, shape):
                 group(builder.add(b0, loop.index), builder.add(start, loop.index))
             builder.store(builder.add(b0, count), done)
     _finish(context, builder, (arg, types_of), (c_ptr, rc_ptr, cc_ptr), acc, places)
+
+
+def _start(builder, arg, cc_ptr, vec, nv):
+    """The accumulators' first values, per vector of columns: the column corrections
+    (below ``cols``) for a codes tile, so that no addition follows the products;
+    zero otherwise."""
+    if "lim" not in arg:
+        return [ir.Constant(vec, None)] * nv
+    const = lambda value: ir.Constant(arg["cols"].type, value)   # noqa: E731
+    masks = _column_masks(builder, arg["cols"], vec.count, nv, const)
+    return [load_vector(builder, vector_ptr(builder, cc_ptr, const(v * vec.count), vec), 4,
+                        masks[v]) for v in range(nv)]
 
 
 def _row_places(builder, arg, mr):
@@ -281,8 +298,18 @@ def _emit_amx_tile(context, builder, args, vec):
     def ptr(name, offset):
         return data_ptr(context, builder, types_of[name], arg[name], offset)
 
-    for t in AMX_C:
-        amx_call(builder, "tilezero", t)
+    if "lim" in arg:      # a codes tile: each row of C starts as the column corrections
+        row = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(32), 32))
+        row.align = 64
+        first = builder.gep(row, [const(0), const(0)])
+        for v, value in enumerate(_start(builder, arg, ptr("cc", arg["cc_off"]), vec, 2)):
+            builder.store(value, vector_ptr(builder, first, const(16 * v), vec))
+        for n, t in enumerate(AMX_C):       # stride 0: the row in all 16 of the tile's
+            amx_call(builder, "tileloadd64", t, builder.gep(first, [const(16 * (n % 2))]),
+                     const(0))
+    else:
+        for t in AMX_C:
+            amx_call(builder, "tilezero", t)
 
     def step(a_rows, a_row_bytes, b_at):
         """One step of 16 groups: A's tiles from ``a_rows`` (two word offsets), B's from
@@ -327,7 +354,8 @@ def _emit_amx_tile(context, builder, args, vec):
         amx_call(builder, "tilestored64", t, corner, const(128))
     acc = [[vector_ptr(builder, base, const(32 * i + 16 * v), vec) for v in range(2)]
            for i in range(32)]
-    c_ptr, rc_ptr, cc_ptr = (ptr(n, arg[n + "_off"]) for n in ("c", "rc", "cc"))
+    c_ptr, cc_ptr = (ptr(n, arg[n + "_off"]) for n in ("c", "cc"))
+    rc_ptr = ptr("rc", arg["rc_off"]) if "rc" in arg else None
     _finish(context, builder, args, (c_ptr, rc_ptr, cc_ptr), acc, places)
 
 
@@ -420,12 +448,13 @@ def _update_c(builder, arg, ptrs, acc, const, places):
 
 
 def _store_codes(context, builder, args, ptrs, acc, const, places):
-    """``C[:rows, :cols]`` = the codes of acc + row and column corrections: per vector,
-    float32 ``sums * mult + bias`` clipped by the activation, rounded half to even,
-    plus the zero point, clipped to the codes' range (the order of ``kernels/requant.py``
-    :func:`code`), then each row's codes narrowed to bytes and stored as one run."""
+    """``C[:rows, :cols]`` = the codes of acc (which started from the column
+    corrections): per vector, float32 ``sums * mult + bias`` clipped (the activation's
+    clips narrowed to the codes' range), rounded half to even, plus the zero point
+    (the order of ``kernels/requant.py`` :func:`code`), then each row's codes narrowed
+    to bytes and stored as one run."""
     arg, types_of = args
-    c_ptr, rc_ptr, cc_ptr = ptrs
+    c_ptr = ptrs[0]
     vec = acc[0][0].type.pointee
     lanes, nv = vec.count, len(acc[0])
     f32 = ir.VectorType(ir.FloatType(), lanes)
@@ -436,12 +465,15 @@ def _store_codes(context, builder, args, ptrs, acc, const, places):
         return [load_vector(builder, vector_ptr(builder, base, const(v * lanes), vtype), 4,
                             masks[v]) for v in range(nv)]
 
-    col_corr, mult, bias = columns("cc", vec), columns("mult", f32), columns("bias", f32)
+    mult, bias = columns("mult", f32), columns("bias", f32)
     lim_ptr = data_ptr(context, builder, types_of["lim"], arg["lim"], const(0))
-    zero, low, high, top, bottom = (splat(builder, builder.load(builder.gep(lim_ptr, [const(i)])),
-                                          f32) for i in range(5))
+    zero, top, bottom = (splat(builder, builder.load(builder.gep(lim_ptr, [const(i)])), f32)
+                         for i in (0, 3, 4))
     rint = builder.module.declare_intrinsic(f"llvm.rint.v{lanes}f32",
                                             fnty=ir.FunctionType(f32, [f32]))
+    # fused where the target fuses: Numba's ``contract`` in the epilogue does the same
+    fmuladd = builder.module.declare_intrinsic(f"llvm.fmuladd.v{lanes}f32",
+                                               fnty=ir.FunctionType(f32, [f32] * 3))
 
     def clip(y, lo, hi):
         y = builder.select(builder.fcmp_ordered("<", y, lo), lo, y)
@@ -451,14 +483,12 @@ def _store_codes(context, builder, args, ptrs, acc, const, places):
     row_mask, = _column_masks(builder, arg["cols"], nv * lanes, 1, const)
     for i, (has, at) in enumerate(places):
         with builder.if_then(has):
-            row_corr = splat(builder, builder.load(builder.gep(rc_ptr, [const(i)])), vec)
             parts = []
             for v in range(nv):
-                sums = builder.add(builder.load(acc[i][v]), builder.add(col_corr[v], row_corr))
-                y = builder.fadd(builder.fmul(builder.sitofp(sums, f32), mult[v]), bias[v])
+                y = builder.call(fmuladd, [builder.sitofp(builder.load(acc[i][v]), f32),
+                                           mult[v], bias[v]])
                 y = builder.fadd(builder.call(rint, [clip(y, bottom, top)]), zero)
-                parts.append(builder.trunc(builder.fptosi(clip(y, low, high), vec),
-                                           ir.VectorType(byte, lanes)))
+                parts.append(builder.trunc(builder.fptosi(y, vec), ir.VectorType(byte, lanes)))
             while len(parts) > 1:      # concatenated pairwise into one run of bytes
                 n = parts[0].type.count
                 parts = [builder.shuffle_vector(parts[k], parts[k + 1],

@@ -41,13 +41,14 @@ def real_value(total, mult, bias, act):
 @numba.njit(inline="always", **JIT)
 def code(total, mult, bias, limits):
     """One requantized output in float32, the scale folded into ``mult`` and ``bias``
-    (:func:`fold`): ``clip(rint(clip(total * mult + bias, bottom, top)) + zero_point,
-    low, high)`` with ``limits = (zero_point, low, high, top, bottom)``: the
-    activation's clips over the scale (0 and 6 / scale for relu6), infinite where it
-    has none."""
+    (:func:`fold`): ``rint(clip(total * mult + bias, bottom, top)) + zero_point`` with
+    ``limits = (zero_point, low, high, top, bottom)``, where ``bottom`` and ``top`` are
+    the activation's clips over the scale (0 and 6 / scale for relu6) narrowed to the
+    codes' range less the zero point, so that no clip follows the rounding
+    (``low``, ``high`` unused here)."""
     zero_point, low, high, top, bottom = limits
     y = min(max(np.float32(total) * mult + bias, bottom), top)
-    return min(max(np.rint(y) + zero_point, low), high)
+    return np.rint(y) + zero_point
 
 
 #: :func:`fold` keeps float32 only while every term stays below this: float32's
@@ -74,8 +75,13 @@ def fold(mult, bias, act, requant, sums_bound):
     largest = sums_bound * float(np.abs(m).max(initial=0)) + float(np.abs(b).max(initial=0))
     if not (np.isfinite(m).all() and np.isfinite(b).all() and largest < FOLD_LIMIT):
         return None
-    lim = np.array([zero_point, low, high, 6.0 / scale if act == 2 else np.inf,
-                    0.0 if act > 0 else -np.inf], np.float32)
+    # The codes' range folded into the activation's clips: with integers low - zero and
+    # high - zero, clip(rint(clip(y, b, t)) + zero, low, high) = rint(clip(y, max(b,
+    # low - zero), min(t, high - zero))) + zero (rint is monotonic and keeps integers),
+    # two operations a code fewer.
+    top = min(6.0 / scale if act == 2 else np.inf, high - zero_point)
+    bottom = max(0.0 if act > 0 else -np.inf, low - zero_point)
+    lim = np.array([zero_point, low, high, top, bottom], np.float32)
     return m, b, lim
 
 

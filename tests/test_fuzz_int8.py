@@ -25,6 +25,7 @@ from tilegemm.conv import qconv as qconv_module
 from tilegemm.kernels import qgemm
 from tilegemm.kernels.int8 import BYTE_KINDS, GROUP, MADDUBS_B_LIMIT, TILES
 from tilegemm.kernels.int8_taps import amx_rows_past
+from tilegemm.kernels.requant import finish_rows, fold
 from tilegemm.kernels.qgemm import (amx_taps_shape, int8_blocking, int8_kind, int8_kind_for,
                                      pack_b_once, qgemm_into, runnable_int8_kinds, taps_into,
                                      taps_serve, widen_rows_into)
@@ -266,23 +267,26 @@ def _taps_case(kind, layer, rng, where=None):
 
 
 def _check_codes(xw, geom, channels, panels, pixels, pad, exact, rng):
-    """The codes tile on the same sums: the codes of ``exact`` (its float32 steps as
-    numpy takes them, in ``kernels/requant.py`` :func:`code`'s order), bit for bit,
-    wherever the kernel writes codes (k in one block); else nothing written."""
+    """The codes tile on the same sums: the codes the epilogue
+    (``kernels/requant.py`` :func:`finish_rows`) gives ``exact`` with the same folded
+    requantization, bit for bit, wherever the kernel writes codes (k in one block);
+    else nothing written.  The codes are checked against float64 in the qconv2d tests."""
     Kg = channels[2]
     odtype = (np.uint8, np.int8)[rng.integers(2)]
     info = np.iinfo(odtype)
-    mult = rng.uniform(1e-4, 1e-2, Kg).astype(np.float32)
-    bias = rng.uniform(-60, 60, Kg).astype(np.float32)
+    mult = rng.uniform(5e-6, 5e-4, Kg)
+    bias = rng.uniform(-3, 3, Kg)
     act = int(rng.integers(3))
     zero = int(rng.integers(info.min, info.max + 1))
-    lim = np.array([zero, info.min, info.max, 6 / 0.05 if act == 2 else np.inf,
-                    0 if act else -np.inf], np.float32)
+    requant = (0.05, zero, info.min, info.max)      # relu6 then clips at 120
+    folded = fold(mult, bias, act, requant, int(np.abs(exact).max(initial=0)) + 1)
     o = np.full(exact.size, 7, odtype)
     written = taps_into(xw, geom, channels, panels, np.zeros(exact.size, np.int32), pixels,
-                        pad=pad, codes=(o, mult, bias, lim))
-    y = np.minimum(np.maximum(exact.astype(np.float32) * mult + bias, lim[4]), lim[3])
-    want = np.clip(np.rint(y) + lim[0], lim[1], lim[2]).astype(odtype)
+                        pad=pad, codes=(o,) + folded)
+    want = np.empty(exact.size, odtype)
+    finish_rows(np.ascontiguousarray(exact, np.int32).reshape(-1), 0, Kg,
+                (mult, bias, act, requant, folded), 0, want, 0, Kg, exact.shape)
+    want = want.reshape(exact.shape)
     assert np.array_equal(o.reshape(exact.shape), want if written else np.full_like(want, 7))
     CODES_CHECKED.append(written)
 
