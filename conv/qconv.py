@@ -161,15 +161,20 @@ class QConvWeights:
 KEPT_CALLS = 16
 
 
-def _call_key(x, x_scale, bias, options):
+def _call_key(x, values):
     """A hashable key of everything a :func:`qconv2d` call's :class:`PreparedQConv`
-    depends on (values with their types: an int8 zero point and an int one give
-    different outputs), or None when an argument is not a plain value (an array-like
-    object may change its values without changing its identity)."""
+    depends on: ``x``'s shape and dtype and ``values`` (with their types: an int8 zero
+    point and an int one give different outputs), or None when one is not a plain
+    value (an array-like object may change its values without changing its
+    identity)."""
     parts = [x.shape, x.dtype.str]
-    for value in (x_scale, bias) + tuple(options[name] for name in QCONV_OPTIONS):
-        if type(value) in _SCALARS:       # the common case, with no isinstance chain
-            parts.append((type(value), value))
+    for value in values:
+        kind = type(value)
+        if kind in _SCALARS:       # the common cases, with no isinstance chain
+            parts.append((kind, value))
+            continue
+        if kind is np.ndarray and value.dtype.kind in "biuf":
+            parts.append(("array", value.dtype.str, value.shape, value.tobytes()))
             continue
         part = _value_key(value)
         if part is None:
@@ -263,12 +268,13 @@ def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1,
         raise TypeError("qconv2d: QConvWeights carry their own scales: pass w_scale=None "
                         "(a bias given in its place?)")
     x = int8_array(x, "x", "qconv2d")
-    options = dict(x_zero_point=x_zero_point, stride=stride, padding=padding,
-                   dilation=dilation, groups=groups, activation=activation,
-                   out_scale=out_scale, out_zero_point=out_zero_point, layout=layout)
+    # in QCONV_OPTIONS' order
+    options = (x_zero_point, stride, padding, dilation, groups, activation, out_scale,
+               out_zero_point, layout)
 
     def make():
-        return PreparedQConv(x.shape, x.dtype, x_scale, weights, bias, **options)
+        return PreparedQConv(x.shape, x.dtype, x_scale, weights, bias,
+                             **dict(zip(QCONV_OPTIONS, options)))
 
     if not isinstance(w, QConvWeights):
         weights = QConvWeights(w, w_scale)
@@ -276,7 +282,7 @@ def qconv2d(x, x_scale, w, w_scale=None, bias=None, *, x_zero_point=0, stride=1,
     # Checking and planning a call costs ~0.15 ms, a tenth of a ResNet-18 layer: the
     # weights keep the prepared call of each recent set of arguments.
     weights = w
-    key = _call_key(x, x_scale, bias, options)
+    key = _call_key(x, (x_scale, bias) + options)
     return (make() if key is None else weights.prepared(key, make))(x)
 
 
@@ -349,10 +355,14 @@ class PreparedQConv:
         # on first use
         self._twin = None
         self._twin_args = None
+        taps = taps_serve(weights.kind, p.Cg, p.groups)
         if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
-                and min(p.C, p.K) >= TWIN_MIN_CHANNELS
-                and taps_serve(weights.kind, p.Cg, p.groups)):
+                and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps):
             self._twin_args = (x_scale, bias, dict(options, layout="NHWC"))
+        # the path of every call (a call takes it without asking again)
+        self._path = (_DEPTHWISE if p.Cg == p.Kg == 1 else
+                      _TWIN if self._twin_args is not None and self.codes_dtype.itemsize == 1
+                      else _TAPS if taps else _PATCHES)
 
     def __call__(self, x, out=None, residual=None):
         """The convolution of ``x`` (this shape and dtype, C-contiguous or copied), into
@@ -377,18 +387,19 @@ class PreparedQConv:
 
     def _into(self, x, out):
         """The conv's own output (codes, or float32 / int32 values) of ``x`` into ``out``."""
+        path, x = self._path, np.ascontiguousarray(x)
+        if path == _TAPS:           # the taps kernel: no patches
+            plan = self._plans.get(get_num_threads())
+            return (plan or self._taps_plan())(x, out)
+        if path == _TWIN:
+            return self._twin_into(x, out)
         p = self.params
-        if p.Cg == p.Kg == 1:       # depthwise: lanes over channels, no GEMM
+        if path == _DEPTHWISE:      # lanes over channels, no GEMM
             if self._depthwise is None:
                 self._depthwise = self.weights.depthwise()
-            return qdepthwise_into(np.ascontiguousarray(x), self.zero, self._depthwise,
-                                   self.epilogue, p, out)
-        if self._twin_args is not None and out.dtype.itemsize == 1:
-            return self._twin_into(np.ascontiguousarray(x), out)
-        if taps_serve(self.weights.kind, p.Cg, p.groups):    # the taps kernel: no patches
-            return self._taps_plan()(np.ascontiguousarray(x), out)
-        return qconv2d_into(np.ascontiguousarray(x), self.zero, self.weights.matrices(p.groups),
-                            self.epilogue, p, out, self.weights.panels(p.groups))
+            return qdepthwise_into(x, self.zero, self._depthwise, self.epilogue, p, out)
+        return qconv2d_into(x, self.zero, self.weights.matrices(p.groups), self.epilogue, p, out,
+                            self.weights.panels(p.groups))
 
     def _twin_into(self, x, out):
         """The NCHW layer as its NHWC twin: ``x`` transposed to channels-last, the twin's
@@ -448,6 +459,11 @@ class PreparedQConv:
             plan = self._plans[threads] = TapsPlan(p, self.x_dtype, self.zero, taps,
                                                    self.epilogue, threads, summed)
         return plan
+
+
+#: :class:`PreparedQConv`'s paths: lanes over channels; an NCHW layer as its NHWC twin;
+#: the taps kernel; patches on the GEMM.
+_DEPTHWISE, _TWIN, _TAPS, _PATCHES = range(4)
 
 
 class QuantizedSum(NamedTuple):

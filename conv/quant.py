@@ -21,6 +21,8 @@ RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
 def int8_array(x, name, func):
     """``x`` as a plain int8 or uint8 ndarray; TypeError naming the dtype otherwise."""
+    if type(x) is np.ndarray and x.dtype in INT8_DTYPES:    # the common case, at once
+        return x
     x = np.asarray(refuse_masked(as_array(x, name, func), name, func))
     if x.dtype not in INT8_DTYPES:
         raise TypeError(f"{func}: {name} has dtype {x.dtype}; quantized operands are int8 or "

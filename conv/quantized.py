@@ -321,11 +321,13 @@ class TapsPlan:
             raise ValueError("TapsPlan: zero taps are read by amx tiles only")
         self.widening, self.wide = widening(kind, x_dtype, zero)
         # rows that widening would copy unchanged are read in place (a 1x1 layer's
-        # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call); not by amx
-        # tiles, which read past the last pixel
+        # uint8 NHWC input: ResNet-50's 256 x 56 x 56 is 0.8 MB a call); amx tiles,
+        # which read past the last pixel, read the last rows widened, or in place
+        # from a buffer with ``room`` bytes more after the input
         self.in_place = (self.wide == np.uint8 and self.widening[0] == 0 and p.layout == "NHWC"
-                         and p.C % group == 0 and p.top == p.left == p.bottom == p.right == 0
-                         and kind != "amx")
+                         and p.C == Cw * group and p.top == p.left == p.bottom == p.right == 0)
+        past = amx_rows_past(Wp, p.Wo, (kw, p.dx), (p.sy, p.sx)) if kind == "amx" else 0
+        self.room = max(0, (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1 + past - p.H) * Wp * p.C
         self.conv = (p.Wo, p.kh, kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
                      p.layout == "NCHW")
         KC, NC = taps.blocks
@@ -339,6 +341,9 @@ class TapsPlan:
         if summed is not None and p.layout != "NHWC":
             raise ValueError("TapsPlan: a residual sum needs the NHWC layout")
         self.summed = summed
+        # the arguments every call passes as they are
+        self._fixed = (self.conv, self.widening, self.weights, self.epilogue)
+        self._no_sum = (_NO_CODES,) + _NO_SUM
         self.blocks = [np.array(part, np.int64).reshape(-1, 5)
                        for part in _taps_shares(p, threads, TILES[taps.kind][1])]
         rows = max(int((b[:, 2] - b[:, 1]).max()) for b in self.blocks)
@@ -358,22 +363,31 @@ class TapsPlan:
                       0 if summed is None else -(-self.chunk * p.K // 4))
         self._local = threading.local()
 
-    def __call__(self, x, out, residual=None):
+    def __call__(self, x, out, residual=None, held=None):
         """The convolution of the C-contiguous ``x`` into ``out`` (C-contiguous); with
         a residual sum (``summed``), ``out`` is its sum with ``residual``'s codes
-        (C-contiguous, ``out``'s shape)."""
+        (C-contiguous, ``out``'s shape).  ``held``: a 1-D byte array that starts with
+        ``x``'s bytes and has at least :attr:`room` bytes after them, where amx tiles
+        may read every pixel's rows in place."""
         made = thread_buffers("qconv2d taps", len(self.blocks), self.sizes, np.int32)
         local = self._local
         if getattr(local, "made", None) is not made:
             local.calls = [(blocks, self._scratch(made, t)) for t, blocks in enumerate(self.blocks)]
             local.made = made
+        x_words = _NO_WORDS if not self.in_place else \
+            x.reshape(-1).view(np.int32) if held is None else held.view(np.int32)
+        if self.summed is None and len(local.calls) == 1:       # the common case, at once
+            blocks, scratch = local.calls[0]
+            flat = out.reshape(-1)
+            self.mod.qconv_taps_blocks(x, x_words, blocks, *self._fixed, out, self.epilogue[4],
+                                       self._no_sum, scratch[:-1] + (flat, flat if self.codes
+                                                                     else _NO_CODES), NO_GATE)
+            return out
         if self.summed is None:
-            summed, dest = (_NO_CODES,) + _NO_SUM, out.reshape(-1)
+            summed, dest = self._no_sum, out.reshape(-1)
         else:
             summed, dest = (residual.reshape(-1),) + self.summed[:-1], None
-        run, args = self.mod.qconv_taps_blocks, (self.conv, self.widening, self.weights,
-                                                 self.epilogue, out, self.epilogue[4], summed)
-        x_words = x.reshape(-1).view(np.int32) if self.in_place else _NO_WORDS
+        run, args = self.mod.qconv_taps_blocks, self._fixed + (out, self.epilogue[4], summed)
         gate = NO_GATE if len(local.calls) == 1 else np.zeros(1, np.int64)
 
         def share(blocks, scratch):

@@ -21,9 +21,9 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
-from tilegemm.kernels.int8_taps import (TILE_PLACES, amx_places, amx_rows, amx_rows_past,
-                                        amx_tile_places, tap_runs)
-from tilegemm.kernels.requant import add_codes, finish_planes, finish_rows
+from tilegemm.kernels.int8_taps import (TILE_PLACES, add_residual, amx_places, amx_rows,
+                                        amx_rows_past, amx_tile_places, in_place_end, tap_runs)
+from tilegemm.kernels.requant import finish_planes, finish_rows
 from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
 
@@ -489,8 +489,10 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     share, run without the GIL from start to end.
 
     ``x_words``: ``x`` as int32 words when its rows are already what widening would
-    make (a uint8 NHWC input of whole words, no padding, a byte kind): the rows are
-    read where they lie; else empty.
+    make (a uint8 NHWC input of whole words, no padding, a byte kind), and any words
+    after them in the same buffer: the rows are read where they lie, except by the
+    pixels whose amx tiles would read past its end (the last image's last rows),
+    which take widened rows; else empty.
 
     ``blocks``: rows ``(image, p0, p1, j0, j1)``: output pixels ``p0:p1`` and each
     group's output channels ``j0:j1``.  ``conv = (Wo, kh, kw, sy, sx, dy, dx, top,
@@ -520,22 +522,39 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
     publish(gate, 0, 1)
     Wo, kh, kw, sy, sx, dy, dx, top, left, Wp, Cw, nchw = conv
     words, values, acc, zeros, offsets, chunk, dest, tiles = scratch
+    # rows an amx call reads past its last pixel's (none for the vector tiles)
+    past = amx_rows_past(Wp, Wo, (kw, dx), (sy, sx)) if KSTEP > 1 else 0
+    finish, more = (epilogue, codes, summed), (acc, zeros, offsets, dest, tiles)
     for b in range(blocks.shape[0]):
-        n, p0, p1 = blocks[b, 0], blocks[b, 1], blocks[b, 2]
-        r0 = (p0 // Wo) * sy
-        r1 = ((p1 - 1) // Wo) * sy + (kh - 1) * dy + 1
+        n, p0, p1, j0, j1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
+        ps = p0             # pixels p0:ps read in place, ps:p1 from widened rows
         if x_words.size > 0:
-            rows = x_words[(n * x.shape[1] + r0) * Wp * Cw:]
-        else:
+            ps = in_place_end(x_words.size // (Wp * Cw) - n * x.shape[1], (p0, p1),
+                              (Wo, kh, sy, dy), past)
+            r0 = (p0 // Wo) * sy
+            _taps_pixels(x_words[(n * x.shape[1] + r0) * Wp * Cw:], r0, (n, p0, ps, j0, j1),
+                         conv, weights, finish, out, more, chunk)
+        if ps < p1:
+            r0 = (ps // Wo) * sy
+            r1 = ((p1 - 1) // Wo) * sy + (kh - 1) * dy + 1
             widen_rows(x, n, (top, left, Wp, GROUP * Cw), widening[0], widening[1], r0, r1,
                        values, nchw)
-            rows = words
-        for q0 in range(p0, p1, chunk):
-            part = (n, q0, min(q0 + chunk, p1), blocks[b, 3], blocks[b, 4])
-            _taps_chunk(rows, part, conv, r0, weights, (epilogue, codes, summed[0].size > 0), out,
-                        (acc, zeros, offsets, dest, tiles))
-            if summed[0].size > 0:
-                _add_residual(dest, part, weights[1].size - 1, summed, out)
+            _taps_pixels(words, r0, (n, ps, p1, j0, j1), conv, weights, finish, out, more, chunk)
+
+
+@jit
+def _taps_pixels(rows, r0, part, conv, weights, finish, out, scratch, chunk):
+    """:func:`qconv_taps_blocks` on output pixels ``q0:q1`` of image ``n`` (``part =
+    (n, q0, q1, j0, j1)``) whose input rows ``rows`` hold from row ``r0``, a chunk of
+    ``chunk`` pixels at a time (``finish = (epilogue, codes, summed)``)."""
+    n, q0, q1, j0, j1 = part
+    epilogue, codes, summed = finish
+    for c0 in range(q0, q1, chunk):
+        piece = (n, c0, min(c0 + chunk, q1), j0, j1)
+        _taps_chunk(rows, piece, conv, r0, weights, (epilogue, codes, summed[0].size > 0), out,
+                    scratch)
+        if summed[0].size > 0:
+            add_residual(scratch[3], piece, weights[1].size - 1, summed, out)
 
 
 @jit
@@ -574,25 +593,3 @@ def _taps_chunk(words, part, conv, r0, weights, finish, out, scratch):
                           (m, j1 - j0))
         else:
             finish_rows(sums, j0, Kg, epilogue, k0, dest, base + k0, K, (m, j1 - j0))
-
-
-@jit
-def _add_residual(codes, part, groups, summed, out):
-    """``out`` = the QDQ sum (:func:`~tilegemm.kernels.requant.add_codes`) of a chunk's
-    codes (NHWC pixels ``q0:q1`` of image ``n`` from ``codes``'s start, each group's
-    channels ``j0:j1``; ``part = (n, q0, q1, j0, j1)``) and the residual's, both NHWC."""
-    residual, scales, zeros, relu, low, high, conv_first = summed
-    n, q0, q1, j0, j1 = part
-    K = out.shape[3]
-    Kg = K // groups
-    at = (n * out.shape[1] * out.shape[2] + q0) * K
-    flat = out.reshape(-1)
-    # whole pixels: one run; else each pixel's run of each group's channels
-    runs, width = ((1, (q1 - q0) * K) if j1 - j0 == Kg else ((q1 - q0) * groups, j1 - j0))
-    for r in range(runs):
-        c = r * K if j1 - j0 == Kg else (r // groups) * K + (r % groups) * Kg + j0
-        mine, other = codes[c:c + width], residual[at + c:at + c + width]
-        if conv_first:
-            add_codes(mine, other, scales, zeros, relu, low, high, flat[at + c:at + c + width])
-        else:
-            add_codes(other, mine, scales, zeros, relu, low, high, flat[at + c:at + c + width])

@@ -6,11 +6,15 @@ rows in place: k comes in runs, each a tap's channels (:func:`tap_runs`).  A vec
 tile reads each row from its pixel's offset; an AMX tile loads 16 rows a constant
 stride apart, so ``amx`` computes pixels of rows whose pixels follow on at one
 stride (:func:`amx_rows`), some of which the layer does not have; each tile's rows
-and where they go in C are listed once per call (:func:`amx_tile_places`).
+and where they go in C are listed once per call (:func:`amx_tile_places`).  An
+input whose rows need no widening is read where it lies, up to the pixels whose
+tiles would read past its end (:func:`in_place_end`).  A QDQ residual sum after the
+conv adds a chunk's codes to the residual's (:func:`add_residual`).
 """
 import numba
 
 from tilegemm.ground.contracts import JIT
+from tilegemm.kernels.requant import add_codes
 
 #: intp an ``amx`` tile's places take (:func:`amx_tile_places`): its two A tiles' first
 #: words, their row stride, then each of its 32 rows' place in C.
@@ -94,3 +98,38 @@ def tap_runs(g0, g1, cgw, geom, c0w, seg):
             seg[2 * s + 1] = hi - lo
             s += 1
     return s
+
+
+@numba.njit(**JIT)
+def in_place_end(rows, pixels, geom, past):
+    """The end ``ps`` of the output pixels ``p0:ps`` of ``pixels = (p0, p1)`` whose input
+    rows, and the ``past`` rows more a call on them may read (:func:`amx_rows_past`),
+    lie within the first ``rows`` rows from the image's first (unpadded: output row
+    ``oy`` reads up to row ``oy*sy + (kh - 1)*dy``; ``geom = (Wo, kh, sy, dy)``):
+    ``p1``, the end of an output row, or ``p0`` when none fits."""
+    p0, p1 = pixels
+    Wo, kh, sy, dy = geom
+    fit = (rows - past - (kh - 1) * dy - 1) // sy + 1      # the output rows oy < fit
+    return max(p0, min(p1, fit * Wo)) if fit > 0 else p0
+
+
+@numba.njit(**JIT)
+def add_residual(codes, part, groups, summed, out):
+    """``out`` = the QDQ sum (:func:`~tilegemm.kernels.requant.add_codes`) of a chunk's
+    codes (NHWC pixels ``q0:q1`` of image ``n`` from ``codes``'s start, each group's
+    channels ``j0:j1``; ``part = (n, q0, q1, j0, j1)``) and the residual's, both NHWC."""
+    residual, scales, zeros, relu, low, high, conv_first = summed
+    n, q0, q1, j0, j1 = part
+    K = out.shape[3]
+    Kg = K // groups
+    at = (n * out.shape[1] * out.shape[2] + q0) * K
+    flat = out.reshape(-1)
+    # whole pixels: one run; else each pixel's run of each group's channels
+    runs, width = ((1, (q1 - q0) * K) if j1 - j0 == Kg else ((q1 - q0) * groups, j1 - j0))
+    for r in range(runs):
+        c = r * K if j1 - j0 == Kg else (r // groups) * K + (r % groups) * Kg + j0
+        mine, other = codes[c:c + width], residual[at + c:at + c + width]
+        if conv_first:
+            add_codes(mine, other, scales, zeros, relu, low, high, flat[at + c:at + c + width])
+        else:
+            add_codes(other, mine, scales, zeros, relu, low, high, flat[at + c:at + c + width])
