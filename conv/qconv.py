@@ -355,6 +355,7 @@ class PreparedQConv:
         # on first use
         self._twin = None
         self._twin_args = None
+        self._local = threading.local()       # the twin's buffers, per thread
         taps = taps_serve(weights.kind, p.Cg, p.groups)
         if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
                 and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps):
@@ -413,17 +414,39 @@ class PreparedQConv:
             x_scale, bias, options = self._twin_args
             twin = self._twin = PreparedQConv((p.N, p.H, p.W, p.C), self.x_dtype, x_scale,
                                               self.weights, bias, **options)
-        # this thread's buffers, kept from call to call (a network calls the layer again)
-        x_nhwc, codes = buffers(("qconv2d twin",), (x.size, out.size), np.uint8)
-        x_nhwc = x_nhwc[:x.size].view(x.dtype).reshape(twin.input_shape)
-        codes = codes[:out.size].view(out.dtype).reshape(twin.output_shape)
+        threads = get_num_threads()
+        plan = twin._plans.get(threads) or twin._taps_plan()
+        # this thread's buffers, kept from call to call (a network calls the layer
+        # again), the input's with room for amx tiles to read all of it in place
+        x_flat, held, x_nhwc, codes_flat, codes = self._twin_buffers(plan.room, out)
+        x = x.reshape(-1)
+        if threads == 1 or p.N == 1:
+            transpose_bytes(x, x_flat, (p.C, p.H * p.W), 0, p.N)
+            plan(x_nhwc, codes, held=held)
+            transpose_bytes(codes_flat, out.reshape(-1), (p.Ho * p.Wo, p.K), 0, p.N)
+            return out
         shares = _image_shares(p.N)
-        run_shares(lambda n0, n1: transpose_bytes(x.reshape(-1), x_nhwc.reshape(-1),
-                                                  (p.C, p.H * p.W), n0, n1), shares)
-        twin._into(x_nhwc, codes)
-        run_shares(lambda n0, n1: transpose_bytes(codes.reshape(-1), out.reshape(-1),
+        run_shares(lambda n0, n1: transpose_bytes(x, x_flat, (p.C, p.H * p.W), n0, n1), shares)
+        plan(x_nhwc, codes, held=held)
+        run_shares(lambda n0, n1: transpose_bytes(codes_flat, out.reshape(-1),
                                                   (p.Ho * p.Wo, p.K), n0, n1), shares)
         return out
+
+    def _twin_buffers(self, room, out):
+        """This thread's buffers of the twin (:meth:`_twin_into`): the input's
+        (channels-last, flat and shaped, and as bytes with ``room`` more after it)
+        and the twin's codes (flat and shaped); the same views while the buffers
+        stay."""
+        size = int(np.prod(self.input_shape))
+        made = buffers(("qconv2d twin",), (size + room, out.size), np.uint8)
+        views = getattr(self._local, "twin", None)
+        if views is None or views[0] is not made or views[1] != room:
+            held, codes = made[0][:size + room], made[1][:out.size].view(out.dtype)
+            x_flat = held[:size].view(self.x_dtype)
+            views = self._local.twin = (made, room, x_flat, held,
+                                        x_flat.reshape(self._twin.input_shape), codes,
+                                        codes.reshape(self._twin.output_shape))
+        return views[2:]
 
     def _checked_residual(self, residual):
         """``residual`` as C-contiguous codes of the output's shape and the residual's
