@@ -530,7 +530,7 @@ def qconv_taps_blocks(x, x_words, blocks, conv, widening, weights, epilogue, out
         ps = p0             # pixels p0:ps read in place, ps:p1 from widened rows
         if x_words.size > 0:
             ps = in_place_end(x_words.size // (Wp * Cw) - n * x.shape[1], (p0, p1),
-                              (Wo, kh, sy, dy), past)
+                              (Wo, kh, sy, dy, Wp, sx), past, KSTEP > 1)
             r0 = (p0 // Wo) * sy
             _taps_pixels(x_words[(n * x.shape[1] + r0) * Wp * Cw:], r0, (n, p0, ps, j0, j1),
                          conv, weights, finish, out, more, chunk)

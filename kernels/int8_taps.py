@@ -101,16 +101,26 @@ def tap_runs(g0, g1, cgw, geom, c0w, seg):
 
 
 @numba.njit(**JIT)
-def in_place_end(rows, pixels, geom, past):
+def in_place_end(rows, pixels, geom, past, amx):
     """The end ``ps`` of the output pixels ``p0:ps`` of ``pixels = (p0, p1)`` whose input
     rows, and the ``past`` rows more a call on them may read (:func:`amx_rows_past`),
     lie within the first ``rows`` rows from the image's first (unpadded: output row
-    ``oy`` reads up to row ``oy*sy + (kh - 1)*dy``; ``geom = (Wo, kh, sy, dy)``):
-    ``p1``, the end of an output row, or ``p0`` when none fits."""
+    ``oy`` reads up to row ``oy*sy + (kh - 1)*dy``; ``geom = (Wo, kh, sy, dy, Wp,
+    sx)``): ``p1``, the end of an output row, or ``p0`` when none fits.  With ``amx``
+    the end of a row where one of the tiles from ``p0`` ends (the tile across a
+    split would be computed twice: 8 tiles instead of 7 on a 14 x 14 output)."""
     p0, p1 = pixels
-    Wo, kh, sy, dy = geom
+    Wo, kh, sy, dy, Wp, sx = geom
     fit = (rows - past - (kh - 1) * dy - 1) // sy + 1      # the output rows oy < fit
-    return max(p0, min(p1, fit * Wo)) if fit > 0 else p0
+    ps = max(p0, min(p1, fit * Wo)) if fit > 0 else p0
+    if amx and p0 < ps < p1:
+        Wv = amx_rows(Wp, Wo, sy, sx)
+        v0 = (p0 // Wo) * Wv + p0 % Wo       # as _qconv_taps_amx's first tile
+        if Wv * sx != sy * Wp:
+            v0 -= v0 % 16
+        while ps > p0 and ((ps // Wo) * Wv - v0) % 32:
+            ps -= Wo
+    return max(ps, p0)
 
 
 @numba.njit(**JIT)
