@@ -36,6 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilegemm.ground.contracts import jit, round_up
+from tilegemm.ground.entries import Entries
 from tilegemm.ground.threads import get_num_threads
 from tilegemm.ground.workspace import buffers, thread_buffers
 from tilegemm.kernels.ir import data_ptr
@@ -314,6 +315,7 @@ class TapsPlan:
     def __init__(self, p, x_dtype, zero, taps, epilogue, threads, summed=None):
         kind, bits = taps.kind
         self.mod = get_int8_kernel(kind, bits)
+        self._run = Entries(self.mod.qconv_taps_blocks)
         group = GROUP[kind]
         Wp, Cw = p.left + p.W + p.right, round_up(p.C, taps.multiple) // group
         kw = taps.kw         # amx: the kernel's width made up with zero taps
@@ -379,9 +381,12 @@ class TapsPlan:
         if self.summed is None and len(local.calls) == 1:       # the common case, at once
             blocks, scratch = local.calls[0]
             flat = out.reshape(-1)
-            self.mod.qconv_taps_blocks(x, x_words, blocks, *self._fixed, out, self.epilogue[4],
-                                       self._no_sum, scratch[:-1] + (flat, flat if self.codes
-                                                                     else _NO_CODES), NO_GATE)
+            # every argument's type but these arrays' flags (and out's dtype, for
+            # safety) is fixed by the plan
+            xf, wf, of = x.flags, x_words.flags, out.flags
+            self._run((xf.writeable, wf.writeable, wf.aligned, of.aligned, out.dtype.num),
+                      x, x_words, blocks, *self._fixed, out, self.epilogue[4], self._no_sum,
+                      scratch[:-1] + (flat, flat if self.codes else _NO_CODES), NO_GATE)
             return out
         if self.summed is None:
             summed, dest = self._no_sum, out.reshape(-1)

@@ -93,6 +93,28 @@ def test_a_prepared_layer_runs_into_its_output_and_checks_its_input():
         PreparedQConv(x.shape, x.dtype, 0.02, cw, strides=2)
 
 
+@pytest.mark.parametrize("out_scale", [None, 0.05])
+def test_a_prepared_layer_takes_inputs_and_outputs_of_any_flags(out_scale):
+    """The taps kernel is called through its compiled entry point, one per kind of
+    arguments (``ground/entries.py``): after writeable, aligned arrays, a read-only
+    input (read in place: a 1x1 NHWC layer) and an output at an odd address give the
+    same result."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 256, (1, 9, 10, 64)).astype(np.uint8)
+    w = rng.integers(-127, 128, (32, 64, 1, 1)).astype(np.int8)
+    layer = PreparedQConv(x.shape, x.dtype, 0.02, tilegemm.QConvWeights(w, 0.004),
+                          np.linspace(-1, 1, 32), x_zero_point=7, layout="NHWC",
+                          out_scale=out_scale)
+    want = layer(x)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    odd = np.zeros(want.nbytes + 1, np.uint8)[1:].view(want.dtype).reshape(want.shape)
+    assert odd.flags.aligned == (want.itemsize == 1)
+    for inp, out in ((frozen, None), (x, odd), (frozen, odd), (x, None)):
+        got = layer(inp, out)
+        assert np.array_equal(got, want) and (out is None or got is out)
+
+
 def test_prepared_weights_keep_calls_only_for_equal_arguments():
     """QConvWeights keeps each qconv2d call's checks and plan: a call whose arguments
     differ in any value or type (a bias changed in place, an int8 zero point against
