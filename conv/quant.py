@@ -7,6 +7,8 @@
   with numpy matmul semantics, summed exactly in int32 on the int8 micro-kernels
   (``kernels/int8.py``); a product whose sum could leave int32 is refused.
 """
+import functools
+
 import numpy as np
 
 from tilegemm.ground.validate import (as_array, check_out, float_array, matmul_shapes, overlaps,
@@ -42,6 +44,7 @@ def zero_point(value, dtype, name, func):
     return int(value)
 
 
+@functools.lru_cache(maxsize=64)      # every qmatmul and qconv2d call asks
 def overflow_bound(a_dtype, a_zero_point, b_dtype, b_zero_point):
     """The largest k for which every ``(a - za) @ (b - zb)`` of these dtypes fits in
     int32: ``INT32_MAX // (max|a - za| * max|b - zb|)`` over the dtypes' ranges."""
@@ -120,7 +123,8 @@ def _plain_out(out, a, b):
     (anything else takes :func:`qmatmul`'s general path, which checks and copies)."""
     return (type(out) is np.ndarray and out.dtype == np.int32 and out.ndim == 2
             and out.shape == (a.shape[0], b.shape[1]) and out.flags.c_contiguous
-            and out.flags.writeable and not overlaps(out, a, b))
+            and out.flags.writeable
+            and not (np.may_share_memory(out, a) or np.may_share_memory(out, b)))
 
 
 def _plain_2d(a, b, a_zero_point, b_zero_point, out=None):

@@ -200,28 +200,28 @@ def corrections(a, b, adds, alpha, beta, rc, cc):
         rc[i] = beta * s - k * alpha * beta
     cc[:n] = 0
     if alpha != 0:
-        for p in range(k):
-            for j in range(n):
-                cc[j] += b[p, j] + b_add
+        column_sums(b, b_add, cc)
         for j in range(n):
             cc[j] = -alpha * cc[j]
 
 
 @jit
 def column_sums(b, add, out):
-    """``out[j] = sum_p (b[p, j] + add)`` in int64 (numpy's ``b.sum(axis=0,
-    dtype=np.int64)`` took 85 us for 512 x 512 bytes)."""
+    """``out[j] = sum_p (b[p, j] + add)`` in ``out``'s int64 (or int32, wrapped), the
+    bytes summed in int16 lanes 128 rows at a time (255 x 128 < 2**15): 512 x 512
+    bytes in 7.6 us, 20 in int32 lanes here (numpy's ``b.sum(axis=0,
+    dtype=np.int64)`` 85)."""
     k, n = b.shape
     out[:n] = k * add
-    sums = np.zeros(n, np.int32)      # int32 lanes vectorise; 2^23 rows at most a run
-    for p0 in range(0, k, 1 << 23):
-        for p in range(p0, min(k, p0 + (1 << 23))):
+    part = np.zeros(n, np.int16)
+    for p0 in range(0, k, 128):
+        for p in range(p0, min(k, p0 + 128)):
             row = b[p]
             for j in range(n):
-                sums[j] += np.int32(row[j])
+                part[j] += row[j]
         for j in range(n):
-            out[j] += sums[j]
-            sums[j] = 0
+            out[j] += part[j]
+            part[j] = 0
 
 
 @jit
