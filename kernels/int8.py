@@ -450,9 +450,10 @@ def _update_c(builder, arg, ptrs, acc, const, places):
 def _store_codes(context, builder, args, ptrs, acc, const, places):
     """``C[:rows, :cols]`` = the codes of acc (which started from the column
     corrections): per vector, float32 ``sums * mult + bias`` clipped (the activation's
-    clips narrowed to the codes' range), rounded half to even, plus the zero point
-    (the order of ``kernels/requant.py`` :func:`code`), then each row's codes narrowed
-    to bytes and stored as one run."""
+    clips narrowed to the codes' range), rounded half to even to int32, plus the zero
+    point (the order of ``kernels/requant.py`` :func:`code`, its rounded float and
+    whole zero point summed exactly either way), then each row's codes narrowed to
+    bytes and stored as one run."""
     arg, types_of = args
     c_ptr = ptrs[0]
     vec = acc[0][0].type.pointee
@@ -469,8 +470,7 @@ def _store_codes(context, builder, args, ptrs, acc, const, places):
     lim_ptr = data_ptr(context, builder, types_of["lim"], arg["lim"], const(0))
     zero, top, bottom = (splat(builder, builder.load(builder.gep(lim_ptr, [const(i)])), f32)
                          for i in (0, 3, 4))
-    rint = builder.module.declare_intrinsic(f"llvm.rint.v{lanes}f32",
-                                            fnty=ir.FunctionType(f32, [f32]))
+    zero = builder.fptosi(zero, vec)      # a whole number: added after the conversion
     # fused where the target fuses: Numba's ``contract`` in the epilogue does the same
     fmuladd = builder.module.declare_intrinsic(f"llvm.fmuladd.v{lanes}f32",
                                                fnty=ir.FunctionType(f32, [f32] * 3))
@@ -487,8 +487,8 @@ def _store_codes(context, builder, args, ptrs, acc, const, places):
             for v in range(nv):
                 y = builder.call(fmuladd, [builder.sitofp(builder.load(acc[i][v]), f32),
                                            mult[v], bias[v]])
-                y = builder.fadd(builder.call(rint, [clip(y, bottom, top)]), zero)
-                parts.append(builder.trunc(builder.fptosi(y, vec), ir.VectorType(byte, lanes)))
+                y = builder.add(_rounded(builder, clip(y, bottom, top), vec), zero)
+                parts.append(builder.trunc(y, ir.VectorType(byte, lanes)))
             while len(parts) > 1:      # concatenated pairwise into one run of bytes
                 n = parts[0].type.count
                 parts = [builder.shuffle_vector(parts[k], parts[k + 1],
@@ -498,6 +498,23 @@ def _store_codes(context, builder, args, ptrs, acc, const, places):
             ptr = builder.bitcast(builder.gep(builder.bitcast(c_ptr, byte.as_pointer()), [at]),
                                   parts[0].type.as_pointer())
             store_vector(builder, parts[0], ptr, 1, row_mask)
+
+
+def _rounded(builder, y, vec):
+    """The float32 lanes ``y`` rounded to int32 lanes (``vec``) by the current rounding
+    mode, half to even by default, in one ``cvtps2dq``: ``rint`` then a conversion,
+    as the epilogue's ``np.rint`` (``vroundps``, the same mode) then its cast."""
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+    if vec.count == 16:
+        fn = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.mask.cvtps2dq.512",
+            fnty=ir.FunctionType(vec, [y.type, vec, i16, i32]))
+        # all lanes, rounding by the current mode (_MM_FROUND_CUR_DIRECTION)
+        return builder.call(fn, [y, ir.Constant(vec, None), ir.Constant(i16, -1),
+                                 ir.Constant(i32, 4)])
+    name = {8: "llvm.x86.avx.cvt.ps2dq.256", 4: "llvm.x86.sse2.cvtps2dq"}[vec.count]
+    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vec, [y.type]))
+    return builder.call(fn, [y])
 
 
 def _column_masks(builder, cols, lanes, count, const):
