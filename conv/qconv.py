@@ -17,7 +17,7 @@ from tilegemm.ground.contracts import round_up
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.transpose import transpose_bytes
+from tilegemm.kernels.transpose import transpose_bytes, transpose_rows
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_kind_for, taps_serve
 from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
@@ -355,11 +355,18 @@ class PreparedQConv:
         # on first use
         self._twin = None
         self._twin_args = None
+        self._twin_step = 1       # the input rows the twin takes: every one, or every sy-th
         self._local = threading.local()       # the twin's buffers, per thread
         taps = taps_serve(weights.kind, p.Cg, p.groups)
         if (p.layout == "NCHW" and requant[0] > 0.0 and not p.Cg == p.Kg == 1
                 and min(p.C, p.K) >= TWIN_MIN_CHANNELS and taps):
             self._twin_args = (x_scale, bias, dict(options, layout="NHWC"))
+            # a strided 1x1 layer reads every sy-th row: only those are transposed,
+            # the twin a layer of stride (1, sx) over them (half the bytes at stride 2)
+            if (p.kh == p.kw == 1 and p.sy > 1 and p.W >= TWIN_MIN_CHANNELS
+                    and p.top == p.bottom == p.left == p.right == 0):
+                self._twin_step = p.sy
+                self._twin_args[2].update(stride=(1, p.sx), padding=0)
         # the path of every call (a call takes it without asking again)
         self._path = (_DEPTHWISE if p.Cg == p.Kg == 1 else
                       _TWIN if self._twin_args is not None and self.codes_dtype.itemsize == 1
@@ -412,21 +419,30 @@ class PreparedQConv:
         p, twin = self.params, self._twin
         if twin is None:      # two threads may both make it: either serves
             x_scale, bias, options = self._twin_args
-            twin = self._twin = PreparedQConv((p.N, p.H, p.W, p.C), self.x_dtype, x_scale,
-                                              self.weights, bias, **options)
+            twin = self._twin = PreparedQConv((p.N, (p.H - 1) // self._twin_step + 1, p.W, p.C),
+                                              self.x_dtype, x_scale, self.weights, bias,
+                                              **options)
         threads = get_num_threads()
         plan = twin._plans.get(threads) or twin._taps_plan()
         # this thread's buffers, kept from call to call (a network calls the layer
         # again), the input's with room for amx tiles to read all of it in place
         x_flat, held, x_nhwc, codes_flat, codes = self._twin_buffers(plan.room, out)
         x = x.reshape(-1)
+        if self._twin_step > 1:
+            step = self._twin_step
+
+            def to_channels_last(n0, n1):
+                transpose_rows(x, x_flat, (p.C, p.H, p.W), step, n0, n1)
+        else:
+            def to_channels_last(n0, n1):
+                transpose_bytes(x, x_flat, (p.C, p.H * p.W), n0, n1)
         if threads == 1 or p.N == 1:
-            transpose_bytes(x, x_flat, (p.C, p.H * p.W), 0, p.N)
+            to_channels_last(0, p.N)
             plan(x_nhwc, codes, held=held)
             transpose_bytes(codes_flat, out.reshape(-1), (p.Ho * p.Wo, p.K), 0, p.N)
             return out
         shares = _image_shares(p.N)
-        run_shares(lambda n0, n1: transpose_bytes(x, x_flat, (p.C, p.H * p.W), n0, n1), shares)
+        run_shares(to_channels_last, shares)
         plan(x_nhwc, codes, held=held)
         run_shares(lambda n0, n1: transpose_bytes(codes_flat, out.reshape(-1),
                                                   (p.Ho * p.Wo, p.K), n0, n1), shares)
@@ -437,7 +453,7 @@ class PreparedQConv:
         (channels-last, flat and shaped, and as bytes with ``room`` more after it)
         and the twin's codes (flat and shaped); the same views while the buffers
         stay."""
-        size = int(np.prod(self.input_shape))
+        size = int(np.prod(self._twin.input_shape))
         made = buffers(("qconv2d twin",), (size + room, out.size), np.uint8)
         views = getattr(self._local, "twin", None)
         if views is None or views[0] is not made or views[1] != room:

@@ -86,3 +86,25 @@ def transpose_bytes(src, dst, shape, n0, n1):
             for ib in range(0, rows, BLOCK):
                 i0 = min(ib, rows - BLOCK)
                 transpose_block(src, s0 + i0 * cols + j0, cols, dst, s0 + j0 * rows + i0, rows)
+
+
+@_kernel
+def transpose_rows(src, dst, shape, step, n0, n1):
+    """``dst[n, r, j, c] = src[n, c, r*step, j]`` for images ``n0 <= n < n1`` of the
+    NCHW ``shape = (C, H, W)`` (flat byte arrays) and rows ``r`` below ``(H - 1) //
+    step + 1``: every ``step``-th row of the image to channels-last, each row's C x W
+    matrix in BLOCK x BLOCK blocks (the last of a side overlapping the one before).
+    A 1x1 layer of stride ``step`` reads no other row.  C and W at least BLOCK."""
+    C, H, W = shape
+    if C < BLOCK or W < BLOCK:
+        raise ValueError("transpose_rows: C and W must be at least 16")
+    rows = (H - 1) // step + 1
+    for n in range(n0, n1):
+        for r in range(rows):
+            s0 = (n * C * H + r * step) * W
+            d0 = (n * rows + r) * W * C
+            for jb in range(0, W, BLOCK):
+                j0 = min(jb, W - BLOCK)
+                for ib in range(0, C, BLOCK):
+                    i0 = min(ib, C - BLOCK)
+                    transpose_block(src, s0 + i0 * H * W + j0, H * W, dst, d0 + j0 * C + i0, C)

@@ -379,24 +379,28 @@ def test_transpose_bytes_against_guard_pages(shape):
 
 
 @pytest.mark.skipif(not GUARD_PAGES, reason="guard pages need mmap + mprotect")
-@pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (1, 2, 0), (3, 2, 1)])
-def test_nchw_twin_against_guard_pages(kernel, stride, padding, monkeypatch):
+@pytest.mark.parametrize("kernel, stride, padding, width", [(3, 1, 1, 13), (1, 2, 0, 13),
+                                                            (1, 2, 0, 20), (3, 2, 1, 13)])
+def test_nchw_twin_against_guard_pages(kernel, stride, padding, width, monkeypatch):
     """An NCHW layer of 24 -> 40 channels with byte codes out runs as its NHWC twin
-    between two byte transposes (counted: two per image run), its input at a guard
-    page and its output inside canaries: the NHWC layer's codes on the transposed
-    input, on one thread and on two taking an image each; the input unchanged."""
+    between two byte transposes (counted: two per image run; a strided 1x1 layer at
+    least 16 wide transposes only the rows it reads), its input at a guard page and
+    its output inside canaries: the NHWC layer's codes on the transposed input, on
+    one thread and on two taking an image each; the input unchanged."""
     from guard import canaried
     from tilegemm.conv import qconv
     assert qconv.TWIN_MIN_CHANNELS <= 24
     transposes = []
-    transpose = qconv.transpose_bytes
 
-    def counted(*args):
-        transposes.append(args[-2:])
-        return transpose(*args)
-    monkeypatch.setattr(qconv, "transpose_bytes", counted)
+    def counted(name, transpose):
+        def run(*args):
+            transposes.append((name,) + args[-2:])
+            return transpose(*args)
+        return run
+    monkeypatch.setattr(qconv, "transpose_bytes", counted("all", qconv.transpose_bytes))
+    monkeypatch.setattr(qconv, "transpose_rows", counted("rows", qconv.transpose_rows))
     rng = np.random.default_rng(kernel * 10 + stride)
-    x_vals = rng.integers(0, 256, (2, 24, 9, 13)).astype(np.uint8)
+    x_vals = rng.integers(0, 256, (2, 24, 9, width)).astype(np.uint8)
     w = tilegemm.QConvWeights(rng.integers(-127, 128, (40, 24, kernel, kernel)).astype(np.int8),
                               rng.uniform(1e-3, 1e-2, 40))
     geometry = dict(stride=stride, padding=padding, x_zero_point=7, out_scale=0.3,
@@ -405,6 +409,7 @@ def test_nchw_twin_against_guard_pages(kernel, stride, padding, monkeypatch):
     want = tilegemm.qconv2d(np.ascontiguousarray(x_vals.transpose(0, 2, 3, 1)), 0.02, w,
                             layout="NHWC", **geometry).transpose(0, 3, 1, 2)
     assert not transposes
+    into = "rows" if kernel == 1 and width >= 16 else "all"
     for where, threads in (("after", 1), ("before", 2)):
         x = guarded_empty(x_vals.shape, np.uint8, where=where)
         x[...] = x_vals
@@ -415,6 +420,7 @@ def test_nchw_twin_against_guard_pages(kernel, stride, padding, monkeypatch):
         assert got is out and np.array_equal(out, want), (where, threads)
         assert np.array_equal(x, x_vals)
         # in and out, each over both images: at once, or an image per thread
-        assert sorted(transposes) == sorted([(0, 2)] * 2 if threads == 1 else
-                                            [(0, 1), (1, 2)] * 2), transposes
+        runs = [(0, 2)] if threads == 1 else [(0, 1), (1, 2)]
+        assert sorted(transposes) == sorted([(into,) + r for r in runs]
+                                            + [("all",) + r for r in runs]), transposes
         transposes.clear()
