@@ -17,7 +17,7 @@ from tilegemm.ground.contracts import round_up
 from tilegemm.ground.workspace import buffers
 from tilegemm.kernels.int8 import GROUP
 from tilegemm.kernels.pool import run_shares
-from tilegemm.kernels.transpose import transpose_bytes, transpose_rows
+from tilegemm.kernels.transpose import BLOCK, transpose_bytes, transpose_rows
 from tilegemm.kernels.qgemm import int8_kind_for, pack_b_once, taps_kind_for, taps_serve
 from tilegemm.kernels.requant import NOT_FOLDED, add_codes, fold
 from tilegemm.conv.quant import INT8_DTYPES, RANGES, check_bound, int8_array, zero_point
@@ -363,7 +363,7 @@ class PreparedQConv:
             self._twin_args = (x_scale, bias, dict(options, layout="NHWC"))
             # a strided 1x1 layer reads every sy-th row: only those are transposed,
             # the twin a layer of stride (1, sx) over them (half the bytes at stride 2)
-            if (p.kh == p.kw == 1 and p.sy > 1 and p.W >= TWIN_MIN_CHANNELS
+            if (p.kh == p.kw == 1 and p.sy > 1 and min(p.C, p.W) >= BLOCK
                     and p.top == p.bottom == p.left == p.right == 0):
                 self._twin_step = p.sy
                 self._twin_args[2].update(stride=(1, p.sx), padding=0)

@@ -378,6 +378,8 @@ QCONV_CHECKED = []
 AMX_CHOSEN = []
 #: NCHW layers drawn with the NHWC twin allowed whatever their channels whose twin ran.
 TWIN_TAKEN = []
+#: Calls of the twin's row transposes (a strided 1x1 layer's).
+ROWS_TAKEN = []
 #: Layers whose residual sum was checked (see :func:`_check_sum`).
 SUM_CHECKED = []
 
@@ -439,6 +441,24 @@ def _qconv_case(draw, stack):
     if (layout == "NCHW" and not depthwise
             and draw(st.sampled_from([True, False]), label="the NHWC twin for any NCHW layer")):
         stack.enter_context(mock.patch.object(qconv_module, "TWIN_MIN_CHANNELS", 1))
+        if draw(st.sampled_from([True, False]), label="a strided 1x1 twin on its rows"):
+            # at least 16 channels and 16 wide: the twin transposes every other row
+            prepared = weights is not w
+            cg, groups, kh, kw, stride, padding, dilation = 16 + n, 1, 1, 1, 2, 0, 1
+            w_ += 8
+            x = values(rng, (n, cg, h, w_), xd, False)
+            w = values(rng, (kg, cg, kh, kw), np.int8, False, seven)
+            w_scale = w_scale if np.isscalar(w_scale) else rng.uniform(1e-3, 1e-2, kg)
+            bias = None if bias is None else rng.standard_normal(kg)
+            geometry = (stride, padding, dilation, groups)
+            kwargs.update(stride=stride, padding=padding, dilation=dilation, groups=groups)
+            weights = tilegemm.QConvWeights(w, w_scale) if prepared else w
+            rows = qconv_module.transpose_rows
+
+            def counted_rows(*args):
+                ROWS_TAKEN.append(1)
+                return rows(*args)
+            stack.enter_context(mock.patch.object(qconv_module, "transpose_rows", counted_rows))
         transpose = qconv_module.transpose_bytes    # the layers whose twin ran, counted
         took = []
 
@@ -577,6 +597,7 @@ def test_zz_qconv2d_fuzz_checked_enough_layers():
     assert len(QCONV_CHECKED) >= 50, len(QCONV_CHECKED)
     assert len(SUM_CHECKED) >= 15, len(SUM_CHECKED)
     assert len(TWIN_TAKEN) >= 5, len(TWIN_TAKEN)
+    assert len(ROWS_TAKEN) >= 2, len(ROWS_TAKEN)
     if runnable_int8_kinds()[0][0] == "amx":
         assert sum(AMX_CHOSEN) >= 10, AMX_CHOSEN
         assert "amx" in IN_PLACE_RUN, IN_PLACE_RUN
