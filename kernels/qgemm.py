@@ -304,19 +304,15 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
     if m == 0 or n == 0:
         return c
     kind, bits = kind or int8_kind()
-    mod = get_int8_kernel(kind, bits)
+    mod, adds, alpha, beta, blocks = _product((kind, bits), (m, n, k), (a.dtype, b.dtype),
+                                              (int(a_zero_point), int(b_zero_point)))
     if kind == "maddubs" and b_panels is None and not proved:
         _check_maddubs(b, b_zero_point)
-    if kind in BYTE_KINDS:   # unsigned A, signed B for vpdpbusd and vpmaddubsw
-        adds = (128 if a.dtype == np.int8 else 0, _b_add(kind, b.dtype, b_zero_point))
-    else:                # int16 values with the zero points taken off
-        adds = (-int(a_zero_point), _b_add(kind, b.dtype, b_zero_point))
     if b_panels is not None and not (b_panels.serves(b, b_zero_point, (kind, bits))
                                      and b_panels.blocks == _blocks(kind, bits, 1, n, k)[::2]):
         raise ValueError("qgemm_into: b_panels were packed for another shape, dtype, zero "
                          "point or kernel than this B's")
     panels = _NO_PANELS if b_panels is None else b_panels.words
-    alpha, beta = int(a_zero_point) + adds[0], -(int(b_zero_point) + adds[1])
     rc, cc = buffers(("int8 corrections", kind, bits), (m, n), np.int32)
     mod.corrections(a, b, adds, alpha, beta, rc, cc)
     if threads is None:
@@ -324,7 +320,6 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
         threads = get_num_threads() if 2 * m * n * k >= share_ops else 1
     flat = c.reshape(-1)
     if threads == 1:
-        blocks = _blocks(kind, bits, m, n, k)
         mod.qgemm(a, b, flat, (0, n), adds, blocks, _packs(kind, bits, blocks), rc, cc,
                   _words(a, kind), panels, NO_GATE)
         return c
@@ -341,6 +336,22 @@ def qgemm_into(a, b, c, a_zero_point, b_zero_point, kind=None, threads=None, b_p
     run_shares(share, _parts(m, n, mod.MR, mod.NR, threads, rows=b_panels is not None),
                gate=gate)
     return c
+
+
+@functools.lru_cache(maxsize=256)
+def _product(kernel, shape, dtypes, zero_points):
+    """What a :func:`qgemm_into` call of ``shape = (m, n, k)`` takes as it is: the
+    kernel's module, the packers' ``adds``, the corrections' ``alpha`` and ``beta``
+    and the blocks; once per kind of product (after a large product has taken the
+    caches, each Python step of a call is a miss: these were a tenth of a 512^3
+    product's time on the AMX Xeon)."""
+    (kind, bits), (m, n, k), (a_dtype, b_dtype), (za, zb) = kernel, shape, dtypes, zero_points
+    if kind in BYTE_KINDS:   # unsigned A, signed B for vpdpbusd and vpmaddubsw
+        adds = (128 if a_dtype == np.int8 else 0, _b_add(kind, b_dtype, zb))
+    else:                # int16 values with the zero points taken off
+        adds = (-za, _b_add(kind, b_dtype, zb))
+    return (get_int8_kernel(kind, bits), adds, za + adds[0], -(zb + adds[1]),
+            _blocks(kind, bits, m, n, k))
 
 
 def _parts(m, n, mr, nr, threads, rows=False):
