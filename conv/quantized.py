@@ -329,7 +329,8 @@ class TapsPlan:
         self.in_place = (self.wide == np.uint8 and self.widening[0] == 0 and p.layout == "NHWC"
                          and p.C == Cw * group and p.top == p.left == p.bottom == p.right == 0)
         past = amx_rows_past(Wp, p.Wo, (kw, p.dx), (p.sy, p.sx)) if kind == "amx" else 0
-        self.room = max(0, (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1 + past - p.H) * Wp * p.C
+        self.room = 0 if not self.in_place else \
+            max(0, (p.Ho - 1) * p.sy + (p.kh - 1) * p.dy + 1 + past - p.H) * Wp * p.C
         self.conv = (p.Wo, p.kh, kw, p.sy, p.sx, p.dy, p.dx, p.top, p.left, Wp, Cw,
                      p.layout == "NCHW")
         KC, NC = taps.blocks
@@ -381,10 +382,12 @@ class TapsPlan:
         if self.summed is None and len(local.calls) == 1:       # the common case, at once
             blocks, scratch = local.calls[0]
             flat = out.reshape(-1)
-            # every argument's type but these arrays' flags (and out's dtype, for
-            # safety) is fixed by the plan
+            # the types the entry point was found for: the arrays' dtypes, dimensions
+            # and flags (x and out C-contiguous: PreparedQConv's calls make them so;
+            # every other argument's type is fixed by the plan)
             xf, wf, of = x.flags, x_words.flags, out.flags
-            self._run((xf.writeable, wf.writeable, wf.aligned, of.aligned, out.dtype.num),
+            self._run((x.dtype.num, x.ndim, xf.writeable, wf.writeable, wf.aligned,
+                       out.dtype.num, out.ndim, of.aligned, of.writeable, of.c_contiguous),
                       x, x_words, blocks, *self._fixed, out, self.epilogue[4], self._no_sum,
                       scratch[:-1] + (flat, flat if self.codes else _NO_CODES), NO_GATE)
             return out

@@ -91,7 +91,8 @@ TAPS_ARGUMENTS = ("segs", "seg", "a", "a_at", "a_at_off") + ARGUMENTS[5:]
 #: whole and a convolution's weights have no zero point), C holding int8 or uint8
 #: codes, and the requantization: per column a float32 multiplier and bias (the
 #: output scale folded in), ``lim`` five float32 (zero point, lowest and highest code,
-#: the upper and lower clip over the scale), as ``kernels/requant.py`` :func:`code`.
+#: the upper and lower clip over the scale, within the codes' range less the zero
+#: point), as ``kernels/requant.py`` :func:`fold` makes them and :func:`code` reads them.
 CODES_ARGUMENTS = tuple(name for name in TAPS_ARGUMENTS
                         if name not in ("first", "rc", "rc_off")) + ("mult", "bias", "lim")
 ARRAYS = {"a": types.int32, "b": types.int32, "c": types.int32, "rc": types.int32,
@@ -505,6 +506,10 @@ def _rounded(builder, y, vec):
     mode, half to even by default, in one ``cvtps2dq``: ``rint`` then a conversion,
     as the epilogue's ``np.rint`` (``vroundps``, the same mode) then its cast."""
     i16, i32 = ir.IntType(16), ir.IntType(32)
+    if vec.count == 4:        # the generic kind, plain IR for any target
+        rint = builder.module.declare_intrinsic("llvm.rint.v4f32",
+                                                fnty=ir.FunctionType(y.type, [y.type]))
+        return builder.fptosi(builder.call(rint, [y]), vec)
     if vec.count == 16:
         fn = builder.module.declare_intrinsic(
             "llvm.x86.avx512.mask.cvtps2dq.512",
@@ -512,8 +517,8 @@ def _rounded(builder, y, vec):
         # all lanes, rounding by the current mode (_MM_FROUND_CUR_DIRECTION)
         return builder.call(fn, [y, ir.Constant(vec, None), ir.Constant(i16, -1),
                                  ir.Constant(i32, 4)])
-    name = {8: "llvm.x86.avx.cvt.ps2dq.256", 4: "llvm.x86.sse2.cvtps2dq"}[vec.count]
-    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vec, [y.type]))
+    fn = builder.module.declare_intrinsic("llvm.x86.avx.cvt.ps2dq.256",
+                                          fnty=ir.FunctionType(vec, [y.type]))
     return builder.call(fn, [y])
 
 

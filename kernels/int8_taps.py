@@ -108,7 +108,9 @@ def in_place_end(rows, pixels, geom, past, amx):
     ``oy`` reads up to row ``oy*sy + (kh - 1)*dy``; ``geom = (Wo, kh, sy, dy, Wp,
     sx)``): ``p1``, the end of an output row, or ``p0`` when none fits.  With ``amx``
     the end of a row where one of the tiles from ``p0`` ends (the tile across a
-    split would be computed twice: 8 tiles instead of 7 on a 14 x 14 output)."""
+    split would be computed twice: 8 tiles instead of 7 on a 14 x 14 output); a
+    block of several chunks starts its tiles again at each chunk, so there the cut
+    may still split one (correct, a tile's work more)."""
     p0, p1 = pixels
     Wo, kh, sy, dy, Wp, sx = geom
     fit = (rows - past - (kh - 1) * dy - 1) // sy + 1      # the output rows oy < fit

@@ -508,10 +508,15 @@ def taps_into(xw, geom, channels, b_panels, c, pixels, cols=None, pad=0, codes=N
     :func:`widen_rows_into` returned, the widened value of a zero input, taken off
     through B's column sums.  ``codes = (o, mult, bias, lim)``: the codes tile writes
     the sums' codes (``kernels/requant.py`` :func:`code`, per column ``mult`` and
-    ``bias``) into the int8/uint8 ``o`` instead, ``n`` per pixel from ``p0``, where k
-    is one block.  One thread.  Returns whether the codes were written (always False
-    without ``codes``).
+    ``bias``, ``lim`` as :func:`~tilegemm.kernels.requant.fold` makes it: its clips
+    within the codes' range less the zero point, ValueError otherwise) into the
+    int8/uint8 ``o`` instead, ``n`` per pixel from ``p0``, where k is one block.  One
+    thread.  Returns whether the codes were written (always False without ``codes``).
     """
+    if codes is not None and not (codes[3][4] >= codes[3][1] - codes[3][0]
+                                  and codes[3][3] <= codes[3][2] - codes[3][0]):
+        raise ValueError("taps_into: lim's clips must lie within the codes' range less the "
+                         "zero point, as requant.fold makes them")
     kind, bits = b_panels.kind
     mod = get_int8_kernel(kind, bits)
     KC, NC = b_panels.blocks

@@ -182,6 +182,11 @@ def test_requantization_in_float64_where_float32_cannot_hold_it(layout):
     assert fold(np.full(6, 1e-4), np.full(6, 3e6), 0, (0.5,) + requant[1:], sums_bound) is None
     m, b, lim = fold(np.full(6, 1e-4), np.zeros(6), 2, (0.05,) + requant[1:], sums_bound)
     assert m.dtype == np.float32 and lim[3] == np.float32(6.0 / 0.05) and lim[4] == 0
+    # the clips narrowed to the codes' range less the zero point (no clip after rint)
+    m, b, lim = fold(np.full(6, 1e-4), np.zeros(6), 2, (0.01,) + requant[1:], sums_bound)
+    assert lim[3] == 255 - 100 and lim[4] == 0
+    m, b, lim = fold(np.full(6, 1e-4), np.zeros(6), 0, (0.01, -3.0, -128.0, 127.0), sums_bound)
+    assert lim[3] == 130 and lim[4] == -125
 
 
 def test_the_output_zero_point_s_type_gives_the_output_dtype():
