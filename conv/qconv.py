@@ -428,25 +428,26 @@ class PreparedQConv:
         # again), the input's with room for amx tiles to read all of it in place
         x_flat, held, x_nhwc, codes_flat, codes = self._twin_buffers(plan.room, out)
         x = x.reshape(-1)
-        if self._twin_step > 1:
-            step = self._twin_step
-
-            def to_channels_last(n0, n1):
-                transpose_rows(x, x_flat, (p.C, p.H, p.W), step, n0, n1)
-        else:
-            def to_channels_last(n0, n1):
-                transpose_bytes(x, x_flat, (p.C, p.H * p.W), n0, n1)
         if threads == 1 or p.N == 1:
-            to_channels_last(0, p.N)
+            self._channels_last(x, x_flat, 0, p.N)
             plan(x_nhwc, codes, held=held)
             transpose_bytes(codes_flat, out.reshape(-1), (p.Ho * p.Wo, p.K), 0, p.N)
             return out
         shares = _image_shares(p.N)
-        run_shares(to_channels_last, shares)
+        run_shares(lambda n0, n1: self._channels_last(x, x_flat, n0, n1), shares)
         plan(x_nhwc, codes, held=held)
         run_shares(lambda n0, n1: transpose_bytes(codes_flat, out.reshape(-1),
                                                   (p.Ho * p.Wo, p.K), n0, n1), shares)
         return out
+
+    def _channels_last(self, x, x_flat, n0, n1):
+        """Images ``n0:n1`` of the flat NCHW ``x`` channels-last into ``x_flat``, the
+        twin's input: every row, or every ``_twin_step``-th."""
+        p = self.params
+        if self._twin_step > 1:
+            transpose_rows(x, x_flat, (p.C, p.H, p.W), self._twin_step, n0, n1)
+        else:
+            transpose_bytes(x, x_flat, (p.C, p.H * p.W), n0, n1)
 
     def _twin_buffers(self, room, out):
         """This thread's buffers of the twin (:meth:`_twin_into`): the input's

@@ -21,8 +21,9 @@ from tilegemm.ground.contracts import JIT, jit
 from tilegemm.kernels.int8 import A_BLOCKS as _A_BLOCKS
 from tilegemm.kernels.int8 import KSTEP as _KSTEPS
 from tilegemm.kernels.int8 import make_int8_tile, make_tile_begin
-from tilegemm.kernels.int8_taps import (TILE_PLACES, add_residual, amx_places, amx_rows,
-                                        amx_rows_past, amx_tile_places, in_place_end, tap_runs)
+from tilegemm.kernels.int8_taps import (TILE_PLACES, add_residual, amx_first, amx_places,
+                                        amx_rows, amx_rows_past, amx_tile_places, in_place_end,
+                                        tap_runs)
 from tilegemm.kernels.requant import finish_planes, finish_rows
 from tilegemm.kernels.sync import publish
 from tilegemm.kernels.widen import widen_rows
@@ -437,9 +438,7 @@ def _qconv_taps_amx(xw, geom, channels, b_panels, blocks, c, part, zeros, cc, se
     p0, p1, j0, j1 = part
     o, o_at, ldo, mult, bias, lim = codes
     Wv = amx_rows(Wp, Wo, sy, sx)
-    v0 = (p0 // Wo) * Wv + p0 % Wo
-    if Wv * sx != sy * Wp:           # rows that do not continue: tiles from multiples of 16
-        v0 -= v0 % 16
+    v0 = amx_first(p0, (Wv, Wo, Wp), (sy, sx))
     v1 = ((p1 - 1) // Wo) * Wv + (p1 - 1) % Wo + 1
     last_row = ((p1 - 1) // Wo) * sy - row0 + (kh - 1) * dy + 1
     if (xw.size < (last_row + amx_rows_past(Wp, Wo, (kw, dx), (sy, sx))) * Wp * Cw

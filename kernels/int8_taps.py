@@ -40,6 +40,17 @@ def amx_rows(Wp, Wo, sy, sx):
 
 
 @numba.njit(**JIT)
+def amx_first(p0, widths, stride):
+    """Where the first tile of an ``amx`` call from output pixel ``p0`` starts among
+    :func:`amx_rows`'s pixels (``widths = (Wv, Wo, Wp)``: those rows', the output's,
+    the padded input's): at ``p0``'s where the rows continue one into the next, else
+    at a multiple of 16."""
+    (Wv, Wo, Wp), (sy, sx) = widths, stride
+    v0 = (p0 // Wo) * Wv + p0 % Wo
+    return v0 if Wv * sx == sy * Wp else v0 - v0 % 16
+
+
+@numba.njit(**JIT)
 def amx_rows_past(Wp, Wo, kernel, stride):
     """Rows of the padded image past the last output pixel's rows an ``amx`` taps call
     may read (``kernel = (kw, dx)``, ``stride = (sy, sx)``): its last tile runs up to
@@ -117,9 +128,7 @@ def in_place_end(rows, pixels, geom, past, amx):
     ps = max(p0, min(p1, fit * Wo)) if fit > 0 else p0
     if amx and p0 < ps < p1:
         Wv = amx_rows(Wp, Wo, sy, sx)
-        v0 = (p0 // Wo) * Wv + p0 % Wo       # as _qconv_taps_amx's first tile
-        if Wv * sx != sy * Wp:
-            v0 -= v0 % 16
+        v0 = amx_first(p0, (Wv, Wo, Wp), (sy, sx))
         while ps > p0 and ((ps // Wo) * Wv - v0) % 32:
             ps -= Wo
     return max(ps, p0)

@@ -62,30 +62,38 @@ def transpose_block(typingctx, src, s_at, s_stride, dst, d_at, d_stride):
 
 
 @_kernel
+def _transpose_matrix(src, s0, s_stride, dst, d0, d_stride, shape):
+    """``dst[d0 + j*d_stride + i] = src[s0 + i*s_stride + j]`` for ``i < rows``, ``j <
+    cols`` (``shape``, both at least BLOCK): BLOCK x BLOCK blocks a column of them at
+    a time, so that the rows of ``dst`` each block writes are finished before it
+    moves on (row by row of blocks ran 2.6x slower: each line of ``dst`` was written
+    in four visits); a side that is not whole blocks ends with a block overlapping
+    the one before (its bytes written twice, alike)."""
+    rows, cols = shape
+    for jb in range(0, cols, BLOCK):
+        j0 = min(jb, cols - BLOCK)
+        for ib in range(0, rows, BLOCK):
+            i0 = min(ib, rows - BLOCK)
+            transpose_block(src, s0 + i0 * s_stride + j0, s_stride, dst, d0 + j0 * d_stride + i0,
+                            d_stride)
+
+
+@_kernel
 def transpose_bytes(src, dst, shape, n0, n1):
     """``dst[n, j, i] = src[n, i, j]`` for matrices ``n0 <= n < n1`` of ``shape = (rows,
-    cols)`` (flat byte arrays, each matrix after the other): blocks of BLOCK x BLOCK.
-    A side that is not whole blocks ends with a block that overlaps the one before
-    (its bytes written twice, alike: ResNet-18's 14 x 14 x 256 codes, whose last 4
-    rows went byte by byte, 3.6-3.8 -> 3.1-3.3 us); a side shorter than a block goes byte by
-    byte.  The blocks go a column of them at a time, so that the rows of ``dst`` each
-    block writes are finished before it moves on (row by row of blocks ran 2.6x
-    slower: each line of ``dst`` was written in four visits)."""
+    cols)`` (flat byte arrays, each matrix after the other), by
+    :func:`_transpose_matrix` (ResNet-18's 14 x 14 x 256 codes, whose last 4 rows
+    went byte by byte before the overlapping block, 3.6-3.8 -> 3.1-3.3 us); a side
+    shorter than a block goes byte by byte."""
     rows, cols = shape
-    if rows < BLOCK or cols < BLOCK:
-        for n in range(n0, n1):
-            s0 = n * rows * cols
+    for n in range(n0, n1):
+        s0 = n * rows * cols
+        if rows < BLOCK or cols < BLOCK:
             for j in range(cols):
                 for i in range(rows):
                     dst[s0 + j * rows + i] = src[s0 + i * cols + j]
-        return
-    for n in range(n0, n1):
-        s0 = n * rows * cols
-        for jb in range(0, cols, BLOCK):
-            j0 = min(jb, cols - BLOCK)
-            for ib in range(0, rows, BLOCK):
-                i0 = min(ib, rows - BLOCK)
-                transpose_block(src, s0 + i0 * cols + j0, cols, dst, s0 + j0 * rows + i0, rows)
+        else:
+            _transpose_matrix(src, s0, cols, dst, s0, rows, shape)
 
 
 @_kernel
@@ -93,18 +101,13 @@ def transpose_rows(src, dst, shape, step, n0, n1):
     """``dst[n, r, j, c] = src[n, c, r*step, j]`` for images ``n0 <= n < n1`` of the
     NCHW ``shape = (C, H, W)`` (flat byte arrays) and rows ``r`` below ``(H - 1) //
     step + 1``: every ``step``-th row of the image to channels-last, each row's C x W
-    matrix in BLOCK x BLOCK blocks (the last of a side overlapping the one before).
-    A 1x1 layer of stride ``step`` reads no other row.  C and W at least BLOCK."""
+    matrix by :func:`_transpose_matrix`.  A 1x1 layer of stride ``step`` reads no
+    other row.  C and W at least BLOCK."""
     C, H, W = shape
     if C < BLOCK or W < BLOCK:
         raise ValueError("transpose_rows: C and W must be at least 16")
     rows = (H - 1) // step + 1
     for n in range(n0, n1):
         for r in range(rows):
-            s0 = (n * C * H + r * step) * W
-            d0 = (n * rows + r) * W * C
-            for jb in range(0, W, BLOCK):
-                j0 = min(jb, W - BLOCK)
-                for ib in range(0, C, BLOCK):
-                    i0 = min(ib, C - BLOCK)
-                    transpose_block(src, s0 + i0 * H * W + j0, H * W, dst, d0 + j0 * C + i0, C)
+            _transpose_matrix(src, (n * C * H + r * step) * W, H * W, dst,
+                              (n * rows + r) * W * C, C, (C, W))
